@@ -1,0 +1,51 @@
+"""The ``harvest`` command: a click group whose subcommands live one module each in this package.
+
+Exit codes, shared by every subcommand: 0 success, 1 the check or job failed, 2 usage or
+configuration error, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from harvest import __version__
+from harvest.errors import ConfigError
+
+#: (module, attribute) of every subcommand, in help order. Each module defines one click command.
+COMMANDS: list[tuple[str, str]] = [
+    ("harvest.cli.gpus", "gpus"),
+    ("harvest.cli.preflight", "preflight"),
+]
+
+
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context):  # type: ignore[override]
+        try:
+            return super().invoke(ctx)
+        except ConfigError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="harvest")
+def cli() -> None:
+    """harvest: generate large datasets with an LLM served by SGLang or vLLM, safely."""
+
+
+for _module, _attr in COMMANDS:
+    cli.add_command(getattr(importlib.import_module(_module), _attr))
+
+
+def main() -> None:
+    cli(prog_name="harvest")
+
+
+if __name__ == "__main__":
+    main()

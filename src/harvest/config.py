@@ -1,0 +1,279 @@
+"""The one typed configuration of harvest, loaded from TOML.
+
+A file holds any of these tables; each command reads the ones it needs:
+
+    [server]      the engine to launch (or the endpoint to use) and the settings users tune
+    [server.env]  extra environment variables for the engine process
+    [preflight]   margins and thresholds of the launch-safety rules
+    [data]        the input dataset and how its fields map to prompts
+    [sampling]    generation parameters
+    [client]      concurrency, timeouts, retries, extra endpoints
+    [output]      the run folder
+
+Validation errors name the file, the table and the field. This module never touches the machine:
+no probing, no folders created; relative paths are resolved against the config file's folder.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+
+from harvest.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+EngineKind = Literal["sglang", "vllm", "transformers", "llamacpp", "openai", "command"]
+
+#: Engines harvest starts and stops itself (``openai`` is an endpoint that is already running).
+LAUNCHED_ENGINES = ("sglang", "vllm", "transformers", "llamacpp", "command")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerConfig(_Model):
+    """What to launch (or reach) and the settings users tune for throughput."""
+
+    engine: EngineKind
+    model: str | None = Field(None, description="model folder or hub name; served model name")
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    gpus: list[int] = Field(default_factory=list, description="GPU indices the engine may use")
+    tp: int = Field(1, ge=1, description="tensor-parallel ranks")
+    python: str | None = Field(None, description="Python executable that runs the engine")
+
+    # Settings users tune.
+    mem_fraction_static: float | None = Field(None, gt=0, le=1)
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    kv_cache_dtype: str | None = None
+    enable_hierarchical_cache: bool = False
+    hicache_size: float | None = Field(None, ge=0, description="GB of host RAM per tensor-parallel rank")
+    max_running_requests: int | None = Field(None, ge=1)
+    dtype: str | None = None
+    extra_args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+
+    # Engine `command`: any argv plus a health URL. Engine `openai`: a running endpoint.
+    command: list[str] = Field(default_factory=list)
+    health_url: str | None = None
+    base_url: str | None = None
+    api_key_env: str | None = Field(None, description="name of the environment variable holding the API key")
+
+    # Supervision.
+    ready_timeout: float = Field(900.0, gt=0, description="seconds to wait for readiness")
+    stop_grace: float = Field(10.0, ge=0, description="seconds between SIGTERM and SIGKILL")
+    stop_deadline: float = Field(60.0, gt=0, description="seconds a whole stop may take")
+
+    @field_validator("gpus")
+    @classmethod
+    def _unique_gpus(cls, v: list[int]) -> list[int]:
+        if any(i < 0 for i in v):
+            raise ValueError("GPU indices must be >= 0")
+        if len(set(v)) != len(v):
+            raise ValueError(f"GPU indices repeat: {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _engine_needs(self) -> ServerConfig:
+        if self.engine == "command" and not self.command:
+            raise ValueError("engine 'command' needs `command` (the argv to run)")
+        if self.engine == "openai" and not self.base_url:
+            raise ValueError("engine 'openai' needs `base_url` (the running endpoint)")
+        if self.engine in ("sglang", "vllm", "transformers", "llamacpp") and not self.model:
+            raise ValueError(f"engine '{self.engine}' needs `model`")
+        if self.enable_hierarchical_cache and self.hicache_size is None and self.engine == "sglang":
+            raise ValueError("enable_hierarchical_cache needs `hicache_size` (GB per rank)")
+        if self.gpus and self.tp > len(self.gpus):
+            raise ValueError(f"tp = {self.tp} needs at least {self.tp} GPUs, `gpus` lists {len(self.gpus)}")
+        return self
+
+    @property
+    def launched(self) -> bool:
+        """True when harvest starts and stops this server itself."""
+        return self.engine in LAUNCHED_ENGINES
+
+    @property
+    def url(self) -> str:
+        """Base URL of the server, without a trailing slash and without ``/v1``."""
+        if self.base_url:
+            return self.base_url.rstrip("/").removesuffix("/v1")
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}"
+
+    def api_key(self) -> SecretStr | None:
+        """The API key from the environment variable the config names (never from the file)."""
+        import os
+
+        if not self.api_key_env:
+            return None
+        value = os.environ.get(self.api_key_env)
+        return SecretStr(value) if value else None
+
+
+class PreflightConfig(_Model):
+    """Margins of the launch-safety rules."""
+
+    memory_margin_mib: int = Field(1024, ge=0, description="free MiB required beyond the engine's claim")
+    ram_reserve_gib: float = Field(8.0, ge=0, description="host RAM kept free beyond the hicache pool")
+    max_swap_used_mib: int = Field(1024, ge=0)
+    min_disk_free_gib: float = Field(10.0, ge=0)
+    #: How much GPU memory an engine without a fraction setting claims (fraction of total).
+    default_claim_fraction: float = Field(0.9, gt=0, le=1)
+
+
+class DataConfig(_Model):
+    """The input dataset and its field mapping."""
+
+    path: str
+    format: Literal["auto", "jsonl", "json", "parquet", "csv", "hf"] = "auto"
+    shape: Literal["auto", "prompt", "messages", "sharegpt", "specforge"] = "auto"
+    id_field: str | None = None
+    prompt_field: str = "prompt"
+    messages_field: str = "messages"
+    conversations_field: str = "conversations"
+    system_prompt: str | None = None
+    limit: int | None = Field(None, ge=1)
+
+
+class SamplingConfig(_Model):
+    """Generation parameters sent with every request."""
+
+    max_tokens: int = Field(512, ge=1)
+    temperature: float = Field(0.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int | None = None
+    seed: int | None = None
+    stop: list[str] = Field(default_factory=list)
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+
+
+class ClientConfig(_Model):
+    """How the client talks to the server(s)."""
+
+    concurrency: int = Field(64, ge=1)
+    request_timeout: float = Field(600.0, gt=0)
+    max_retries: int = Field(3, ge=0)
+    endpoints: list[str] = Field(default_factory=list, description="extra base URLs served by the same model")
+    health_deadline: float = Field(600.0, gt=0, description="seconds a sick server may take to recover")
+
+
+class OutputConfig(_Model):
+    """Where the run folder lives."""
+
+    dir: str = "harvest-run"
+
+
+class HarvestConfig(_Model):
+    """A whole harvest configuration file. Every table is optional; commands say which they need."""
+
+    server: ServerConfig | None = None
+    preflight: PreflightConfig = Field(default_factory=PreflightConfig)
+    data: DataConfig | None = None
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    client: ClientConfig = Field(default_factory=ClientConfig)
+    output: OutputConfig = Field(default_factory=OutputConfig)
+    #: The file this configuration came from (not a TOML field).
+    source: str = Field("<memory>", exclude=True)
+
+    def require_server(self) -> ServerConfig:
+        if self.server is None:
+            raise ConfigError(self.source, [(f"{self.source} [server]", "this command needs a [server] table")])
+        return self.server
+
+
+def _location(source: str, loc: tuple[Any, ...]) -> str:
+    """Render a pydantic error location as ``file [table] field``."""
+    parts = [str(p) for p in loc]
+    tables: list[str] = []
+    while parts and parts[0] in HarvestConfig.model_fields and parts[0] != "source":
+        tables.append(parts.pop(0))
+        if tables[-1] == "server" and parts and parts[0] == "env":
+            tables.append(parts.pop(0))
+        break
+    table = f" [{'.'.join(tables)}]" if tables else ""
+    field = " " + ".".join(parts) if parts else ""
+    return f"{source}{table}{field}"
+
+
+def _resolve_paths(data: dict[str, Any], base: Path) -> None:
+    """Make relative file paths in the raw TOML relative to the config file's folder."""
+
+    def rel(value: str) -> str:
+        p = Path(value).expanduser()
+        if p.is_absolute():
+            return str(p)
+        candidate = base / p
+        return str(candidate) if (candidate.exists() or value.startswith(".")) else value
+
+    server = data.get("server")
+    if isinstance(server, dict):
+        for key in ("model", "python"):
+            if isinstance(server.get(key), str):
+                server[key] = rel(server[key])
+    for table, key in (("data", "path"), ("output", "dir")):
+        section = data.get(table)
+        if isinstance(section, dict) and isinstance(section.get(key), str):
+            p = Path(section[key]).expanduser()
+            section[key] = str(p if p.is_absolute() else base / p)
+
+
+def parse_config(data: dict[str, Any], source: str = "<memory>", base: Path | None = None) -> HarvestConfig:
+    """Validate an already-parsed mapping. Raises :class:`ConfigError` naming table and field."""
+    data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    if base is not None:
+        _resolve_paths(data, base)
+    try:
+        return HarvestConfig.model_validate({**data, "source": source})
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            msg = err["msg"]
+            if err["type"] == "extra_forbidden":
+                msg = "unknown field"
+            elif err["type"] == "literal_error":
+                msg = f"{msg} (got {err.get('input')!r})"
+            problems.append((_location(source, err["loc"]), msg))
+        raise ConfigError(source, problems) from None
+
+
+def load_config(path: str | Path) -> HarvestConfig:
+    """Read and validate a TOML configuration file."""
+    path = Path(path)
+    source = str(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(source, [(source, f"cannot read: {exc.strerror or exc}")]) from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8-sig"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(source, [(source, f"not UTF-8 text (byte {exc.start})")]) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(source, [(source, f"TOML syntax: {exc}")]) from None
+    return parse_config(data, source=source, base=path.resolve().parent)
+
+
+__all__ = [
+    "ClientConfig",
+    "DataConfig",
+    "EngineKind",
+    "HarvestConfig",
+    "LAUNCHED_ENGINES",
+    "OutputConfig",
+    "PreflightConfig",
+    "SamplingConfig",
+    "ServerConfig",
+    "load_config",
+    "parse_config",
+]

@@ -1,0 +1,138 @@
+"""Every exception harvest raises on purpose, in one tree.
+
+    HarvestError                      base: anything harvest raises deliberately
+    ├── ConfigError                   the user's configuration is wrong (file, table, field named)
+    ├── InputError                    one dataset row is bad (source, line, reason); the row is skipped
+    ├── ProbeError                    a GPU / host measurement failed (NVML call, nvidia-smi, GPU index)
+    │   └── NoDriverError             no NVIDIA driver on this machine (a state, not a crash)
+    ├── PreflightFailed               launching here is unsafe; carries the failed rule results
+    ├── ServerError                   something about an engine server
+    │   ├── LaunchError               the engine did not become ready (exit code, log tail)
+    │   ├── ServerSick                the server answered 5xx / refused connections / failed health
+    │   └── StopError                 a stop could not be carried out (state file unreadable, ...)
+    ├── RequestError                  one request failed for a reason that belongs to the item (4xx)
+    └── LedgerError                   the run's ledger refuses an operation (settings mismatch, ...)
+
+The split matters: "this item is bad" (InputError, RequestError), "the server is sick" (ServerSick)
+and "the job is misconfigured" (ConfigError) are handled differently by the runner, and always by
+type, never by matching text of a message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class HarvestError(Exception):
+    """Base class of every error harvest raises on purpose."""
+
+
+class ConfigError(HarvestError):
+    """A configuration file or value is invalid.
+
+    ``problems`` lists each problem as ``(location, message)`` where location reads like
+    ``job.toml [server] mem_fraction_static``.
+    """
+
+    def __init__(self, source: str, problems: Sequence[tuple[str, str]]):
+        self.source = source
+        self.problems = list(problems)
+        lines = [f"{loc}: {msg}" for loc, msg in self.problems]
+        super().__init__(f"invalid configuration in {source}:\n  " + "\n  ".join(lines))
+
+
+class InputError(HarvestError):
+    """One input row cannot be used. The row is skipped; the run goes on."""
+
+    def __init__(self, source: str, line: int | None, reason: str):
+        self.source, self.line, self.reason = source, line, reason
+        where = f"{source}:{line}" if line is not None else source
+        super().__init__(f"{where}: {reason}")
+
+
+class ProbeError(HarvestError):
+    """A measurement of GPU or host state failed. Verification never swallows this."""
+
+    def __init__(self, message: str, *, gpu: int | None = None, call: str | None = None):
+        self.gpu, self.call = gpu, call
+        where = []
+        if gpu is not None:
+            where.append(f"GPU {gpu}")
+        if call:
+            where.append(call)
+        super().__init__(f"{message}" + (f" ({', '.join(where)})" if where else ""))
+
+
+class NoDriverError(ProbeError):
+    """No NVIDIA driver (or no GPU) on this machine."""
+
+
+class PreflightFailed(HarvestError):
+    """Launching the server here is unsafe; ``results`` holds every rule, failures included."""
+
+    def __init__(self, results: Sequence[object]):
+        self.results = list(results)
+        failed = [r for r in self.results if not getattr(r, "passed", True)]
+        text = "; ".join(f"{getattr(r, 'rule', '?')}: {getattr(r, 'detail', '')}" for r in failed)
+        super().__init__(f"preflight failed: {text}")
+
+
+class ServerError(HarvestError):
+    """Base for engine-server problems."""
+
+
+class LaunchError(ServerError):
+    """The engine exited, logged a fatal line, or missed its readiness deadline."""
+
+    def __init__(self, message: str, *, argv: Sequence[str] = (), returncode: int | None = None,
+                 log_path: str | None = None, log_tail: str = ""):
+        self.argv, self.returncode, self.log_path, self.log_tail = list(argv), returncode, log_path, log_tail
+        parts = [message]
+        if returncode is not None:
+            parts.append(f"exit code {returncode}")
+        if log_path:
+            parts.append(f"log: {log_path}")
+        text = "; ".join(parts)
+        if log_tail:
+            text += "\n--- log tail ---\n" + log_tail.rstrip()
+        super().__init__(text)
+
+
+class ServerSick(ServerError):
+    """The server, not the item, is at fault: connection refused, 5xx, failed health check."""
+
+    def __init__(self, message: str, *, endpoint: str | None = None, status: int | None = None):
+        self.endpoint, self.status = endpoint, status
+        super().__init__(f"{endpoint}: {message}" if endpoint else message)
+
+
+class StopError(ServerError):
+    """A stop could not even be attempted (no state file, unreadable record)."""
+
+
+class RequestError(HarvestError):
+    """The server rejected this item's request (a 4xx other than 408/409/425/429)."""
+
+    def __init__(self, message: str, *, status: int | None = None):
+        self.status = status
+        super().__init__(f"HTTP {status}: {message}" if status else message)
+
+
+class LedgerError(HarvestError):
+    """The ledger refuses an operation (e.g. resuming with settings that change outputs)."""
+
+
+__all__ = [
+    "ConfigError",
+    "HarvestError",
+    "InputError",
+    "LaunchError",
+    "LedgerError",
+    "NoDriverError",
+    "PreflightFailed",
+    "ProbeError",
+    "RequestError",
+    "ServerError",
+    "ServerSick",
+    "StopError",
+]

@@ -1,0 +1,29 @@
+# The two entry points of the README. Each installs what it needs into .venv (harvest) and into
+# engine environments cached outside the clone (scripts/install-engines), then runs.
+PY ?= python3
+VENV ?= .venv
+PYTEST_ARGS ?=
+
+.PHONY: demo test install engines
+
+$(VENV)/.harvest-installed: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q --upgrade pip
+	$(VENV)/bin/python -m pip install -q -e '.[test]'
+	touch $@
+
+install: $(VENV)/.harvest-installed
+
+engines:
+	scripts/install-engines vllm llamacpp
+
+# The main job on the embedded default: a tiny local model on vLLM's CPU build.
+demo: install
+	$(VENV)/bin/harvest demo --engine-python "$$(scripts/install-engines vllm)"
+
+# The whole test suite against real engines; "no tests collected" (pytest exit 5) is a failure.
+test: install engines
+	HARVEST_VLLM_PYTHON="$$(scripts/install-engines vllm)" \
+	HARVEST_LLAMA_SERVER="$$(scripts/install-engines llamacpp)" \
+	$(VENV)/bin/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "no tests collected: failing" >&2; exit 1; fi; exit $$rc

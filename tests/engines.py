@@ -1,0 +1,140 @@
+"""Real engines for the tests: locate (installing on first use) vLLM's CPU build and llama-server,
+build the tiny model, and run one engine process that the tests started and stop it by its group.
+
+Plain functions, so fixtures and benchmarks share them. Everything started here is stopped here,
+by the process group recorded at launch; nothing else is ever signalled.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+INSTALLER = ROOT / "scripts" / "install-engines"
+MAKE_MODEL = ROOT / "src" / "harvest" / "demo" / "make_tiny_model.py"
+
+
+def install_engine(name: str) -> str:
+    """Path printed by the idempotent installer (a Python for vllm, the binary for llamacpp)."""
+    proc = subprocess.run([str(INSTALLER), name], capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"scripts/install-engines {name} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def build_tiny_model(python: str, out: Path, gguf: bool = True) -> Path:
+    """Build the tiny random model (HF folder, and model.gguf) with the engine's Python."""
+    if (out / "config.json").exists() and (not gguf or (out / "model.gguf").exists()):
+        return out
+    args = [python, str(MAKE_MODEL), str(out)] + (["--gguf"] if gguf else [])
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"building the tiny model failed:\n{proc.stderr[-4000:]}")
+    return out
+
+
+def free_port() -> int:
+    """A port that was free a moment ago. Callers let the server bind it and retry on 'in use'."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class EngineProcess:
+    """An engine server the tests started in its own session, stopped through its group."""
+
+    argv: list[str]
+    port: int
+    model: str
+    log_path: Path
+    proc: subprocess.Popen
+    create_time: float
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_tail(self, n: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def stop(self, grace: float = 20.0) -> None:
+        """SIGTERM the group, then SIGKILL it after ``grace``; verify the leader is gone."""
+        pgid = self.proc.pid  # start_new_session: the leader's pid is the group id
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+            if self.proc.poll() is not None and not _group_alive(pgid):
+                return
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                return
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None and not _group_alive(pgid):
+                    return
+                time.sleep(0.1)
+
+
+def _group_alive(pgid: int) -> bool:
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(p.info["pid"]) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return False
+
+
+def start_engine(argv: list[str], *, port: int, model: str, log_path: Path, health: str,
+                 env: dict[str, str] | None = None, timeout: float = 240.0) -> EngineProcess:
+    """Start ``argv`` in a new session and wait (bounded) for ``health`` to answer 200."""
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True, env={**os.environ, **(env or {})})
+    log.close()
+    engine = EngineProcess(argv, port, model, log_path, proc, psutil.Process(proc.pid).create_time())
+    deadline = time.monotonic() + timeout
+    with httpx.Client(timeout=2.0) as client:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"engine exited with {proc.returncode} before ready:\n{engine.log_tail()}")
+            try:
+                if client.get(engine.url + health).status_code == 200:
+                    return engine
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+    engine.stop()
+    raise RuntimeError(f"engine not ready within {timeout:.0f} s:\n{engine.log_tail()}")
+
+
+def vllm_argv(python: str, model: str, port: int, *extra: str) -> list[str]:
+    return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1",
+            "--port", str(port), *extra]
+
+
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+
+
+def main() -> int:  # pragma: no cover - manual helper: python tests/engines.py
+    py = install_engine("vllm")
+    print(py, install_engine("llamacpp"), build_tiny_model(py, Path(sys.argv[1])))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -28,14 +28,14 @@ def _nvidia_driver() -> str | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not any("gpu" in item.keywords for item in items):
+    if not any(item.get_closest_marker("gpu") is not None for item in items):
         return
     reason = _nvidia_driver()
     if reason is None:
         return
     skip = pytest.mark.skip(reason=f"needs an NVIDIA GPU (NVML): {reason}; run on the GPU machine")
     for item in items:
-        if "gpu" in item.keywords:
+        if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
 
 

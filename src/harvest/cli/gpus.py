@@ -1,0 +1,49 @@
+"""``harvest gpus``: what the GPUs and the host hold right now (NVML, nvidia-smi fallback, psutil).
+
+Parses options and renders; the measuring lives in ``harvest.gpu``. A machine without an NVIDIA
+driver is a state, shown as a line, not an error. This command never changes anything it shows.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import click
+
+from harvest.cli.render import gpus_payload, make_console, print_gpus
+from harvest.errors import ProbeError
+from harvest.gpu import host_state, open_probe
+
+
+@click.command("gpus")
+@click.option("--json", "as_json", is_flag=True,
+              help="print the documented JSON document (harvest.gpus/1; with --watch, one per line)")
+@click.option("--watch", type=click.FloatRange(min=0.1), default=None, metavar="SECONDS",
+              help="refresh every SECONDS until interrupted (or --count refreshes)")
+@click.option("--count", type=click.IntRange(min=1), default=None,
+              help="with --watch: stop after this many refreshes")
+def gpus(as_json: bool, watch: float | None, count: int | None) -> None:
+    """Show GPUs (memory, utilization, compute processes) and host RAM/swap."""
+    console = make_console()
+    probe = open_probe()
+    shown = 0
+    try:
+        while True:
+            try:
+                snap, host = probe.snapshot(), host_state()
+            except ProbeError as exc:
+                make_console(stderr=True).print(f"error: {exc}", markup=False)
+                raise SystemExit(1) from None
+            if as_json:
+                click.echo(json.dumps(gpus_payload(snap, host), indent=None if watch else 2))
+            else:
+                if watch is not None and console.is_terminal:
+                    console.clear()
+                print_gpus(console, snap, host)
+            shown += 1
+            if watch is None or (count is not None and shown >= count):
+                return
+            time.sleep(watch)
+    finally:
+        probe.close()

@@ -1,0 +1,167 @@
+"""`harvest preflight CONFIG`: exit codes 0/1/2, one line per rule, --wait, --json schema."""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+from click.testing import CliRunner
+
+from harvest.cli.main import cli
+from tests.gpu.schema_doc import documented_schema, problems
+
+SCHEMA = documented_schema("harvest.preflight/1")
+# Host-dependent rules made lenient where a test is about something else.
+LENIENT = "[preflight]\nmin_disk_free_gib = 0\nmax_swap_used_mib = 100000000\n"
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(cli, ["preflight", *map(str, args)], env={"COLUMNS": "200"})
+
+
+@pytest.fixture
+def port():
+    """A port with no server: held bound (not listening, SO_REUSEADDR) so it stays bindable."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    yield sock.getsockname()[1]
+    sock.close()
+
+
+@pytest.fixture
+def listener():
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    yield sock
+    sock.close()
+
+
+def config(tmp_path: Path, server: str, extra: str = LENIENT, name: str = "server.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(f"[server]\n{server}\n{extra}\n[output]\ndir = \"out\"\n")
+    return path
+
+
+def cpu_server(port: int) -> str:
+    return f'engine = "transformers"\nmodel = "m"\nport = {port}'
+
+
+def test_clean_cpu_config_passes_with_exit_0(tmp_path, port):
+    result = invoke(config(tmp_path, cpu_server(port)))
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    for rule, detail in (("gpu-memory", "no GPUs requested (CPU engine)"), ("port", f"port {port} is free")):
+        assert any(line.startswith("PASS") and rule in line and detail in line for line in lines), result.output
+    assert "PASS: all 6 checks passed" in result.output
+
+
+def test_hicache_times_tp_beyond_host_ram_fails_with_exit_1(tmp_path, port):
+    available_gb = psutil.virtual_memory().available / 1e9
+    size = max(48, math.ceil(available_gb / 8) + 1)  # 48 GB x 8 ranks unless this host has more RAM
+    server = (f'engine = "sglang"\nmodel = "m"\nport = {port}\ntp = 8\nenable_hierarchical_cache = true\n'
+              f"hicache_size = {size}")
+    result = invoke(config(tmp_path, server))
+    assert result.exit_code == 1, result.output
+    (line,) = [line for line in result.output.splitlines() if "host-ram" in line]
+    assert line.startswith("FAIL") and f"needs {size * 8} GB + 8 GiB reserve, available " in line
+    assert "FAIL: 1 of 6 checks failed" in result.output
+
+
+def test_requested_gpu_without_driver_fails(tmp_path, port):
+    result = invoke(config(tmp_path, f'engine = "vllm"\nmodel = "m"\nport = {port}\ngpus = [0]'), "--json")
+    doc = json.loads(result.stdout)
+    if any(r["rule"] == "gpu-memory" and "no NVIDIA driver found" not in r["detail"] for r in doc["results"]):
+        pytest.skip("this machine has an NVIDIA driver; the no-driver message is checked on machines without one")
+    assert result.exit_code == 1
+    details = [r["detail"] for r in doc["results"] if r["rule"] == "gpu-memory"]
+    assert details == ["GPU 0 requested but no NVIDIA driver found"]
+
+
+def test_taken_port_fails_and_json_matches_the_documented_schema(tmp_path, listener):
+    taken = listener.getsockname()[1]
+    path = config(tmp_path, cpu_server(taken))
+    result = invoke(path, "--json")
+    assert result.exit_code == 1, result.output
+    doc = json.loads(result.stdout)
+    assert problems(doc, SCHEMA) == []
+    assert doc["passed"] is False and doc["config"] == str(path) and doc["engine"] == "transformers"
+    (port_result,) = [r for r in doc["results"] if r["rule"] == "port"]
+    assert port_result["passed"] is False and f"port {taken} on 127.0.0.1 is in use" in port_result["detail"]
+    assert port_result["numbers"]["port"] == taken
+
+
+def test_wait_passes_once_the_port_is_released(tmp_path, listener):
+    taken = listener.getsockname()[1]
+    timer = threading.Timer(0.5, listener.close)
+    timer.start()
+    try:
+        result = invoke(config(tmp_path, cpu_server(taken)), "--wait", "20")
+    finally:
+        timer.cancel()
+    assert result.exit_code == 0, result.output
+    (waited,) = [line for line in result.output.splitlines() if line.startswith("waited ")]
+    assert waited.endswith(": passed")
+    assert float(waited.split()[1]) < 20
+
+
+def test_wait_times_out_and_prints_what_still_fails(tmp_path, listener):
+    taken = listener.getsockname()[1]
+    result = invoke(config(tmp_path, cpu_server(taken)), "--wait", "1", "--json")
+    assert result.exit_code == 1
+    doc = json.loads(result.stdout)
+    assert problems(doc, SCHEMA) == []
+    assert doc["waited_s"] >= 1 and doc["attempts"] >= 5  # polled at 5 Hz
+    text = invoke(config(tmp_path, cpu_server(taken)), "--wait", "0.4")
+    assert text.exit_code == 1
+    tail = text.output[text.output.index("still failing"):]
+    assert "FAIL  port" in tail and f"port {taken} on 127.0.0.1 is in use" in tail
+
+
+def test_output_dir_defaults_to_the_config_and_can_be_overridden(tmp_path, port):
+    path = config(tmp_path, cpu_server(port), extra="[preflight]\nmin_disk_free_gib = 1000000000\n")
+    result = invoke(path)
+    assert result.exit_code == 1
+    (disk,) = [line for line in result.output.splitlines() if " disk " in line]
+    assert disk.startswith("FAIL") and str(tmp_path / "out") in disk and "1e+09 GiB required" in disk
+    other = tmp_path / "elsewhere"
+    result = invoke(path, "--output-dir", other)
+    (disk,) = [line for line in result.output.splitlines() if " disk " in line]
+    assert str(other) in disk
+
+
+def test_openai_endpoint_skips_launch_rules(tmp_path):
+    result = invoke(config(tmp_path, 'engine = "openai"\nbase_url = "http://127.0.0.1:9/v1"',
+                           extra="[preflight]\nmin_disk_free_gib = 0\n"))
+    assert result.exit_code == 0, result.output
+    skipped = [line for line in result.output.splitlines() if line.startswith("SKIP")]
+    assert len(skipped) == 5 and all("does not launch" in line for line in skipped)
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ('engine = "sglang"\nmodel = "m"\nmem_fraction_static = 1.5', ["bad.toml", "[server]", "mem_fraction_static"]),
+    ('engine = "sglang"\nmodel = "m"\ngpus = [0]\ntp = 2', ["bad.toml", "[server]", "tp = 2"]),
+])
+def test_config_errors_exit_2_naming_file_table_field(tmp_path, text, expected):
+    result = invoke(config(tmp_path, text, name="bad.toml"))
+    assert result.exit_code == 2
+    for piece in expected:
+        assert piece in result.output
+    assert "Traceback" not in result.output
+
+
+def test_missing_file_no_server_table_and_bad_usage_exit_2(tmp_path):
+    result = invoke(tmp_path / "absent.toml")
+    assert result.exit_code == 2 and "absent.toml" in result.output
+    no_server = tmp_path / "data-only.toml"
+    no_server.write_text('[output]\ndir = "x"\n')
+    result = invoke(no_server)
+    assert result.exit_code == 2 and "[server]" in result.output
+    assert invoke(no_server, "--wait", "-1").exit_code == 2
+    assert invoke().exit_code == 2

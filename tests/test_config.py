@@ -1,0 +1,117 @@
+"""Configuration loading: valid files load, and every error names the file, the table and the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harvest.config import load_config, parse_config
+from harvest.errors import ConfigError
+
+
+def write(tmp_path: Path, text: str, name: str = "job.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def error_of(path: Path) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    return info.value
+
+
+def test_a_valid_file_loads_with_defaults(tmp_path):
+    path = write(tmp_path, """
+[server]
+engine = "sglang"
+model = "org/model"
+gpus = [0, 1]
+tp = 2
+mem_fraction_static = 0.85
+enable_hierarchical_cache = true
+hicache_size = 48
+
+[output]
+dir = "runs/a"
+""")
+    cfg = load_config(path)
+    assert cfg.source == str(path)
+    server = cfg.require_server()
+    assert (server.engine, server.gpus, server.tp, server.host, server.port) == ("sglang", [0, 1], 2, "127.0.0.1", 8000)
+    assert server.hicache_size == 48 and server.mem_fraction_static == 0.85
+    assert cfg.preflight.memory_margin_mib == 1024
+    # Relative paths are relative to the config file's folder, not the working directory.
+    assert Path(cfg.output.dir) == tmp_path / "runs" / "a"
+
+
+def test_out_of_range_value_names_file_table_and_field(tmp_path):
+    path = write(tmp_path, '[server]\nengine = "sglang"\nmodel = "m"\nmem_fraction_static = 1.5\n', "sglang.toml")
+    err = error_of(path)
+    text = str(err)
+    assert "sglang.toml" in text and "[server]" in text and "mem_fraction_static" in text
+    assert err.source == str(path)
+    assert [loc for loc, _ in err.problems] == [f"{path} [server] mem_fraction_static"]
+
+
+def test_unknown_field_names_its_table(tmp_path):
+    err = error_of(write(tmp_path, "[preflight]\nmemory_margin = 3\n"))
+    ((loc, msg),) = err.problems
+    assert loc.endswith("job.toml [preflight] memory_margin") and msg == "unknown field"
+
+
+def test_every_problem_is_reported_not_only_the_first(tmp_path):
+    err = error_of(write(tmp_path, """
+[server]
+engine = "vllm"
+model = "m"
+gpu_memory_utilization = 0
+port = 70000
+
+[server.env]
+CUDA_VISIBLE_DEVICES = 0
+
+[sampling]
+top_p = 2
+"""))
+    locs = {loc.split(" ", 1)[1] for loc, _ in err.problems}
+    assert locs == {"[server] gpu_memory_utilization", "[server] port", "[server.env] CUDA_VISIBLE_DEVICES",
+                    "[sampling] top_p"}
+
+
+def test_unknown_engine_lists_the_choices(tmp_path):
+    err = error_of(write(tmp_path, '[server]\nengine = "tgi"\n'))
+    ((loc, msg),) = err.problems
+    assert loc.endswith("[server] engine") and "'tgi'" in msg and "sglang" in msg
+
+
+def test_cross_field_rules_name_the_table_and_the_fields(tmp_path):
+    err = error_of(write(tmp_path, '[server]\nengine = "sglang"\nmodel = "m"\ngpus = [0, 1]\ntp = 4\n'))
+    ((loc, msg),) = err.problems
+    assert loc.endswith("job.toml [server]") and "tp = 4" in msg and "gpus" in msg
+    err = error_of(write(tmp_path, '[server]\nengine = "sglang"\nmodel = "m"\nenable_hierarchical_cache = true\n'))
+    assert "hicache_size" in str(err) and "[server]" in str(err)
+
+
+def test_repeated_gpu_index(tmp_path):
+    err = error_of(write(tmp_path, '[server]\nengine = "vllm"\nmodel = "m"\ngpus = [1, 1]\n'))
+    ((loc, msg),) = err.problems
+    assert loc.endswith("[server] gpus") and "repeat" in msg
+
+
+def test_toml_syntax_and_unreadable_files_name_the_file(tmp_path):
+    err = error_of(write(tmp_path, "[server\n", "broken.toml"))
+    assert "broken.toml" in str(err) and "TOML syntax" in str(err) and "line 1" in str(err)
+    err = error_of(tmp_path / "missing.toml")
+    assert "missing.toml" in str(err) and "cannot read" in str(err)
+    bad = tmp_path / "latin1.toml"
+    bad.write_bytes(b'[server]\nengine = "caf\xe9"\n')
+    assert "not UTF-8" in str(error_of(bad))
+
+
+def test_a_command_that_needs_server_says_so():
+    cfg = parse_config({}, source="empty.toml")
+    with pytest.raises(ConfigError) as info:
+        cfg.require_server()
+    assert "empty.toml [server]" in str(info.value)

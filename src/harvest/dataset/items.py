@@ -1,0 +1,104 @@
+"""The dataset layer's entry point: ``[data]`` config in, a stream of ``Item | Skipped`` out.
+
+``iter_items`` picks the reader from the format (or from the extension / folder when ``format =
+"auto"``), normalizes each row and stops after ``limit`` rows (items and skipped rows both count).
+Duplicated ids are *not* removed here: the stream stays memory-flat, and the ledger dedupes through
+its primary key and counts the duplicates.
+
+Nothing here holds more than one row, and nothing raises for a bad row; ``ConfigError`` means the
+dataset as a whole cannot be read (missing path, unknown extension, pyarrow missing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Collection, Iterator
+from pathlib import Path
+
+from harvest.config import DataConfig
+from harvest.dataset.arrow import read_hf, read_parquet
+from harvest.dataset.readers import read_csv, read_json, read_jsonl
+from harvest.dataset.records import Item, Row, Skipped
+from harvest.dataset.shapes import normalize
+from harvest.errors import ConfigError
+
+#: File extensions recognized by ``format = "auto"`` (a trailing ``.gz`` is allowed on text formats).
+EXTENSIONS: dict[str, str] = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".jsonlines": "jsonl",
+    ".json": "json",
+    ".csv": "csv",
+    ".tsv": "csv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".arrow": "hf",
+}
+
+
+def detect_format(path: str | Path, declared: str = "auto") -> str:
+    """The reader to use for ``path``: ``declared`` unless it is ``auto``, else by folder/extension."""
+    p = Path(path)
+    source = str(p)
+    if not p.exists():
+        raise ConfigError(source, [(f"{source}", "dataset path does not exist")])
+    if declared != "auto":
+        return declared
+    if p.is_dir():
+        return "hf"
+    name = p.name.lower()
+    if name.endswith(".gz"):
+        name = name[:-3]
+    suffix = Path(name).suffix
+    fmt = EXTENSIONS.get(suffix)
+    if fmt is None or (fmt in ("parquet", "hf") and p.name.lower().endswith(".gz")):
+        known = ", ".join(sorted(EXTENSIONS))
+        raise ConfigError(
+            source, [(source, f"cannot tell the format from the name (known: {known}); set [data] format")]
+        )
+    return fmt
+
+
+def read_rows(
+    path: str | Path, fmt: str = "auto", columns: Collection[str] | None = None
+) -> Iterator[Row | Skipped]:
+    """Raw rows of the dataset at ``path`` in file order. ``columns`` limits columnar reads."""
+    fmt = detect_format(path, fmt)
+    if fmt == "jsonl":
+        return read_jsonl(path)
+    if fmt == "json":
+        return read_json(path)
+    if fmt == "csv":
+        return read_csv(path)
+    if fmt == "parquet":
+        return read_parquet(path, columns)
+    if fmt == "hf":
+        return read_hf(path, columns)
+    raise ConfigError(str(path), [(str(path), f"unknown data format {fmt!r}")])
+
+
+def used_columns(config: DataConfig) -> set[str]:
+    """The columns a row can be read from under ``config`` (columnar readers load only these)."""
+    names = {config.prompt_field, config.messages_field, config.conversations_field, "id"}
+    if config.id_field:
+        names.add(config.id_field)
+    return names
+
+
+def iter_items(config: DataConfig) -> Iterator[Item | Skipped]:
+    """Stream the dataset of ``config`` as normalized items and skipped rows, in file order.
+
+    The same file and config give the same sequence (ids, lines, order) every time, which is what
+    lets the ledger resume an interrupted ingest by position.
+    """
+    rows = read_rows(config.path, config.format, used_columns(config))
+    with contextlib.closing(rows):  # type: ignore[arg-type]
+        count = 0
+        for row in rows:
+            yield row if isinstance(row, Skipped) else normalize(row, config)
+            count += 1
+            if config.limit is not None and count >= config.limit:
+                return
+
+
+__all__ = ["EXTENSIONS", "detect_format", "iter_items", "read_rows", "used_columns"]

@@ -1,0 +1,176 @@
+"""Records the ledger takes and gives: item statuses, claimed work, results to commit, reports.
+
+These are plain frozen values; nothing here touches the database. ``hash_settings`` gives the
+canonical hash the runner stamps on a run (what the ledger compares on resume).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from harvest.dataset.records import Item
+
+
+class Status(str, Enum):
+    """Where one item of a run stands. Every unique input id has exactly one status."""
+
+    #: Waiting to be generated (new, released after a sick-server pause, or recovered after a crash).
+    PENDING = "pending"
+    #: Claimed by a runner and in flight. A row left "running" by a crash goes back to pending on open.
+    RUNNING = "running"
+    #: Generated; its result is committed (exactly once) in ``results``.
+    DONE = "done"
+    #: Generated but cut by the token limit (``finish_reason=length``) and kept as such; has a result.
+    TRUNCATED = "truncated"
+    #: The server rejected the item for a reason that belongs to the item (4xx after retries).
+    FAILED = "failed"
+    #: The input row is unusable (bad JSON, missing field, ...); ``last_error`` says why.
+    SKIPPED = "skipped"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: Statuses that end an item's life in a run (``check_totals`` expects only these at the end).
+FINAL_STATUSES: tuple[Status, ...] = (Status.DONE, Status.TRUNCATED, Status.FAILED, Status.SKIPPED)
+#: Statuses that come with a row in ``results``.
+RESULT_STATUSES: tuple[Status, ...] = (Status.DONE, Status.TRUNCATED)
+
+
+def hash_settings(settings: Mapping[str, Any]) -> str:
+    """Canonical hash (BLAKE2b-128, 32 hex digits) of output-affecting settings (JSON-able values)."""
+    canonical = json.dumps(settings, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+    return hashlib.blake2b(canonical.encode("utf-8"), digest_size=16).hexdigest()
+
+
+@dataclass(frozen=True)
+class ItemRow:
+    """One claimed item: what the runner generates from. ``attempts`` counts charged attempts."""
+
+    id: str
+    attempts: int
+    item: Item
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A generated result to commit. ``output`` is any JSON-able value (e.g. the regenerated turns)."""
+
+    item_id: str
+    output: Any
+    status: Status = Status.DONE
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.status not in RESULT_STATUSES:
+            raise ValueError(f"a completion's status is done or truncated, not {self.status}")
+
+
+@dataclass(frozen=True)
+class Failure:
+    """An item that failed for its own reason; ``error_class`` is a short stable name (e.g. ``http_400``)."""
+
+    item_id: str
+    error: str
+    error_class: str
+
+
+@dataclass(frozen=True)
+class ResultRow:
+    """One item as exported: its status and input, with its result when it has one."""
+
+    item_id: str
+    status: Status
+    attempts: int
+    source: str | None
+    source_line: int | None
+    #: The normalized input; None for skipped rows (their input was unusable).
+    item: Item | None
+    dup_count: int
+    last_error: str | None
+    error_class: str | None
+    output: Any = None
+    settings_hash: str | None = None
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    created_at: float | None = None
+
+
+@dataclass(frozen=True)
+class IngestReport:
+    """What an ``ingest`` call did, and the totals of the run's input so far."""
+
+    #: Records consumed from the iterable by this call (after skipping those ingested before a crash).
+    rows_read: int
+    #: Records skipped at the start because an interrupted earlier ingest had already committed them.
+    resumed_from: int
+    #: Totals over the whole input (this call and earlier ones).
+    total_rows: int
+    unique: int
+    duplicates: int
+    skipped: int
+    #: True once the iterable has been read to its end.
+    complete: bool
+
+
+@dataclass(frozen=True)
+class ApplyReport:
+    """What one batch of writer operations changed."""
+
+    committed: int = 0
+    #: Completions ignored because the item already had a result (or is not claimable).
+    ignored: int = 0
+    failed: int = 0
+    released: int = 0
+    charged: int = 0
+
+
+@dataclass(frozen=True)
+class Totals:
+    """The end-of-run check: every unique input item must end in a final status."""
+
+    input_rows: int
+    unique: int
+    duplicates: int
+    counts: Mapping[Status, int]
+    results: int
+    ingest_complete: bool
+    problems: tuple[str, ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        """True when done + truncated + failed + skipped == unique input, and results match."""
+        return not self.problems
+
+    def describe(self) -> str:
+        c = self.counts
+        final = sum(c[s] for s in FINAL_STATUSES)
+        line = (
+            f"done {c[Status.DONE]} + truncated {c[Status.TRUNCATED]} + failed {c[Status.FAILED]}"
+            f" + skipped {c[Status.SKIPPED]} = {final} of {self.unique} unique input items"
+            f" ({self.input_rows} rows, {self.duplicates} duplicates)"
+        )
+        return line if self.ok else line + "; " + "; ".join(self.problems)
+
+
+__all__ = [
+    "ApplyReport",
+    "Completion",
+    "FINAL_STATUSES",
+    "Failure",
+    "IngestReport",
+    "ItemRow",
+    "RESULT_STATUSES",
+    "ResultRow",
+    "Status",
+    "Totals",
+    "hash_settings",
+]

@@ -1,0 +1,551 @@
+"""The ledger of a run: the single source of truth for which items exist, where each stands, and
+the one result each produced.
+
+    ledger = Ledger.open(run_dir, settings_hash=h, meta={"job": spec, "engine_version": v})
+    ledger.ingest(iter_items(data_config))      # streaming, resumable, dedupes by id
+    rows = ledger.claim(256)                      # pending -> running
+    ledger.complete([Completion(row.id, output)]) # result + status in one transaction, exactly once
+    ledger.fail(item_id, "HTTP 400: ...", "http_400")
+    ledger.release(ids)                           # running -> pending, no attempt charged
+    ledger.check_totals().ok
+
+Guarantees:
+
+- Exactly once: ``results`` is keyed by the item (primary key) and a result is inserted only while
+  its item is pending/running/failed, in the same transaction that marks the item done/truncated.
+  A second ``complete`` for the same id changes nothing.
+- Crash safety: every operation is one transaction. Opening a ledger puts rows left ``running`` by a
+  crashed process back to ``pending`` (one indexed UPDATE; ``recovered`` says how many).
+- One writer: ``ledger.lock`` (an ``flock``) makes a second process opening the same run for writing
+  fail at once, instead of resetting the first one's running rows. ``open_readonly`` takes no lock.
+- Memory stays flat: ids are never loaded into Python in bulk (only those of claimed, unsettled
+  items, which the runner holds anyway); duplicates are counted by the id's unique index.
+- Files: ``ledger.sqlite`` is created 0600 (its -wal/-shm files inherit that); a run folder the
+  ledger creates is 0700. SQLite failures surface as :class:`LedgerError`.
+
+The store never generates, never retries, and never decides policy (what to retry, when a server is
+sick): the runner does, through this API. A ``Ledger`` must be used by one thread at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import itertools
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from harvest import __version__
+from harvest.dataset.records import Item, Skipped
+from harvest.errors import LedgerError
+from harvest.ledger.records import (
+    FINAL_STATUSES,
+    RESULT_STATUSES,
+    ApplyReport,
+    Completion,
+    Failure,
+    IngestReport,
+    ItemRow,
+    ResultRow,
+    Status,
+    Totals,
+)
+from harvest.ledger.schema import DDL, LEDGER_FILE, LOCK_FILE, SCHEMA_VERSION, connect
+
+#: Meta keys the ledger owns; callers cannot set them through ``meta``.
+RESERVED_META = frozenset({"schema_version", "harvest_version", "settings_hash", "settings_hashes",
+                           "created_at", "ingest"})
+
+_SQL_INGEST = (
+    "INSERT INTO items(id, status, last_error, error_class, source, source_line, input_hash, updated_at)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT(id) DO UPDATE SET dup_count = dup_count + 1,"
+    " dup_conflicts = dup_conflicts + (items.input_hash IS NOT excluded.input_hash)"
+)
+# Hot-path statements address items by ``seq`` (claimed items' seqs are remembered), so a batch
+# walks the tables in input order instead of probing the id index at random. A result is inserted
+# only for an item still waiting for one; _SQL_DONE, run after it in the same transaction with the
+# same guard, marks exactly those items (one that already had a result is done/truncated, so not
+# matched). Guards are OR chains: an IN list costs an ephemeral table per execution.
+_SQL_RESULT = (
+    "INSERT INTO results(item, status, output, settings_hash, finish_reason, prompt_tokens,"
+    " completion_tokens, created_at) SELECT seq, ?, ?, ?, ?, ?, ?, ? FROM items"
+    " WHERE seq = ? AND (+status = 'pending' OR +status = 'running' OR +status = 'failed')"
+    " ON CONFLICT(item) DO NOTHING"
+)
+_SQL_DONE = (
+    "UPDATE items SET status = ?, last_error = NULL, error_class = NULL, updated_at = ?"
+    " WHERE seq = ? AND (+status = 'pending' OR +status = 'running' OR +status = 'failed')"
+)
+_SQL_FAIL = (
+    "UPDATE items SET status = 'failed', last_error = ?, error_class = ?, updated_at = ?"
+    " WHERE seq = ? AND (+status = 'pending' OR +status = 'running')"
+)
+_SQL_RELEASE = "UPDATE items SET status = 'pending', updated_at = ? WHERE seq = ? AND +status = 'running'"
+_SQL_CHARGE = "UPDATE items SET attempts = attempts + 1 WHERE seq = ?"
+_SQL_SELECT = (
+    "SELECT i.id, i.status, i.attempts, i.source, i.source_line, n.input, i.dup_count, i.last_error,"
+    " i.error_class, r.output, r.settings_hash, r.finish_reason, r.prompt_tokens, r.completion_tokens,"
+    " r.created_at FROM items AS i LEFT JOIN inputs AS n ON n.item = i.seq"
+    " LEFT JOIN results AS r ON r.item = i.seq "
+)
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+def _dumps(value: Any) -> str:
+    return _ENCODER.encode(value)
+
+
+def _input_hash(text: str) -> int:
+    """64-bit hash of an item's stored input, to tell a true duplicate from an id collision."""
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "big", signed=True)
+
+
+class Ledger:
+    """A run's ledger file. Create or resume with :meth:`open`; inspect with :meth:`open_readonly`."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path, *, settings_hash: str | None,
+                 readonly: bool, lock_fd: int | None, created: bool, recovered: int):
+        self._conn = conn
+        self._lock_fd = lock_fd
+        #: The ledger file.
+        self.path = path
+        #: Hash stamped on every result committed through this handle (None when read-only).
+        self.settings_hash = settings_hash
+        self.readonly = readonly
+        #: True when :meth:`open` created the ledger (a new run), False on resume.
+        self.created = created
+        #: Rows found ``running`` at open (left by a crash) and put back to ``pending``.
+        self.recovered = recovered
+        # id -> seq of the items claimed through this handle and not yet settled (bounded by what is
+        # in flight): lets the hot path address rows by seq.
+        self._seqs: dict[str, int] = {}
+
+    # ---------------------------------------------------------------- opening and closing
+
+    @classmethod
+    def open(cls, run_dir: str | Path, *, settings_hash: str, meta: Mapping[str, Any] | None = None,
+             allow_mixed: bool = False) -> Ledger:
+        """Create the ledger of a new run in ``run_dir``, or resume the one there.
+
+        ``meta`` (JSON-able values: job spec, engine version, ...) is stored; on resume its keys are
+        updated. Resuming with another ``settings_hash`` raises :class:`LedgerError` naming both
+        hashes, unless ``allow_mixed`` (then the new hash is recorded and results carry their own).
+        Rows left ``running`` by a crash go back to ``pending``; see :attr:`recovered`. A second
+        process opening the same run folder for writing gets :class:`LedgerError` at once.
+        """
+        meta = dict(meta or {})
+        bad = sorted(RESERVED_META & meta.keys())
+        if bad:
+            raise LedgerError(f"meta keys {bad} are reserved by the ledger")
+        run_dir = Path(run_dir)
+        if not run_dir.exists():
+            run_dir.mkdir(parents=True, mode=0o700)
+            os.chmod(run_dir, 0o700)  # mkdir's mode is filtered by the umask
+        path = run_dir / LEDGER_FILE
+        lock_fd = cls._lock(run_dir)
+        try:
+            created = not path.exists()
+            if created:
+                os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+                os.chmod(path, 0o600)  # -wal and -shm files take the database file's mode
+            conn = connect(path)
+            try:
+                recovered = cls._prepare(conn, path, settings_hash, meta, allow_mixed)
+            except sqlite3.Error as exc:
+                conn.close()
+                raise LedgerError(f"{path}: cannot prepare the ledger: {exc}") from exc
+            except BaseException:
+                conn.close()
+                raise
+        except BaseException:
+            os.close(lock_fd)
+            raise
+        return cls(conn, path, settings_hash=settings_hash, readonly=False, lock_fd=lock_fd,
+                   created=created, recovered=recovered)
+
+    @classmethod
+    def open_readonly(cls, run_dir: str | Path) -> Ledger:
+        """Open an existing ledger for reading only (``harvest status``/``export``), even while a
+        run is writing to it. No lock, no recovery; every mutating call raises :class:`LedgerError`."""
+        path = Path(run_dir) / LEDGER_FILE
+        if not path.is_file():
+            raise LedgerError(f"no ledger in {run_dir} (expected {LEDGER_FILE})")
+        conn = connect(path, readonly=True)
+        try:
+            version = cls._read_meta(conn).get("schema_version")
+        except sqlite3.Error as exc:
+            conn.close()
+            raise LedgerError(f"{path}: not a harvest ledger: {exc}") from exc
+        if version != SCHEMA_VERSION:
+            conn.close()
+            raise LedgerError(
+                f"{path}: ledger schema version {version!r}, this harvest reads {SCHEMA_VERSION}")
+        return cls(conn, path, settings_hash=None, readonly=True, lock_fd=None, created=False, recovered=0)
+
+    @staticmethod
+    def _lock(run_dir: Path) -> int:
+        fd = os.open(run_dir / LOCK_FILE, os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)
+            raise LedgerError(f"{run_dir} is in use by another harvest process (pid {holder})") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        return fd
+
+    @staticmethod
+    def _read_meta(conn: sqlite3.Connection) -> dict[str, Any]:
+        return {k: json.loads(v) for k, v in conn.execute("SELECT key, value FROM meta")}
+
+    @classmethod
+    def _prepare(cls, conn: sqlite3.Connection, path: Path, settings_hash: str, meta: dict[str, Any],
+                 allow_mixed: bool) -> int:
+        now = time.time()
+        conn.executescript(DDL)  # idempotent, its own transaction
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            stored = cls._read_meta(conn)
+            if not stored:
+                stored = {"schema_version": SCHEMA_VERSION, "created_at": now, "settings_hash": settings_hash,
+                          "settings_hashes": [settings_hash],
+                          "ingest": {"rows": 0, "duplicates": 0, "skipped": 0, "complete": False}}
+            elif stored.get("schema_version") != SCHEMA_VERSION:
+                raise LedgerError(f"{path}: ledger schema version {stored.get('schema_version')!r},"
+                                  f" this harvest writes {SCHEMA_VERSION}")
+            elif stored.get("settings_hash") != settings_hash:
+                if not allow_mixed:
+                    raise LedgerError(
+                        f"{path} holds results made with settings {stored.get('settings_hash')}; the"
+                        f" current settings hash to {settings_hash}. Resuming would mix outputs of"
+                        " different settings; use a new run folder, or allow mixed settings"
+                        " (--allow-mixed) to continue anyway."
+                    )
+                stored["settings_hash"] = settings_hash
+                if settings_hash not in stored["settings_hashes"]:
+                    stored["settings_hashes"].append(settings_hash)
+            stored.update(meta)
+            stored["harvest_version"] = __version__
+            conn.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
+                             [(k, _dumps(v)) for k, v in stored.items()])
+            recovered = conn.execute(
+                "UPDATE items SET status = 'pending', updated_at = ? WHERE status = 'running'", (now,)
+            ).rowcount
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        return recovered
+
+    def close(self) -> None:
+        """Close the database and release the run folder's lock. Idempotent."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None  # type: ignore[assignment]
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- helpers
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise LedgerError(f"{self.path}: the ledger is closed")
+        return self._conn
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (BEGIN IMMEDIATE ... COMMIT, ROLLBACK on any error)."""
+        if self.readonly:
+            raise LedgerError(f"{self.path}: opened read-only")
+        conn = self.conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:  # some errors (disk full) have already rolled back
+                    conn.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise LedgerError(f"{self.path}: ledger write failed: {exc}") from exc
+
+    def meta(self) -> dict[str, Any]:
+        """Every meta key with its JSON-decoded value."""
+        return self._read_meta(self.conn)
+
+    def set_meta(self, key: str, value: Any) -> None:
+        """Store one meta value (JSON-able). Reserved keys are refused."""
+        if key in RESERVED_META:
+            raise LedgerError(f"meta key {key!r} is reserved by the ledger")
+        with self._write() as conn:
+            conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, _dumps(value)))
+
+    # ---------------------------------------------------------------- input
+
+    def ingest(self, records: Iterable[Item | Skipped], batch_size: int = 10_000) -> IngestReport:
+        """Insert the run's input, streaming, one transaction per ``batch_size`` records.
+
+        An id seen before only increments that row's ``dup_count`` (and ``dup_conflicts`` when the
+        input differs): it is generated once. Skipped rows become ``skipped`` items with id
+        ``skip:<file>:<line>`` and the reason as ``last_error``. Resumable: the number of records
+        committed is stored with each batch, and a later call skips that many records first, so
+        ``records`` must be the same sequence each time (same dataset and config). Once complete,
+        further calls read nothing.
+        """
+        state = self.meta()["ingest"]
+        if state["complete"]:
+            return self._ingest_report(state, rows_read=0, resumed_from=state["rows"])
+        resumed_from = state["rows"]
+        it = iter(records)
+        for _ in itertools.islice(it, resumed_from):
+            pass
+        rows_read = 0
+        while True:
+            batch = list(itertools.islice(it, batch_size))
+            now = time.time()
+            params = []
+            inputs: dict[str, str] = {}  # first occurrence in this batch wins, as in the table
+            skipped = 0
+            for rec in batch:
+                if isinstance(rec, Skipped):
+                    skipped += 1
+                    params.append((rec.id, Status.SKIPPED.value, rec.reason, "input", rec.source, rec.line,
+                                   None, now))
+                else:
+                    text = rec.to_json()
+                    inputs.setdefault(rec.id, text)
+                    params.append((rec.id, Status.PENDING.value, None, None, rec.source, rec.source_line,
+                                   _input_hash(text), now))
+            with self._write() as conn:
+                before = conn.execute("SELECT max(seq) FROM items").fetchone()[0] or 0
+                conn.executemany(_SQL_INGEST, params)
+                # New rows get increasing seqs; the rest of the batch were duplicates.
+                new = conn.execute("SELECT seq, id FROM items WHERE seq > ?", (before,)).fetchall()
+                conn.executemany("INSERT INTO inputs(item, input) VALUES (?, ?)",
+                                 [(seq, inputs[item_id]) for seq, item_id in new if item_id in inputs])
+                state["rows"] += len(batch)
+                state["duplicates"] += len(batch) - len(new)
+                state["skipped"] += skipped
+                state["complete"] = len(batch) < batch_size
+                conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('ingest', ?)", (_dumps(state),))
+            rows_read += len(batch)
+            if state["complete"]:
+                return self._ingest_report(state, rows_read=rows_read, resumed_from=resumed_from)
+
+    def _ingest_report(self, state: Mapping[str, Any], rows_read: int, resumed_from: int) -> IngestReport:
+        return IngestReport(rows_read=rows_read, resumed_from=resumed_from, total_rows=state["rows"],
+                            unique=state["rows"] - state["duplicates"], duplicates=state["duplicates"],
+                            skipped=state["skipped"], complete=state["complete"])
+
+    # ---------------------------------------------------------------- work
+
+    def claim(self, n: int) -> list[ItemRow]:
+        """Mark up to ``n`` pending items running, oldest input first, and return them.
+
+        Attempts are not charged here (see :meth:`charge_attempt`).
+        """
+        return self.item_rows(self.claim_raw(n))
+
+    def claim_raw(self, n: int) -> list[tuple[Any, ...]]:
+        """:meth:`claim` without building the records: ``(id, attempts, source, line, input JSON)``
+        tuples for :meth:`item_rows`. Lets the async writer decode inputs off the ledger thread."""
+        if n <= 0:
+            return []
+        with self._write() as conn:
+            rows = conn.execute(
+                "SELECT i.seq, i.id, i.attempts, i.source, i.source_line, n.input FROM items AS i"
+                " JOIN inputs AS n ON n.item = i.seq WHERE i.status = 'pending' ORDER BY i.seq LIMIT ?",
+                (n,),
+            ).fetchall()
+            if rows:
+                # The rows read are exactly the pending ones up to the last seq read.
+                conn.execute("UPDATE items SET status = 'running', updated_at = ?"
+                             " WHERE status = 'pending' AND seq <= ?", (time.time(), rows[-1][0]))
+        self._seqs.update((r[1], r[0]) for r in rows)
+        return [r[1:] for r in rows]
+
+    @staticmethod
+    def item_rows(raw: Iterable[tuple[Any, ...]]) -> list[ItemRow]:
+        """Build :class:`ItemRow` records from :meth:`claim_raw` tuples (any thread)."""
+        return [ItemRow(id=r[0], attempts=r[1], item=Item.from_json(r[0], r[2], r[3], r[4])) for r in raw]
+
+    def complete(self, results: Iterable[Completion]) -> int:
+        """Commit results, each with its item's new status, in one transaction. Returns how many
+        were newly committed; a result for an item that already has one is ignored (exactly once)."""
+        return self.apply([("complete", r) for r in results]).committed
+
+    def fail(self, item_id: str, error: str, error_class: str) -> bool:
+        """Mark a pending/running item failed with its error. False when the item was not in flight."""
+        return self.apply([("fail", Failure(item_id, error, error_class))]).failed == 1
+
+    def charge_attempt(self, ids: Iterable[str]) -> int:
+        """Count one attempt against each item (an attempt that failed for the item's own reason)."""
+        return self.apply([("charge", i) for i in ids]).charged
+
+    def release(self, ids: Iterable[str]) -> int:
+        """Put running items back to pending without charging an attempt (a sick-server pause)."""
+        return self.apply([("release", i) for i in ids]).released
+
+    def apply(self, ops: Sequence[tuple[str, Any]]) -> ApplyReport:
+        """Apply a batch of operations in order, in one transaction.
+
+        Each op is ``("complete", Completion)``, ``("fail", Failure)``, ``("charge", item_id)`` or
+        ``("release", item_id)``. Runs of the same kind go through one ``executemany``. This is the
+        async writer's entry point; the single-operation methods above use it too.
+        """
+        counts = {"committed": 0, "ignored": 0, "failed": 0, "released": 0, "charged": 0}
+        if not ops:
+            return ApplyReport()
+        settings_hash = self.settings_hash
+        settled: list[str] = []  # ids whose claim ends with this batch
+        with self._write() as conn:
+            now = time.time()
+            for kind, group in itertools.groupby(ops, key=lambda op: op[0]):
+                payloads = [op[1] for op in group]
+                before = conn.total_changes
+                if kind == "complete":
+                    known = [(c, seq) for c in payloads if (seq := self._seq(conn, c.item_id)) is not None]
+                    conn.executemany(_SQL_RESULT, [
+                        (c.status.value, _dumps(c.output), settings_hash, c.finish_reason,
+                         c.prompt_tokens, c.completion_tokens, now, seq) for c, seq in known])
+                    new = conn.total_changes - before
+                    conn.executemany(_SQL_DONE, [(c.status.value, now, seq) for c, seq in known])
+                    counts["committed"] += new
+                    counts["ignored"] += len(payloads) - new
+                    settled.extend(c.item_id for c in payloads)
+                elif kind == "fail":
+                    conn.executemany(_SQL_FAIL, [(f.error, f.error_class, now, seq) for f in payloads
+                                                 if (seq := self._seq(conn, f.item_id)) is not None])
+                    counts["failed"] += conn.total_changes - before
+                    settled.extend(f.item_id for f in payloads)
+                elif kind == "release":
+                    conn.executemany(_SQL_RELEASE, [(now, seq) for i in payloads
+                                                    if (seq := self._seq(conn, i)) is not None])
+                    counts["released"] += conn.total_changes - before
+                    settled.extend(payloads)
+                elif kind == "charge":
+                    conn.executemany(_SQL_CHARGE, [(seq,) for i in payloads
+                                                   if (seq := self._seq(conn, i)) is not None])
+                    counts["charged"] += conn.total_changes - before
+                else:
+                    raise LedgerError(f"unknown ledger operation {kind!r}")
+        for item_id in settled:
+            self._seqs.pop(item_id, None)
+        return ApplyReport(**counts)
+
+    def _seq(self, conn: sqlite3.Connection, item_id: str) -> int | None:
+        """The seq of ``item_id``: remembered from its claim, else looked up (None: not in the ledger)."""
+        seq = self._seqs.get(item_id)
+        if seq is None:
+            row = conn.execute("SELECT seq FROM items WHERE id = ?", (item_id,)).fetchone()
+            seq = row[0] if row else None
+        return seq
+
+    def requeue_failed(self) -> int:
+        """Give failed items another chance: back to pending with attempts reset. Returns how many."""
+        with self._write() as conn:
+            return conn.execute(
+                "UPDATE items SET status = 'pending', attempts = 0, updated_at = ? WHERE status = 'failed'",
+                (time.time(),),
+            ).rowcount
+
+    # ---------------------------------------------------------------- reading
+
+    def counts(self) -> dict[Status, int]:
+        """Items per status (every status present, zeros included). Reads the status index."""
+        found = dict(self.conn.execute("SELECT status, COUNT(*) FROM items GROUP BY status"))
+        return {s: found.get(s.value, 0) for s in Status}
+
+    def check_totals(self) -> Totals:
+        """Check that every unique input item ended in a final status and results match statuses."""
+        counts = self.counts()
+        unique = sum(counts.values())
+        results = self.conn.execute("SELECT COUNT(*) FROM results").fetchone()[0]
+        state = self.meta()["ingest"]
+        problems = []
+        if not state["complete"]:
+            problems.append("the input was not fully ingested")
+        if unique != state["rows"] - state["duplicates"]:
+            expected = state["rows"] - state["duplicates"]
+            problems.append(f"{unique} items in the ledger, the input had {expected} unique rows")
+        unfinished = counts[Status.PENDING] + counts[Status.RUNNING]
+        if unfinished:
+            problems.append(
+                f"{counts[Status.PENDING]} pending and {counts[Status.RUNNING]} running items left")
+        with_result = sum(counts[s] for s in RESULT_STATUSES)
+        if results != with_result:
+            problems.append(f"{results} results for {with_result} done/truncated items")
+        assert sum(counts[s] for s in FINAL_STATUSES) + unfinished == unique
+        return Totals(input_rows=state["rows"], unique=unique, duplicates=state["duplicates"], counts=counts,
+                      results=results, ingest_complete=state["complete"], problems=tuple(problems))
+
+    def iter_results(self, statuses: Iterable[Status | str] = RESULT_STATUSES,
+                     fetch: int = 1000) -> Iterator[ResultRow]:
+        """Stream items of the given statuses in input order, with their results when they have one.
+
+        Reads the items table in order (no sort) so memory stays flat for any ledger size.
+        """
+        wanted = [Status(s).value for s in statuses]
+        if not wanted:
+            return
+        marks = ", ".join("?" * len(wanted))
+        # "+i.status" keeps SQLite from using the status index, which would need a sort by seq.
+        yield from self._select(f"WHERE +i.status IN ({marks}) ORDER BY i.seq", wanted, fetch)
+
+    def get(self, item_id: str) -> ResultRow | None:
+        """One item with its result, or None when the id is not in the ledger."""
+        return next(self._select("WHERE i.id = ?", (item_id,)), None)
+
+    def errors(self, limit: int = 10) -> tuple[dict[str, int], list[ResultRow]]:
+        """Failed items per error class, and the ``limit`` most recent failures."""
+        by_class = dict(self.conn.execute(
+            "SELECT COALESCE(error_class, '?'), COUNT(*) FROM items WHERE status = 'failed' GROUP BY 1"))
+        recent = list(self._select(
+            "WHERE i.status = 'failed' ORDER BY i.updated_at DESC LIMIT ?", (limit,)))
+        return by_class, recent
+
+    def _select(self, where: str, params: Sequence[Any], fetch: int = 1000) -> Iterator[ResultRow]:
+        cur = self.conn.execute(_SQL_SELECT + where, params)
+        try:
+            while True:
+                rows = cur.fetchmany(fetch)
+                if not rows:
+                    return
+                for r in rows:
+                    yield ResultRow(
+                        item_id=r[0], status=Status(r[1]), attempts=r[2], source=r[3], source_line=r[4],
+                        item=Item.from_json(r[0], r[3], r[4], r[5]) if r[5] is not None else None,
+                        dup_count=r[6], last_error=r[7], error_class=r[8],
+                        output=json.loads(r[9]) if r[9] is not None else None, settings_hash=r[10],
+                        finish_reason=r[11], prompt_tokens=r[12], completion_tokens=r[13],
+                        created_at=r[14])
+        finally:
+            cur.close()
+
+    def duplicates(self, limit: int = 20) -> list[tuple[str, int, int]]:
+        """Up to ``limit`` ids seen more than once: ``(id, extra occurrences, with different input)``.
+        Scans the items table (a report at the end of ingest, not a hot path)."""
+        return list(self.conn.execute(
+            "SELECT id, dup_count, dup_conflicts FROM items WHERE dup_count > 0 ORDER BY seq LIMIT ?",
+            (limit,)))
+
+
+__all__ = ["Ledger", "RESERVED_META"]

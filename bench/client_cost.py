@@ -1,0 +1,268 @@
+"""P2 client cost: how much CPU harvest's client spends per request, against the usual alternatives.
+
+Starts ``bench/null_server.py`` (fixed reply, no model) as a subprocess, then runs each client in a
+fresh subprocess against it with the same requests and concurrency, and prints requests/s, CPU
+seconds per 1000 requests (user + system of the client process, all its threads) and the ratios of
+harvest's requests per CPU second against the baselines measured in the same run:
+
+    harvest          harvest.client.Client (aiohttp transport)
+    openai-async     a plain ``AsyncOpenAI`` + ``asyncio.Semaphore`` loop
+    openai-threads   a thread pool of synchronous ``openai.OpenAI`` clients (one per thread)
+    raw-aiohttp      a bare aiohttp loop: the floor for an aiohttp-based client
+    raw-httpx        a bare httpx.AsyncClient loop: the alternative HTTP library
+    wrk              the loopback HTTP limit, when ``wrk`` is installed
+
+Run: ``python bench/client_cost.py [--requests 20000] [--concurrency 64]``. Needs the ``bench`` extra
+(``pip install -e .[bench]``). Every subprocess it starts is stopped by its pid; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import queue
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+HERE = Path(__file__).resolve().parent
+ALL_CLIENTS = ["harvest", "openai-async", "openai-threads", "raw-aiohttp", "raw-httpx"]
+MESSAGES = [{"role": "user", "content": "Say hello."}]
+MAX_TOKENS = 16
+MODEL = "null-model"
+
+
+# ---------------------------------------------------------------------------------------- workers
+
+async def _harvest(base: str, n: int, concurrency: int) -> None:
+    from harvest.client import Client
+    from harvest.config import ClientConfig, SamplingConfig
+
+    config = ClientConfig(concurrency=concurrency, max_retries=0, request_timeout=60)
+    async with Client([base], config, SamplingConfig(max_tokens=MAX_TOKENS), model=MODEL) as client:
+        await asyncio.gather(*(client.chat(MESSAGES) for _ in range(n)))
+
+
+async def _openai_async(base: str, n: int, concurrency: int) -> None:
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=60)
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one() -> None:
+        async with sem:
+            await client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=MAX_TOKENS)
+
+    await asyncio.gather(*(one() for _ in range(n)))
+    await client.close()
+
+
+def _openai_threads(base: str, n: int, concurrency: int) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    import openai
+
+    local = threading.local()
+
+    def one(_: int) -> None:
+        client = getattr(local, "client", None)
+        if client is None:
+            client = local.client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=60)
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=MAX_TOKENS)
+
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        list(pool.map(one, range(n)))
+
+
+async def _raw_aiohttp(base: str, n: int, concurrency: int) -> None:
+    import aiohttp
+
+    sem = asyncio.Semaphore(concurrency)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+        async def one() -> None:
+            body = json.dumps({"model": MODEL, "messages": MESSAGES, "max_tokens": MAX_TOKENS}).encode()
+            async with sem:
+                async with session.post(base + "/v1/chat/completions", data=body,
+                                        headers={"Content-Type": "application/json"}) as resp:
+                    json.loads(await resp.read())
+
+        await asyncio.gather(*(one() for _ in range(n)))
+
+
+async def _raw_httpx(base: str, n: int, concurrency: int) -> None:
+    import httpx
+
+    sem = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(60.0)) as client:
+        async def one() -> None:
+            body = json.dumps({"model": MODEL, "messages": MESSAGES, "max_tokens": MAX_TOKENS}).encode()
+            async with sem:
+                resp = await client.post(base + "/v1/chat/completions", content=body,
+                                         headers={"Content-Type": "application/json"})
+                resp.json()
+
+        await asyncio.gather(*(one() for _ in range(n)))
+
+
+def _cpu(proc: psutil.Process) -> float:
+    times = proc.cpu_times()
+    return times.user + times.system
+
+
+def worker(kind: str, base: str, n: int, warmup: int, concurrency: int, server_pid: int) -> dict[str, float]:
+    """Run ``warmup`` then ``n`` requests with one client kind; time and CPU (client's and the
+    server's) of the ``n`` only."""
+    server = psutil.Process(server_pid)
+    runners = {"harvest": _harvest, "openai-async": _openai_async, "raw-aiohttp": _raw_aiohttp,
+               "raw-httpx": _raw_httpx}
+    if kind == "openai-threads":
+        _openai_threads(base, warmup, concurrency)
+        wall0, cpu0, server0 = time.perf_counter(), time.process_time(), _cpu(server)
+        _openai_threads(base, n, concurrency)
+    else:
+        asyncio.run(runners[kind](base, warmup, concurrency))
+        wall0, cpu0, server0 = time.perf_counter(), time.process_time(), _cpu(server)
+        asyncio.run(runners[kind](base, n, concurrency))
+    return {"wall_s": time.perf_counter() - wall0, "cpu_s": time.process_time() - cpu0, "requests": n,
+            "server_cpu_s": _cpu(server) - server0}
+
+
+# ---------------------------------------------------------------------------------------- driver
+
+def start_null_server(timeout: float = 15.0) -> tuple[subprocess.Popen[str], str]:
+    """Start the null server; return it and its base URL (it binds, then prints the port)."""
+    proc = subprocess.Popen([sys.executable, str(HERE / "null_server.py"), "--port", "0"],
+                            stdout=subprocess.PIPE, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: lines.put(proc.stdout.readline() if proc.stdout else ""), daemon=True).start()
+    try:
+        line = lines.get(timeout=timeout)
+    except queue.Empty:
+        stop(proc)
+        raise RuntimeError(f"null server did not report its port within {timeout:g} s") from None
+    if not line.startswith("listening on "):
+        stop(proc)
+        raise RuntimeError(f"null server did not start: {line!r}")
+    host_port = line.split("listening on ", 1)[1].strip()
+    return proc, f"http://{host_port}"
+
+
+def stop(proc: subprocess.Popen[str], grace: float = 5.0) -> None:
+    """SIGTERM the process we started, then SIGKILL it if it outlives ``grace``."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=grace)
+
+
+def run_client(kind: str, base: str, args: argparse.Namespace, server_pid: int) -> dict[str, float]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", kind, "--url", base,
+           "--server-pid", str(server_pid), "--requests", str(args.requests), "--warmup", str(args.warmup),
+           "--concurrency", str(args.concurrency)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"{kind} worker failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run_wrk(base: str, args: argparse.Namespace) -> dict[str, float] | None:
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        return None
+    body = json.dumps({"model": MODEL, "messages": MESSAGES, "max_tokens": MAX_TOKENS})
+    script = ('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+              f"wrk.body = {json.dumps(body)}\n")
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as fh:
+        fh.write(script)
+    try:
+        done = subprocess.run([wrk, "-t1", f"-c{args.concurrency}", "-d10s", "-s", fh.name,
+                               base + "/v1/chat/completions"], capture_output=True, text=True, timeout=60)
+    finally:
+        os.unlink(fh.name)
+    for line in done.stdout.splitlines():
+        if line.startswith("Requests/sec:"):
+            return {"req_s": float(line.split()[1])}
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="P2: client CPU cost per request against a null server")
+    parser.add_argument("--requests", type=int, default=20000)
+    parser.add_argument("--warmup", type=int, default=1000)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--clients", default=",".join(ALL_CLIENTS), help="comma-separated subset of " + ",".join(ALL_CLIENTS))
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds one client run may take")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
+    parser.add_argument("--server-pid", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.url, args.requests, args.warmup, args.concurrency,
+                                args.server_pid)))
+        return 0
+
+    kinds = [k.strip() for k in args.clients.split(",") if k.strip()]
+    unknown = sorted(set(kinds) - set(ALL_CLIENTS))
+    if unknown:
+        parser.error(f"unknown clients: {', '.join(unknown)}")
+    proc, base = start_null_server()
+    results: dict[str, dict[str, float]] = {}
+    try:
+        for kind in kinds:
+            results[kind] = run_client(kind, base, args, proc.pid)
+            r = results[kind]
+            print(f"  ran {kind:<15} {r['requests'] / r['wall_s']:8.0f} req/s", file=sys.stderr, flush=True)
+        wrk = run_wrk(base, args)
+    finally:
+        stop(proc)
+
+    print(f"\nP2 client cost: {args.requests} chat requests, concurrency {args.concurrency}, null server on loopback")
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+          f"{time.strftime('%Y-%m-%d')}\n")
+    print(f"{'client':<16}{'req/s':>10}{'CPU s/1000 req':>16}{'req per CPU s':>15}{'server CPU %':>14}")
+    for kind, r in results.items():
+        per_cpu = r["requests"] / r["cpu_s"] if r["cpu_s"] > 0 else float("inf")
+        server_pct = 100 * r["server_cpu_s"] / r["wall_s"]
+        print(f"{kind:<16}{r['requests'] / r['wall_s']:>10.0f}{1000 * r['cpu_s'] / r['requests']:>16.3f}"
+              f"{per_cpu:>15.0f}{server_pct:>13.0f}%")
+    if wrk is not None:
+        print(f"{'wrk':<16}{wrk['req_s']:>10.0f}{'-':>16}{'-':>15}")
+    else:
+        print("wrk: not installed (apt-get install wrk) - loopback HTTP limit not measured")
+
+    if "harvest" in results:
+        h = results["harvest"]
+        h_eff = h["requests"] / h["cpu_s"]
+        print("\nratios (harvest / baseline):")
+        targets = {"openai-threads": 3.0, "openai-async": 1.5}
+        for kind, r in results.items():
+            if kind == "harvest":
+                continue
+            eff = r["requests"] / r["cpu_s"]
+            line = (f"  vs {kind:<15} requests per CPU s x{h_eff / eff:6.2f}   "
+                    f"requests/s x{(h['requests'] / h['wall_s']) / (r['requests'] / r['wall_s']):6.2f}")
+            if kind in targets:
+                line += f"   (target >= x{targets[kind]:g}: {'met' if h_eff / eff >= targets[kind] else 'MISSED'})"
+            print(line)
+        if wrk is not None:
+            ratio = (h["requests"] / h["wall_s"]) / wrk["req_s"]
+            print(f"  vs wrk             requests/s x{ratio:6.2f}   (target >= x0.3: {'met' if ratio >= 0.3 else 'MISSED'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,484 @@
+"""The async client that drives prompts through one or more OpenAI-compatible endpoints.
+
+One :class:`Client` per process holds one long-lived HTTP session. Every request goes through the
+same path: wait for a concurrency slot and a healthy endpoint (least outstanding requests), send,
+then judge the outcome:
+
+    2xx with a completion             -> :class:`Completion`; the endpoint's failure run ends
+    other 4xx (not 408/409/425/429)   -> :class:`RequestError` at once, with the server's message
+    408/409/425/429                   -> charged attempt; back off (Retry-After honoured); retry
+    5xx, connection lost, timeout     -> the endpoint's failure run grows and its health is probed:
+                                         healthy -> charged attempt, back off, retry;
+                                         unhealthy, or the run reached ``sick_after`` -> the endpoint
+                                         is SICK and the request is *held*, not charged (but a request
+                                         on the wire at ``max_outages`` outages is a suspected server
+                                         killer and fails with RequestError)
+    connection refused                -> the endpoint is SICK; the request is held, not charged
+
+A sick endpoint leaves the rotation while a background task polls ``GET /health`` (``/v1/models``
+where there is no ``/health``). Held requests go to another healthy endpoint or wait for this one.
+An endpoint that stays sick ``health_deadline`` seconds after its failure run began is DOWN; when
+every endpoint is down, requests raise :class:`ServerSick`. Charged attempts beyond
+``max_retries`` raise :class:`RequestError`. So the runner can tell "this item failed"
+(RequestError) from "the server is gone" (ServerSick) by type alone.
+
+This module never logs or raises the API key (server messages that echo it are redacted), never
+retries a 4xx that belongs to the item, and never waits without a bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import random
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import SecretStr
+
+from harvest.client import protocol
+from harvest.client.endpoints import Endpoint, EndpointPool
+from harvest.client.metrics import scrape_metrics
+from harvest.client.policy import backoff_delay, classify_status, error_message, parse_retry_after, redact
+from harvest.client.records import ClientStats, Completion, EndpointState, FailureKind
+from harvest.client.transport import (
+    AiohttpTransport,
+    Interrupted,
+    RawResponse,
+    TimedOut,
+    Transport,
+    TransportError,
+    Unreachable,
+)
+from harvest.config import ClientConfig, HarvestConfig, SamplingConfig
+from harvest.errors import HarvestError, RequestError, ServerSick
+
+log = logging.getLogger("harvest.client")
+
+
+
+class _Verdict(enum.Enum):
+    """Who pays for a failed exchange."""
+
+    CHARGED = "charged"  # the item: an attempt of its max_retries budget
+    HELD = "held"  # the server: it is sick (failure run, or found sick by another request)
+    OUTAGE = "outage"  # the server: it was confirmed down (refused connection, failed health check)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Knobs of backoff and sickness detection that ClientConfig does not expose."""
+
+    #: Consecutive server-side failures on one endpoint that make it sick even if /health says OK.
+    sick_after: int = 3
+    #: First backoff ceiling in seconds; it doubles per charged retry up to ``backoff_cap``.
+    backoff_base: float = 0.5
+    backoff_cap: float = 30.0
+    #: First pause between health polls of a sick endpoint; doubles up to ``health_interval_cap``.
+    health_interval: float = 0.5
+    health_interval_cap: float = 5.0
+    #: Timeout of one health probe (and of model discovery).
+    probe_timeout: float = 10.0
+    #: Times one request may be on the wire when its server goes down (a failed health check right
+    #: after). Such requests are held, not charged, but a request present at this many outages is
+    #: suspected of crashing the server and fails as a RequestError, so one poison prompt cannot
+    #: crash a restarted server forever.
+    max_outages: int = 3
+
+    def __post_init__(self) -> None:
+        if self.sick_after < 1 or self.max_outages < 1:
+            raise ValueError("sick_after and max_outages must be >= 1")
+        for name in ("backoff_base", "backoff_cap", "health_interval", "health_interval_cap", "probe_timeout"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0")
+
+
+class Client:
+    """Async OpenAI-compatible client over one or more endpoints serving the same model.
+
+    Use as ``async with Client([url], config, sampling, api_key=key) as client:`` and call
+    :meth:`chat` / :meth:`complete` from as many tasks as you like; the client bounds concurrency.
+
+    ``model``: the name sent in every request; None asks the first endpoint's ``/v1/models``
+    (and sends no name if it lists none). ``transport``: the HTTP seam (default: aiohttp); the
+    client owns it and closes it. ``clock`` / ``sleep``: time seams for tests.
+    """
+
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        config: ClientConfig | None = None,
+        sampling: SamplingConfig | None = None,
+        *,
+        api_key: SecretStr | str | None = None,
+        model: str | None = None,
+        transport: Transport | None = None,
+        retry: RetryPolicy | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+        rng: random.Random | None = None,
+    ):
+        self.config = config or ClientConfig()
+        self.sampling = sampling or SamplingConfig()
+        self.retry = retry or RetryPolicy()
+        self._pool = EndpointPool(endpoints)
+        self._transport: Transport = transport or AiohttpTransport(
+            max_connections=self.config.concurrency + 2 * len(self._pool.endpoints),
+            connect_timeout=min(10.0, self.config.request_timeout))
+        self._secret = api_key.get_secret_value() if isinstance(api_key, SecretStr) else api_key
+        self._headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if self._secret:
+            self._headers["Authorization"] = f"Bearer {self._secret}"
+        self._model = model
+        self._model_known = model is not None
+        self._model_lock = asyncio.Lock()
+        self._base = protocol.base_body(self.sampling, model)
+        self._clock, self._sleep = clock, sleep
+        self._rng = rng or random.Random()
+        self._slots = asyncio.Semaphore(self.config.concurrency)
+        self._in_flight = self._held = self._completed = self._retries = 0
+        self._errors: Counter[str] = Counter()
+        self._closed = False
+
+    @classmethod
+    def from_config(cls, config: HarvestConfig, **kwargs: Any) -> Client:
+        """A client for the job's server (if any) plus ``[client] endpoints``, with its key and model."""
+        urls: list[str] = []
+        api_key = None
+        model = None
+        if config.server is not None:
+            urls.append(config.server.url)
+            api_key = config.server.api_key()
+            model = config.server.served_model_name
+        urls.extend(config.client.endpoints)
+        kwargs.setdefault("api_key", api_key)
+        kwargs.setdefault("model", model)
+        return cls(urls, config.client, config.sampling, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"Client(endpoints={[e.url for e in self._pool.endpoints]!r}, concurrency={self.config.concurrency})"
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop health polling and close the HTTP session. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        tasks = [t for e in self._pool.endpoints for t in (e.recovery, e.probe) if t is not None and not t.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5.0)
+        await self._transport.aclose()
+
+    # ------------------------------------------------------------------ public requests
+
+    async def chat(self, messages: Sequence[Mapping[str, Any]], *, timeout: float | None = None,
+                   **overrides: Any) -> Completion:
+        """One chat completion for ``messages``. ``overrides`` replace sampling fields for this request
+        (None removes one); ``extra_body`` is merged at the top level (``prompt_logprobs``, ...).
+
+        Raises RequestError when the item fails, ServerSick when every endpoint is down.
+        """
+        if not self._model_known:
+            await self._discover_model()
+        body = dict(self._base)
+        body["messages"] = messages
+        if overrides:
+            protocol.apply_overrides(body, overrides)
+        return await self._call(protocol.CHAT_PATH, body, timeout, protocol.parse_chat)
+
+    async def complete(self, prompt: str | Sequence[int], *, timeout: float | None = None,
+                       **overrides: Any) -> Completion:
+        """One text completion for ``prompt`` (text or token ids); otherwise as :meth:`chat`."""
+        if not self._model_known:
+            await self._discover_model()
+        body = dict(self._base)
+        body["prompt"] = prompt
+        if overrides:
+            protocol.apply_overrides(body, overrides)
+        return await self._call(protocol.COMPLETIONS_PATH, body, timeout, protocol.parse_text)
+
+    def stats(self) -> ClientStats:
+        """A snapshot of in-flight and held requests, retries, errors by kind, and every endpoint."""
+        return ClientStats(in_flight=self._in_flight, held=self._held, completed=self._completed,
+                           retries=self._retries, errors=dict(self._errors), endpoints=self._pool.stats())
+
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        return tuple(e.url for e in self._pool.endpoints)
+
+    @property
+    def model(self) -> str | None:
+        """The model name sent with requests (None until discovered, or when the server lists none)."""
+        return self._model
+
+    async def scrape_metrics(self) -> dict[str, dict[str, float]]:
+        """Each endpoint's ``/metrics`` summed by name (see :func:`scrape_metrics`), over this client's
+        session. An endpoint without metrics, or unreadable right now, maps to {} (logged at debug)."""
+        out: dict[str, dict[str, float]] = {}
+        for endpoint in self._pool.endpoints:
+            try:
+                out[endpoint.url] = await scrape_metrics(endpoint.url, transport=self._transport,
+                                                         headers=self._headers, timeout=self.retry.probe_timeout)
+            except HarvestError as exc:
+                log.debug("metrics of %s not read: %s", endpoint.url, self._redact(str(exc)))
+                out[endpoint.url] = {}
+        return out
+
+    async def check_health(self) -> dict[str, bool]:
+        """Probe every endpoint now; a DOWN or SICK endpoint that answers goes back into rotation."""
+        results: dict[str, bool] = {}
+        for endpoint in self._pool.endpoints:
+            healthy = await self._probe(endpoint)
+            results[endpoint.url] = healthy
+            if healthy and endpoint.state is not EndpointState.HEALTHY:
+                self._revive(endpoint, reset=True)
+        return results
+
+    # ------------------------------------------------------------------ the request path
+
+    async def _call(self, path: str, body: dict[str, Any], timeout: float | None,
+                    parse: Callable[..., Completion]) -> Completion:
+        try:
+            data = protocol.encode(body)
+        except (TypeError, ValueError) as exc:
+            raise RequestError(f"request body cannot be sent: {exc}") from None
+        timeout = timeout or self.config.request_timeout
+        charged = outages = 0
+        while True:
+            endpoint = await self._acquire()
+            response: RawResponse | None = None
+            kind: FailureKind | None = None
+            started = time.perf_counter()
+            try:
+                response = await self._transport.request("POST", endpoint.url + path, body=data,
+                                                         headers=self._headers, timeout=timeout)
+            except Unreachable as exc:
+                kind, detail = FailureKind.UNREACHABLE, str(exc)
+            except TimedOut as exc:
+                kind, detail = FailureKind.TIMEOUT, str(exc)
+            except Interrupted as exc:
+                kind, detail = FailureKind.INTERRUPTED, str(exc)
+            finally:
+                endpoint.outstanding -= 1
+                self._in_flight -= 1
+                self._slots.release()
+
+            status = None
+            if response is not None:
+                status = response.status
+                kind = classify_status(status)
+                if kind is None:
+                    try:
+                        completion = parse(response.body, endpoint=endpoint.url,
+                                           latency_s=time.perf_counter() - started, attempts=charged + 1)
+                    except (ValueError, LookupError, TypeError, AttributeError) as exc:
+                        kind, detail = FailureKind.BAD_RESPONSE, f"HTTP {status} without a completion: {exc!r}"
+                    else:
+                        endpoint.answered()
+                        endpoint.completed += 1
+                        self._completed += 1
+                        return completion
+                elif kind is FailureKind.REJECTED:
+                    endpoint.answered()
+                    self._errors[kind.value] += 1
+                    raise RequestError(self._redact(error_message(status, response.body)), status=status)
+                else:
+                    detail = f"HTTP {status}: {error_message(status, response.body)}"
+
+            assert kind is not None
+            detail = self._redact(detail)
+            self._errors[kind.value] += 1
+            verdict = await self._charge(endpoint, kind, detail, status)
+            if verdict is not _Verdict.CHARGED:
+                if verdict is _Verdict.OUTAGE and kind is not FailureKind.UNREACHABLE:
+                    outages += 1
+                    if outages >= self.retry.max_outages:
+                        raise RequestError(f"{detail} (the server went down {outages} times while this request "
+                                           f"was in flight; suspected of crashing it)", status=status)
+                continue  # held: the server is sick, the item is not charged; wait for health
+            charged += 1
+            if charged > self.config.max_retries:
+                raise RequestError(f"{detail} (gave up after {charged} attempts)", status=status)
+            self._retries += 1
+            delay = backoff_delay(charged, base=self.retry.backoff_base, cap=self.retry.backoff_cap, rng=self._rng)
+            if response is not None:
+                retry_after = parse_retry_after(response.retry_after)
+                if retry_after is not None:
+                    delay = max(delay, retry_after)
+            log.debug("retry %d of a request to %s in %.2f s: %s", charged, endpoint.url, delay, detail)
+            await self._sleep(delay)
+
+    async def _acquire(self) -> Endpoint:
+        """A concurrency slot and a healthy endpoint, its outstanding count taken; waits while none is."""
+        deadline = None
+        while True:
+            await self._slots.acquire()
+            endpoint = self._pool.choose()
+            if endpoint is not None:
+                endpoint.outstanding += 1
+                self._in_flight += 1
+                return endpoint
+            self._slots.release()
+            if self._closed:
+                raise RuntimeError("client is closed")
+            if self._pool.all_down():
+                raise self._sick_error()
+            # The recovery tasks end every sickness within the health deadline; this bound only
+            # guards against one of them having died.
+            bound = self.config.health_deadline + 2 * self.retry.probe_timeout + 5.0
+            now = time.monotonic()
+            deadline = deadline or now + bound
+            if now >= deadline:
+                raise self._sick_error(f"no endpoint became healthy within {bound:.0f} s")
+            self._held += 1
+            try:
+                await self._pool.wait_changed(deadline - now)
+            finally:
+                self._held -= 1
+
+    async def _charge(self, endpoint: Endpoint, kind: FailureKind, detail: str, status: int | None) -> _Verdict:
+        """Record a failure and say who pays: the item (CHARGED) or the sick server (HELD / OUTAGE)."""
+        if kind is FailureKind.BUSY or kind is FailureKind.BAD_RESPONSE:
+            return _Verdict.CHARGED
+        if endpoint.state is EndpointState.HEALTHY:
+            endpoint.failed(self._clock(), detail, status)
+            if kind is FailureKind.UNREACHABLE:
+                endpoint.seen_down = True
+                self._make_sick(endpoint, detail)
+            elif endpoint.run >= self.retry.sick_after:
+                self._make_sick(endpoint, f"{endpoint.run} failures in a row, last: {detail}")
+            else:
+                healthy = await self._shared_probe(endpoint)
+                if endpoint.state is EndpointState.HEALTHY:
+                    if healthy:
+                        return _Verdict.CHARGED
+                    endpoint.seen_down = True
+                    self._make_sick(endpoint, f"health check failed after: {detail}")
+        # else another request already found it sick
+        return _Verdict.OUTAGE if endpoint.seen_down else _Verdict.HELD
+
+    # ------------------------------------------------------------------ health
+
+    def _make_sick(self, endpoint: Endpoint, reason: str) -> None:
+        if endpoint.failing_since is None:
+            endpoint.failing_since = self._clock()
+        if self._pool.set_state(endpoint, EndpointState.SICK):
+            log.warning("endpoint %s is sick, dispatch to it paused: %s", endpoint.url, reason)
+            if not self._closed:
+                endpoint.recovery = asyncio.get_running_loop().create_task(self._recover(endpoint))
+
+    def _revive(self, endpoint: Endpoint, *, reset: bool) -> None:
+        if reset:
+            endpoint.answered()
+        endpoint.seen_down = False
+        if self._pool.set_state(endpoint, EndpointState.HEALTHY):
+            log.info("endpoint %s is healthy again, dispatch resumed", endpoint.url)
+
+    async def _recover(self, endpoint: Endpoint) -> None:
+        """Poll a sick endpoint's health until it answers (back in rotation) or its deadline passes (DOWN)."""
+        interval = self.retry.health_interval
+        try:
+            while endpoint.state is EndpointState.SICK:
+                since = endpoint.failing_since if endpoint.failing_since is not None else self._clock()
+                remaining = since + self.config.health_deadline - self._clock()
+                if remaining <= 0:
+                    self._pool.set_state(endpoint, EndpointState.DOWN)
+                    log.error("endpoint %s down: not healthy within %g s; last error: %s",
+                              endpoint.url, self.config.health_deadline, endpoint.last_error)
+                    return
+                await self._sleep(min(interval, remaining))
+                interval = min(interval * 2, self.retry.health_interval_cap)
+                if await self._probe(endpoint):
+                    # After a real outage the restarted server starts afresh; if health was fine all
+                    # along, the failure run and its deadline carry on, so a server that answers
+                    # /health but fails every request still ends DOWN.
+                    self._revive(endpoint, reset=endpoint.seen_down)
+                    return
+                endpoint.seen_down = True
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # never leave an endpoint sick forever with waiters on it
+            log.exception("health polling of %s failed; marking it down", endpoint.url)
+            self._pool.set_state(endpoint, EndpointState.DOWN)
+
+    async def _shared_probe(self, endpoint: Endpoint) -> bool:
+        """One probe for all the requests that failed on this endpoint at about the same time."""
+        task = endpoint.probe
+        if task is None or task.done():
+            task = endpoint.probe = asyncio.get_running_loop().create_task(self._probe(endpoint))
+        return await asyncio.shield(task)
+
+    async def _probe(self, endpoint: Endpoint) -> bool:
+        """True when ``GET /health`` (or ``/v1/models`` where /health does not exist) answers 2xx."""
+        for path in ("/health", protocol.MODELS_PATH):
+            try:
+                response = await self._transport.request("GET", endpoint.url + path, headers=self._headers,
+                                                         timeout=self.retry.probe_timeout)
+            except TransportError as exc:
+                log.debug("health probe %s%s: %s", endpoint.url, path, self._redact(str(exc)))
+                return False
+            if 200 <= response.status < 300:
+                return True
+            if response.status not in (404, 405):
+                return False
+        return False
+
+    async def _discover_model(self) -> None:
+        """Learn the model name from ``/v1/models`` once; a refused connection waits for health."""
+        async with self._model_lock:
+            while not self._model_known:
+                endpoint = await self._acquire()
+                try:
+                    response = await self._transport.request(
+                        "GET", endpoint.url + protocol.MODELS_PATH, headers=self._headers,
+                        timeout=self.retry.probe_timeout)
+                except Unreachable as exc:
+                    detail = self._redact(str(exc))
+                    self._errors[FailureKind.UNREACHABLE.value] += 1
+                    if endpoint.state is EndpointState.HEALTHY:
+                        endpoint.failed(self._clock(), detail, None)
+                        endpoint.seen_down = True
+                        self._make_sick(endpoint, detail)
+                    continue
+                except TransportError:
+                    response = None
+                finally:
+                    endpoint.outstanding -= 1
+                    self._in_flight -= 1
+                    self._slots.release()
+                model = None
+                if response is not None and 200 <= response.status < 300:
+                    model = protocol.first_model_id(response.body)
+                self._model, self._model_known = model, True
+                self._base = protocol.base_body(self.sampling, model)
+                if model is None:
+                    log.warning("%s lists no model; requests are sent without a model name", endpoint.url)
+
+    # ------------------------------------------------------------------ errors
+
+    def _redact(self, text: str) -> str:
+        return redact(text, self._secret)
+
+    def _sick_error(self, why: str | None = None) -> ServerSick:
+        endpoints = self._pool.endpoints
+        last = next((e for e in endpoints if e.last_error), None)
+        message = why or f"not healthy within the health deadline of {self.config.health_deadline:g} s"
+        if last is not None:
+            message += f"; last error: {last.last_error}"
+        statuses = [e.last_status for e in endpoints if e.last_status is not None]
+        return ServerSick(self._redact(message), endpoint=", ".join(e.url for e in endpoints),
+                          status=statuses[-1] if statuses else None)
+
+
+__all__ = ["Client", "RetryPolicy"]

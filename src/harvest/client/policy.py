@@ -1,0 +1,143 @@
+"""Pure decisions of the client: what a status means, how long to back off, what the server said.
+
+Nothing here does I/O or keeps state between calls; the client calls these and acts. Statuses are
+classified by number and error messages are read from the JSON shapes OpenAI-compatible servers
+use, never by matching words in a message.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import random
+from datetime import datetime, timezone
+from http import HTTPStatus
+
+from harvest.client.records import FailureKind
+
+#: Statuses that mean "alive but come back later": retried with backoff, honouring Retry-After.
+BUSY_STATUSES = frozenset({408, 409, 425, 429})
+
+#: The longest Retry-After honoured, in seconds; a larger value is clipped to this.
+MAX_RETRY_AFTER_S = 300.0
+
+#: How much of a server's error message is kept.
+MAX_MESSAGE_CHARS = 2000
+
+
+def classify_status(status: int) -> FailureKind | None:
+    """None for a success (2xx); otherwise the kind of failure the status means."""
+    if 200 <= status < 300:
+        return None
+    if status in BUSY_STATUSES:
+        return FailureKind.BUSY
+    if status >= 500:
+        return FailureKind.SERVER_ERROR
+    return FailureKind.REJECTED
+
+
+def backoff_delay(attempt: int, *, base: float, cap: float, rng: random.Random) -> float:
+    """Seconds to wait before retry number ``attempt`` (1 = first retry): exponential, equal jitter.
+
+    The ceiling doubles from ``base`` up to ``cap``; the delay is drawn from [ceiling / 2, ceiling],
+    so retries never bunch up at zero and never exceed the cap.
+    """
+    ceiling = min(cap, base * (2 ** max(0, attempt - 1)))
+    return ceiling / 2 + rng.uniform(0, ceiling / 2)
+
+
+def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta-seconds or an HTTP date); None if absent or bad."""
+    if value is None:
+        return None
+    value = value.strip()
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when is None:
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=timezone.utc)
+        seconds = (when - (now or datetime.now(timezone.utc))).total_seconds()
+    if seconds != seconds:  # NaN
+        return None
+    return min(max(0.0, seconds), MAX_RETRY_AFTER_S)
+
+
+def error_message(status: int, body: bytes) -> str:
+    """The server's own explanation of a failed request, from the body's usual JSON shapes.
+
+    Understood: ``{"error": {"message": ...}}`` (OpenAI, vLLM), ``{"error": "..."}``,
+    ``{"message": ...}`` (SGLang, vLLM's ErrorResponse), ``{"detail": "..."}`` and FastAPI's
+    ``{"detail": [{"loc": [...], "msg": ...}]}``. Anything else: the body as text, or the status's
+    reason phrase when the body is empty.
+    """
+    text = body.decode("utf-8", errors="replace").strip()
+    message = None
+    if text[:1] in ("{", "["):
+        try:
+            message = _message_from_json(json.loads(text))
+        except ValueError:
+            message = None
+    if not message:
+        message = text
+    if not message:
+        try:
+            message = HTTPStatus(status).phrase
+        except ValueError:
+            message = "no message"
+    if len(message) > MAX_MESSAGE_CHARS:
+        message = message[:MAX_MESSAGE_CHARS] + "..."
+    return message
+
+
+def _message_from_json(data: object) -> str | None:
+    if not isinstance(data, dict):
+        return None
+    error = data.get("error")
+    if isinstance(error, dict):
+        inner = error.get("message")
+        if inner:
+            return str(inner)
+    elif isinstance(error, str) and error:
+        return error
+    if data.get("message"):
+        return str(data["message"])
+    detail = data.get("detail")
+    if isinstance(detail, str) and detail:
+        return detail
+    if isinstance(detail, list) and detail:
+        parts = []
+        for entry in detail:
+            if isinstance(entry, dict) and "msg" in entry:
+                loc = entry.get("loc")
+                where = ".".join(str(p) for p in loc) if isinstance(loc, (list, tuple)) else ""
+                parts.append(f"{where}: {entry['msg']}" if where else str(entry["msg"]))
+            else:
+                parts.append(str(entry))
+        return "; ".join(parts)
+    return None
+
+
+def redact(text: str, secret: str | None) -> str:
+    """``text`` with every occurrence of ``secret`` replaced by ``***`` (servers echo bad keys)."""
+    if secret and secret in text:
+        return text.replace(secret, "***")
+    return text
+
+
+__all__ = [
+    "BUSY_STATUSES",
+    "MAX_RETRY_AFTER_S",
+    "backoff_delay",
+    "classify_status",
+    "error_message",
+    "parse_retry_after",
+    "redact",
+]

@@ -1,0 +1,142 @@
+"""The OpenAI-compatible wire format: request bodies out, :class:`Completion` records in.
+
+Covers ``/v1/chat/completions`` and ``/v1/completions`` as vLLM and SGLang speak them, including
+their extensions (``top_k``, ``reasoning_content`` / ``reasoning``, vLLM ``prompt_logprobs``). This
+module only builds and reads JSON; it never sends anything and never sees the API key.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from harvest.client.records import Completion
+from harvest.config import SamplingConfig
+
+CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
+MODELS_PATH = "/v1/models"
+
+_encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def base_body(sampling: SamplingConfig, model: str | None) -> dict[str, Any]:
+    """The fields every request carries, from the sampling configuration (``extra_body`` merged in)."""
+    body: dict[str, Any] = {}
+    if model:
+        body["model"] = model
+    body["max_tokens"] = sampling.max_tokens
+    body["temperature"] = sampling.temperature
+    body["top_p"] = sampling.top_p
+    if sampling.top_k is not None:
+        body["top_k"] = sampling.top_k
+    if sampling.seed is not None:
+        body["seed"] = sampling.seed
+    if sampling.stop:
+        body["stop"] = list(sampling.stop)
+    body.update(sampling.extra_body)
+    return body
+
+
+def apply_overrides(body: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Per-request fields on top of ``body`` (a copy the caller owns).
+
+    A value of None removes the field; ``extra_body`` (a mapping) is merged at the top level, the
+    way the ``openai`` package sends it, so vLLM/SGLang extensions such as ``prompt_logprobs``,
+    ``top_k`` or ``chat_template_kwargs`` pass through unchanged.
+    """
+    for key, value in overrides.items():
+        if key == "extra_body":
+            if value:
+                body.update(value)
+        elif value is None:
+            body.pop(key, None)
+        else:
+            body[key] = value
+    return body
+
+
+def encode(body: Mapping[str, Any]) -> bytes:
+    """Compact UTF-8 JSON. Raises ValueError/TypeError for what JSON cannot carry (NaN, lone surrogates)."""
+    try:
+        return _encoder.encode(body).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"text is not valid Unicode ({exc.reason} at {exc.start})") from None
+
+
+def parse_chat(raw: bytes, *, endpoint: str, latency_s: float, attempts: int) -> Completion:
+    """A chat completion response -> :class:`Completion`. Raises ValueError/KeyError/... if it is not one."""
+    data = json.loads(raw)
+    choice = data["choices"][0]
+    message = choice["message"]
+    reasoning = message.get("reasoning_content")
+    if reasoning is None:
+        reasoning = message.get("reasoning")
+    usage = data.get("usage") or {}
+    prompt_logprobs = data.get("prompt_logprobs")
+    if prompt_logprobs is None:
+        prompt_logprobs = choice.get("prompt_logprobs")
+    return Completion(
+        text=message.get("content") or "",
+        reasoning_content=reasoning,
+        finish_reason=choice.get("finish_reason"),
+        prompt_tokens=usage.get("prompt_tokens"),
+        completion_tokens=usage.get("completion_tokens"),
+        endpoint=endpoint,
+        latency_s=latency_s,
+        attempts=attempts,
+        model=data.get("model"),
+        logprobs=choice.get("logprobs"),
+        prompt_logprobs=prompt_logprobs,
+    )
+
+
+def parse_text(raw: bytes, *, endpoint: str, latency_s: float, attempts: int) -> Completion:
+    """A text completion response -> :class:`Completion`. Raises ValueError/KeyError/... if it is not one."""
+    data = json.loads(raw)
+    choice = data["choices"][0]
+    text = choice["text"]
+    usage = data.get("usage") or {}
+    prompt_logprobs = choice.get("prompt_logprobs")
+    if prompt_logprobs is None:
+        prompt_logprobs = data.get("prompt_logprobs")
+    return Completion(
+        text=text or "",
+        reasoning_content=None,
+        finish_reason=choice.get("finish_reason"),
+        prompt_tokens=usage.get("prompt_tokens"),
+        completion_tokens=usage.get("completion_tokens"),
+        endpoint=endpoint,
+        latency_s=latency_s,
+        attempts=attempts,
+        model=data.get("model"),
+        logprobs=choice.get("logprobs"),
+        prompt_logprobs=prompt_logprobs,
+    )
+
+
+def first_model_id(raw: bytes) -> str | None:
+    """The first model id of a ``/v1/models`` answer, or None when there is none."""
+    try:
+        data = json.loads(raw)
+        models = data.get("data") if isinstance(data, dict) else None
+        if isinstance(models, list) and models and isinstance(models[0], dict):
+            model_id = models[0].get("id")
+            return str(model_id) if model_id else None
+    except ValueError:
+        pass
+    return None
+
+
+__all__ = [
+    "CHAT_PATH",
+    "COMPLETIONS_PATH",
+    "MODELS_PATH",
+    "apply_overrides",
+    "base_body",
+    "encode",
+    "first_model_id",
+    "parse_chat",
+    "parse_text",
+]

@@ -1,0 +1,112 @@
+"""Records the client hands to the runner: one completion, and snapshots of the client's state.
+
+Everything here is a frozen value: built once from a server response or from the client's
+counters at one moment, never updated afterwards, and never holding the API key.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class EndpointState(str, enum.Enum):
+    """Where an endpoint stands in the client's rotation."""
+
+    #: In rotation: requests are dispatched to it.
+    HEALTHY = "healthy"
+    #: Out of rotation: it refused a connection, answered a run of 5xx or failed a health check. The
+    #: client polls its health and puts it back when it answers; requests wait meanwhile, uncharged.
+    SICK = "sick"
+    #: Given up: it stayed sick past ``health_deadline``. Only :meth:`Client.check_health` brings it
+    #: back. When every endpoint is down, requests raise :class:`~harvest.errors.ServerSick`.
+    DOWN = "down"
+
+
+class FailureKind(str, enum.Enum):
+    """Why one HTTP exchange failed; the keys of :attr:`ClientStats.errors`."""
+
+    #: No connection could be made (refused, connect timeout, name resolution). The server is sick.
+    UNREACHABLE = "unreachable"
+    #: The connection broke after the request was sent (reset, closed, truncated body).
+    INTERRUPTED = "interrupted"
+    #: ``request_timeout`` passed before the response was complete.
+    TIMEOUT = "timeout"
+    #: 408 / 409 / 425 / 429: the server is alive and asks to come back later.
+    BUSY = "busy"
+    #: Any 5xx.
+    SERVER_ERROR = "server_error"
+    #: A 2xx whose body is not a completion (not JSON, no choices).
+    BAD_RESPONSE = "bad_response"
+    #: Any other 4xx: the item's fault; raised at once as :class:`~harvest.errors.RequestError`.
+    REJECTED = "rejected"
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One generated answer and where and how it was obtained."""
+
+    #: The generated text (``message.content`` for chat, ``text`` for text completions); "" if null.
+    text: str
+    #: ``message.reasoning_content`` (SGLang, vLLM < 0.10) or ``message.reasoning`` (newer vLLM);
+    #: None when the server sent neither (no reasoning parser, or a text completion).
+    reasoning_content: str | None
+    #: "stop", "length", ... as the server said; None when it said nothing.
+    finish_reason: str | None
+    #: Token counts from ``usage``; None when the server sent no usage block.
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    #: Base URL of the endpoint that answered.
+    endpoint: str
+    #: Seconds from sending the successful request to having its whole body.
+    latency_s: float
+    #: Attempts charged to this item, the successful one included (held requests are not charged).
+    attempts: int = 1
+    #: The model name the server reported.
+    model: str | None = None
+    #: ``choices[0].logprobs`` exactly as sent, when ``logprobs`` was asked for.
+    logprobs: Any = None
+    #: vLLM ``prompt_logprobs`` (response or choice level) exactly as sent, when asked for.
+    prompt_logprobs: Any = None
+
+    @property
+    def truncated(self) -> bool:
+        """True when generation stopped at ``max_tokens`` (``finish_reason == "length"``)."""
+        return self.finish_reason == "length"
+
+
+@dataclass(frozen=True)
+class EndpointStats:
+    """One endpoint at one moment."""
+
+    url: str
+    state: EndpointState
+    #: Requests sent to it and not yet answered.
+    outstanding: int
+    #: Successful completions it has returned.
+    completed: int
+    #: Failures since its last successful answer (the "run" that makes it sick).
+    consecutive_failures: int
+    #: The last failure it produced, as text without secrets; None if none yet.
+    last_error: str | None = None
+
+
+@dataclass(frozen=True)
+class ClientStats:
+    """The client at one moment: what is in flight, what waits, what failed and why."""
+
+    #: Requests on the wire now, all endpoints together.
+    in_flight: int
+    #: Requests held because no endpoint is healthy (not charged to their items).
+    held: int
+    #: Completions returned.
+    completed: int
+    #: Charged retries (attempts beyond the first) made so far.
+    retries: int
+    #: Failed exchanges by :class:`FailureKind` value, including those later retried successfully.
+    errors: dict[str, int] = field(default_factory=dict)
+    endpoints: tuple[EndpointStats, ...] = ()
+
+
+__all__ = ["ClientStats", "Completion", "EndpointState", "EndpointStats", "FailureKind"]

@@ -1,0 +1,175 @@
+"""The seam between the client's policy and the HTTP library: one request in, one raw response out.
+
+A transport sends one request and returns the status and body, or raises one of three exceptions
+that say, by type, how the exchange failed: :class:`Unreachable` (no connection), :class:`Interrupted`
+(connection lost after sending) or :class:`TimedOut`. It never retries, never interprets a status,
+never logs, and never puts request headers (the API key) into an exception.
+
+:class:`AiohttpTransport` is the production transport: one long-lived ``aiohttp.ClientSession`` per
+client with explicit connection limits and timeouts. aiohttp was chosen over httpx by measurement
+(``bench/client_cost.py``, raw loops of each): on loopback httpx 0.28 spent 4x (1 connection) to
+over 10x (64 connections) more CPU per request than aiohttp 3.
+:class:`MockTransport` answers from a function, for tests and for benchmarks without a server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol, Union
+
+import aiohttp
+from yarl import URL
+
+
+class TransportError(Exception):
+    """Base of the three ways an exchange can fail without an HTTP status."""
+
+
+class Unreachable(TransportError):
+    """No connection could be made: refused, connect timeout, name not resolved."""
+
+
+class Interrupted(TransportError):
+    """The connection broke after the request was sent: reset, closed early, truncated body."""
+
+
+class TimedOut(Interrupted):
+    """The whole exchange took longer than its timeout."""
+
+
+@dataclass(frozen=True)
+class RawResponse:
+    """An HTTP answer as the transport received it."""
+
+    status: int
+    body: bytes
+    #: The ``Retry-After`` header, verbatim, when the server sent one.
+    retry_after: str | None = None
+
+
+class Transport(Protocol):
+    """What the client needs from an HTTP library. Lifecycle: create, ``request`` many times, ``aclose``."""
+
+    async def request(self, method: str, url: str, *, body: bytes | None = None,
+                      headers: Mapping[str, str] | None = None, timeout: float) -> RawResponse:
+        """Send one request; return the whole response or raise a :class:`TransportError`."""
+
+    async def aclose(self) -> None:
+        """Close every connection. Idempotent."""
+
+
+class AiohttpTransport:
+    """One ``aiohttp.ClientSession`` with a bounded connection pool, created on first use."""
+
+    def __init__(self, *, max_connections: int, connect_timeout: float = 10.0,
+                 keepalive_timeout: float = 4.0):
+        # keepalive_timeout stays below uvicorn's 5 s (vLLM, SGLang): an idle connection is dropped
+        # here before the server closes it, instead of being reused just as the server hangs up.
+        if max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1, got {max_connections}")
+        self._max_connections = max_connections
+        self._connect_timeout = connect_timeout
+        self._keepalive_timeout = keepalive_timeout
+        self._session: aiohttp.ClientSession | None = None
+        self._closed = False
+        # Parsing a URL and building a timeout object cost more than the rest of the request path;
+        # the client uses a handful of each, so they are built once.
+        self._urls: dict[str, URL] = {}
+        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise RuntimeError("transport is closed")
+        connector = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0,
+                                         keepalive_timeout=self._keepalive_timeout, ttl_dns_cache=300)
+        self._session = aiohttp.ClientSession(connector=connector, auto_decompress=True,
+                                              raise_for_status=False, trust_env=False)
+        return self._session
+
+    def _timeout(self, seconds: float) -> aiohttp.ClientTimeout:
+        timeout = self._timeouts.get(seconds)
+        if timeout is None:
+            timeout = aiohttp.ClientTimeout(total=seconds, sock_connect=min(self._connect_timeout, seconds))
+            self._timeouts[seconds] = timeout
+        return timeout
+
+    async def request(self, method: str, url: str, *, body: bytes | None = None,
+                      headers: Mapping[str, str] | None = None, timeout: float) -> RawResponse:
+        session = self._session or self._open()
+        target = self._urls.get(url)
+        if target is None:
+            target = self._urls[url] = URL(url)
+        try:
+            async with session.request(method, target, data=body, headers=headers,
+                                       timeout=self._timeout(timeout), allow_redirects=False) as resp:
+                data = await resp.read()
+                retry_after = resp.headers.get("Retry-After") if resp.status >= 400 else None
+                return RawResponse(resp.status, data, retry_after)
+        # Order matters: a connect timeout is also a TimeoutError, a refused connection an OSError.
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+            raise Unreachable(_describe(exc)) from None
+        except (asyncio.TimeoutError, TimeoutError):
+            raise TimedOut(f"no complete response within {timeout:g} s") from None
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+            raise Interrupted(_describe(exc)) from None
+
+    async def aclose(self) -> None:
+        self._closed = True
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+
+def _describe(exc: BaseException) -> str:
+    """The exception's class and text; aiohttp's connection errors name host and OS error only."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+#: A handler for :class:`MockTransport`: (method, url, body, headers) -> response, sync or async.
+Handler = Callable[[str, str, Union[bytes, None], Mapping[str, str]],
+                   Union[RawResponse, Awaitable[RawResponse]]]
+
+
+class MockTransport:
+    """A transport that answers every request by calling ``handler`` (like ``httpx.MockTransport``).
+
+    The handler may return a :class:`RawResponse` (or an awaitable of one) or raise
+    :class:`Unreachable`, :class:`Interrupted` or :class:`TimedOut` to play a failing server. The
+    request's ``timeout`` is enforced around an async handler, as a real transport would.
+    """
+
+    def __init__(self, handler: Handler):
+        self._handler = handler
+        self.closed = False
+
+    async def request(self, method: str, url: str, *, body: bytes | None = None,
+                      headers: Mapping[str, str] | None = None, timeout: float) -> RawResponse:
+        if self.closed:
+            raise RuntimeError("transport is closed")
+        result = self._handler(method, url, body, dict(headers or {}))
+        if inspect.isawaitable(result):
+            try:
+                result = await asyncio.wait_for(result, timeout)
+            except asyncio.TimeoutError:
+                raise TimedOut(f"no complete response within {timeout:g} s") from None
+        return result  # type: ignore[return-value]
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+__all__ = [
+    "AiohttpTransport",
+    "Handler",
+    "Interrupted",
+    "MockTransport",
+    "RawResponse",
+    "TimedOut",
+    "Transport",
+    "TransportError",
+    "Unreachable",
+]

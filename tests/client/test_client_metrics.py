@@ -1,0 +1,94 @@
+"""The Prometheus text parser and the /metrics scraper."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from harvest.client import MockTransport, RawResponse, Unreachable
+from harvest.client.metrics import MetricsFormatError, Sample, parse_prometheus_text, scrape_metrics, sum_by_name
+from harvest.errors import ProbeError, ServerSick
+
+VLLM_TEXT = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="Qwen/Qwen3-8B"} 12.0
+vllm:num_requests_running{engine="1",model_name="Qwen/Qwen3-8B"} 4.0
+vllm:num_requests_waiting{engine="0",model_name="Qwen/Qwen3-8B"} 30.0
+# TYPE vllm:e2e_request_latency_seconds histogram
+vllm:e2e_request_latency_seconds_bucket{le="0.3",model_name="m"} 1.0
+vllm:e2e_request_latency_seconds_bucket{le="+Inf",model_name="m"} 9.0
+vllm:e2e_request_latency_seconds_sum{model_name="m"} 42.5 1712345678000
+sglang:num_running_reqs{name="a, \\"quoted\\" } brace",tp_rank="0"} 7
+sglang:num_running_reqs { tp_rank = "1" , } 3
+sglang:cache_hit_rate NaN
+process_start_time_seconds 1.7e+09
+python_gc_objects_collected_total{generation="0"} 100.0 # {trace_id="abc"} 1.0
+{"my.dotted.metric", shard="x\\ny"} -Inf
+# EOF
+"""
+
+
+def test_parser_reads_labels_escapes_timestamps_exemplars_and_quoted_names():
+    samples = parse_prometheus_text(VLLM_TEXT)
+    assert samples[0] == Sample("vllm:num_requests_running",
+                                (("engine", "0"), ("model_name", "Qwen/Qwen3-8B")), 12.0)
+    assert samples[4].labels == (("le", "+Inf"), ("model_name", "m"))
+    assert samples[5].value == 42.5
+    assert samples[6].labels == (("name", 'a, "quoted" } brace'), ("tp_rank", "0"))
+    assert samples[7] == Sample("sglang:num_running_reqs", (("tp_rank", "1"),), 3.0)
+    assert math.isnan(samples[8].value)
+    assert samples[10].value == 100.0
+    assert samples[11] == Sample("my.dotted.metric", (("shard", "x\ny"),), -math.inf)
+    assert len(samples) == 12
+
+
+def test_sum_by_name_adds_over_labels_and_skips_nan():
+    totals = sum_by_name(parse_prometheus_text(VLLM_TEXT))
+    assert totals["vllm:num_requests_running"] == 16.0
+    assert totals["vllm:num_requests_waiting"] == 30.0
+    assert totals["sglang:num_running_reqs"] == 10.0
+    assert "sglang:cache_hit_rate" not in totals
+
+
+@pytest.mark.parametrize("line, reason", [
+    ("metric", "no value"),
+    ("metric{a=\"1\" 2", "expected ',' or '}'"),
+    ("metric{a=1} 2", "must be quoted"),
+    ("metric{a=\"unterminated} 2", "unterminated"),
+    ("metric twelve", "not a number"),
+    ("9metric 1", "bad metric name"),
+    ("metric 1 2 3", "optional timestamp"),
+])
+def test_malformed_lines_are_named(line, reason):
+    with pytest.raises(MetricsFormatError) as caught:
+        parse_prometheus_text(f"ok 1\n{line}\n")
+    assert caught.value.line_number == 2 and reason in str(caught.value)
+
+
+async def test_scrape_sums_404_is_empty_and_failures_are_typed():
+    answers = {
+        "http://ok:1/metrics": RawResponse(200, VLLM_TEXT.encode()),
+        "http://nometrics:1/metrics": RawResponse(404, b"Not Found"),
+        "http://broken:1/metrics": RawResponse(500, b""),
+        "http://garbage:1/metrics": RawResponse(200, b"<html>\n"),
+    }
+
+    def handler(method, url, body, headers):
+        if url not in answers:
+            raise Unreachable("refused")
+        return answers[url]
+
+    transport = MockTransport(handler)
+    ok = await scrape_metrics("http://ok:1/v1", transport=transport)
+    assert ok["vllm:num_requests_running"] == 16.0
+    assert await scrape_metrics("http://nometrics:1", transport=transport) == {}
+    with pytest.raises(ServerSick) as sick:
+        await scrape_metrics("http://broken:1", transport=transport)
+    assert sick.value.status == 500
+    with pytest.raises(ServerSick):
+        await scrape_metrics("http://gone:1", transport=transport)
+    with pytest.raises(ProbeError, match="not Prometheus text"):
+        await scrape_metrics("http://garbage:1", transport=transport)
+    assert not transport.closed  # a transport that was passed in stays open

@@ -85,3 +85,25 @@ def vllm_server(vllm_python: str, tiny_model: Path, tmp_path_factory: pytest.Tem
             server.stop()
         return
     raise RuntimeError(f"could not start the shared vLLM server: {last_error}")
+
+
+@pytest.fixture(scope="session")
+def llama_server(llama_server_bin: str, tiny_gguf: Path, tmp_path_factory: pytest.TempPathFactory):
+    """One llama-server on the tiny GGUF, shared by tests that need a second, fast endpoint."""
+    log_dir = tmp_path_factory.mktemp("llama-shared")
+    for attempt in range(3):
+        port = engines.free_port()
+        try:
+            server = engines.start_engine(
+                engines.llama_argv(llama_server_bin, str(tiny_gguf), port), port=port, model=str(tiny_gguf),
+                log_path=log_dir / f"server-{attempt}.log", health="/health", timeout=60)
+        except RuntimeError as exc:
+            if "address already in use" in str(exc).lower() or "couldn't bind" in str(exc).lower():
+                continue
+            raise
+        try:
+            yield server
+        finally:
+            server.stop()
+        return
+    raise RuntimeError("could not start the shared llama-server")

@@ -126,6 +126,11 @@ def vllm_argv(python: str, model: str, port: int, *extra: str) -> list[str]:
             "--port", str(port), *extra]
 
 
+def llama_argv(binary: str, gguf: str, port: int, *extra: str) -> list[str]:
+    return [binary, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "--metrics", "-np", "8",
+            "-c", "16384", *extra]
+
+
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
             "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 

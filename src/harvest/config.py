@@ -168,6 +168,24 @@ class ClientConfig(_Model):
     health_deadline: float = Field(600.0, gt=0, description="seconds a sick server may take to recover")
 
 
+class RunConfig(_Model):
+    """How the campaign treats conversations, reasoning and truncated answers."""
+
+    #: Context for assistant turn k: the regenerated turns 0..k-1, or the input's original ones.
+    history: Literal["regenerated", "original"] = "regenerated"
+    #: Reasoning (``reasoning_content`` or a ``<think>`` block): not separated (none), kept apart
+    #: from the answer (save), or removed (strip).
+    reasoning: Literal["none", "save", "strip"] = "save"
+    #: ``finish_reason=length``: keep as status truncated, retry once with ``retry_max_tokens``
+    #: (then keep as truncated), or drop (status failed, class "truncated"; no text stored).
+    truncated: Literal["keep", "retry", "drop"] = "keep"
+    retry_max_tokens: int | None = Field(None, ge=1, description="max_tokens of the retry (default 2x)")
+    #: Seconds between progress updates (display and progress.json).
+    progress_interval: float = Field(5.0, gt=0)
+    #: Times a managed server that died is relaunched during one run.
+    max_relaunches: int = Field(5, ge=0)
+
+
 class OutputConfig(_Model):
     """Where the run folder lives."""
 
@@ -183,6 +201,7 @@ class HarvestConfig(_Model):
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     client: ClientConfig = Field(default_factory=ClientConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
     #: The file this configuration came from (not a TOML field).
     source: str = Field("<memory>", exclude=True)
 
@@ -272,6 +291,7 @@ __all__ = [
     "LAUNCHED_ENGINES",
     "OutputConfig",
     "PreflightConfig",
+    "RunConfig",
     "SamplingConfig",
     "ServerConfig",
     "load_config",

@@ -18,6 +18,13 @@ from harvest.errors import ConfigError
 COMMANDS: list[tuple[str, str]] = [
     ("harvest.cli.gpus", "gpus"),
     ("harvest.cli.preflight", "preflight"),
+    ("harvest.cli.serve", "serve"),
+    ("harvest.cli.serve", "stop"),
+    ("harvest.cli.serve", "ps"),
+    ("harvest.cli.run", "run"),
+    ("harvest.cli.demo", "demo"),
+    ("harvest.cli.status", "status"),
+    ("harvest.cli.export", "export"),
 ]
 
 

@@ -1,0 +1,346 @@
+"""The campaign: dataset -> ledger -> server(s) -> results, lossless and resumable.
+
+    report = await run_campaign(config)
+
+Order of work: open the ledger (refusing settings that change outputs unless ``allow_mixed``),
+ingest the dataset (resuming an interrupted ingest by position), launch the server when the job
+names one to launch (preflight -> launch -> ready), dispatch pending items through the client,
+commit each result exactly once through the single writer, then the verified stop and the totals
+check ``done + truncated + failed + skipped == unique input``.
+
+Who pays for a failure is decided by type: RequestError fails the item; ServerSick (every endpoint
+down past the client's health deadline) releases in-flight items back to pending uncharged and, for
+a server harvest manages, relaunches it (at most ``run.max_relaunches`` times). Ctrl-C or SIGTERM
+stops dispatch, releases what is in flight, commits what finished and stops the server: the run
+resumes where it was. This module never kills a process itself: the supervisor does, by its record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harvest.campaign.generate import generate_item
+from harvest.campaign.progress import Progress
+from harvest.client import Client
+from harvest.config import HarvestConfig
+from harvest.dataset import iter_items
+from harvest.errors import ConfigError, LedgerError, RequestError, ServerSick
+from harvest.ledger import Completion, Failure, Ledger, LedgerWriter, Status, Totals, hash_settings
+from harvest.server import Server, StopReport
+
+log = logging.getLogger("harvest.campaign")
+
+#: Items claimed ahead of the client's concurrency, so the engine's queue never runs dry.
+CLAIM_FACTOR = 2
+SERVER_DIR = "server"
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """How one ``harvest run`` session ended."""
+
+    run_dir: Path
+    totals: Totals
+    #: Items that reached a final status in this session.
+    finished_this_session: int
+    elapsed_s: float
+    #: "finished", "interrupted" (Ctrl-C / SIGTERM) or "server_down".
+    outcome: str
+    relaunches: int = 0
+    stop_reports: tuple[StopReport, ...] = ()
+    recovered: int = 0
+    note: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """The run finished and every unique input item is accounted for."""
+        return self.outcome == "finished" and self.totals.ok
+
+
+def output_settings(config: HarvestConfig) -> dict[str, Any]:
+    """The settings that change what the model writes: their hash guards a resume."""
+    server = config.server
+    return {
+        "model": server.served_model_name or server.model if server else None,
+        "engine": server.engine if server else None,
+        "kv_cache_dtype": server.kv_cache_dtype if server else None,
+        "dtype": server.dtype if server else None,
+        "extra_args": list(server.extra_args) if server else [],
+        "sampling": config.sampling.model_dump(mode="json"),
+        "history": config.run.history,
+        "reasoning": config.run.reasoning,
+        "truncated": [config.run.truncated, config.run.retry_max_tokens],
+        "system_prompt": config.data.system_prompt if config.data else None,
+    }
+
+
+def dataset_fingerprint(path: str) -> str:
+    """Size plus a hash of the first and last MiB of every file: cheap, catches edits and swaps."""
+    p = Path(path)
+    files = sorted(q for q in p.rglob("*") if q.is_file()) if p.is_dir() else [p]
+    h = hashlib.blake2b(digest_size=16)
+    for f in files:
+        size = f.stat().st_size
+        h.update(f"{f.relative_to(p) if p.is_dir() else f.name}:{size};".encode())
+        with open(f, "rb") as fh:
+            h.update(fh.read(1 << 20))
+            if size > 2 << 20:
+                fh.seek(-(1 << 20), os.SEEK_END)
+                h.update(fh.read())
+    return h.hexdigest()
+
+
+class _Campaign:
+    """One session of a run. Not reusable."""
+
+    def __init__(self, config: HarvestConfig, *, allow_mixed: bool, force: bool, live: bool | None,
+                 server_factory: Any = Server):
+        if config.data is None:
+            raise ConfigError(config.source, [(f"{config.source} [data]", "`harvest run` needs a [data] table")])
+        if config.server is None and not config.client.endpoints:
+            raise ConfigError(config.source, [(f"{config.source} [server]",
+                                               "`harvest run` needs a [server] table or [client] endpoints")])
+        self.config = config
+        self.run_dir = Path(config.output.dir)
+        self.allow_mixed = allow_mixed
+        self.force = force
+        self.live = live
+        self.server_factory = server_factory
+        self.settings_hash = hash_settings(output_settings(config))
+        self.stop_requested = asyncio.Event()
+        self.server: Server | None = None
+        self.stop_reports: list[StopReport] = []
+        self.relaunches = 0
+        self.outcome = "finished"
+        self.note: str | None = None
+
+    # --- ledger and dataset --------------------------------------------------------------------
+
+    def open_ledger(self) -> Ledger:
+        data = self.config.data
+        assert data is not None
+        meta = {"job": self.config.model_dump(mode="json", exclude={"source"}), "job_file": self.config.source,
+                "output_settings": output_settings(self.config)}
+        ledger = Ledger.open(self.run_dir, settings_hash=self.settings_hash, meta=meta,
+                             allow_mixed=self.allow_mixed)
+        try:
+            fingerprint = dataset_fingerprint(data.path)
+        except OSError as exc:
+            ledger.close()
+            raise ConfigError(self.config.source, [(f"{self.config.source} [data] path",
+                                                    f"cannot read {data.path}: {exc.strerror or exc}")]) from None
+        known = ledger.meta().get("dataset_fingerprint")
+        if known is not None and known != fingerprint and not self.allow_mixed:
+            ledger.close()
+            raise LedgerError(f"{data.path} changed since this run ingested it (fingerprint {known} -> "
+                              f"{fingerprint}); resuming would mix inputs. Use a new output dir, or "
+                              f"--allow-mixed to accept it")
+        ledger.set_meta("dataset_fingerprint", fingerprint)
+        report = ledger.ingest(iter_items(data))
+        log.info("input: %d rows, %d unique, %d duplicates, %d skipped%s", report.total_rows, report.unique,
+                 report.duplicates, report.skipped,
+                 f" (ingest resumed after row {report.resumed_from})" if report.resumed_from else "")
+        return ledger
+
+    # --- server -------------------------------------------------------------------------------
+
+    async def start_server(self) -> None:
+        cfg = self.config.server
+        if cfg is None or not cfg.launched:
+            return
+        server = self.server_factory(cfg, run_dir=self.run_dir / SERVER_DIR, preflight=self.config.preflight,
+                                     force=self.force)
+        self.server = server
+        await server.start()
+
+    async def stop_server(self) -> None:
+        if self.server is None:
+            return
+        report = await self.server.stop()
+        self.server = None
+        if report is not None:
+            self.stop_reports.append(report)
+
+    def server_exited(self) -> bool:
+        return self.server is not None and self.server.returncode() is not None
+
+    async def relaunch(self) -> bool:
+        """Verified stop of the dead server, then a fresh launch. False when out of relaunches."""
+        if self.server is None or self.relaunches >= self.config.run.max_relaunches:
+            return False
+        self.relaunches += 1
+        log.warning("the server exited (code %s); relaunch %d of %d", self.server.returncode(), self.relaunches,
+                    self.config.run.max_relaunches)
+        await self.stop_server()
+        await self.start_server()
+        return True
+
+    # --- dispatch -----------------------------------------------------------------------------
+
+    async def dispatch(self, writer: LedgerWriter, client: Client, progress: Progress) -> None:
+        cfg = self.config
+        target = cfg.client.concurrency * CLAIM_FACTOR
+        tasks: dict[asyncio.Task[Any], str] = {}
+        exhausted = False
+        last_update = 0.0
+        server_down = False
+
+        async def one(row_id: str, item: Any) -> None:
+            try:
+                gen = await generate_item(client, item, run=cfg.run, sampling=cfg.sampling,
+                                          settings_hash=self.settings_hash)
+            except RequestError as exc:
+                error_class = f"http_{exc.status}" if exc.status else "request"
+                writer.charge_attempt(row_id)
+                writer.fail(Failure(row_id, str(exc), error_class))
+                progress.error(error_class)
+                progress.record(Status.FAILED.value)
+                return
+            for _ in range(gen.attempts):
+                writer.charge_attempt(row_id)
+            if gen.dropped is not None:
+                writer.fail(Failure(row_id, gen.dropped, "truncated"))
+                progress.record(Status.FAILED.value, gen.prompt_tokens, gen.completion_tokens)
+                progress.error("truncated")
+                return
+            writer.complete(Completion(row_id, gen.output, gen.status, gen.finish_reason, gen.prompt_tokens,
+                                       gen.completion_tokens))
+            progress.record(gen.status.value, gen.prompt_tokens, gen.completion_tokens)
+
+        while True:
+            if not self.stop_requested.is_set() and not server_down and not exhausted and len(tasks) < target:
+                rows = await writer.claim(target - len(tasks))
+                if not rows:
+                    exhausted = True
+                for row in rows:
+                    tasks[asyncio.create_task(one(row.id, row.item))] = row.id
+            if not tasks:
+                break
+            progress.in_flight = len(tasks)
+            done, _ = await asyncio.wait(list(tasks), timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
+            sick: list[str] = []
+            for task in done:
+                row_id = tasks.pop(task)
+                exc = task.exception()
+                if isinstance(exc, ServerSick):
+                    sick.append(row_id)
+                    progress.error("server_sick")
+                elif exc is not None:
+                    raise exc
+            if sick:
+                await writer.release(sick)
+                server_down = True
+            if server_down and not tasks:
+                # Every endpoint stayed down past the client's health deadline.
+                if self.server is not None and await self.relaunch():
+                    await client.check_health()
+                    server_down, exhausted = False, False
+                    continue
+                self.outcome, self.note = "server_down", "every endpoint stayed down past [client] health_deadline"
+                break
+            if self.server_exited() and not server_down:
+                # The managed server died: held requests wait for health; relaunch it now.
+                released = [tasks[t] for t in tasks]
+                for t in list(tasks):
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                tasks.clear()
+                await writer.release(released)
+                if not await self.relaunch():
+                    self.outcome, self.note = "server_down", "the managed server exited and relaunches are used up"
+                    break
+                await client.check_health()
+                exhausted = False
+                continue
+            if self.stop_requested.is_set() and tasks:
+                ids = list(tasks.values())
+                for t in list(tasks):
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                tasks.clear()
+                await writer.release(ids)
+                self.outcome = "interrupted"
+                break
+            now = time.monotonic()
+            if now - last_update >= cfg.run.progress_interval:
+                last_update = now
+                await self._scrape(client, progress)
+                progress.update()
+        if self.stop_requested.is_set() and self.outcome == "finished":
+            self.outcome = "interrupted"
+        progress.in_flight = 0
+
+    async def _scrape(self, client: Client, progress: Progress) -> None:
+        try:
+            metrics = await asyncio.wait_for(client.scrape_metrics(), timeout=2.0)
+        except (asyncio.TimeoutError, Exception):  # metrics are informative only
+            return
+        running = waiting = None
+        for values in metrics.values():
+            for name, value in values.items():
+                if name in ("vllm:num_requests_running", "sglang:num_running_reqs", "llamacpp:requests_processing"):
+                    running = (running or 0) + value
+                elif name in ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred"):
+                    waiting = (waiting or 0) + value
+        progress.server = {"running": running, "waiting": waiting}
+
+    # --- the whole session ----------------------------------------------------------------------
+
+    async def run(self) -> RunReport:
+        t0 = time.monotonic()
+        ledger = self.open_ledger()
+        loop = asyncio.get_running_loop()
+        installed: list[int] = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, self._request_stop)
+                installed.append(sig)
+        try:
+            counts = ledger.counts()
+            total = sum(counts.values())
+            final_before = sum(counts[s] for s in (Status.DONE, Status.TRUNCATED, Status.FAILED, Status.SKIPPED))
+            progress = Progress(self.run_dir, total=total, already_final=final_before, live=self.live)
+            with progress:
+                if counts[Status.PENDING] or counts[Status.RUNNING]:
+                    try:
+                        await self.start_server()
+                        async with Client.from_config(self.config) as client, LedgerWriter(ledger) as writer:
+                            await self.dispatch(writer, client, progress)
+                    finally:
+                        await self.stop_server()
+                progress.state = self.outcome
+                progress.note = self.note
+                progress.update()
+            totals = ledger.check_totals()
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+            ledger.close()
+        return RunReport(self.run_dir, totals, progress.done, time.monotonic() - t0, self.outcome,
+                         self.relaunches, tuple(self.stop_reports), ledger.recovered, self.note)
+
+    def _request_stop(self) -> None:
+        if not self.stop_requested.is_set():
+            log.warning("stop requested: finishing committed work, releasing in-flight items")
+        self.stop_requested.set()
+        if self.server is not None and self.server.ready is None:
+            self.server.cancel()  # still starting: give up the launch (its cleanup stops what started)
+
+
+async def run_campaign(config: HarvestConfig, *, allow_mixed: bool = False, force: bool = False,
+                       live: bool | None = None, server_factory: Any = Server) -> RunReport:
+    """Run (or resume) the campaign described by ``config``; see the module docstring."""
+    return await _Campaign(config, allow_mixed=allow_mixed, force=force, live=live,
+                           server_factory=server_factory).run()
+
+
+__all__ = ["RunReport", "dataset_fingerprint", "output_settings", "run_campaign"]

@@ -1,0 +1,47 @@
+"""``harvest demo``: the demo campaign on a tiny local model and vLLM's CPU build."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from harvest.campaign.demo import ensure_tiny_model, write_demo_job
+from harvest.campaign.run import run_campaign
+from harvest.cli.run import print_report
+from harvest.config import load_config
+
+
+@click.command("demo")
+@click.option("--engine-python", default=None,
+              help="Python of the environment holding vLLM's CPU build (default: HARVEST_VLLM_PYTHON, "
+                   "else this Python).")
+@click.option("--dir", "workdir", default="harvest-demo", show_default=True, type=click.Path(file_okay=False),
+              help="Folder for the job file, the run and the export.")
+@click.option("--port", default=18011, show_default=True, type=int)
+@click.option("--max-tokens", default=48, show_default=True, type=int)
+@click.option("--concurrency", default=16, show_default=True, type=int)
+def demo(engine_python: str | None, workdir: str, port: int, max_tokens: int, concurrency: int) -> None:
+    """Build the tiny model if missing, then preflight -> launch -> run -> verified stop -> export."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    python = engine_python or os.environ.get("HARVEST_VLLM_PYTHON") or sys.executable
+    click.echo(f"[demo] tiny model (built with {python}) ...")
+    model = ensure_tiny_model(python)
+    click.echo(f"[demo] model: {model}")
+    job = write_demo_job(Path(workdir), engine_python=python, model=model, port=port, max_tokens=max_tokens,
+                         concurrency=concurrency)
+    click.echo(f"[demo] job file: {job}")
+    config = load_config(job)
+    report = asyncio.run(run_campaign(config, live=False))
+    print_report(report)
+    if not report.ok:
+        sys.exit(130 if report.outcome == "interrupted" else 1)
+    from harvest.campaign.export import export_run
+
+    out = Path(workdir) / "export.jsonl"
+    written = export_run(report.run_dir, "specforge", out)
+    click.echo(f"[demo] exported {written} conversations to {out}")

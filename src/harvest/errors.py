@@ -84,9 +84,14 @@ class ServerError(HarvestError):
 class LaunchError(ServerError):
     """The engine exited, logged a fatal line, or missed its readiness deadline."""
 
+    #: Values of ``reason``: why the launch failed, for callers that react to the cause (e.g. retry
+    #: on another port) without reading the message.
+    REASONS = ("exited", "fatal_log", "port_in_use", "out_of_memory", "timeout", "spawn_failed", "cancelled")
+
     def __init__(self, message: str, *, argv: Sequence[str] = (), returncode: int | None = None,
-                 log_path: str | None = None, log_tail: str = ""):
+                 log_path: str | None = None, log_tail: str = "", reason: str | None = None):
         self.argv, self.returncode, self.log_path, self.log_tail = list(argv), returncode, log_path, log_tail
+        self.reason = reason
         parts = [message]
         if returncode is not None:
             parts.append(f"exit code {returncode}")

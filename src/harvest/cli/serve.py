@@ -1,0 +1,241 @@
+"""``harvest serve``, ``harvest stop`` and ``harvest ps``: supervised launch, verified stop, listing.
+
+    harvest serve CONFIG [--run-dir D] [--detach] [--force]
+    harvest stop [RUN_DIR] [--deadline S] [--json]
+    harvest ps [--all] [--json]
+
+Exit codes: serve 0 after a clean stop (or once detached), 1 when refused by preflight, when the
+engine failed to start or exited on its own, or when the stop was dirty, 130 when interrupted
+during start-up; stop 0 clean, 1 dirty, 2 nothing to stop or no readable record. This module parses
+options and renders; launching and stopping live in :mod:`harvest.server`, and nothing here
+signals a process itself.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+import psutil
+
+from harvest.cli.render import make_console, rule_line
+from harvest.config import load_config
+from harvest.errors import LaunchError, PreflightFailed, StopError
+from harvest.server import procs
+from harvest.server.state import (
+    IndexEntry,
+    ProcessRef,
+    RunState,
+    RunStatus,
+    StateFile,
+    default_run_dir,
+    list_runs,
+)
+from harvest.server.stop import DEFAULT_MARGIN_MIB, StopReport, stop_run
+from harvest.server.supervisor import Server
+
+STOP_SCHEMA = "harvest.stop/1"
+PS_SCHEMA = "harvest.ps/1"
+
+
+def print_stop_report(report: StopReport, *, err: bool = False) -> None:
+    console = make_console(stderr=err)
+    console.print(f"stop of {report.run_dir}:", markup=False)
+    for step in report.steps:
+        mark = "" if step.ok else "  <-- incomplete"
+        console.print(f"  {step.name:<8} {step.duration_s:7.3f} s  {step.outcome}{mark}", markup=False)
+    for h in report.holders:
+        who = "ours" if h.ours else "not ours"
+        mib = f"{h.used_mib} MiB" if h.used_mib is not None else "MiB unknown"
+        console.print(f"  holder: GPU {h.gpu} pid {h.pid} {h.name or '?'} {mib} ({who})", markup=False)
+    for p in report.problems:
+        console.print(f"  problem: {p}", markup=False)
+    esc = ", escalated to SIGKILL" if report.escalated else ""
+    console.print(f"verdict: {report.verdict.upper()} in {report.total_s:.2f} s "
+                  f"(deadline {report.deadline_s:g} s{esc})", markup=False)
+
+
+def _spawn_watcher(run_dir: Path) -> ProcessRef:
+    log = open(run_dir / "watch.log", "ab")
+    try:
+        p = subprocess.Popen([sys.executable, "-m", "harvest.server.watch", str(run_dir)], stdin=subprocess.DEVNULL,
+                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+    finally:
+        log.close()
+    return ProcessRef(p.pid, psutil.Process(p.pid).create_time(), "harvest-watch")
+
+
+@click.command("serve")
+@click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="folder for the launch record and the server log (default: a new one under the state dir)")
+@click.option("--detach", is_flag=True, help="return once the server is ready and leave it running")
+@click.option("--force", is_flag=True, help="launch even when preflight fails (the failures are still printed)")
+def serve(config: Path, run_dir: Path | None, detach: bool, force: bool) -> None:
+    """Launch the [server] of CONFIG supervised; Ctrl-C (or SIGTERM) stops it with verification."""
+    cfg = load_config(config)
+    server_cfg = cfg.require_server()
+    err = make_console(stderr=True)
+    if not server_cfg.launched:
+        err.print(f"error: engine '{server_cfg.engine}' is a running endpoint; harvest does not launch it",
+                  markup=False)
+        sys.exit(2)
+    run_dir = run_dir if run_dir is not None else default_run_dir(server_cfg.engine, server_cfg.port)
+
+    def show_preflight(report: Any) -> None:
+        if not report.passed and force:
+            err.print("preflight FAILED, launching anyway (--force):", markup=False)
+            for r in report.failures:
+                err.print(rule_line(r))
+
+    server = Server(server_cfg, run_dir=run_dir, preflight=cfg.preflight, force=force, on_preflight=show_preflight)
+    stop_requested = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop_requested.set()
+        server.cancel()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        err.print(f"launching {server_cfg.engine} on {server_cfg.url} (run dir {run_dir})", markup=False)
+        try:
+            server.launch()
+        except PreflightFailed as exc:
+            err.print("refused to launch: preflight failed (use --force to launch anyway)", markup=False)
+            for r in exc.results:
+                if not getattr(r, "passed", True):
+                    err.print(rule_line(r))  # type: ignore[arg-type]
+            sys.exit(1)
+        except LaunchError as exc:
+            err.print(f"launch failed: {exc}", markup=False)
+            if server.stop_report is not None:
+                print_stop_report(server.stop_report, err=True)
+            sys.exit(130 if exc.reason == "cancelled" else 1)
+        ready = server.ready
+        kv = server.kv_capacity_tokens
+        click.echo(f"ready: {server.url} pid {server.pid} in {ready.seconds if ready else 0:.1f} s"
+                   + (f", KV capacity {kv} tokens" if kv is not None else "") + f"; run dir {run_dir}")
+        if detach:
+            server.record_watcher(_spawn_watcher(Path(run_dir)))
+            server.detach()
+            click.echo(f"detached; stop it with: harvest stop {run_dir}")
+            return
+        exited_itself: int | None = None
+        while not stop_requested.wait(0.5):
+            code = server.returncode()
+            if code is None:
+                continue
+            if server.state().status in (RunStatus.STOPPING, RunStatus.STOPPED, RunStatus.DIRTY):
+                err.print("stopped by `harvest stop` from another process; verifying cleanup", markup=False)
+            else:
+                exited_itself = code
+                err.print(f"the engine exited on its own with code {code}; verifying cleanup", markup=False)
+            break
+        report = server.shutdown()
+        if report is not None:
+            print_stop_report(report)
+        sys.exit(0 if report is not None and report.clean and exited_itself is None else 1)
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _measured(state: RunState) -> tuple[list[ProcessRef], bool]:
+    from harvest.hosts.net import port_listening
+
+    return procs.alive(state.processes()), port_listening(state.record.host, state.record.port, timeout=0.2)
+
+
+def _running(entries: list[IndexEntry]) -> list[tuple[IndexEntry, RunState]]:
+    out = []
+    for e in entries:
+        try:
+            state = StateFile(e.run_dir).read()
+        except StopError:
+            continue
+        if procs.alive(state.processes()):
+            out.append((e, state))
+    return out
+
+
+@click.command("stop")
+@click.argument("run_dir", required=False, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--deadline", type=click.FloatRange(min=0.1), default=None, metavar="SECONDS",
+              help="the whole stop takes at most this long (default: stop_deadline recorded at launch)")
+@click.option("--grace", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="seconds between SIGTERM and SIGKILL (default: stop_grace recorded at launch)")
+@click.option("--margin-mib", type=click.IntRange(min=0), default=DEFAULT_MARGIN_MIB, show_default=True,
+              help="a GPU counts as drained within this many MiB of its pre-launch baseline")
+@click.option("--json", "as_json", is_flag=True, help=f"print the stop report as JSON ({STOP_SCHEMA})")
+def stop(run_dir: Path | None, deadline: float | None, grace: float | None, margin_mib: int, as_json: bool) -> None:
+    """Stop a server harvest started (RUN_DIR, or the only one running) and verify it is gone."""
+    err = make_console(stderr=True)
+    if run_dir is None:
+        running = _running(list_runs())
+        if not running:
+            err.print("nothing to stop: no server harvest started is running", markup=False)
+            sys.exit(2)
+        if len(running) > 1:
+            err.print("several servers are running; name the run folder:", markup=False)
+            for e, st in running:
+                err.print(f"  {e.run_dir}  {st.record.engine} pid {st.record.pid} port {st.record.port}",
+                          markup=False)
+            sys.exit(2)
+        run_dir = Path(running[0][0].run_dir)
+    try:
+        report = stop_run(run_dir, deadline=deadline, grace=grace, margin_mib=margin_mib)
+    except StopError as exc:
+        err.print(f"error: {exc}", markup=False)
+        sys.exit(2)
+    if as_json:
+        click.echo(json.dumps({"schema": STOP_SCHEMA, **report.to_dict()}, indent=2))
+    else:
+        print_stop_report(report)
+    sys.exit(0 if report.clean else 1)
+
+
+@click.command("ps")
+@click.option("--all", "show_all", is_flag=True, help="include servers recorded as stopped")
+@click.option("--json", "as_json", is_flag=True, help=f"print JSON ({PS_SCHEMA})")
+def ps(show_all: bool, as_json: bool) -> None:
+    """Servers harvest started: what was recorded beside what is measured now."""
+    rows: list[dict[str, Any]] = []
+    for e in list_runs():
+        try:
+            state = StateFile(e.run_dir).read()
+        except StopError:
+            continue
+        live, listening = _measured(state)
+        if not show_all and not live and state.status in (RunStatus.STOPPED, RunStatus.FAILED):
+            continue
+        rec = state.record
+        rows.append({
+            "run_dir": e.run_dir, "engine": rec.engine, "url": rec.url, "pid": rec.pid, "port": rec.port,
+            "gpus": list(rec.gpus), "started_at": rec.started_at,
+            "recorded": {"status": state.status.value, "processes": len(state.processes())},
+            "measured": {"leader_alive": any(r.pid == rec.pid for r in live), "alive": len(live),
+                         "port_listening": listening},
+        })
+    if as_json:
+        click.echo(json.dumps({"schema": PS_SCHEMA, "servers": rows}, indent=2))
+        return
+    console = make_console()
+    if not rows:
+        console.print("no server harvest started is running" + ("" if show_all else " (--all lists stopped ones)"),
+                      markup=False)
+        return
+    console.print(f"{'ENGINE':<12} {'PID':>7} {'PORT':>5}  {'RECORDED':<9} {'ALIVE':<7} {'LISTENING':<9} "
+                  f"{'STARTED':<19}  RUN DIR", markup=False)
+    for r in rows:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["started_at"]))
+        alive = f"{r['measured']['alive']}/{r['recorded']['processes']}"
+        console.print(f"{r['engine']:<12} {r['pid']:>7} {r['port']:>5}  {r['recorded']['status']:<9} {alive:<7} "
+                      f"{'yes' if r['measured']['port_listening'] else 'no':<9} {started:<19}  {r['run_dir']}",
+                      markup=False)

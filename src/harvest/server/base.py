@@ -1,0 +1,193 @@
+"""The engine adapter seam: what harvest must know about one kind of engine server, and the
+registry that picks the adapter from ``ServerConfig.engine``.
+
+An adapter is a pure description: the argv and extra environment for a config, the readiness
+checks in order, the log lines that mean start-up failed, where the KV capacity is reported and
+the Prometheus metric names. It never spawns, waits or signals; :mod:`harvest.server.supervisor`
+does that for every engine the same way.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import httpx
+
+from harvest.config import ServerConfig
+
+
+@dataclass(frozen=True)
+class ReadinessCheck:
+    """One step of readiness; the steps pass in order, each before the next is tried.
+
+    ``kind="http"``: ``method`` on ``path`` (relative to the server URL) or on ``url`` answers 2xx.
+    ``kind="port"``: something accepts TCP connections on the server's host and port.
+    """
+
+    name: str
+    kind: Literal["http", "port"] = "http"
+    method: Literal["GET", "POST"] = "GET"
+    path: str = "/health"
+    url: str | None = None
+    json: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class FatalPattern:
+    """A log line that means start-up failed; ``reason`` is the :class:`LaunchError` reason."""
+
+    regex: str
+    reason: str
+    description: str
+
+    def search(self, text: str) -> re.Match[str] | None:
+        return re.search(self.regex, text, re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class MetricNames:
+    """Prometheus metric names of an engine (None: the engine does not export it)."""
+
+    running: str | None = None
+    waiting: str | None = None
+    kv_usage: str | None = None
+    generation_throughput: str | None = None
+    generation_tokens_total: str | None = None
+    prompt_tokens_total: str | None = None
+    metrics_path: str | None = "/metrics"
+
+
+#: Fatal start-up lines every engine can print (PyTorch, NCCL, the Python interpreter, sockets).
+COMMON_FATAL: tuple[FatalPattern, ...] = (
+    FatalPattern(r"CUDA out of memory|torch\.OutOfMemoryError|CUDA error: out of memory",
+                 "out_of_memory", "the GPU ran out of memory"),
+    FatalPattern(r"[Aa]ddress already in use|EADDRINUSE|couldn't bind HTTP server socket",
+                 "port_in_use", "the port is already in use"),
+    FatalPattern(r"NCCL error|ncclSystemError|ncclInternalError|ncclUnhandledCudaError|NCCL WARN .*failed",
+                 "fatal_log", "NCCL failed"),
+    FatalPattern(r"^Traceback \(most recent call last\):", "fatal_log", "a Python traceback at start-up"),
+)
+
+
+@runtime_checkable
+class EngineAdapter(Protocol):
+    """What harvest knows about one engine kind. Stateless; one instance serves every config."""
+
+    #: The ``ServerConfig.engine`` value this adapter serves.
+    kind: str
+    #: False for an endpoint harvest neither starts nor stops.
+    launched: bool
+    fatal_patterns: tuple[FatalPattern, ...]
+    metrics: MetricNames
+
+    def argv(self, config: ServerConfig) -> list[str]:
+        """The full command line that starts the engine for ``config``."""
+        ...
+
+    def environment(self, config: ServerConfig) -> dict[str, str]:
+        """Variables added to the environment of the engine process (``[server.env]`` comes on top)."""
+        ...
+
+    def readiness(self, config: ServerConfig) -> tuple[ReadinessCheck, ...]:
+        """Checks that must pass, in order, before the server is ready."""
+        ...
+
+    def kv_capacity(self, config: ServerConfig, *, log_text: str, client: httpx.Client) -> int | None:
+        """KV-cache capacity in tokens, once ready, from the engine's log or its API; None if unknown."""
+        ...
+
+    def version(self, config: ServerConfig) -> str | None:
+        """The engine's version when it can be learnt in a second or two, else None."""
+        ...
+
+
+# --- helpers the adapters share ----------------------------------------------------------------
+
+
+def python_of(config: ServerConfig) -> str:
+    """The Python executable that runs a Python engine: ``[server] python`` or harvest's own."""
+    return config.python or sys.executable
+
+
+def gpu_environment(config: ServerConfig) -> dict[str, str]:
+    """Restrict the engine to ``config.gpus``, numbered as NVML numbers them (PCI bus order)."""
+    if not config.gpus:
+        return {}
+    return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in config.gpus)}
+
+
+def api_key_args(config: ServerConfig, flag: str = "--api-key") -> list[str]:
+    """``--api-key KEY`` when the config names an environment variable that holds a key."""
+    key = config.api_key()
+    return [flag, key.get_secret_value()] if key is not None else []
+
+
+def python_package_version(python: str, distributions: tuple[str, ...], timeout: float = 15.0) -> str | None:
+    """Version of the first installed distribution among ``distributions`` in ``python``'s environment.
+
+    Reads package metadata only (no engine import), so it takes a fraction of a second.
+    """
+    code = (
+        "import sys\nfrom importlib.metadata import version, PackageNotFoundError\n"
+        "for d in sys.argv[1:]:\n"
+        "    try:\n        print(version(d)); break\n"
+        "    except PackageNotFoundError:\n        pass\n"
+    )
+    try:
+        out = subprocess.run([python, "-c", code, *distributions], capture_output=True, text=True,
+                             timeout=timeout, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = out.stdout.strip()
+    return text or None
+
+
+def bearer_headers(config: ServerConfig) -> dict[str, str]:
+    key = config.api_key()
+    return {"Authorization": f"Bearer {key.get_secret_value()}"} if key is not None else {}
+
+
+# --- registry ----------------------------------------------------------------------------------
+
+#: ``ServerConfig.engine`` -> "module:class" of its adapter (imported on first use).
+ENGINES: Mapping[str, str] = MappingProxyType({
+    "sglang": "harvest.server.engines.sglang:SGLangAdapter",
+    "vllm": "harvest.server.engines.vllm:VLLMAdapter",
+    "transformers": "harvest.server.engines.transformers:TransformersAdapter",
+    "llamacpp": "harvest.server.engines.llamacpp:LlamaCppAdapter",
+    "openai": "harvest.server.engines.openai:OpenAIEndpointAdapter",
+    "command": "harvest.server.engines.command:CommandAdapter",
+})
+
+
+def adapter_for(engine: str) -> EngineAdapter:
+    """The adapter of an engine kind. Raises KeyError naming the known kinds."""
+    try:
+        target = ENGINES[engine]
+    except KeyError:
+        raise KeyError(f"unknown engine {engine!r}; known: {', '.join(sorted(ENGINES))}") from None
+    module, _, cls = target.partition(":")
+    return getattr(importlib.import_module(module), cls)()
+
+
+__all__ = [
+    "COMMON_FATAL",
+    "ENGINES",
+    "EngineAdapter",
+    "FatalPattern",
+    "MetricNames",
+    "ReadinessCheck",
+    "adapter_for",
+    "api_key_args",
+    "bearer_headers",
+    "gpu_environment",
+    "python_of",
+    "python_package_version",
+]

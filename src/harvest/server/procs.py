@@ -1,0 +1,185 @@
+"""Measured process state of a launched server: which recorded processes are alive, and which
+processes descend from it now.
+
+A process is identified by (pid, create time): a pid whose create time differs from the recorded
+one is another process that reused the number, and is treated as foreign. This module answers
+questions and sends signals only through :func:`signal_group` and :func:`signal_verified`, which
+accept recorded identities and re-check them right before sending. It never looks processes up by
+name and never signals a pid that is not in a launch record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Iterable, Sequence
+
+import psutil
+
+from harvest.server.state import ProcessRef, RunState
+
+#: Create times are compared with this tolerance (seconds): psutil derives them from boot time and
+#: clock ticks, so two reads of one process agree to well under this.
+CREATE_TIME_TOLERANCE = 0.05
+
+
+def _same(p: psutil.Process, ref: ProcessRef) -> bool:
+    try:
+        return abs(p.create_time() - ref.create_time) <= CREATE_TIME_TOLERANCE
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+
+
+def _finished_zombie(p: psutil.Process) -> bool:
+    """A zombie whose threads have all exited. The main thread of a multi-threaded process can show
+    as a zombie while its other threads still run their exit and hold its files (its sockets)."""
+    if p.status() != psutil.STATUS_ZOMBIE:
+        return False
+    try:
+        return p.num_threads() <= 1
+    except (psutil.AccessDenied, psutil.ZombieProcess):
+        return True
+
+
+def verified(ref: ProcessRef, *, include_zombies: bool = False) -> psutil.Process | None:
+    """The live process that is ``ref`` (same pid and create time), else None.
+
+    A finished zombie holds no resources and counts as gone unless ``include_zombies``.
+    """
+    try:
+        p = psutil.Process(ref.pid)
+        if not _same(p, ref):
+            return None
+        if not include_zombies and _finished_zombie(p):
+            return None
+        return p
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+    except psutil.ZombieProcess:
+        return None
+
+
+def ref_of(p: psutil.Process) -> ProcessRef | None:
+    try:
+        with p.oneshot():
+            return ProcessRef(p.pid, p.create_time(), p.name())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+
+
+def alive(refs: Iterable[ProcessRef]) -> list[ProcessRef]:
+    """The refs whose process is still running (zombies excluded)."""
+    return [r for r in refs if verified(r) is not None]
+
+
+def group_is_ours(state: RunState) -> bool:
+    """True when the recorded process group is still the one harvest started.
+
+    Linux does not hand out a number while it is still some process group's or session's id. So
+    the group is ours (a) while one recorded process (zombies included) sits in it, or (b) when its
+    leader is gone and no process at all has the leader's pid, yet members remain that sit in
+    both the recorded group and the recorded session and were created after the leader: the
+    number then never became free, so those members are the leader's own (e.g. workers of a
+    server whose launcher was killed before it recorded them).
+    """
+    rec = state.record
+    pgid = rec.pgid
+    for ref in state.processes():
+        p = verified(ref, include_zombies=True)
+        if p is None:
+            continue
+        with contextlib.suppress(OSError):
+            if os.getpgid(p.pid) == pgid:
+                return True
+    if pgid != rec.pid or psutil.pid_exists(pgid):
+        return False  # the leader's pid is in use by a process that is not our leader
+    members = 0
+    for p in psutil.process_iter():
+        try:
+            if os.getpgid(p.pid) != pgid:
+                continue
+            if os.getsid(p.pid) != pgid or p.create_time() < rec.create_time - CREATE_TIME_TOLERANCE:
+                return False
+            members += 1
+        except (OSError, psutil.Error):
+            continue
+    return members > 0
+
+
+def discover(state: RunState) -> list[ProcessRef]:
+    """Processes that descend from the server now: children (recursive) of every live recorded
+    process, plus members of its process group and session (workers that were reparented but did
+    not leave them). Only looked for while the group is provably ours."""
+    found: dict[int, ProcessRef] = {}
+    roots = [p for p in (verified(r) for r in state.processes()) if p is not None]
+    for root in roots:
+        with contextlib.suppress(psutil.Error):
+            for child in root.children(recursive=True):
+                ref = ref_of(child)
+                if ref is not None:
+                    found[ref.pid] = ref
+    if group_is_ours(state):
+        pgid = sid = state.record.pgid  # start_new_session: session id == group id == leader pid
+        for p in psutil.process_iter():
+            if p.pid in found or p.pid == os.getpid():
+                continue
+            try:
+                if os.getpgid(p.pid) == pgid or os.getsid(p.pid) == sid:
+                    ref = ref_of(p)
+                    if ref is not None:
+                        found[ref.pid] = ref
+            except OSError:
+                continue
+    return [r for r in found.values() if r.pid != state.record.pid]
+
+
+def signal_group(state: RunState, sig: int) -> bool:
+    """Send ``sig`` to the recorded process group if it is still ours. Returns whether it was sent."""
+    if not group_is_ours(state):
+        return False
+    try:
+        os.killpg(state.record.pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False
+
+
+def signal_verified(refs: Sequence[ProcessRef], sig: int) -> list[ProcessRef]:
+    """Send ``sig`` to each recorded process still alive with its recorded create time.
+
+    psutil re-checks the identity before sending, so a pid reused since the check is not hit.
+    Returns the refs that were signalled.
+    """
+    sent: list[ProcessRef] = []
+    for ref in refs:
+        p = verified(ref)
+        if p is None:
+            continue
+        try:
+            p.send_signal(sig)
+            sent.append(ref)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return sent
+
+
+def describe(ref: ProcessRef) -> str:
+    return f"{ref.pid} ({ref.name})" if ref.name else str(ref.pid)
+
+
+SIGNAL_NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGKILL: "SIGKILL", signal.SIGINT: "SIGINT"}
+
+__all__ = [
+    "CREATE_TIME_TOLERANCE",
+    "alive",
+    "describe",
+    "discover",
+    "group_is_ours",
+    "ref_of",
+    "signal_group",
+    "signal_verified",
+    "verified",
+]

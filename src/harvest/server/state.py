@@ -1,0 +1,368 @@
+"""The launch record of a server harvest started, kept in a state file any process can read.
+
+A run folder (mode 0700) holds ``launch.json`` (mode 0600, replaced atomically): the
+:class:`LaunchRecord` written once right after the engine was spawned, the descendants seen since
+(pid + create time), the recorded status and, after a stop, the stop report. ``server.log`` holds
+the engine's stdout and stderr. ``harvest stop`` from another shell, or after the launching process
+was killed, works from this file alone.
+
+A user-wide index (``$HARVEST_STATE_DIR``, else ``$XDG_STATE_HOME/harvest``, else
+``~/.local/state/harvest``) lists the run folders harvest launched, for ``harvest ps``.
+
+This module stores *recorded* state only. It never measures processes, GPUs or ports, and it never
+signals anything; :mod:`harvest.server.procs` and :mod:`harvest.server.stop` do that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import fcntl
+import json
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from harvest.errors import StopError
+
+STATE_FILE = "launch.json"
+LOG_FILE = "server.log"
+STOP_FILE = "stop.json"
+SCHEMA = 1
+REDACTED = "***"
+
+
+class RunStatus(str, enum.Enum):
+    """What harvest last *recorded* about a run (measured liveness is a separate query)."""
+
+    #: Spawned; readiness not yet confirmed.
+    STARTING = "starting"
+    #: Readiness checks passed.
+    READY = "ready"
+    #: Start-up failed (exit, fatal log line, timeout); cleanup followed.
+    FAILED = "failed"
+    #: A stop is under way.
+    STOPPING = "stopping"
+    #: A stop finished with a clean verdict.
+    STOPPED = "stopped"
+    #: A stop finished but measured something left behind (see stop.json).
+    DIRTY = "dirty"
+
+
+@dataclass(frozen=True)
+class ProcessRef:
+    """One process harvest started or saw descending from it; (pid, create_time) identify it."""
+
+    pid: int
+    create_time: float
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class LaunchRecord:
+    """What was launched, written once right after the spawn."""
+
+    engine: str
+    pid: int
+    pgid: int
+    create_time: float
+    #: argv with secrets replaced by ``***``.
+    argv: tuple[str, ...]
+    host: str
+    port: int
+    url: str
+    gpus: tuple[int, ...]
+    #: Used MiB of each GPU the server may use, measured just before the spawn.
+    baseline_mib: dict[int, int]
+    engine_version: str | None
+    started_at: float
+    log_path: str
+    stop_grace: float
+    stop_deadline: float
+    #: The process that launched the server (it may be gone since; informative only).
+    launcher_pid: int = 0
+
+    @property
+    def leader(self) -> ProcessRef:
+        return ProcessRef(self.pid, self.create_time, None)
+
+
+@dataclass(frozen=True)
+class RunState:
+    """The whole content of a state file."""
+
+    record: LaunchRecord
+    status: RunStatus
+    descendants: tuple[ProcessRef, ...] = ()
+    updated_at: float = 0.0
+    #: A background watcher recording descendants for a detached server, if any.
+    watcher: ProcessRef | None = None
+    kv_capacity_tokens: int | None = None
+    note: str | None = None
+
+    def processes(self) -> tuple[ProcessRef, ...]:
+        """The leader and every recorded descendant: the only pids a stop may signal."""
+        return (self.record.leader, *self.descendants)
+
+
+def redact_argv(argv: Sequence[str], secrets: Sequence[str] = ()) -> tuple[str, ...]:
+    """Replace the value after ``--api-key`` (or in ``--api-key=V``) and any argument equal to a secret."""
+    secret_set = {s for s in secrets if s}
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+            continue
+        if arg == "--api-key":
+            out.append(arg)
+            hide_next = True
+        elif arg.startswith("--api-key="):
+            out.append("--api-key=" + REDACTED)
+        elif arg in secret_set:
+            out.append(REDACTED)
+        else:
+            text = arg
+            for s in secret_set:
+                text = text.replace(s, REDACTED)
+            out.append(text)
+    return tuple(out)
+
+
+def make_run_dir(path: Path) -> Path:
+    """Create the run folder with mode 0700 (or tighten an existing one)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(path, 0o700)
+    return path
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def _ref_from(d: dict[str, Any]) -> ProcessRef:
+    return ProcessRef(int(d["pid"]), float(d["create_time"]), d.get("name"))
+
+
+def state_to_dict(state: RunState) -> dict[str, Any]:
+    rec = asdict(state.record)
+    rec["argv"] = list(state.record.argv)
+    rec["gpus"] = list(state.record.gpus)
+    rec["baseline_mib"] = {str(k): v for k, v in state.record.baseline_mib.items()}
+    return {
+        "schema": SCHEMA,
+        "record": rec,
+        "status": state.status.value,
+        "descendants": [asdict(d) for d in state.descendants],
+        "updated_at": state.updated_at,
+        "watcher": asdict(state.watcher) if state.watcher else None,
+        "kv_capacity_tokens": state.kv_capacity_tokens,
+        "note": state.note,
+    }
+
+
+def state_from_dict(data: dict[str, Any]) -> RunState:
+    r = dict(data["record"])
+    record = LaunchRecord(
+        engine=r["engine"], pid=int(r["pid"]), pgid=int(r["pgid"]), create_time=float(r["create_time"]),
+        argv=tuple(r["argv"]), host=r["host"], port=int(r["port"]), url=r["url"],
+        gpus=tuple(int(g) for g in r["gpus"]),
+        baseline_mib={int(k): int(v) for k, v in r["baseline_mib"].items()},
+        engine_version=r.get("engine_version"), started_at=float(r["started_at"]), log_path=r["log_path"],
+        stop_grace=float(r["stop_grace"]), stop_deadline=float(r["stop_deadline"]),
+        launcher_pid=int(r.get("launcher_pid", 0)),
+    )
+    watcher = data.get("watcher")
+    return RunState(
+        record=record,
+        status=RunStatus(data["status"]),
+        descendants=tuple(_ref_from(d) for d in data.get("descendants", [])),
+        updated_at=float(data.get("updated_at", 0.0)),
+        watcher=_ref_from(watcher) if watcher else None,
+        kv_capacity_tokens=data.get("kv_capacity_tokens"),
+        note=data.get("note"),
+    )
+
+
+class StateFile:
+    """``RUN_DIR/launch.json``: read, written atomically (0600), updated under a file lock."""
+
+    def __init__(self, run_dir: Path | str):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / STATE_FILE
+        self._lock_path = self.run_dir / f".{STATE_FILE}.lock"
+
+    @property
+    def log_path(self) -> Path:
+        return self.run_dir / LOG_FILE
+
+    @property
+    def stop_path(self) -> Path:
+        return self.run_dir / STOP_FILE
+
+    def exists(self) -> bool:
+        return self.path.is_file()
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def read(self) -> RunState:
+        """The recorded state. Raises :class:`StopError` when there is none or it cannot be read."""
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+            return state_from_dict(data)
+        except FileNotFoundError:
+            raise StopError(f"no launch record in {self.run_dir} ({STATE_FILE} missing)") from None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise StopError(f"unreadable launch record {self.path}: {exc}") from None
+
+    def write(self, state: RunState) -> RunState:
+        state = replace(state, updated_at=time.time())
+        with self._locked():
+            _atomic_write(self.path, json.dumps(state_to_dict(state), indent=2) + "\n")
+        return state
+
+    def update(self, change: Callable[[RunState], RunState]) -> RunState:
+        """Read, change and write back under the lock (the recorder and a stop may race)."""
+        with self._locked():
+            before = self.read()
+            changed = change(before)
+            if changed is before:
+                return before  # nothing to record: no write
+            state = replace(changed, updated_at=time.time())
+            _atomic_write(self.path, json.dumps(state_to_dict(state), indent=2) + "\n")
+            return state
+
+    def add_descendants(self, found: Sequence[ProcessRef],
+                        keep: Callable[[ProcessRef], bool] | None = None) -> RunState:
+        """Record processes not recorded yet (same pid and create time = same process).
+
+        ``keep``, when given, decides which already-recorded descendants stay (the recorder drops
+        those that have exited, so the file does not grow with every short-lived helper).
+        """
+
+        def change(state: RunState) -> RunState:
+            kept = state.descendants if keep is None else tuple(d for d in state.descendants if keep(d))
+            known = (state.record.leader, *kept)
+            new: list[ProcessRef] = []
+            for p in found:
+                if not any(k.pid == p.pid and abs(k.create_time - p.create_time) <= 0.05 for k in (*known, *new)):
+                    new.append(p)
+            if not new and len(kept) == len(state.descendants):
+                return state
+            return replace(state, descendants=kept + tuple(new))
+
+        return self.update(change)
+
+    def set_status(self, status: RunStatus, note: str | None = None) -> RunState:
+        return self.update(lambda s: replace(s, status=status, note=note if note is not None else s.note))
+
+    def write_stop_report(self, report: dict[str, Any]) -> None:
+        _atomic_write(self.stop_path, json.dumps(report, indent=2) + "\n")
+
+    def read_stop_report(self) -> dict[str, Any] | None:
+        try:
+            return json.loads(self.stop_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+
+
+# --- the user-wide index of run folders -------------------------------------------------------
+
+
+def state_dir() -> Path:
+    """Where harvest keeps user-wide state (not created here)."""
+    env = os.environ.get("HARVEST_STATE_DIR")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_STATE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".local" / "state"
+    return base / "harvest"
+
+
+def default_run_dir(engine: str, port: int) -> Path:
+    """A fresh run folder under the state dir for a server launched without ``--run-dir``."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return state_dir() / "servers" / f"{stamp}-{engine}-{port}-{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    """One line of the index: a run folder harvest launched a server in."""
+
+    run_dir: str
+    engine: str
+    port: int
+    registered_at: float
+    name: str = field(default="", compare=False)
+
+
+def register_run(run_dir: Path, engine: str, port: int) -> IndexEntry:
+    """Add a run folder to the index (one small 0600 file per run)."""
+    runs = state_dir() / "runs"
+    runs.mkdir(parents=True, exist_ok=True, mode=0o700)
+    now = time.time()
+    name = f"{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}-{os.getpid()}-{int(now * 1e6) % 1000000}"
+    entry = IndexEntry(str(Path(run_dir).resolve()), engine, port, now, name)
+    _atomic_write(runs / f"{name}.json", json.dumps(asdict(entry)) + "\n")
+    return entry
+
+
+def list_runs() -> list[IndexEntry]:
+    """Every indexed run folder, oldest first (entries whose folder is gone are skipped)."""
+    runs = state_dir() / "runs"
+    out: list[IndexEntry] = []
+    if not runs.is_dir():
+        return out
+    for f in runs.glob("*.json"):
+        try:
+            d = json.loads(f.read_text(encoding="utf-8"))
+            entry = IndexEntry(d["run_dir"], d["engine"], int(d["port"]), float(d["registered_at"]), f.stem)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if Path(entry.run_dir).is_dir():
+            out.append(entry)
+    out.sort(key=lambda e: e.registered_at)
+    return out
+
+
+__all__ = [
+    "IndexEntry",
+    "LOG_FILE",
+    "LaunchRecord",
+    "ProcessRef",
+    "RunState",
+    "RunStatus",
+    "STATE_FILE",
+    "StateFile",
+    "default_run_dir",
+    "list_runs",
+    "make_run_dir",
+    "redact_argv",
+    "register_run",
+    "state_dir",
+]

@@ -1,0 +1,359 @@
+"""The verified stop of a server harvest launched, from its state file alone.
+
+    record    read the launch record; add descendants alive now (children, group and session members)
+    sigterm   SIGTERM to the recorded process group (if still ours) and to recorded processes outside it
+    grace     wait for every recorded process to exit (bounded by the grace and the budget)
+    sigkill   SIGKILL to the group and to every recorded process still alive with its create time
+    reap      wait for them to be gone (bounded)
+    gpu       poll GPU memory at >= 10 Hz until each GPU the server used is back within a margin of
+              its pre-launch baseline, or the budget ends; then name the holders still there
+    port      check the server's port can be bound again (nothing holds it any more)
+
+Every step gets what is left of one deadline, so a stop takes at most the deadline plus one poll
+interval; a step that runs out of time moves on to the next and is never retried. Usable from any
+process (``harvest stop`` in another shell, also after the launching process was killed).
+
+It signals only the recorded process group and recorded (pid, create time) pairs, rechecked right
+before each signal; it never looks a process up by name and never infers state from a signal
+having been sent: every verdict comes from a measurement.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from harvest.errors import ProbeError, StopError
+from harvest.gpu.records import GpuProbe
+from harvest.server import procs
+from harvest.server.state import ProcessRef, RunState, RunStatus, StateFile
+
+#: GPU memory is polled at this interval (10 Hz); also the slack a stop may overrun its deadline by.
+POLL_INTERVAL = 0.1
+#: A GPU is "back" when its used MiB is at most baseline + this margin.
+DEFAULT_MARGIN_MIB = 256
+#: Part of the budget kept back from the grace period for SIGKILL and verification.
+KILL_RESERVE_S = 5.0
+#: Part of the budget kept for the final port check.
+PORT_RESERVE_S = 0.3
+
+Verdict = Literal["clean", "dirty"]
+
+
+@dataclass(frozen=True)
+class StopStep:
+    """One step of a stop: what it did and how long it took."""
+
+    name: str
+    duration_s: float
+    outcome: str
+    #: False when the step left something undone (time ran out, a measurement failed).
+    ok: bool = True
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A process holding memory on a GPU the server used, seen at the end of the stop."""
+
+    gpu: int
+    pid: int
+    name: str | None
+    used_mib: int | None
+    #: True when it is one of the recorded processes of this server.
+    ours: bool
+
+
+@dataclass(frozen=True)
+class StopReport:
+    """What a stop did and what it measured afterwards."""
+
+    run_dir: str
+    verdict: Verdict
+    steps: tuple[StopStep, ...]
+    #: SIGKILL had to be sent (something outlived SIGTERM and the grace period).
+    escalated: bool
+    baseline_mib: dict[int, int] = field(default_factory=dict)
+    final_mib: dict[int, int] = field(default_factory=dict)
+    holders: tuple[Holder, ...] = ()
+    #: Recorded processes still alive at the end.
+    survivors: tuple[ProcessRef, ...] = ()
+    #: The port could not be bound again at the end (something still holds it).
+    port_open: bool = False
+    total_s: float = 0.0
+    deadline_s: float = 0.0
+    #: Why the verdict is dirty (empty when clean).
+    problems: tuple[str, ...] = ()
+
+    @property
+    def clean(self) -> bool:
+        return self.verdict == "clean"
+
+    def step(self, name: str) -> StopStep | None:
+        return next((s for s in self.steps if s.name == name), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["baseline_mib"] = {str(k): v for k, v in self.baseline_mib.items()}
+        d["final_mib"] = {str(k): v for k, v in self.final_mib.items()}
+        return d
+
+
+class _Clock:
+    def __init__(self, t0: float, deadline_s: float):
+        self.t0 = t0
+        self.end = t0 + deadline_s
+
+    def remaining(self) -> float:
+        return max(0.0, self.end - time.monotonic())
+
+    def since(self, t: float) -> float:
+        return round(time.monotonic() - t, 3)
+
+
+def _wait_gone(refs: Sequence[ProcessRef], seconds: float, poll: float) -> list[ProcessRef]:
+    """Poll until none of ``refs`` is alive or ``seconds`` pass; returns those still alive."""
+    until = time.monotonic() + max(0.0, seconds)
+    while True:
+        left = procs.alive(refs)
+        now = time.monotonic()
+        if not left or now >= until:
+            return left
+        time.sleep(min(poll, until - now))
+
+
+def _names(refs: Sequence[ProcessRef]) -> str:
+    shown = ", ".join(procs.describe(r) for r in refs[:8])
+    return shown + (f" and {len(refs) - 8} more" if len(refs) > 8 else "")
+
+
+def _record_step(sf: StateFile, state: RunState) -> tuple[RunState, StopStep]:
+    t = time.monotonic()
+    try:
+        state = sf.update(lambda s: replace(s, status=RunStatus.STOPPING))
+        found = procs.discover(state)
+        if found:
+            state = sf.add_descendants(found)
+    except OSError as exc:  # a read-only run folder: go on with what was read
+        found = procs.discover(state)
+        state = replace(state, descendants=state.descendants + tuple(found))
+        note = f" (state file not updated: {exc})"
+    else:
+        note = ""
+    live = procs.alive(state.processes())
+    outcome = (f"{len(state.processes())} processes recorded (leader {state.record.pid}, group "
+               f"{state.record.pgid}), {len(live)} alive{note}")
+    return state, StopStep("record", round(time.monotonic() - t, 3), outcome)
+
+
+def _terminate(sf: StateFile, state: RunState, clock: _Clock, grace: float, poll: float,
+               steps: list[StopStep]) -> tuple[bool, RunState]:
+    """SIGTERM, grace, SIGKILL, reap. Returns whether SIGKILL was needed, and the state with any
+    worker recorded on the way."""
+    refs = state.processes()
+    live = procs.alive(refs)
+    if not live:
+        steps.append(StopStep("sigterm", 0.0, "not sent: no recorded process alive"))
+        return False, state
+
+    t = time.monotonic()
+    in_group = procs.signal_group(state, signal.SIGTERM)
+    outside = [r for r in live if _pgid(r) not in (None, state.record.pgid)]
+    sent_outside = procs.signal_verified(outside, signal.SIGTERM)
+    what = [f"group {state.record.pgid}" if in_group else "group gone or no longer ours: not signalled"]
+    if sent_outside:
+        what.append(f"{len(sent_outside)} recorded process(es) outside the group: {_names(sent_outside)}")
+    steps.append(StopStep("sigterm", clock.since(t), "sent to " + "; ".join(what)))
+
+    t = time.monotonic()
+    budget = clock.remaining()
+    reserve = min(budget / 2, KILL_RESERVE_S)
+    wait = min(grace, max(0.0, budget - reserve))
+    left = _wait_gone(refs, wait, poll)
+    if not left:
+        steps.append(StopStep("grace", clock.since(t), f"all exited after {clock.since(t):.2f} s"))
+        return False, state
+    limited = " (cut short by the deadline)" if wait < grace else ""
+    steps.append(StopStep("grace", clock.since(t),
+                          f"{len(left)} still alive after {clock.since(t):.2f} s{limited}: {_names(left)}"))
+
+    t = time.monotonic()
+    # Workers spawned during the grace period are recorded (in the file, when writable) before the kill.
+    late = [r for r in procs.discover(state) if not any(r.pid == k.pid for k in refs)]
+    if late:
+        try:
+            state = sf.add_descendants(late)
+        except (OSError, StopError):
+            state = replace(state, descendants=state.descendants + tuple(late))
+    refs = state.processes()
+    in_group = procs.signal_group(state, signal.SIGKILL)
+    killed = procs.signal_verified(procs.alive(refs), signal.SIGKILL)
+    what = [f"group {state.record.pgid}" if in_group else "group gone or no longer ours: not signalled"]
+    what.append(f"{len(killed)} recorded process(es): {_names(killed)}" if killed else "no recorded process")
+    steps.append(StopStep("sigkill", clock.since(t), "sent to " + "; ".join(what)))
+
+    t = time.monotonic()
+    left = _wait_gone(refs, max(0.0, clock.remaining() - PORT_RESERVE_S), poll)
+    if left:
+        steps.append(StopStep("reap", clock.since(t), f"still alive at the deadline: {_names(left)}", ok=False))
+    else:
+        steps.append(StopStep("reap", clock.since(t), f"all gone after {clock.since(t):.2f} s"))
+    return True, state
+
+
+def _pgid(ref: ProcessRef) -> int | None:
+    p = procs.verified(ref)
+    if p is None:
+        return None
+    try:
+        return os.getpgid(p.pid)
+    except OSError:
+        return None
+
+
+def _drain_gpus(state: RunState, probe: GpuProbe | None, clock: _Clock, margin: int, poll: float,
+                steps: list[StopStep], problems: list[str]) -> tuple[dict[int, int], tuple[Holder, ...]]:
+    rec = state.record
+    gpus = list(rec.gpus)
+    if not gpus:
+        steps.append(StopStep("gpu", 0.0, "no GPU recorded for this server"))
+        return {}, ()
+    t = time.monotonic()
+    own_probe = probe is None
+    if probe is None:
+        from harvest.gpu import open_probe
+
+        probe = open_probe()
+    final: dict[int, int] = {}
+    try:
+        until = time.monotonic() + max(0.0, clock.remaining() - PORT_RESERVE_S)
+        polls = 0
+        while True:
+            final = probe.memory_used(gpus)
+            polls += 1
+            over = {g: final[g] - rec.baseline_mib.get(g, 0) for g in gpus
+                    if final[g] > rec.baseline_mib.get(g, 0) + margin}
+            now = time.monotonic()
+            if not over or now >= until:
+                break
+            time.sleep(min(poll, until - now))
+        holders = _holders(state, probe, gpus)
+    except ProbeError as exc:
+        steps.append(StopStep("gpu", clock.since(t), f"measurement failed: {exc}", ok=False))
+        problems.append(f"GPU memory could not be measured: {exc}")
+        return final, ()
+    finally:
+        if own_probe:
+            probe.close()
+    shown = ", ".join(f"GPU {g}: {final[g]} MiB (baseline {rec.baseline_mib.get(g, 0)})" for g in gpus)
+    if over:
+        steps.append(StopStep("gpu", clock.since(t), f"not back within {margin} MiB after {polls} polls: {shown}",
+                              ok=False))
+        problems.append("GPU memory above baseline: " + ", ".join(f"GPU {g} +{d} MiB" for g, d in over.items()))
+    else:
+        steps.append(StopStep("gpu", clock.since(t), f"back within {margin} MiB of baseline after {polls} "
+                              f"poll(s): {shown}"))
+    ours = [h for h in holders if h.ours]
+    if ours:
+        problems.append("our processes still hold GPU memory: " +
+                        ", ".join(f"pid {h.pid} on GPU {h.gpu}" for h in ours))
+    return final, holders
+
+
+def _holders(state: RunState, probe: GpuProbe, gpus: list[int]) -> tuple[Holder, ...]:
+    snap = probe.snapshot()
+    recorded = state.processes()
+    out: list[Holder] = []
+    for gpu in snap.gpus:
+        if gpu.index not in gpus:
+            continue
+        for p in gpu.processes:
+            ours = p.visible and any(r.pid == p.pid and procs.verified(r) is not None for r in recorded)
+            out.append(Holder(gpu.index, p.pid, p.name, p.used_mib, ours))
+    return tuple(out)
+
+
+def _wait_port_closed(host: str, port: int, clock: _Clock, poll: float) -> tuple[bool, int]:
+    """Check until the port can be bound again or the budget ends (at least one check).
+
+    A bind check, not a connect: a listener that never accepts fills its backlog, after which
+    connects time out and would read as "closed". A killed server's sockets close when its last
+    thread has exited, which can trail its main thread by a moment. Returns (still in use, checks).
+    """
+    from harvest.hosts.net import port_bindable
+
+    checks = 0
+    while True:
+        in_use = not port_bindable(host, port)
+        checks += 1
+        if not in_use or clock.remaining() <= 0:
+            return in_use, checks
+        time.sleep(min(poll, clock.remaining()))
+
+
+def stop_run(
+    run_dir: Path | str,
+    *,
+    deadline: float | None = None,
+    grace: float | None = None,
+    probe: GpuProbe | None = None,
+    margin_mib: int = DEFAULT_MARGIN_MIB,
+    poll_interval: float = POLL_INTERVAL,
+) -> StopReport:
+    """Stop the server recorded in ``run_dir`` and measure that it is gone.
+
+    ``deadline``/``grace`` default to the values recorded at launch. ``probe`` measures GPU memory
+    (opened and closed here when None and the record lists GPUs). Raises :class:`StopError` only
+    when there is no readable launch record; everything else ends up in the report.
+    """
+    if poll_interval <= 0 or poll_interval > POLL_INTERVAL:
+        raise ValueError(f"poll_interval must be in (0, {POLL_INTERVAL}] s (>= 10 Hz), got {poll_interval}")
+    t0 = time.monotonic()
+    sf = StateFile(run_dir)
+    state = sf.read()
+    rec = state.record
+    deadline = rec.stop_deadline if deadline is None else deadline
+    grace = rec.stop_grace if grace is None else grace
+    if deadline <= 0:
+        raise StopError(f"stop deadline must be > 0 s, got {deadline}")
+    clock = _Clock(t0, deadline)
+    steps: list[StopStep] = []
+    problems: list[str] = []
+
+    state, step = _record_step(sf, state)
+    steps.append(step)
+    escalated, state = _terminate(sf, state, clock, grace, poll_interval, steps)
+
+    survivors = tuple(procs.alive(state.processes()))
+    if survivors:
+        problems.append(f"recorded processes still alive: {_names(list(survivors))}")
+
+    final_mib, holders = _drain_gpus(state, probe, clock, margin_mib, poll_interval, steps, problems)
+
+    t = time.monotonic()
+    port_open, checks = _wait_port_closed(rec.host, rec.port, clock, poll_interval)
+    steps.append(StopStep("port", clock.since(t), f"port {rec.port} " + (
+        f"still in use after {checks} check(s)" if port_open else "closed (bindable again)"), ok=not port_open))
+    if port_open:
+        problems.append(f"port {rec.port} is still in use")
+
+    verdict: Verdict = "dirty" if problems else "clean"
+    report = StopReport(
+        run_dir=str(Path(run_dir)), verdict=verdict, steps=tuple(steps), escalated=escalated,
+        baseline_mib=dict(rec.baseline_mib), final_mib=final_mib, holders=holders, survivors=survivors,
+        port_open=port_open, total_s=round(time.monotonic() - clock.t0, 3), deadline_s=deadline,
+        problems=tuple(problems),
+    )
+    try:
+        sf.set_status(RunStatus.STOPPED if report.clean else RunStatus.DIRTY)
+        sf.write_stop_report(report.to_dict())
+    except (OSError, StopError):
+        pass  # the report itself is the result; a read-only run folder does not change it
+    return report
+
+
+__all__ = ["DEFAULT_MARGIN_MIB", "POLL_INTERVAL", "Holder", "StopReport", "StopStep", "stop_run"]

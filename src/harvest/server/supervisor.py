@@ -1,0 +1,370 @@
+"""The supervisor: launch an engine server so that it can always be stopped completely.
+
+    async with Server(config, run_dir=run_dir) as server:     # preflight, spawn, readiness
+        ... talk to server.url ...
+    # here: verified stop (see harvest.server.stop), idempotent
+
+Order of a launch: preflight (refused on failure unless ``force``) -> GPU baseline measured ->
+spawn with ``start_new_session=True``, output to ``RUN_DIR/server.log`` -> launch record written
+(0600) -> a background thread records descendants every ~2 s -> readiness with a deadline, failing
+fast on exit or a fatal log line. A failed start-up is followed by the same verified stop, so
+nothing is left behind. The sync methods (``launch``, ``shutdown``) serve the CLI; the async ones
+wrap them.
+
+It never signals anything itself: stopping is :func:`harvest.server.stop.stop_run`, which acts only
+on what the launch record lists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+import psutil
+
+from harvest.config import PreflightConfig, ServerConfig
+from harvest.errors import LaunchError, PreflightFailed, StopError
+from harvest.gpu.records import GpuProbe
+from harvest.server import procs
+from harvest.server.base import EngineAdapter, adapter_for
+from harvest.server.readiness import LogWatcher, Ready, wait_ready
+from harvest.server.state import (
+    LOG_FILE,
+    LaunchRecord,
+    ProcessRef,
+    RunState,
+    RunStatus,
+    StateFile,
+    default_run_dir,
+    make_run_dir,
+    redact_argv,
+    register_run,
+)
+from harvest.server.stop import DEFAULT_MARGIN_MIB, StopReport, stop_run
+
+log = logging.getLogger("harvest.server")
+
+#: Seconds between two recordings of the server's descendants.
+RECORD_INTERVAL = 2.0
+#: Longest a shutdown waits for a concurrent launch to finish writing its record.
+SPAWN_LOCK_TIMEOUT = 30.0
+
+
+class DescendantRecorder:
+    """A daemon thread that adds the server's descendants to the state file every ``interval`` s."""
+
+    def __init__(self, state_file: StateFile, interval: float = RECORD_INTERVAL):
+        self.state_file = state_file
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="harvest-recorder", daemon=True)
+        #: The last error (the thread keeps going; a stop rediscovers anyway).
+        self.error: Exception | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def record_once(self) -> int:
+        """Record descendants now; returns how many new ones were added."""
+        state = self.state_file.read()
+        found = procs.discover(state)
+        after = self.state_file.add_descendants(found, keep=_still_there)
+        known = {(d.pid, d.create_time) for d in state.descendants}
+        return sum(1 for d in after.descendants if (d.pid, d.create_time) not in known)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.record_once()
+            except (OSError, StopError) as exc:
+                self.error = exc
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+
+def _still_there(ref: ProcessRef) -> bool:
+    return procs.verified(ref, include_zombies=True) is not None
+
+
+class Server:
+    """One engine server harvest launches (or, for ``engine = "openai"``, an endpoint it only checks).
+
+    Lifecycle: construct -> :meth:`launch` / ``await start()`` -> use :attr:`url` ->
+    :meth:`shutdown` / ``await stop()`` (idempotent; returns the same StopReport every time).
+    :meth:`detach` hands the running server over to the state file instead of stopping it.
+    """
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        *,
+        run_dir: Path | str | None = None,
+        preflight: PreflightConfig | None = None,
+        force: bool = False,
+        probe: GpuProbe | None = None,
+        record_interval: float = RECORD_INTERVAL,
+        stop_margin_mib: int = DEFAULT_MARGIN_MIB,
+        on_preflight: Callable[[object], None] | None = None,
+    ):
+        self.config = config
+        self.adapter: EngineAdapter = adapter_for(config.engine)
+        self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir(config.engine, config.port)
+        self.preflight_config = preflight or PreflightConfig()
+        self.force = force
+        self.record_interval = record_interval
+        self.stop_margin_mib = stop_margin_mib
+        self.on_preflight = on_preflight
+        self.state_file = StateFile(self.run_dir)
+        #: The preflight report of the launch (None before it ran, and for endpoints).
+        self.preflight_report: object | None = None
+        self.ready: Ready | None = None
+        self.kv_capacity_tokens: int | None = None
+        #: The report of the stop, once one ran (also after a failed start-up).
+        self.stop_report: StopReport | None = None
+        self._probe = probe
+        self._own_probe = probe is None
+        self._popen: subprocess.Popen[bytes] | None = None
+        self._recorder: DescendantRecorder | None = None
+        self._cancel = threading.Event()
+        self._spawn_lock = threading.Lock()
+        self._stop_lock = threading.Lock()
+        self._launched = False
+        self._finished = False
+        self._detached = False
+
+    # --- what callers read -------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return self.config.url
+
+    @property
+    def pid(self) -> int | None:
+        return self._popen.pid if self._popen is not None else None
+
+    def state(self) -> RunState:
+        """The recorded state (raises StopError when nothing was launched)."""
+        return self.state_file.read()
+
+    def returncode(self) -> int | None:
+        """The engine's exit code once it has exited (negative: killed by that signal), else None.
+
+        Looks without reaping: the exited leader stays a zombie until the stop, so its process
+        group keeps a recorded member and stays provably ours (see ``procs.group_is_ours``).
+        """
+        if self._popen is None:
+            return None
+        if self._popen.returncode is not None:
+            return self._popen.returncode
+        try:
+            info = os.waitid(os.P_PID, self._popen.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return self._popen.poll()
+        if info is None or info.si_pid == 0:
+            return None
+        return -info.si_status if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED) else info.si_status
+
+    def cancel(self) -> None:
+        """Ask a launch in progress to give up (it then stops what it started). Signal-handler safe."""
+        self._cancel.set()
+
+    # --- launch --------------------------------------------------------------------------------
+
+    def _get_probe(self) -> GpuProbe:
+        if self._probe is None:
+            from harvest.gpu import open_probe
+
+            self._probe = open_probe()
+        return self._probe
+
+    def launch(self) -> Server:
+        """Preflight, spawn, record, wait for readiness. Raises PreflightFailed or LaunchError;
+        after a LaunchError the verified stop has already run (see :attr:`stop_report`)."""
+        if self._launched:
+            raise RuntimeError("this Server was already launched; make a new one")
+        self._launched = True
+        try:
+            return self._launch()
+        except LaunchError as exc:
+            if self._popen is not None and not self._cancel.is_set():
+                self._mark(RunStatus.FAILED, f"{exc.reason}: {str(exc).splitlines()[0]}")
+            self.shutdown()
+            raise
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _launch(self) -> Server:
+        cfg = self.config
+        if not self.adapter.launched:
+            self.ready = wait_ready(config=cfg, checks=self.adapter.readiness(cfg), fatal_patterns=(), log=None,
+                                    poll_exit=lambda: None, deadline_s=cfg.ready_timeout,
+                                    cancelled=self._cancel.is_set)
+            return self
+
+        run_dir = make_run_dir(self.run_dir)
+        probe = self._get_probe()
+        from harvest.gpu.preflight import run_preflight
+
+        report = run_preflight(cfg, self.preflight_config, probe=probe, output_dir=run_dir)
+        self.preflight_report = report
+        if self.on_preflight is not None:
+            self.on_preflight(report)
+        if not report.passed:
+            if not self.force:
+                raise PreflightFailed(report.results)
+            log.warning("preflight failed, launching anyway (force): %s",
+                        "; ".join(f"{r.rule}: {r.detail}" for r in report.failures))
+
+        version = self.adapter.version(cfg)
+        gpus = list(cfg.gpus) or [g.index for g in probe.snapshot().gpus]
+        key = cfg.api_key()
+        argv = self.adapter.argv(cfg)
+        shown = redact_argv(argv, [key.get_secret_value()] if key is not None else [])
+        env = {**os.environ, **self.adapter.environment(cfg), **cfg.env}
+        log_path = run_dir / LOG_FILE
+
+        with self._spawn_lock:
+            if self._cancel.is_set():
+                raise LaunchError("start-up was cancelled before the spawn", argv=shown, reason="cancelled")
+            baseline = probe.memory_used(gpus) if gpus else {}
+            fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                self._popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.STDOUT,
+                                               env=env, start_new_session=True, close_fds=True)
+            except OSError as exc:
+                raise LaunchError(f"cannot start the engine: {exc}", argv=shown, log_path=str(log_path),
+                                  reason="spawn_failed") from None
+            finally:
+                os.close(fd)
+            pid = self._popen.pid
+            create_time = psutil.Process(pid).create_time()  # our unreaped child: the pid cannot be reused
+            record = LaunchRecord(
+                engine=cfg.engine, pid=pid, pgid=os.getpgid(pid), create_time=create_time, argv=shown,
+                host=cfg.host, port=cfg.port, url=cfg.url, gpus=tuple(gpus), baseline_mib=dict(baseline),
+                engine_version=version, started_at=time.time(), log_path=str(log_path),
+                stop_grace=cfg.stop_grace, stop_deadline=cfg.stop_deadline, launcher_pid=os.getpid(),
+            )
+            self.state_file.write(RunState(record=record, status=RunStatus.STARTING))
+        register_run(run_dir, cfg.engine, cfg.port)
+        self._recorder = DescendantRecorder(self.state_file, self.record_interval)
+        self._recorder.start()
+
+        watcher = LogWatcher(log_path)
+        self.ready = wait_ready(config=cfg, checks=self.adapter.readiness(cfg),
+                                fatal_patterns=self.adapter.fatal_patterns, log=watcher,
+                                poll_exit=self.returncode, deadline_s=cfg.ready_timeout, argv=shown,
+                                cancelled=self._cancel.is_set)
+        with httpx.Client() as client:
+            try:
+                self.kv_capacity_tokens = self.adapter.kv_capacity(cfg, log_text=watcher.text(), client=client)
+            except (httpx.HTTPError, ValueError) as exc:
+                log.warning("KV capacity unknown: %s", exc)
+        kv = self.kv_capacity_tokens
+        self.state_file.update(lambda s: replace(s, status=RunStatus.READY, kv_capacity_tokens=kv))
+        return self
+
+    def _mark(self, status: RunStatus, note: str | None = None) -> None:
+        try:
+            self.state_file.set_status(status, note)
+        except (OSError, StopError) as exc:
+            log.warning("could not record status %s: %s", status.value, exc)
+
+    # --- stop ------------------------------------------------------------------------------------
+
+    def shutdown(self, deadline: float | None = None) -> StopReport | None:
+        """Verified stop of what this Server launched; idempotent (later calls return the same report).
+
+        Returns None when nothing was launched (an endpoint, a refused preflight) or after detach.
+        """
+        with self._stop_lock:
+            if self._finished:
+                return self.stop_report
+            self._finished = True
+            self._cancel.set()
+            if self._recorder is not None:
+                self._recorder.stop()
+            try:
+                if self._detached:
+                    return None
+                got = self._spawn_lock.acquire(timeout=SPAWN_LOCK_TIMEOUT)
+                try:
+                    launched = self._popen is not None and self.state_file.exists()
+                finally:
+                    if got:
+                        self._spawn_lock.release()
+                if not launched:
+                    return None
+                self.stop_report = stop_run(self.run_dir, deadline=deadline, probe=self._probe,
+                                            margin_mib=self.stop_margin_mib)
+                if self._popen is not None:
+                    try:  # reap our direct child so it does not linger as a zombie
+                        self._popen.wait(timeout=0.5)
+                    except subprocess.TimeoutExpired:
+                        pass
+                return self.stop_report
+            finally:
+                self._close_probe()
+
+    def detach(self) -> None:
+        """Leave the server running: stop recording here (the caller arranges a watcher) and make
+        later shutdown calls do nothing. ``harvest stop RUN_DIR`` stops it from the state file."""
+        with self._stop_lock:
+            self._detached = True
+            if self._recorder is not None:
+                self._recorder.stop()
+            self._finished = True
+            self._close_probe()
+
+    def record_watcher(self, ref: ProcessRef) -> None:
+        self.state_file.update(lambda s: replace(s, watcher=ref))
+
+    def _close_probe(self) -> None:
+        if self._own_probe and self._probe is not None:
+            self._probe.close()
+            self._probe = None
+
+    # --- async -----------------------------------------------------------------------------------
+
+    async def start(self) -> Server:
+        """``launch`` in a worker thread; on any failure or cancellation the verified stop runs."""
+        try:
+            await asyncio.to_thread(self.launch)
+        except BaseException:
+            self._cancel.set()
+            await asyncio.shield(asyncio.to_thread(self.shutdown))
+            raise
+        return self
+
+    async def stop(self, deadline: float | None = None) -> StopReport | None:
+        """``shutdown`` in a worker thread, shielded from cancellation; idempotent."""
+        return await asyncio.shield(asyncio.to_thread(self.shutdown, deadline))
+
+    async def __aenter__(self) -> Server:
+        return await self.start()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.stop()
+
+    def __enter__(self) -> Server:
+        return self.launch()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.shutdown()
+
+
+__all__ = ["DescendantRecorder", "RECORD_INTERVAL", "Server"]

@@ -1,0 +1,143 @@
+"""Engine adapters: the argv, environment, readiness checks, fatal lines and KV capacity they give."""
+
+from __future__ import annotations
+
+import sys
+from typing import get_args
+
+import httpx
+import pytest
+
+from harvest.config import LAUNCHED_ENGINES, EngineKind, ServerConfig
+from harvest.server import ENGINES, EngineAdapter, adapter_for, redact_argv
+from harvest.server.readiness import first_fatal
+
+
+def test_registry_has_one_adapter_per_engine_kind():
+    assert set(ENGINES) == set(get_args(EngineKind))
+    for kind in ENGINES:
+        adapter = adapter_for(kind)
+        assert isinstance(adapter, EngineAdapter)
+        assert adapter.kind == kind
+        assert adapter.launched == (kind in LAUNCHED_ENGINES)
+    with pytest.raises(KeyError, match="known: command"):
+        adapter_for("tgi")
+
+
+def test_vllm_argv_maps_every_setting():
+    cfg = ServerConfig(engine="vllm", model="/m/llama", python="/venv/bin/python", port=8123, tp=2, gpus=[2, 3],
+                       gpu_memory_utilization=0.85, kv_cache_dtype="fp8", max_running_requests=128,
+                       dtype="bfloat16", served_model_name="llama", extra_args=["--max-model-len", "4096"],
+                       env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+    a = adapter_for("vllm")
+    assert a.argv(cfg) == [
+        "/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m/llama",
+        "--host", "127.0.0.1", "--port", "8123", "--tensor-parallel-size", "2",
+        "--served-model-name", "llama", "--gpu-memory-utilization", "0.85", "--kv-cache-dtype", "fp8",
+        "--max-num-seqs", "128", "--dtype", "bfloat16", "--max-model-len", "4096"]
+    assert a.environment(cfg) == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "2,3"}
+    assert [c.path for c in a.readiness(cfg)] == ["/health", "/v1/models"]
+    assert a.metrics.running == "vllm:num_requests_running"
+    assert a.metrics.kv_usage == "vllm:kv_cache_usage_perc"
+
+
+def test_python_defaults_to_the_one_running_harvest():
+    cfg = ServerConfig(engine="vllm", model="m")
+    assert adapter_for("vllm").argv(cfg)[0] == sys.executable
+
+
+def test_sglang_argv_with_hierarchical_cache():
+    cfg = ServerConfig(engine="sglang", model="/m/qwen", python="py", tp=4, gpus=[0, 1, 2, 3],
+                       mem_fraction_static=0.82, kv_cache_dtype="fp8_e5m2", enable_hierarchical_cache=True,
+                       hicache_size=32, max_running_requests=256)
+    argv = adapter_for("sglang").argv(cfg)
+    assert argv[:3] == ["py", "-m", "sglang.launch_server"]
+    pairs = {argv[i]: argv[i + 1] for i in range(3, len(argv) - 1) if argv[i].startswith("--")}
+    assert pairs["--model-path"] == "/m/qwen" and pairs["--tp-size"] == "4"
+    assert pairs["--mem-fraction-static"] == "0.82" and pairs["--kv-cache-dtype"] == "fp8_e5m2"
+    assert pairs["--hicache-size"] == "32" and pairs["--max-running-requests"] == "256"
+    assert "--enable-hierarchical-cache" in argv and "--enable-metrics" in argv
+    checks = adapter_for("sglang").readiness(cfg)
+    assert [(c.method, c.path) for c in checks] == [("GET", "/health"), ("POST", "/generate")]
+    assert checks[1].json["sampling_params"]["max_new_tokens"] == 1
+
+
+def test_llamacpp_argv_uses_the_configured_binary():
+    cfg = ServerConfig(engine="llamacpp", model="/m/tiny.gguf", command=["/opt/llama-server"], port=9000,
+                       max_running_requests=4, kv_cache_dtype="q8_0")
+    assert adapter_for("llamacpp").argv(cfg) == [
+        "/opt/llama-server", "-m", "/m/tiny.gguf", "--host", "127.0.0.1", "--port", "9000", "--metrics",
+        "--parallel", "4", "--cache-type-k", "q8_0", "--cache-type-v", "q8_0"]
+    assert adapter_for("llamacpp").argv(ServerConfig(engine="llamacpp", model="x"))[0] == "llama-server"
+
+
+def test_transformers_argv_positional_model_and_continuous_batching():
+    cfg = ServerConfig(engine="transformers", model="/m/1b", python="py", gpus=[1], dtype="bfloat16",
+                       gpu_memory_utilization=0.5)
+    a = adapter_for("transformers")
+    assert a.argv(cfg) == ["py", "-m", "transformers.cli.transformers", "serve", "/m/1b", "--continuous-batching",
+                           "--host", "127.0.0.1", "--port", "8000", "--device", "cuda:0", "--dtype", "bfloat16",
+                           "--cb-max-memory-percent", "0.5"]
+    assert [c.path for c in a.readiness(cfg)] == ["/health"]  # /v1/models answers 500 for minutes
+
+
+def test_command_placeholders_and_readiness():
+    cfg = ServerConfig(engine="command", command=["srv", "--port={port}", "--bind", "{host}"], port=7001,
+                       health_url="http://{host}:{port}/ok")
+    a = adapter_for("command")
+    assert a.argv(cfg) == ["srv", "--port=7001", "--bind", "127.0.0.1"]
+    [check] = a.readiness(cfg)
+    assert check.url == "http://127.0.0.1:7001/ok"
+    no_health = ServerConfig(engine="command", command=["srv"])
+    assert [c.kind for c in a.readiness(no_health)] == ["port"]
+
+
+def test_api_key_reaches_argv_and_is_redacted_in_the_record(monkeypatch):
+    monkeypatch.setenv("MY_KEY", "sk-abc123")
+    cfg = ServerConfig(engine="vllm", model="m", api_key_env="MY_KEY")
+    argv = adapter_for("vllm").argv(cfg)
+    assert argv[argv.index("--api-key") + 1] == "sk-abc123"
+    shown = redact_argv(argv, ["sk-abc123"])
+    assert "sk-abc123" not in " ".join(shown) and shown[argv.index("--api-key") + 1] == "***"
+
+
+def test_kv_capacity_from_the_vllm_log_line():
+    # The format of vllm/v1/core/kv_cache_utils.py (0.32.0): "%s KV cache size: %s tokens, ..."
+    log = ("INFO 11-29 [kv_cache_utils.py:1234] CPU KV cache size: 21,824 tokens, "
+           "Maximum concurrency for 2,048 tokens per request: 10.66x\n")
+    cfg = ServerConfig(engine="vllm", model="m")
+    with httpx.Client() as client:
+        assert adapter_for("vllm").kv_capacity(cfg, log_text=log, client=client) == 21824
+        assert adapter_for("vllm").kv_capacity(cfg, log_text="GPU KV cache size: 376,832 tokens,",
+                                               client=client) == 376832
+        assert adapter_for("vllm").kv_capacity(cfg, log_text="no such line", client=client) is None
+
+
+def test_sglang_kv_capacity_from_server_info():
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/get_server_info"
+        return httpx.Response(200, json={"max_total_num_tokens": 376832})
+
+    cfg = ServerConfig(engine="sglang", model="m")
+    with httpx.Client(transport=httpx.MockTransport(handler)) as client:
+        assert adapter_for("sglang").kv_capacity(cfg, log_text="", client=client) == 376832
+
+
+@pytest.mark.parametrize("line, reason", [
+    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "out_of_memory"),
+    ("OSError: [Errno 98] Address already in use", "port_in_use"),
+    ("RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:275", "fatal_log"),
+    ("Traceback (most recent call last):", "fatal_log"),
+    ("llama_model_load: error loading model: tensor data is not within file bounds", "fatal_log"),
+])
+def test_fatal_start_up_lines(line, reason):
+    kind = "llamacpp" if "llama_model_load" in line else "vllm"
+    hit = first_fatal(f"INFO starting\n{line}\nmore\n", adapter_for(kind).fatal_patterns)
+    assert hit is not None and hit[0].reason == reason and hit[1] == line
+
+
+def test_ordinary_start_up_lines_are_not_fatal():
+    text = ("INFO Started server process [1234]\nWARNING Using max model len 2048\n"
+            "INFO Application startup complete.\nINFO: Uvicorn running on http://127.0.0.1:8000\n")
+    for kind in ENGINES:
+        assert first_fatal(text, adapter_for(kind).fatal_patterns) is None

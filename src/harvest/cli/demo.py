@@ -42,6 +42,10 @@ def demo(engine_python: str | None, workdir: str, port: int, max_tokens: int, co
         sys.exit(130 if report.outcome == "interrupted" else 1)
     from harvest.campaign.export import export_run
 
-    out = Path(workdir) / "export.jsonl"
-    written = export_run(report.run_dir, "specforge", out)
-    click.echo(f"[demo] exported {written} conversations to {out}")
+    # Random weights never emit end-of-sequence: the demo keeps truncated answers too.
+    exported = export_run(report.run_dir, "specforge", output=Path(workdir) / "export.jsonl",
+                          statuses=("done", "truncated"))
+    click.echo(f"[demo] exported {exported.written} conversations to {exported.path}")
+    if exported.malformed:
+        click.echo(f"[demo] {exported.malformed} results did not match the result schema", err=True)
+        sys.exit(1)

@@ -1,0 +1,500 @@
+"""Export a run's results from its ledger: SpecForge / ShareGPT JSONL, OpenAI batch output, Parquet.
+
+    report = export_run(run_dir, "sharegpt", statuses=("done", "truncated"))
+    report.path, report.written, report.malformed
+
+Formats (docs/result-schema.md has every line's schema):
+
+- ``specforge`` and ``sharegpt``: JSONL ``{"id", "conversations": [{"role", "content",
+  "reasoning_content"?}]}``, the whole regenerated conversation. ``sharegpt_style="from-value"``
+  writes ``{"from": "system"|"human"|"gpt", "value"}`` turns instead.
+- ``openai-batch``: JSONL lines of an OpenAI Batch API output file, one per item; failed and skipped
+  items carry ``response: null`` and ``error: {code, message}``.
+- ``parquet``: one row per item (pyarrow, the ``parquet`` extra), written in row groups.
+
+Guarantees: rows are streamed from the ledger (``Ledger.iter_results``) and written as they come, so
+memory does not grow with the run; the output appears complete or not at all (a temporary file in
+the same folder, fsync, rename); an assistant turn that has ``reasoning_content`` never keeps a raw
+``<think>`` block in its ``content``; every exported conversation is checked (leading system
+messages, then user and assistant alternating, ending with an assistant answer) and a result that
+fails the check is reported as malformed, never written half-right and never dropped silently.
+
+This module only reads the ledger; it never changes an item's status and never generates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from harvest.errors import ConfigError
+from harvest.ledger import RESULT_STATUSES, Ledger, ResultRow, Status
+
+FORMATS = ("specforge", "sharegpt", "openai-batch", "parquet")
+SHAREGPT_STYLES = ("role-content", "from-value")
+DEFAULT_STATUSES: tuple[Status, ...] = (Status.DONE,)
+#: Statuses each format can hold: conversation formats need a result; the batch output file has a
+#: line per request that ended (answered or not); Parquet holds any row.
+ALLOWED_STATUSES: Mapping[str, tuple[Status, ...]] = {
+    "specforge": RESULT_STATUSES,
+    "sharegpt": RESULT_STATUSES,
+    "openai-batch": (Status.DONE, Status.TRUNCATED, Status.FAILED, Status.SKIPPED),
+    "parquet": tuple(Status),
+}
+#: ShareGPT ``from`` names of each role.
+FROM_NAMES: Mapping[str, str] = {"system": "system", "user": "human", "assistant": "gpt"}
+ROW_GROUP_SIZE = 10_000
+#: A Parquet row group is also closed once its text reaches this many characters.
+_ROW_GROUP_CHARS = 64 * 2**20
+_MALFORMED_EXAMPLES = 20
+
+_THINK_BLOCK = re.compile(r"<think>(.*?)(?:</think>|\Z)", re.DOTALL)
+
+
+class MalformedResult(ValueError):
+    """A stored result that does not follow docs/result-schema.md (the row is reported, not written)."""
+
+
+@dataclass(frozen=True)
+class ExportReport:
+    """What an export wrote."""
+
+    path: Path
+    format: str
+    #: Records written.
+    written: int
+    #: Records written per item status.
+    by_status: Mapping[str, int]
+    #: Results that could not be exported (not in the documented schema), and the first few of
+    #: them as ``(item id, why)``.
+    malformed: int = 0
+    malformed_examples: tuple[tuple[str, str], ...] = ()
+
+
+# ------------------------------------------------------------------------------------ options
+
+
+def default_output(run_dir: str | Path, fmt: str) -> Path:
+    """``RUN_DIR/export.<format>.jsonl``, or ``RUN_DIR/export.parquet``."""
+    return Path(run_dir) / ("export.parquet" if fmt == "parquet" else f"export.{fmt}.jsonl")
+
+
+def parse_statuses(values: Iterable[str | Status]) -> tuple[Status, ...]:
+    """Statuses from names (comma-separated lists allowed), in order, without repeats."""
+    out: list[Status] = []
+    for value in values:
+        for name in (value.value,) if isinstance(value, Status) else str(value).split(","):
+            name = name.strip().lower()
+            if not name:
+                continue
+            try:
+                status = Status(name)
+            except ValueError:
+                known = ", ".join(s.value for s in Status)
+                raise ConfigError("harvest export options", [
+                    ("--status", f"unknown status {name!r} (one of {known})")]) from None
+            if status not in out:
+                out.append(status)
+    return tuple(out)
+
+
+def _check_options(fmt: str, statuses: Sequence[Status], sharegpt_style: str) -> None:
+    problems = []
+    if fmt not in FORMATS:
+        problems.append(("--format", f"unknown format {fmt!r} (one of {', '.join(FORMATS)})"))
+    else:
+        bad = [s.value for s in statuses if s not in ALLOWED_STATUSES[fmt]]
+        if bad:
+            allowed = ", ".join(s.value for s in ALLOWED_STATUSES[fmt])
+            problems.append(("--status", f"{fmt} export cannot hold {', '.join(bad)} items"
+                                         f" (they have no result to export); allowed: {allowed}"))
+    if not statuses:
+        problems.append(("--status", "no status selected"))
+    if sharegpt_style not in SHAREGPT_STYLES:
+        problems.append(("--sharegpt-style",
+                         f"unknown style {sharegpt_style!r} (one of {', '.join(SHAREGPT_STYLES)})"))
+    elif sharegpt_style != "role-content" and fmt != "sharegpt":
+        problems.append(("--sharegpt-style", f"applies to the sharegpt format only, not {fmt}"))
+    if problems:
+        raise ConfigError("harvest export options", problems)
+
+
+# ------------------------------------------------------------------------------------ conversations
+
+
+def split_think(content: str, reasoning: str | None) -> tuple[str, str | None]:
+    """Take raw ``<think>`` blocks (and a lone leading ``...</think>``) out of ``content`` when the
+    turn has reasoning kept apart. Text found there and not already in ``reasoning`` is appended to
+    it, so nothing is lost. Without ``reasoning`` the content is returned as is (the run chose not
+    to separate reasoning)."""
+    if reasoning is None or ("<think>" not in content and "</think>" not in content):
+        return content, reasoning
+    found = [m.strip() for m in _THINK_BLOCK.findall(content)]
+    rest = _THINK_BLOCK.sub("", content)
+    head, sep, tail = rest.partition("</think>")
+    if sep:  # a template that opened <think> in the prompt leaves only the closing tag
+        found.insert(0, head.strip())
+        rest = tail
+    for part in found:
+        if part and part not in reasoning:
+            reasoning = f"{reasoning}\n\n{part}" if reasoning.strip() else part
+    return rest.lstrip(), reasoning
+
+
+def conversation(row: ResultRow) -> list[dict[str, Any]]:
+    """The regenerated conversation of a row with a result: ``[{"role", "content",
+    "reasoning_content"?}]``, think blocks moved out of content. Raises :class:`MalformedResult`."""
+    out = row.output
+    if not isinstance(out, Mapping) or not isinstance(out.get("messages"), list):
+        raise MalformedResult("output has no 'messages' list")
+    messages = []
+    for i, m in enumerate(out["messages"]):
+        if not (isinstance(m, Mapping) and isinstance(m.get("role"), str)
+                and isinstance(m.get("content"), str)):
+            raise MalformedResult(f"messages[{i}] is not {{role: str, content: str}}")
+        msg: dict[str, Any] = {"role": m["role"], "content": m["content"]}
+        reasoning = m.get("reasoning_content")
+        if reasoning is not None:
+            if not isinstance(reasoning, str):
+                raise MalformedResult(f"messages[{i}].reasoning_content is not a string")
+            if m["role"] != "assistant":
+                raise MalformedResult(f"messages[{i}] is a {m['role']} message with reasoning_content")
+            msg["content"], msg["reasoning_content"] = split_think(m["content"], reasoning)
+        messages.append(msg)
+    problems = conversation_problems(messages)
+    if problems:
+        raise MalformedResult("; ".join(problems))
+    return messages
+
+
+def conversation_problems(messages: Sequence[Mapping[str, Any]], *, style: str = "role-content") -> list[str]:
+    """Every way ``messages`` breaks the export contract: leading system message(s), then user and
+    assistant alternating from user, ending with assistant; string contents; no raw ``<think>`` in
+    the content of a turn that has ``reasoning_content``. Empty when it conforms."""
+    role_key, text_key = ("from", "value") if style == "from-value" else ("role", "content")
+    names = {v: k for k, v in FROM_NAMES.items()} if style == "from-value" else {r: r for r in FROM_NAMES}
+    problems: list[str] = []
+    roles = []
+    for i, m in enumerate(messages):
+        role = names.get(m.get(role_key)) if isinstance(m, Mapping) else None
+        if role is None:
+            problems.append(f"turn {i}: {role_key} is {m.get(role_key) if isinstance(m, Mapping) else m!r}")
+            continue
+        roles.append(role)
+        text = m.get(text_key)
+        if not isinstance(text, str):
+            problems.append(f"turn {i}: {text_key} is not a string")
+        elif isinstance(m.get("reasoning_content"), str) and ("<think>" in text or "</think>" in text):
+            problems.append(f"turn {i}: raw <think> block left in {text_key} beside reasoning_content")
+    body = roles[next((i for i, r in enumerate(roles) if r != "system"), len(roles)):]
+    if not body:
+        problems.append("no user turn")
+    for i, role in enumerate(body):
+        want = "user" if i % 2 == 0 else "assistant"
+        if role != want:
+            problems.append(f"roles do not alternate: {' '.join(roles)}")
+            break
+    if body and body[-1] != "assistant":
+        problems.append("the conversation does not end with an assistant answer")
+    return problems
+
+
+# ------------------------------------------------------------------------------------ records
+
+
+def specforge_record(row: ResultRow) -> dict[str, Any]:
+    """``{"id", "conversations": [{"role", "content", "reasoning_content"?}]}``."""
+    return {"id": row.item_id, "conversations": conversation(row)}
+
+
+def sharegpt_record(row: ResultRow, style: str = "role-content") -> dict[str, Any]:
+    """SpecForge's shape, or with ``style="from-value"`` turns ``{"from", "value", "reasoning_content"?}``."""
+    turns = conversation(row)
+    if style == "from-value":
+        turns = [{"from": FROM_NAMES[t["role"]], "value": t["content"],
+                  **({"reasoning_content": t["reasoning_content"]} if "reasoning_content" in t else {})}
+                 for t in turns]
+    return {"id": row.item_id, "conversations": turns}
+
+
+def _hex(kind: str, item_id: str) -> str:
+    return hashlib.blake2b(f"{kind}\0{item_id}".encode(), digest_size=12).hexdigest()
+
+
+def openai_batch_record(row: ResultRow) -> dict[str, Any]:
+    """One line of an OpenAI Batch API output file. Ids are derived from the item id, so a second
+    export writes the same lines. The body is the completion of the item's last assistant turn;
+    ``system_fingerprint`` is the settings hash the result came from."""
+    head = {"id": f"batch_req_{_hex('batch_req', row.item_id)}", "custom_id": row.item_id}
+    if row.status not in RESULT_STATUSES:
+        code = row.error_class or ("input" if row.status is Status.SKIPPED else row.status.value)
+        error = {"code": code, "message": row.last_error or row.status.value}
+        return {**head, "response": None, "error": error}
+    messages = conversation(row)
+    answer = messages[-1]
+    out = row.output
+    turns = out.get("turns") if isinstance(out.get("turns"), list) else []
+    last = turns[-1] if turns and isinstance(turns[-1], Mapping) else {}
+    prompt = last.get("prompt_tokens", row.prompt_tokens) if last else row.prompt_tokens
+    completion = last.get("completion_tokens", row.completion_tokens) if last else row.completion_tokens
+    message = {"role": "assistant", "content": answer["content"]}
+    if "reasoning_content" in answer:
+        message["reasoning_content"] = answer["reasoning_content"]
+    body = {
+        "id": f"chatcmpl-{_hex('chatcmpl', row.item_id)}",
+        "object": "chat.completion",
+        "created": int(row.created_at or 0),
+        "model": out.get("model") if isinstance(out.get("model"), str) else "",
+        "system_fingerprint": row.settings_hash or out.get("settings_hash"),
+        "choices": [{"index": 0, "message": message, "logprobs": None,
+                     "finish_reason": last.get("finish_reason") or row.finish_reason}],
+        "usage": {"prompt_tokens": prompt or 0, "completion_tokens": completion or 0,
+                  "total_tokens": (prompt or 0) + (completion or 0)},
+    }
+    response = {"status_code": 200, "request_id": f"req_{_hex('req', row.item_id)}", "body": body}
+    return {**head, "response": response, "error": None}
+
+
+def parquet_record(row: ResultRow) -> dict[str, Any]:
+    """One Parquet row (see :func:`parquet_schema`); ``conversations`` is null without a result."""
+    turns = None
+    model = None
+    if row.status in RESULT_STATUSES:
+        turns = [{"role": t["role"], "content": t["content"], "reasoning_content": t.get("reasoning_content")}
+                 for t in conversation(row)]
+        model = row.output.get("model") if isinstance(row.output.get("model"), str) else None
+    return {"id": row.item_id, "status": row.status.value, "conversations": turns,
+            "finish_reason": row.finish_reason, "prompt_tokens": row.prompt_tokens,
+            "completion_tokens": row.completion_tokens, "model": model, "settings_hash": row.settings_hash,
+            "error_class": row.error_class, "error": row.last_error, "attempts": row.attempts,
+            "source": row.source, "source_line": row.source_line, "created_at": row.created_at}
+
+
+def parquet_schema() -> Any:
+    """The pyarrow schema of the Parquet export."""
+    pa = _pyarrow()[0]
+    turn = pa.struct([("role", pa.string()), ("content", pa.string()), ("reasoning_content", pa.string())])
+    return pa.schema([
+        ("id", pa.string()), ("status", pa.string()), ("conversations", pa.list_(turn)),
+        ("finish_reason", pa.string()), ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()),
+        ("model", pa.string()), ("settings_hash", pa.string()), ("error_class", pa.string()),
+        ("error", pa.string()), ("attempts", pa.int64()), ("source", pa.string()),
+        ("source_line", pa.int64()), ("created_at", pa.float64()),
+    ])
+
+
+def _pyarrow() -> tuple[Any, Any]:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ConfigError("harvest export --format parquet", [(
+            "pyarrow", "is not installed; install the parquet extra (pip install 'harvest[parquet]')"
+                       " or export JSONL (--format specforge|sharegpt|openai-batch)")]) from None
+    return pa, pq
+
+
+# ------------------------------------------------------------------------------------ writing
+
+
+@contextlib.contextmanager
+def _atomic(path: Path) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success fsync it and rename it over ``path``."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        yield tmp
+        os.chmod(tmp, 0o600)  # like the ledger: prompts and answers may be private
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+class _Tally:
+    def __init__(self) -> None:
+        self.by_status: Counter[str] = Counter()
+        self.malformed = 0
+        self.examples: list[tuple[str, str]] = []
+
+    def build(self, row: ResultRow, make: Callable[[ResultRow], dict[str, Any]]) -> dict[str, Any] | None:
+        try:
+            record = make(row)
+        except MalformedResult as exc:
+            self.malformed += 1
+            if len(self.examples) < _MALFORMED_EXAMPLES:
+                self.examples.append((row.item_id, str(exc)))
+            return None
+        self.by_status[row.status.value] += 1
+        return record
+
+
+def _write_jsonl(f: TextIO, rows: Iterable[ResultRow], make: Callable[[ResultRow], dict[str, Any]],
+                 tally: _Tally) -> None:
+    encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+    for row in rows:
+        record = tally.build(row, make)
+        if record is not None:
+            f.write(encode(record))
+            f.write("\n")
+
+
+def _write_parquet(path: Path, rows: Iterable[ResultRow], tally: _Tally, row_group_size: int) -> None:
+    pa, pq = _pyarrow()
+    schema = parquet_schema()
+    batch: list[dict[str, Any]] = []
+    chars = 0
+    with pq.ParquetWriter(str(path), schema, compression="zstd") as writer:
+        for row in rows:
+            record = tally.build(row, parquet_record)
+            if record is None:
+                continue
+            batch.append(record)
+            chars += sum(len(t["content"]) + len(t["reasoning_content"] or "")
+                         for t in record["conversations"] or ())
+            if len(batch) >= row_group_size or chars >= _ROW_GROUP_CHARS:
+                writer.write_table(pa.Table.from_pylist(batch, schema=schema), row_group_size=len(batch))
+                batch, chars = [], 0
+        if batch:
+            writer.write_table(pa.Table.from_pylist(batch, schema=schema), row_group_size=len(batch))
+
+
+def export_run(run_dir: str | Path, fmt: str, *, output: str | Path | None = None,
+               statuses: Iterable[str | Status] = DEFAULT_STATUSES, sharegpt_style: str = "role-content",
+               row_group_size: int = ROW_GROUP_SIZE, fetch: int = 1000) -> ExportReport:
+    """Write the items of ``statuses`` from the run's ledger to ``output`` (default
+    :func:`default_output`) in ``fmt``, atomically, in input order.
+
+    Raises :class:`~harvest.errors.LedgerError` when ``run_dir`` holds no readable ledger and
+    :class:`~harvest.errors.ConfigError` for options that do not fit (an unknown format, a status
+    the format cannot hold, Parquet without pyarrow, a missing output folder).
+    """
+    wanted = parse_statuses(statuses)
+    _check_options(fmt, wanted, sharegpt_style)
+    if fmt == "parquet":
+        _pyarrow()
+    path = Path(output) if output is not None else default_output(run_dir, fmt)
+    if output is not None and not path.parent.is_dir():
+        raise ConfigError("harvest export options", [("--output", f"folder {path.parent} does not exist")])
+    tally = _Tally()
+    ledger = Ledger.open_readonly(run_dir)
+    try:
+        rows = ledger.iter_results(wanted, fetch=fetch)
+        with _atomic(path) as tmp:
+            if fmt == "parquet":
+                _write_parquet(tmp, rows, tally, row_group_size)
+            else:
+                make: Callable[[ResultRow], dict[str, Any]] = {
+                    "specforge": specforge_record,
+                    "sharegpt": lambda row: sharegpt_record(row, sharegpt_style),
+                    "openai-batch": openai_batch_record,
+                }[fmt]
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with open(fd, "w", encoding="utf-8", newline="\n") as f:
+                    _write_jsonl(f, rows, make, tally)
+    finally:
+        ledger.close()
+    return ExportReport(path=path, format=fmt, written=sum(tally.by_status.values()),
+                        by_status=dict(tally.by_status), malformed=tally.malformed,
+                        malformed_examples=tuple(tally.examples))
+
+
+# ------------------------------------------------------------------------------------ checking
+
+
+@dataclass(frozen=True)
+class ExportCheck:
+    """What :func:`check_export` found in an exported file."""
+
+    records: int
+    #: Every problem found (capped at 100), each naming the record's line or row.
+    problems: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _records(path: Path, fmt: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    if fmt == "parquet":
+        pq = _pyarrow()[1]
+        n = 0
+        for batch in pq.ParquetFile(str(path)).iter_batches(batch_size=1000):
+            for record in batch.to_pylist():
+                n += 1
+                yield n, record
+        return
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            yield n, json.loads(line)
+
+
+def check_export(path: str | Path, fmt: str, *, sharegpt_style: str = "role-content") -> ExportCheck:
+    """Read an exported file back and check it: ids unique, every conversation valid
+    (:func:`conversation_problems`), batch lines with exactly one of response and error.
+
+    Streams the records, but keeps every id in a set to find repeats.
+    """
+    path = Path(path)
+    ids: set[str] = set()
+    problems: list[str] = []
+    count = 0
+    style = sharegpt_style if fmt == "sharegpt" else "role-content"
+    for n, rec in _records(path, fmt):
+        count = n
+        where = f"{path.name}:{n}"
+        found: list[str] = []
+        key = "custom_id" if fmt == "openai-batch" else "id"
+        if not isinstance(rec.get(key), str):
+            found.append(f"{key} missing")
+        elif rec[key] in ids:
+            found.append(f"{key} {rec[key]!r} repeated")
+        else:
+            ids.add(rec[key])
+        if fmt == "openai-batch":
+            response, error = rec.get("response"), rec.get("error")
+            if (response is None) == (error is None):
+                found.append("exactly one of response and error must be set")
+            elif response is not None:
+                try:
+                    message = response["body"]["choices"][0]["message"]
+                except (KeyError, IndexError, TypeError):
+                    found.append("response.body.choices[0].message missing")
+                else:
+                    found += conversation_problems([{"role": "user", "content": ""}, message])
+        elif rec.get("conversations") is not None:
+            found += conversation_problems(rec["conversations"], style=style)
+        elif fmt != "parquet":
+            found.append("conversations missing")
+        problems += [f"{where}: {p}" for p in found]
+        if len(problems) >= 100:
+            problems = problems[:100]
+            break
+    return ExportCheck(records=count, problems=tuple(problems))
+
+
+__all__ = [
+    "ALLOWED_STATUSES", "DEFAULT_STATUSES", "FORMATS", "FROM_NAMES", "ExportCheck", "ExportReport",
+    "MalformedResult", "ROW_GROUP_SIZE", "SHAREGPT_STYLES", "check_export", "conversation",
+    "conversation_problems", "default_output",
+    "export_run", "openai_batch_record", "parquet_record", "parquet_schema", "parse_statuses",
+    "sharegpt_record", "specforge_record", "split_think",
+]

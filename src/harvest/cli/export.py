@@ -1,0 +1,49 @@
+"""``harvest export RUN_DIR --format specforge|sharegpt|openai-batch|parquet``: results out of the ledger.
+
+Parses options and reports; the writing lives in ``harvest.campaign.export``. Exit codes: 0 the file
+was written with every selected item, 1 some results were malformed and left out (they are named),
+2 the folder holds no readable ledger or the options do not fit. Never changes the ledger.
+"""
+
+from __future__ import annotations
+
+import click
+
+from harvest.campaign.export import FORMATS, ROW_GROUP_SIZE, SHAREGPT_STYLES, export_run
+from harvest.cli.render import make_console
+from harvest.errors import LedgerError
+
+
+@click.command("export")
+@click.argument("run_dir", type=click.Path(file_okay=False, path_type=str))
+@click.option("--format", "fmt", type=click.Choice(FORMATS), required=True, help="what to write")
+@click.option("--status", "statuses", multiple=True, default=("done",), show_default=True,
+              help="item statuses to export, comma-separated or repeated (done, truncated, failed, skipped,"
+                   " pending, running; which ones a format can hold is checked)")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help="file to write (default: RUN_DIR/export.<format>.jsonl or RUN_DIR/export.parquet)")
+@click.option("--sharegpt-style", type=click.Choice(SHAREGPT_STYLES), default="role-content",
+              show_default=True, help="sharegpt turns as role/content, or from/value with human/gpt/system")
+@click.option("--row-group-size", type=click.IntRange(min=1), default=ROW_GROUP_SIZE, show_default=True,
+              help="parquet: rows per row group")
+def export(run_dir: str, fmt: str, statuses: tuple[str, ...], output: str | None, sharegpt_style: str,
+           row_group_size: int) -> None:
+    """Export a run's results (streamed from its ledger, written atomically)."""
+    err = make_console(stderr=True)
+    try:
+        report = export_run(run_dir, fmt, output=output, statuses=statuses, sharegpt_style=sharegpt_style,
+                            row_group_size=row_group_size)
+    except LedgerError as exc:
+        err.print(f"error: {run_dir} is not a readable harvest run folder: {exc}", markup=False)
+        raise SystemExit(2) from None
+    parts = ", ".join(f"{status} {n:,}" for status, n in report.by_status.items())
+    click.echo(f"wrote {report.written:,} items to {report.path}" + (f" ({parts})" if parts else ""))
+    if report.malformed:
+        err.print(f"error: {report.malformed:,} results are not in the documented result schema and were"
+                  " left out:", markup=False)
+        for item_id, why in report.malformed_examples:
+            err.print(f"  {item_id}: {why}", markup=False)
+        raise SystemExit(1)
+
+
+__all__ = ["export"]

@@ -1,0 +1,174 @@
+"""``harvest status RUN_DIR [--json]``: where a run stands (counts, totals, throughput, ETA, errors).
+
+Parses options and renders a :class:`~harvest.campaign.status.RunStatus`; the reading and measuring
+live in ``harvest.campaign.status``. The ``--json`` document (``harvest.status/1``) is documented in
+docs/result-schema.md; change both together. Exit codes: 0 the run folder was read (whatever state
+the run is in), 2 the folder holds no readable harvest ledger. This command never writes to the run
+folder and never signals the runner.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from harvest.campaign.status import RunStatus, run_status
+from harvest.cli.render import make_console
+from harvest.errors import LedgerError
+from harvest.ledger import Status
+
+STATUS_SCHEMA = "harvest.status/1"
+
+
+def _iso(epoch: float | None) -> str | None:
+    if epoch is None:
+        return None
+    return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="seconds")
+
+
+def status_payload(st: RunStatus) -> dict[str, Any]:
+    """The ``harvest status --json`` document."""
+    t = st.totals
+    p = st.progress
+    return {
+        "schema": STATUS_SCHEMA,
+        "time": _iso(st.measured_at),
+        "run_dir": str(st.run_dir),
+        "counts": {s.value: st.counts[s] for s in Status},
+        "totals": {
+            "input_rows": t.input_rows, "unique": t.unique, "duplicates": t.duplicates,
+            "skipped": st.skipped, "results": t.results, "settled": st.settled, "remaining": st.remaining,
+            "ingest_complete": t.ingest_complete, "ok": t.ok, "problems": list(t.problems),
+            "summary": t.describe(),
+        },
+        "throughput": {
+            "source": st.throughput.source, "items_per_s": st.throughput.items_per_s,
+            "gen_tokens_per_s": st.throughput.gen_tokens_per_s,
+            "prompt_tokens_per_s": st.throughput.prompt_tokens_per_s,
+            "window_s": st.throughput.window_s, "results_in_window": st.throughput.results_in_window,
+        },
+        "eta_s": st.eta_s,
+        "runner": {"pid": st.runner.pid, "alive": st.runner.alive, "source": st.runner.source,
+                   "recorded_state": st.runner.recorded_state, "detail": st.runner.detail},
+        "progress": None if p is None else {
+            "started_at": p.started_at, "updated_at": p.updated_at, "state": p.state,
+            "done_this_session": p.done_this_session, "in_flight": p.in_flight,
+            "errors_by_class": dict(p.errors_by_class),
+            "server": {"running": p.server_running, "waiting": p.server_waiting}, "note": p.note,
+        },
+        "failed_by_class": dict(st.failed_by_class),
+        "last_errors": [{"id": e.item_id, "error_class": e.error_class, "message": e.message,
+                         "attempts": e.attempts, "source": e.source, "source_line": e.source_line}
+                        for e in st.last_errors],
+        "settings_hashes": list(st.settings_hashes),
+        "created_at": st.created_at,
+        "harvest_version": st.harvest_version,
+        "notes": list(st.notes),
+    }
+
+
+def duration(seconds: float | None) -> str:
+    """``1h02m``, ``3m05s``, ``-`` when unknown."""
+    if seconds is None:
+        return "-"
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    if h >= 48:
+        return f"{h // 24}d{h % 24:02d}h"
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+def _rate(value: float | None, unit: str) -> str:
+    return "-" if value is None else f"{value:,.1f} {unit}"
+
+
+def print_status(console: Console, st: RunStatus) -> None:
+    """The people's view: counts table, totals line, rate, ETA, runner, recent errors."""
+    unique = st.totals.unique
+    table = Table(title=f"harvest run {st.run_dir}", title_justify="left")
+    table.add_column("status")
+    table.add_column("items", justify="right")
+    table.add_column("share", justify="right")
+    for s in Status:
+        n = st.counts[s]
+        share = f"{100 * n / unique:.1f}%" if unique else "-"
+        table.add_row(s.value, f"{n:,}", share)
+    table.add_row(Text("unique input", style="bold"), Text(f"{unique:,}", style="bold"), "")
+    console.print(table)
+
+    t = st.totals
+    if t.ok:
+        console.print(Text(f"totals OK: {t.describe()}", style="green"))
+    else:
+        style = "yellow" if st.remaining or not t.ingest_complete else "bold red"
+        console.print(Text(f"totals: {t.describe()}", style=style))
+    console.print(Text(f"input: {t.input_rows:,} rows, {t.duplicates:,} duplicates, {st.skipped:,} skipped"))
+
+    tp = st.throughput
+    if tp.source == "progress":
+        origin = "live, from progress.json"
+    elif tp.source == "ledger":
+        origin = f"from the ledger: {tp.results_in_window:,} results in the last {duration(tp.window_s)}"
+    else:
+        origin = "no result in the last " + duration(tp.window_s)
+    console.print(Text(f"rate: {_rate(tp.items_per_s, 'items/s')}, gen {_rate(tp.gen_tokens_per_s, 'tok/s')},"
+                       f" prompt {_rate(tp.prompt_tokens_per_s, 'tok/s')} ({origin})"))
+    eta = "done" if st.eta_s == 0.0 else duration(st.eta_s)
+    console.print(Text(f"ETA: {eta} ({st.remaining:,} pending or running)"))
+
+    alive = {True: "alive", False: "not running", None: "unknown"}[st.runner.alive]
+    style = {True: "green", False: "yellow", None: "dim"}[st.runner.alive]
+    console.print(Text(f"runner: {alive} ({st.runner.detail})", style=style))
+    p = st.progress
+    if p is not None and st.runner.alive:
+        extra = f"in flight {p.in_flight if p.in_flight is not None else '-'}"
+        if p.server_running is not None:
+            extra += f", server running {p.server_running:.0f} waiting {p.server_waiting or 0:.0f}"
+        if p.errors_by_class:
+            extra += ", errors this session " + ", ".join(
+                f"{k} {v}" for k, v in sorted(p.errors_by_class.items()))
+        console.print(Text(extra))
+    if len(st.settings_hashes) > 1:
+        console.print(Text(f"settings: mixed ({', '.join(st.settings_hashes)})", style="yellow"))
+
+    if st.failed_by_class:
+        console.print(Text("failed by class: " + ", ".join(f"{k} {v:,}" for k, v in
+                                                             sorted(st.failed_by_class.items()))))
+        errors = Table(title="last errors", title_justify="left")
+        for col in ("id", "class", "attempts", "message"):
+            errors.add_column(col)
+        for e in st.last_errors:
+            message = e.message if len(e.message) <= 160 else e.message[:157] + "..."
+            errors.add_row(Text(e.item_id), Text(e.error_class), str(e.attempts), Text(message))
+        console.print(errors)
+    for note in st.notes:
+        console.print(Text(f"note: {note}", style="dim"))
+
+
+@click.command("status")
+@click.argument("run_dir", type=click.Path(file_okay=False, path_type=str))
+@click.option("--json", "as_json", is_flag=True, help="print the documented JSON document (harvest.status/1)")
+@click.option("--errors", "errors_limit", type=click.IntRange(min=0), default=10, show_default=True,
+              help="how many of the most recent failures to list")
+def status(run_dir: str, as_json: bool, errors_limit: int) -> None:
+    """Show where a run stands: counts by status, totals, throughput, ETA, last errors."""
+    try:
+        st = run_status(run_dir, errors_limit=errors_limit)
+    except LedgerError as exc:
+        make_console(stderr=True).print(f"error: {run_dir} is not a readable harvest run folder: {exc}",
+                                        markup=False)
+        raise SystemExit(2) from None
+    if as_json:
+        click.echo(json.dumps(status_payload(st), indent=2))
+    else:
+        print_status(make_console(), st)
+
+
+__all__ = ["STATUS_SCHEMA", "duration", "print_status", "status", "status_payload"]

@@ -54,7 +54,7 @@ class Progress:
         self._window: deque[tuple[float, int, int, int]] = deque()
         self._window_s = window_s
         stream = stream or sys.stderr
-        self._console = Console(file=stream, stderr=stream is sys.stderr)
+        self._console = Console(file=stream, stderr=stream is sys.stderr, soft_wrap=True)
         self._live_enabled = self._console.is_terminal if live is None else live
         self._live: Live | None = None
 

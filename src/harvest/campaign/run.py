@@ -103,7 +103,7 @@ class _Campaign:
     """One session of a run. Not reusable."""
 
     def __init__(self, config: HarvestConfig, *, allow_mixed: bool, force: bool, live: bool | None,
-                 server_factory: Any = Server):
+                 server_factory: Any = Server, on_preflight: Any = None):
         if config.data is None:
             raise ConfigError(config.source, [(f"{config.source} [data]", "`harvest run` needs a [data] table")])
         if config.server is None and not config.client.endpoints:
@@ -115,6 +115,7 @@ class _Campaign:
         self.force = force
         self.live = live
         self.server_factory = server_factory
+        self.on_preflight = on_preflight
         self.settings_hash = hash_settings(output_settings(config))
         self.stop_requested = asyncio.Event()
         self.server: Server | None = None
@@ -158,7 +159,7 @@ class _Campaign:
         if cfg is None or not cfg.launched:
             return
         server = self.server_factory(cfg, run_dir=self.run_dir / SERVER_DIR, preflight=self.config.preflight,
-                                     force=self.force)
+                                     force=self.force, on_preflight=self.on_preflight)
         self.server = server
         await server.start()
 
@@ -337,10 +338,14 @@ class _Campaign:
 
 
 async def run_campaign(config: HarvestConfig, *, allow_mixed: bool = False, force: bool = False,
-                       live: bool | None = None, server_factory: Any = Server) -> RunReport:
-    """Run (or resume) the campaign described by ``config``; see the module docstring."""
+                       live: bool | None = None, server_factory: Any = Server,
+                       on_preflight: Any = None) -> RunReport:
+    """Run (or resume) the campaign described by ``config``; see the module docstring.
+
+    ``on_preflight(report)`` is called with the launch's preflight report before the launch.
+    """
     return await _Campaign(config, allow_mixed=allow_mixed, force=force, live=live,
-                           server_factory=server_factory).run()
+                           server_factory=server_factory, on_preflight=on_preflight).run()
 
 
 __all__ = ["RunReport", "dataset_fingerprint", "output_settings", "run_campaign"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import sys
 from pathlib import Path
@@ -12,7 +11,7 @@ import click
 
 from harvest.campaign.demo import ensure_tiny_model, write_demo_job
 from harvest.campaign.run import run_campaign
-from harvest.cli.run import print_report
+from harvest.cli.run import print_report, setup_logging, show_preflight
 from harvest.config import load_config
 
 
@@ -27,7 +26,7 @@ from harvest.config import load_config
 @click.option("--concurrency", default=16, show_default=True, type=int)
 def demo(engine_python: str | None, workdir: str, port: int, max_tokens: int, concurrency: int) -> None:
     """Build the tiny model if missing, then preflight -> launch -> run -> verified stop -> export."""
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    setup_logging()
     python = engine_python or os.environ.get("HARVEST_VLLM_PYTHON") or sys.executable
     click.echo(f"[demo] tiny model (built with {python}) ...")
     model = ensure_tiny_model(python)
@@ -36,10 +35,15 @@ def demo(engine_python: str | None, workdir: str, port: int, max_tokens: int, co
                          concurrency=concurrency)
     click.echo(f"[demo] job file: {job}")
     config = load_config(job)
-    report = asyncio.run(run_campaign(config, live=False))
+    report = asyncio.run(run_campaign(config, live=False, on_preflight=show_preflight))
     print_report(report)
     if not report.ok:
         sys.exit(130 if report.outcome == "interrupted" else 1)
+    from harvest.campaign.status import run_status
+
+    status = run_status(report.run_dir)
+    counts = ", ".join(f"{k.value} {v}" for k, v in status.counts.items())
+    click.echo(f"[demo] status: {counts}")
     from harvest.campaign.export import export_run
 
     # Random weights never emit end-of-sequence: the demo keeps truncated answers too.

@@ -5,12 +5,31 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+from typing import Any
 
 import click
 
 from harvest.campaign.run import RunReport, run_campaign
 from harvest.config import load_config
 from harvest.errors import LaunchError, LedgerError, PreflightFailed
+
+
+def setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    for noisy in ("httpx", "httpcore", "aiohttp"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def show_preflight(report: Any) -> None:
+    """Print every preflight rule of a launch, one line each."""
+    from rich.console import Console
+
+    from harvest.cli.render import rule_line
+
+    console = Console(stderr=True, soft_wrap=True)
+    console.print(f"preflight: {'PASS' if report.passed else 'FAIL'}", markup=False)
+    for result in report.results:
+        console.print(rule_line(result))
 
 
 def print_report(report: RunReport) -> None:
@@ -33,10 +52,11 @@ def print_report(report: RunReport) -> None:
 @click.option("--live/--no-live", default=None, help="Live display (default: when on a terminal).")
 def run(job: str, allow_mixed: bool, force: bool, live: bool | None) -> None:
     """Run or resume the campaign of JOB.toml: dataset -> ledger -> server -> results."""
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    setup_logging()
     config = load_config(job)
     try:
-        report = asyncio.run(run_campaign(config, allow_mixed=allow_mixed, force=force, live=live))
+        report = asyncio.run(run_campaign(config, allow_mixed=allow_mixed, force=force, live=live,
+                                          on_preflight=show_preflight))
     except PreflightFailed as exc:
         for r in exc.results:
             if not getattr(r, "passed", True):

@@ -267,13 +267,20 @@ def test_wait_passes_once_the_foreign_process_exits(tmp_path, free_port):
 
 def test_wait_polls_at_5_hz_and_reports_what_still_fails(tmp_path, listener):
     port = listener.getsockname()[1]
-    start = time.monotonic()
+    now = [0.0]
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:  # a clock that only moves when the poller sleeps
+        sleeps.append(seconds)
+        now[0] += seconds
+
     report = wait_for_preflight(server(port), SETTINGS, probe=probe_for(FakeNvml(h200s(1))),
-                                output_dir=tmp_path, wait_s=1.0, host=IDLE_HOST, disk=ROOMY_DISK)
-    took = time.monotonic() - start
+                                output_dir=tmp_path, wait_s=1.0, host=IDLE_HOST, disk=ROOMY_DISK,
+                                clock=lambda: now[0], sleep=sleep)
     assert not report.passed and [r.rule for r in report.failures] == ["port"]
-    assert 1.0 <= took < 5 and report.waited_s >= 1.0
-    assert report.attempts >= 5  # t = 0, 0.2, ..., 1.0
+    assert report.waited_s == pytest.approx(1.0)
+    assert report.attempts == 6  # t = 0, 0.2, ..., 1.0
+    assert max(sleeps) <= 0.2 + 1e-9
 
 
 def test_wait_refuses_slow_polling(tmp_path, free_port):

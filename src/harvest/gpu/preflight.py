@@ -18,7 +18,7 @@ measurement into a pass: a probe error is a failed rule that carries the error.
 from __future__ import annotations
 
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Union
@@ -279,24 +279,26 @@ def run_preflight(server: ServerConfig, settings: PreflightConfig, *, probe: Gpu
 def wait_for_preflight(server: ServerConfig, settings: PreflightConfig, *, probe: GpuProbe,
                        output_dir: Path, wait_s: float, interval_s: float = MAX_INTERVAL_S,
                        host: HostState | None = None, disk: DiskState | None = None,
-                       ours: Collection[int] = ()) -> PreflightReport:
+                       ours: Collection[int] = (), clock: Callable[[], float] = time.monotonic,
+                       sleep: Callable[[float], None] = time.sleep) -> PreflightReport:
     """Run the preflight every ``interval_s`` (<= 0.2 s: at least 5 Hz) until it passes or
-    ``wait_s`` seconds pass; one last measurement is taken at the deadline. Returns the last report."""
+    ``wait_s`` seconds pass; one last measurement is taken at the deadline. Returns the last report.
+    ``clock`` and ``sleep`` are time seams for tests."""
     if not 0 < interval_s <= MAX_INTERVAL_S:
         raise ValueError(f"interval_s must be in (0, {MAX_INTERVAL_S}] to poll at >= 5 Hz, got {interval_s}")
-    start = time.monotonic()
+    start = clock()
     deadline = start + max(0.0, wait_s)
     attempts = 0
     while True:
         report = run_preflight(server, settings, probe=probe, output_dir=output_dir, host=host, disk=disk,
                                ours=ours)
         attempts += 1
-        now = time.monotonic()
+        now = clock()
         if report.passed or now >= deadline:
             return replace(report, attempts=attempts, waited_s=round(now - start, 3))
         # Ticks on a fixed schedule, so a slow measurement does not stretch the interval.
         next_tick = start + attempts * interval_s
-        time.sleep(max(0.0, min(next_tick, deadline) - time.monotonic()))
+        sleep(max(0.0, min(next_tick, deadline) - clock()))
 
 
 __all__ = [

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 pa = pytest.importorskip("pyarrow", reason="pyarrow is the optional 'parquet' extra")
-import pyarrow.ipc  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from harvest.config import DataConfig  # noqa: E402

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
@@ -37,10 +36,8 @@ def test_round_trip_of_100k_items(run_dir):
     assert totals.counts[Status.SKIPPED] == N // 997
     assert totals.duplicates == report.duplicates > 0
 
-    t0 = time.perf_counter()
+    # (How fast a large ledger reopens is measured by bench/ledger_scale.py, not asserted here.)
     with Ledger.open(run_dir, settings_hash="h") as ledger:
         assert ledger.claim(10) == []  # nothing left: every item finished exactly once
-        reopened = time.perf_counter() - t0
         seen = sum(1 for _ in ledger.iter_results())
     assert seen == committed
-    assert reopened < 5, f"reopening a {N}-item ledger took {reopened:.1f} s"

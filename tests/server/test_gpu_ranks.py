@@ -22,7 +22,6 @@ import re
 import signal
 import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest

@@ -68,7 +68,8 @@ def test_deadline_is_kept(tmp_path):
         wait_ready(config=_config(), checks=(ReadinessCheck("port", kind="port"),), fatal_patterns=COMMON_FATAL,
                    log=LogWatcher(tmp_path / "none.log"), poll_exit=lambda: None, deadline_s=1.0, interval=0.1)
     took = time.monotonic() - t
-    assert info.value.reason == "timeout" and 1.0 <= took < 2.0
+    # The wait ends at its deadline, not at some later poll (slack for a loaded machine).
+    assert info.value.reason == "timeout" and 1.0 <= took < 3.0
     assert "waiting for check 'port'" in str(info.value)
 
 

@@ -165,3 +165,23 @@ def test_missing_file_no_server_table_and_bad_usage_exit_2(tmp_path):
     assert result.exit_code == 2 and "[server]" in result.output
     assert invoke(no_server, "--wait", "-1").exit_code == 2
     assert invoke().exit_code == 2
+
+
+def test_bundled_hicache_tp8_example_is_judged_against_this_machines_ram():
+    """examples/sglang-hicache-tp8.toml asks 48 GB x 8 ranks of host RAM: the verdict and its numbers
+    come from this machine's measured RAM (on a 24 GiB machine: refused, exit 1)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from harvest.gpu import host_state
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "sglang-hicache-tp8.toml"
+    out = subprocess.run([sys.executable, "-m", "harvest", "preflight", str(example)], capture_output=True,
+                         text=True, timeout=120)
+    line = next(ln for ln in out.stdout.splitlines() if "host-ram" in ln)
+    assert "needs 384 GB + 8 GiB reserve, available" in line
+    enough = host_state().ram_available_mib * 2**20 >= 384e9 + 8 * 2**30
+    assert line.startswith("PASS" if enough else "FAIL"), line
+    failed = any(ln.startswith("FAIL ") for ln in out.stdout.splitlines())
+    assert out.returncode == (1 if failed else 0), out.stdout

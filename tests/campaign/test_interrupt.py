@@ -4,36 +4,15 @@ from __future__ import annotations
 
 import json
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
+from tests.campaign import ledger_peek
+
 pytestmark = pytest.mark.engine
-
-
-def _statuses(run_dir: Path) -> dict[str, int]:
-    conn = sqlite3.connect(f"file:{run_dir / 'ledger.sqlite'}?mode=ro", uri=True, timeout=5)
-    try:
-        return dict(conn.execute("SELECT status, COUNT(*) FROM items GROUP BY status").fetchall())
-    finally:
-        conn.close()
-
-
-def _results(run_dir: Path) -> int:
-    path = run_dir / "ledger.sqlite"
-    if not path.exists():
-        return 0
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
-    try:
-        return conn.execute("SELECT COUNT(*) FROM results").fetchone()[0]
-    except sqlite3.OperationalError:
-        return 0
-    finally:
-        conn.close()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
@@ -49,20 +28,20 @@ def test_signal_stops_cleanly_and_the_run_resumes(tmp_path, llama_server, sig):
     argv = [sys.executable, "-m", "harvest", "run", str(job), "--no-live"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 60
-    while _results(run_dir) < 20:
+    while ledger_peek.results_count(run_dir) < 20:
         assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
         assert time.monotonic() < deadline, "no results within 60 s"
         time.sleep(0.05)
     proc.send_signal(sig)  # the harvest process this test started
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out
-    statuses = _statuses(run_dir)
+    statuses = ledger_peek.statuses(run_dir)
     assert statuses.get("running", 0) == 0, statuses  # in-flight items were released, not left running
     assert statuses.get("pending", 0) > 0, "the signal came too late to interrupt anything"
-    assert _results(run_dir) == statuses.get("done", 0) + statuses.get("truncated", 0)
+    assert ledger_peek.results_count(run_dir) == statuses.get("done", 0) + statuses.get("truncated", 0)
 
     final = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert final.returncode == 0, final.stdout + final.stderr
-    statuses = _statuses(run_dir)
+    statuses = ledger_peek.statuses(run_dir)
     assert statuses.get("truncated", 0) + statuses.get("done", 0) == n
-    assert _results(run_dir) == n
+    assert ledger_peek.results_count(run_dir) == n

@@ -11,37 +11,17 @@ import json
 import os
 import random
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
+
+from tests.campaign.ledger_peek import orphan_results, results_count, unique_items
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 ROUNDS = 20
-
-
-def _ledger_stats(run_dir: Path) -> tuple[int, int, int]:
-    """(results, results whose item is not done/truncated, items) read straight from the SQLite file."""
-    path = run_dir / "ledger.sqlite"
-    if not path.exists():
-        return 0, 0, 0
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
-    try:
-        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        if "results" not in tables:
-            return 0, 0, 0
-        results = conn.execute("SELECT COUNT(*) FROM results").fetchone()[0]
-        orphans = conn.execute(
-            "SELECT COUNT(*) FROM results r JOIN items i ON i.seq = r.item "
-            "WHERE i.status NOT IN ('done', 'truncated')").fetchone()[0]
-        items = conn.execute("SELECT COUNT(DISTINCT id) FROM items").fetchone()[0]
-        return results, orphans, items
-    finally:
-        conn.close()
 
 
 def test_sigkill_at_random_moments_then_resume(tmp_path, vllm_server):
@@ -71,18 +51,17 @@ def test_sigkill_at_random_moments_then_resume(tmp_path, vllm_server):
             os.kill(proc.pid, signal.SIGKILL)
             kills += 1
         proc.wait(timeout=30)
-        results, orphans, _ = _ledger_stats(run_dir)
-        assert orphans == 0, "a committed result belongs to an item that is not done"
+        results = results_count(run_dir)
+        assert orphan_results(run_dir) == 0, "a committed result belongs to an item that is not done"
         assert results >= seen_results, f"committed results went from {seen_results} to {results}"
         seen_results = results
     assert kills >= ROUNDS, f"only {kills} of {rounds} rounds were killed mid-run"
 
     final = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     assert final.returncode == 0, final.stdout + final.stderr
-    results, orphans, items = _ledger_stats(run_dir)
-    assert orphans == 0
-    assert results == n  # one result per unique input item, none lost, none twice
-    assert items == n
+    assert orphan_results(run_dir) == 0
+    assert results_count(run_dir) == n  # one result per unique input item, none lost, none twice
+    assert unique_items(run_dir) == n
 
     status = subprocess.run([sys.executable, "-m", "harvest", "status", str(run_dir), "--json"],
                             capture_output=True, text=True, timeout=60)

@@ -12,7 +12,6 @@ import asyncio
 import json
 import os
 import signal
-import sqlite3
 import time
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from harvest.campaign.run import run_campaign
 from harvest.config import parse_config
 from harvest.ledger import Status
 from tests import engines
+from tests.campaign.ledger_peek import attempts, results_count
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -32,30 +32,9 @@ def _data(tmp_path: Path, n: int) -> Path:
     return path
 
 
-def _committed(run_dir: Path) -> int:
-    path = run_dir / "ledger.sqlite"
-    if not path.exists():
-        return 0
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
-    try:
-        return conn.execute("SELECT COUNT(*) FROM results").fetchone()[0]
-    except sqlite3.OperationalError:
-        return 0
-    finally:
-        conn.close()
-
-
-def _attempts(run_dir: Path) -> list[int]:
-    conn = sqlite3.connect(f"file:{run_dir / 'ledger.sqlite'}?mode=ro", uri=True, timeout=5)
-    try:
-        return [r[0] for r in conn.execute("SELECT attempts FROM items")]
-    finally:
-        conn.close()
-
-
 async def _wait_committed(run_dir: Path, at_least: int, task: asyncio.Task, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
-    while _committed(run_dir) < at_least:
+    while results_count(run_dir) < at_least:
         assert not task.done(), "the run ended before the server could be killed"
         assert time.monotonic() < deadline, "no progress before the kill"
         await asyncio.sleep(0.05)
@@ -93,7 +72,7 @@ def test_unmanaged_endpoint_killed_and_restarted(tmp_path, llama_server_bin, tin
     assert report.outcome == "finished" and report.totals.ok, report.totals.describe()
     assert report.totals.counts[Status.FAILED] == 0
     # max_retries = 0: any charged failure would have failed its item. Every item paid one attempt.
-    assert set(_attempts(run_dir)) == {1}
+    assert set(attempts(run_dir)) == {1}
 
 
 def test_managed_server_killed_is_relaunched(tmp_path, llama_server_bin, tiny_gguf):
@@ -120,4 +99,4 @@ def test_managed_server_killed_is_relaunched(tmp_path, llama_server_bin, tiny_gg
     assert report.outcome == "finished" and report.totals.ok, report.totals.describe()
     assert report.relaunches == 1
     assert report.stop_reports and all(r.clean for r in report.stop_reports), [r.to_dict() for r in report.stop_reports]
-    assert set(_attempts(run_dir)) == {1}
+    assert set(attempts(run_dir)) == {1}

@@ -55,7 +55,10 @@ while not all(os.path.exists(os.path.join(folder, "w%d.ready" % i)) for i in ran
     if time.monotonic() > deadline or any(w.poll() is not None for w in workers):
         sys.exit("launcher: a CUDA worker failed to start")
     time.sleep(0.2)
+"""
 
+#: The tail of a launcher script: answer GET /health with 200 on ``port`` for up to 15 minutes.
+SERVE_HEALTH = """
 class Health(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200)
@@ -67,10 +70,11 @@ class Health(http.server.BaseHTTPRequestHandler):
 
 server = http.server.HTTPServer(("127.0.0.1", port), Health)
 server.timeout = 0.5
-end = time.monotonic() + 600
+end = time.monotonic() + 900
 while time.monotonic() < end:
     server.handle_request()
 """
+LAUNCHER += SERVE_HEALTH
 
 
 def bench(name: str, data: dict) -> None:

@@ -29,7 +29,15 @@ import pytest
 from harvest.server import StateFile
 from tests.engines import free_port
 from tests.server.helpers import gone, wait_for
-from tests.server.test_gpu import bench, env, harvest, stop_and_check, toml_list, write_config  # noqa: F401
+from tests.server.test_gpu import (  # noqa: F401  (env is a fixture)
+    SERVE_HEALTH,
+    bench,
+    env,
+    harvest,
+    stop_and_check,
+    toml_list,
+    write_config,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -64,22 +72,7 @@ while not all(os.path.exists(os.path.join(folder, "rank%d.ready" % r)) for r in 
     if time.monotonic() > deadline or any(p.poll() is not None for p in ranks):
         sys.exit("launcher: a rank failed to start")
     time.sleep(0.2)
-
-class Health(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200)
-        self.end_headers()
-        self.wfile.write(b"ok")
-
-    def log_message(self, *args):
-        pass
-
-server = http.server.HTTPServer(("127.0.0.1", port), Health)
-server.timeout = 0.5
-end = time.monotonic() + 900
-while time.monotonic() < end:
-    server.handle_request()
-"""
+""" + SERVE_HEALTH
 
 
 def _gpu_count() -> int:

@@ -25,6 +25,8 @@ COMMANDS: list[tuple[str, str]] = [
     ("harvest.cli.demo", "demo"),
     ("harvest.cli.status", "status"),
     ("harvest.cli.export", "export"),
+    ("harvest.cli.compare", "compare_cmd"),
+    ("harvest.cli.tune", "tune_cmd"),
 ]
 
 

@@ -1,0 +1,506 @@
+"""Sweep server settings under a quality gate and pick the fastest that passes: ``harvest tune``.
+
+    tune_file = load_tune_file("tune.toml")
+    report = await tune(job, tune_file, out_dir=None)       # default folder: <job output.dir>/tune
+    report.best                                              # the fastest passing trial, or None
+
+The trials are the cartesian product of each ``[grid]`` table (or of each ``[[grid]]`` table,
+joined), applied on top of the job's ``[server]``. The reference is the job's ``[server]`` with the
+``[reference]`` overrides. The reference, its noise floor and the probe set are prepared as in
+:mod:`harvest.campaign.compare` and stored in the tune folder, so a later sweep with the same
+reference settings reuses them. When the reference settings are also a trial, the reference launch
+measures that trial's throughput too (one launch less).
+
+Each trial, in order:
+
+    policy      a setting that breaks a ``[policy] forbid`` rule is rejected, never launched (no folder)
+    memory      a setting that can only need as much memory as a trial that already failed for lack of
+                memory (see :func:`harvest.quality.policy.needs_at_least`) is skipped, never launched
+    launch      preflight -> spawn -> ready (a failure at start is recorded with its reason; the sweep
+                goes on)
+    quality     the probe set, scored against the reference and gated against the noise floor
+    throughput  a fixed sample of the job's prompts at saturating concurrency
+                (:mod:`harvest.quality.throughput`)
+    stop        the verified stop; its StopReport must be clean before the next launch. A dirty stop
+                makes the trial "failed" (its setting leaves processes or memory behind) and, with
+                ``[sweep] on_dirty_stop = "abort"`` (the default), ends the sweep: every later trial
+                is "not run", since what was left behind would fail or skew it.
+
+Results go to ``tune.json`` and ``tune.csv`` in the tune folder. Verdicts: ``pass``, ``fail``
+(quality gate), ``rejected`` (policy), ``skipped`` (memory order), ``failed`` (launch, probe or
+stop failed), ``not run``. The best trial is the passing one with the highest generation tok/s.
+This module never signals a process itself: launches and stops go through the supervisor.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import random
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from harvest.campaign.compare import (
+    SAME_LAUNCH,
+    SECOND_LAUNCH,
+    Launch,
+    QualityBench,
+    dirty_problems,
+    launch_and_run,
+    row_from,
+    settings_diff,
+)
+from harvest.config import HarvestConfig, ServerConfig
+from harvest.errors import ConfigError
+from harvest.quality.evaluate import GateResult, QualityReport
+from harvest.quality.policy import needs_at_least, violations
+from harvest.quality.probe import select_prompts
+from harvest.quality.reference import ProbeOutput, save_outputs, server_settings
+from harvest.quality.settings import (
+    GateSettings,
+    PolicySettings,
+    ProbeSettings,
+    QualitySettings,
+    TaskSettings,
+)
+from harvest.quality.throughput import ThroughputResult, ThroughputSettings, throughput_probe
+from harvest.server import Server
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+TUNE_SCHEMA = "harvest.tune/1"
+TUNE_DIR = "tune"
+
+
+class SweepSettings(BaseModel):
+    """``[sweep]``: how the sweep treats a dirty stop, and sampling of a large grid."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: After a dirty stop: end the sweep ("abort") or launch the next trial anyway ("continue").
+    on_dirty_stop: Literal["abort", "continue"] = "abort"
+    #: Run at most this many trials, drawn from the grid by a seeded sample (order kept).
+    max_trials: int | None = Field(None, ge=1)
+    sample_seed: int = 0
+
+
+class TuneFile(BaseModel):
+    """A tune file: the grid, the reference, the probes, the gate and the policy."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    grid: list[dict[str, list[Any]]] = Field(default_factory=list)
+    #: Overrides on the job's [server] that make the reference (default: the job's server as is).
+    reference: dict[str, Any] = Field(default_factory=dict)
+    probe: ProbeSettings = Field(default_factory=ProbeSettings)
+    gate: GateSettings = Field(default_factory=GateSettings)
+    task: TaskSettings = Field(default_factory=TaskSettings)
+    policy: PolicySettings = Field(default_factory=PolicySettings)
+    throughput: ThroughputSettings = Field(default_factory=ThroughputSettings)
+    sweep: SweepSettings = Field(default_factory=SweepSettings)
+    source: str = Field("<memory>", exclude=True)
+
+    @field_validator("grid", mode="before")
+    @classmethod
+    def _tables(cls, value: Any) -> Any:
+        tables = [value] if isinstance(value, dict) else value
+        if not isinstance(tables, list):
+            raise ValueError("[grid] must be a table or an array of tables")
+        for table in tables:
+            if not isinstance(table, dict):
+                raise ValueError("[grid] must be a table or an array of tables")
+            for key, values in table.items():
+                if key not in ServerConfig.model_fields:
+                    raise ValueError(f"{key!r} is not a [server] field")
+                if not isinstance(values, list) or not values:
+                    raise ValueError(f"{key} must list its values (a non-empty array)")
+        return tables
+
+    @property
+    def quality(self) -> QualitySettings:
+        return QualitySettings(probe=self.probe, gate=self.gate, task=self.task, policy=self.policy)
+
+
+def parse_tune_file(data: dict[str, Any], source: str = "<memory>", base: Path | None = None) -> TuneFile:
+    """Validate a parsed tune file. Raises ConfigError naming the table and field."""
+    data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    probe = data.get("probe")
+    if base is not None and isinstance(probe, dict) and isinstance(probe.get("file"), str):
+        path = Path(probe["file"]).expanduser()
+        probe["file"] = str(path if path.is_absolute() else base / path)
+    try:
+        return TuneFile.model_validate({**data, "source": source})
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            loc = [str(p) for p in err["loc"]]
+            where = source
+            if loc:
+                where = f"{source} [{loc[0]}]" + (" " + ".".join(loc[1:]) if len(loc) > 1 else "")
+            problems.append((where, "unknown field" if err["type"] == "extra_forbidden" else err["msg"]))
+        raise ConfigError(source, problems) from None
+
+
+def load_tune_file(path: str | Path) -> TuneFile:
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(str(path), [(str(path), f"cannot read: {exc.strerror or exc}")]) from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(str(path), [(str(path), f"TOML syntax: {exc}")]) from None
+    return parse_tune_file(data, source=str(path), base=path.resolve().parent)
+
+
+# --- trials ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One point of the grid: the overrides and the server config they make."""
+
+    index: int
+    overrides: dict[str, Any]
+    config: ServerConfig
+
+    @property
+    def label(self) -> str:
+        parts = [f"{k}-{'_'.join(map(str, v)) if isinstance(v, list) else v}"
+                 for k, v in self.overrides.items()]
+        slug = re.sub(r"[^A-Za-z0-9._-]+", "_", "_".join(parts)).strip("_")[:60] or "job"
+        return f"{self.index:02d}-{slug}"
+
+
+def _with(base: ServerConfig, updates: dict[str, Any], source: str) -> ServerConfig:
+    try:
+        return ServerConfig.model_validate({**base.model_dump(), **updates})
+    except ValidationError as exc:
+        problems = [(f"{source} [grid] " + ".".join(str(p) for p in e["loc"]), f"{e['msg']} (in {updates})")
+                    for e in exc.errors()]
+        raise ConfigError(source, problems) from None
+
+
+def expand_grid(base: ServerConfig, tune_file: TuneFile) -> list[Trial]:
+    """Every distinct trial of the grid, in declaration order (sampled down to ``max_trials``)."""
+    combos: list[dict[str, Any]] = []
+    for table in tune_file.grid or [{}]:
+        keys = list(table)
+        for values in itertools.product(*(table[k] for k in keys)):
+            combos.append(dict(zip(keys, values)))
+    trials: list[tuple[dict[str, Any], ServerConfig]] = []
+    seen: list[ServerConfig] = []
+    for combo in combos:
+        cfg = _with(base, combo, tune_file.source)
+        if cfg not in seen:
+            seen.append(cfg)
+            trials.append((combo, cfg))
+    limit = tune_file.sweep.max_trials
+    if limit is not None and len(trials) > limit:
+        keep = sorted(random.Random(tune_file.sweep.sample_seed).sample(range(len(trials)), limit))
+        trials = [trials[i] for i in keep]
+    return [Trial(i + 1, combo, cfg) for i, (combo, cfg) in enumerate(trials)]
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """What one trial measured, and its verdict."""
+
+    index: int
+    label: str
+    overrides: dict[str, Any]
+    #: "pass", "fail", "rejected", "skipped", "failed" or "not run" (module docstring).
+    verdict: str
+    reasons: tuple[str, ...] = ()
+    is_reference: bool = False
+    launch: Launch | None = None
+    quality: QualityReport | None = None
+    gate: GateResult | None = None
+    throughput: ThroughputResult | None = None
+    config: ServerConfig | None = field(default=None, compare=False)
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "pass"
+
+    def row(self) -> dict[str, Any]:
+        """The flat row of the table and the CSV."""
+        q = self.quality.metrics() if self.quality is not None else {}
+        t = self.throughput
+
+        def value(name: str) -> float | None:
+            e = q.get(name)
+            return round(e.value, 6) if e is not None and e.value == e.value else None
+
+        kv = t.kv_capacity_tokens if t is not None else None
+        if kv is None and self.launch is not None:
+            kv = self.launch.kv_capacity_tokens
+        return {
+            "trial": self.index, "settings": json.dumps(self.overrides, sort_keys=True),
+            "reference": self.is_reference, "kv_tokens": kv,
+            "peak_running": t.peak_running if t else None, "gen_tok_s": t.gen_tok_s if t else None,
+            "gen_tok_s_metrics": t.gen_tok_s_metrics if t else None,
+            "top1_agreement": value("top1_agreement"), "mean_kl": value("mean_kl"),
+            "mean_abs_delta_logprob": value("mean_abs_delta_logprob"),
+            "p99_abs_delta_logprob": value("p99_abs_delta_logprob"), "exact_match": value("exact_match"),
+            "mean_first_divergence": value("mean_first_divergence"), "task_score": value("task_score"),
+            "verdict": self.verdict,
+            "stop": (self.launch.stop.verdict if self.launch and self.launch.stop else None),
+            "reasons": "; ".join(self.reasons),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "label": self.label, "overrides": self.overrides,
+                "verdict": self.verdict,
+                "reasons": list(self.reasons), "is_reference": self.is_reference,
+                "launch": self.launch.to_dict() if self.launch else None,
+                "quality": self.quality.to_dict() if self.quality else None,
+                "gate": self.gate.to_dict() if self.gate else None,
+                "throughput": self.throughput.to_dict() if self.throughput else None,
+                "server": server_settings(self.config) if self.config is not None else None}
+
+
+@dataclass(frozen=True)
+class TuneReport:
+    out_dir: Path
+    reference: dict[str, Any]
+    prompts: int
+    floor_source: str | None
+    reused_reference: bool
+    trials: tuple[TrialResult, ...]
+    #: Every launch of the sweep in order (reference and floor included), with its stop.
+    launches: tuple[Launch, ...] = ()
+    aborted: bool = False
+    notes: tuple[str, ...] = ()
+    floor: QualityReport | None = None
+
+    @property
+    def best(self) -> TrialResult | None:
+        """The passing trial with the highest generation tok/s (None when none passed)."""
+        passing = [t for t in self.trials if t.passed and t.throughput is not None]
+        return max(passing, key=lambda t: t.throughput.gen_tok_s, default=None)  # type: ignore[union-attr]
+
+    def to_dict(self) -> dict[str, Any]:
+        best = self.best
+        return {"schema": TUNE_SCHEMA, "out_dir": str(self.out_dir), "reference": self.reference,
+                "prompts": self.prompts, "floor_source": self.floor_source,
+                "floor": self.floor.to_dict() if self.floor else None,
+                "reused_reference": self.reused_reference,
+                "aborted": self.aborted, "best": best.index if best else None,
+                "trials": [t.to_dict() for t in self.trials],
+                "launches": [x.to_dict() for x in self.launches],
+                "notes": list(self.notes)}
+
+
+def write_results(report: TuneReport) -> tuple[Path, Path]:
+    """``tune.json`` and ``tune.csv`` in the tune folder."""
+    report.out_dir.mkdir(parents=True, exist_ok=True)
+    json_path, csv_path = report.out_dir / "tune.json", report.out_dir / "tune.csv"
+    json_path.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    rows = [t.row() for t in report.trials]
+    with open(csv_path, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["trial"])
+        writer.writeheader()
+        writer.writerows(rows)
+    return json_path, csv_path
+
+
+# --- the sweep ---------------------------------------------------------------------------------------
+
+
+def default_out_dir(job: HarvestConfig) -> Path:
+    return Path(job.output.dir) / TUNE_DIR
+
+
+def reference_config(job: HarvestConfig, tune_file: TuneFile) -> ServerConfig:
+    base = job.require_server()
+    return _with(base, tune_file.reference, tune_file.source) if tune_file.reference else base
+
+
+class _Sweep:
+    """One sweep. Not reusable."""
+
+    def __init__(self, job: HarvestConfig, tune_file: TuneFile, out_dir: Path, force: bool,
+                 on_preflight: Callable[[object], None] | None,
+                 on_trial: Callable[[TrialResult], None] | None):
+        self.job, self.tf, self.out_dir, self.force = job, tune_file, out_dir, force
+        self.on_preflight, self.on_trial = on_preflight, on_trial
+        self.ref_cfg = reference_config(job, tune_file)
+        probe = tune_file.probe
+        self.prompts = select_prompts(job.data, n=probe.prompts, seed=probe.seed, extra=probe.file)
+        tp = tune_file.throughput
+        self.load_prompts = select_prompts(job.data, n=tp.prompts, seed=tp.seed)
+        self.bench = QualityBench(out_dir, self.ref_cfg, tune_file.quality, self.prompts)
+        self.launches: list[Launch] = []
+        self.results: list[TrialResult] = []
+        self.notes: list[str] = []
+        self.aborted = False
+        self._pending: tuple[Trial, Launch, list[ProbeOutput], ThroughputResult | None] | None = None
+
+    async def _throughput(self, server: Server) -> ThroughputResult:
+        return await throughput_probe(server.config, self.load_prompts, self.tf.throughput,
+                                      sampling=self.job.sampling, metrics=server.adapter.metrics,
+                                      kv_capacity=server.kv_capacity_tokens)
+
+    async def _launch(self, folder: Path, label: str, cfg: ServerConfig, work: Any) -> tuple[Any, Launch]:
+        result, launch = await launch_and_run(label, cfg, folder, work, preflight=self.job.preflight,
+                                              force=self.force, on_preflight=self.on_preflight)
+        self.launches.append(launch)
+        return result, launch
+
+    def _record(self, result: TrialResult) -> None:
+        self.results.append(result)
+        if self.on_trial is not None:
+            self.on_trial(result)
+
+    def _dirty(self, launch: Launch) -> bool:
+        """True when the sweep must end after this launch's stop."""
+        if launch.stopped_clean:
+            return False
+        self.notes.append(f"the stop of {launch.label} was dirty: {dirty_problems(launch)}")
+        return self.tf.sweep.on_dirty_stop == "abort"
+
+    async def prepare(self, trials: Sequence[Trial]) -> Trial | None:
+        """Load or make the reference (and floor); returns the trial the reference launch measured."""
+        if self.bench.load():
+            return None
+        ref_trial = next((t for t in trials if t.config == self.ref_cfg), None)
+
+        async def work(server: Server) -> tuple[list[ProbeOutput], ThroughputResult | None]:
+            outputs = await self.bench.make_reference(server)
+            return outputs, (await self._throughput(server) if ref_trial is not None else None)
+
+        folder = self.out_dir / "trials" / ref_trial.label if ref_trial else self.out_dir / "reference"
+        result, launch = await self._launch(folder, "reference", self.ref_cfg, work)
+        if result is None:
+            raise ConfigError(self.job.source, [(f"{self.job.source} [server]",
+                                                 f"the reference did not run: {launch.error}")])
+        outputs, load = result
+        self.bench.set_floor(outputs, SAME_LAUNCH)
+        if ref_trial is not None:
+            self._pending = (ref_trial, launch, outputs, load)
+        if self._dirty(launch):
+            self.aborted = True
+        return ref_trial
+
+    def record_reference_trial(self) -> None:
+        """The trial the reference launch measured, gated once the floor is final."""
+        if self._pending is None:
+            return
+        trial, launch, outputs, load = self._pending
+        row = row_from(trial.label, {}, launch, self.bench.evaluate(outputs))
+        self._record(TrialResult(trial.index, trial.label, trial.overrides, row.verdict, row.reasons, True,
+                                 launch, row.quality, row.gate, load, trial.config))
+
+    async def floor(self) -> None:
+        if self.aborted or not self.bench.needs_floor_launch:
+            return
+        outputs, launch = await self._launch(self.out_dir / "floor", "floor", self.ref_cfg,
+                                             self.bench.outputs)
+        if outputs is not None:
+            self.bench.set_floor(outputs, SECOND_LAUNCH)
+        else:
+            self.notes.append(f"the second launch of the reference failed ({launch.error}); "
+                              "the floor comes from the reference's own launch")
+        if self._dirty(launch):
+            self.aborted = True
+
+    async def trial(self, trial: Trial) -> None:
+        base = dict(index=trial.index, label=trial.label, overrides=trial.overrides,
+                    is_reference=trial.config == self.ref_cfg, config=trial.config)
+        if self.aborted:
+            self._record(TrialResult(verdict="not run", reasons=("the sweep ended after a dirty stop",),
+                                     **base))
+            return
+        broken = violations(trial.config, self.tf.policy)
+        if broken:
+            self._record(TrialResult(verdict="rejected", reasons=tuple(broken), **base))
+            return
+        for earlier in self.results:
+            if (earlier.launch is not None and earlier.launch.memory_bound and earlier.config is not None
+                    and needs_at_least(trial.config, earlier.config)):
+                why = (f"needs at least the memory of trial {earlier.index}, "
+                       f"which failed: {earlier.launch.reason}")
+                self._record(TrialResult(verdict="skipped", reasons=(why,), **base))
+                return
+
+        async def work(server: Server) -> tuple[list[ProbeOutput], ThroughputResult]:
+            outputs = await self.bench.outputs(server)
+            return outputs, await self._throughput(server)
+
+        folder = self.out_dir / "trials" / trial.label
+        result, launch = await self._launch(folder, trial.label, trial.config, work)
+        if result is None:
+            row = row_from(trial.label, {}, launch, None)
+            self._record(TrialResult(verdict=row.verdict, reasons=row.reasons, launch=launch, **base))
+        else:
+            outputs, load = result
+            save_outputs(folder / "outputs.jsonl", outputs)
+            row = row_from(trial.label, {}, launch, self.bench.evaluate(outputs))
+            self._record(TrialResult(verdict=row.verdict, reasons=row.reasons, launch=launch,
+                                     quality=row.quality, gate=row.gate, throughput=load, **base))
+        if self._dirty(launch):
+            self.aborted = True
+
+    async def run(self) -> TuneReport:
+        trials = expand_grid(self.job.require_server(), self.tf)
+        measured = await self.prepare(trials)
+        await self.floor()
+        self.record_reference_trial()
+        for trial in trials:
+            if measured is not None and trial.index == measured.index:
+                continue
+            await self.trial(trial)
+        self.results.sort(key=lambda r: r.index)
+        bench = self.bench
+        report = TuneReport(self.out_dir, server_settings(self.ref_cfg),
+                            len(bench.reference.entries) if bench.reference else 0, bench.floor_source,
+                            bench.reused, tuple(self.results), tuple(self.launches), self.aborted,
+                            tuple(self.notes), bench.floor)
+        write_results(report)
+        return report
+
+
+async def tune(job: HarvestConfig, tune_file: TuneFile, *, out_dir: Path | None = None, force: bool = False,
+               on_preflight: Callable[[object], None] | None = None,
+               on_trial: Callable[[TrialResult], None] | None = None) -> TuneReport:
+    """Run the sweep of ``tune_file`` over ``job``'s server (see the module docstring)."""
+    if job.server is None or not job.server.launched:
+        raise ConfigError(job.source, [(f"{job.source} [server]",
+                                        "`harvest tune` needs a [server] it launches")])
+    return await _Sweep(job, tune_file, Path(out_dir) if out_dir else default_out_dir(job), force,
+                        on_preflight,
+                        on_trial).run()
+
+
+def job_with_server(job: HarvestConfig, server: ServerConfig) -> HarvestConfig:
+    """The job with its [server] replaced (what ``--then-run`` runs)."""
+    return job.model_copy(update={"server": server})
+
+
+__all__ = [
+    "TUNE_SCHEMA",
+    "SweepSettings",
+    "Trial",
+    "TrialResult",
+    "TuneFile",
+    "TuneReport",
+    "default_out_dir",
+    "expand_grid",
+    "job_with_server",
+    "load_tune_file",
+    "parse_tune_file",
+    "reference_config",
+    "settings_diff",
+    "tune",
+    "write_results",
+]

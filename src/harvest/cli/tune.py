@@ -1,0 +1,119 @@
+"""``harvest tune JOB.toml --grid TUNE.toml``: sweep server settings under the quality gate.
+
+    harvest tune JOB.toml --grid TUNE.toml [--out DIR] [--then-run] [--json] [--force]
+
+One line per trial while the sweep runs (stderr), then the table: settings, KV tokens, peak running
+requests, generation tok/s, quality metrics with their intervals, stop verdict and verdict; CSV and
+JSON are written to the tune folder. ``--then-run`` starts the campaign of JOB.toml with the best
+passing setting. Exit codes: 0 a setting passed (and, with --then-run, the campaign finished with
+its totals adding up), 1 none passed or the campaign did not finish, 2 usage or configuration error,
+130 interrupted. Parses options and renders only; the sweep is :func:`harvest.campaign.tune.tune`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from harvest.campaign.run import run_campaign
+from harvest.campaign.tune import TrialResult, TuneReport, job_with_server, load_tune_file, tune
+from harvest.cli.compare import QUALITY_COLUMNS, VERDICT_STYLE, quality_cells, settings_text, wide_console
+from harvest.cli.run import print_report, setup_logging, show_preflight
+from harvest.config import load_config
+
+
+def _num(x: float | int | None, digits: int = 1) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
+
+
+def tune_table(report: TuneReport) -> Table:
+    best = report.best
+    title = (f"tune: {len(report.trials)} trials, {report.prompts} probe prompts, floor from the "
+             f"{report.floor_source or '?'}" + (" (reference reused)" if report.reused_reference else ""))
+    table = Table(title=title, title_justify="left")
+    for col in ("#", "settings", "KV tokens", "peak run", "gen tok/s", "tok/s (metrics)", *QUALITY_COLUMNS,
+                "stop", "verdict"):
+        table.add_column(col)
+    for t in report.trials:
+        tp = t.throughput
+        kv = tp.kv_capacity_tokens if tp else (t.launch.kv_capacity_tokens if t.launch else None)
+        mark = "*" if best is not None and t.index == best.index else ""
+        stop = t.launch.stop.verdict if t.launch and t.launch.stop else "-"
+        label = f"{t.index}{mark}" + (" (ref)" if t.is_reference else "")
+        table.add_row(label, Text(settings_text(t.overrides)), _num(kv),
+                      _num(tp.peak_running if tp else None),
+                      _num(tp.gen_tok_s if tp else None), _num(tp.gen_tok_s_metrics if tp else None),
+                      *quality_cells(t.quality), stop,
+                      Text(t.verdict, style=VERDICT_STYLE.get(t.verdict, "")))
+    return table
+
+
+def print_tune(report: TuneReport) -> None:
+    console = wide_console()
+    console.print(tune_table(report))
+    for t in report.trials:
+        for reason in t.reasons:
+            console.print(Text(f"  trial {t.index}: {reason}"))
+    if report.floor is not None:
+        for note in report.floor.notes:
+            console.print(Text(f"note: {note}", style="dim"))
+    for note in report.notes:
+        console.print(Text(f"note: {note}", style="yellow"))
+    best = report.best
+    console.print(Text(f"best: trial {best.index} {settings_text(best.overrides)}" if best else
+                       "best: none passed the quality gate"))
+    console.print(Text(f"results: {report.out_dir / 'tune.csv'}, {report.out_dir / 'tune.json'}"))
+
+
+def _progress(trial: TrialResult) -> None:
+    tp = trial.throughput
+    speed = f", {tp.gen_tok_s:.1f} gen tok/s" if tp else ""
+    why = f" ({trial.reasons[0]})" if trial.reasons and trial.verdict != "pass" else ""
+    click.echo(f"trial {trial.index}: {settings_text(trial.overrides)}: {trial.verdict}{speed}{why}",
+               err=True)
+
+
+@click.command("tune")
+@click.argument("job", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--grid", "grid", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="tune file: [grid], [reference], [probe], [gate], [policy], [throughput], [sweep]")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="tune folder (default: <job output.dir>/tune)")
+@click.option("--then-run", is_flag=True, help="run the campaign with the best passing setting")
+@click.option("--json", "as_json", is_flag=True, help="print the harvest.tune/1 document")
+@click.option("--force", is_flag=True, help="launch even when preflight fails")
+def tune_cmd(job: Path, grid: Path, out_dir: Path | None, then_run: bool, as_json: bool, force: bool) -> None:
+    """Sweep the server settings of TUNE.toml for JOB.toml; keep the fastest that passes the gate."""
+    setup_logging()
+    job_cfg = load_config(job)
+    tune_file = load_tune_file(grid)
+    report = asyncio.run(tune(job_cfg, tune_file, out_dir=out_dir, force=force, on_preflight=show_preflight,
+                              on_trial=_progress))
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        print_tune(report)
+    best = report.best
+    if best is None or best.config is None:
+        sys.exit(1)
+    if not then_run:
+        sys.exit(0)
+    click.echo(f"running the campaign with trial {best.index}: {settings_text(best.overrides)}", err=True)
+    run_report = asyncio.run(run_campaign(job_with_server(job_cfg, best.config), on_preflight=show_preflight))
+    if as_json:
+        click.echo(f"campaign: {run_report.outcome}; {run_report.totals.describe()}", err=True)
+    else:
+        print_report(run_report)
+    if run_report.outcome == "interrupted":
+        sys.exit(130)
+    sys.exit(0 if run_report.ok else 1)
+
+__all__ = ["print_tune", "tune_cmd", "tune_table"]

@@ -1,0 +1,204 @@
+"""``harvest compare`` on the tiny model with vLLM's CPU build: the reference against a second launch
+of itself (the noise floor), an FP8 KV cache and float32 weights-and-activations.
+
+One comparison for the vLLM tests (four launches: reference, floor, fp8, float32); every test
+reads its report. The policy test reuses the stored reference and floor, so it launches nothing.
+A last test runs a comparison over the deterministic chat stand-in (tests/quality/chat_engine.py)
+where one candidate's stop is dirty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from harvest.campaign.compare import CompareReport, compare
+from harvest.config import load_config, parse_config
+from harvest.quality.evaluate import gate
+from harvest.quality.settings import GateSettings, ProbeSettings, QualitySettings
+from tests import engines
+
+CHAT_ENGINE = Path(__file__).resolve().parents[1] / "quality" / "chat_engine.py"
+
+PROBE = ProbeSettings(prompts=16, max_tokens=32)
+TIGHT = GateSettings(top1_margin=0.0, kl_factor=1.0, kl_abs_min=0.0, delta_factor=1.0, delta_abs_min=0.0,
+                     exact_match_margin=0.0)
+
+
+def write_job(path: Path, *, model: Path, python: str, port: int, data: Path, extra: str = "") -> Path:
+    env = "\n".join(f'{k} = "{v}"' for k, v in engines.VLLM_ENV.items())
+    path.write_text(f"""
+[server]
+engine = "vllm"
+model = {json.dumps(str(model))}
+python = {json.dumps(python)}
+served_model_name = "tiny"
+port = {port}
+extra_args = ["--max-model-len", "2048"]
+ready_timeout = 600
+stop_grace = 20
+stop_deadline = 90
+{extra}
+
+[server.env]
+{env}
+
+[preflight]
+min_disk_free_gib = 0.05
+
+[data]
+path = {json.dumps(str(data))}
+id_field = "id"
+""")
+    return path
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory, vllm_python, tiny_model):
+    root = tmp_path_factory.mktemp("compare")
+    data = root / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"id": f"c{i}",
+                                        "prompt": f"Describe thing number {i} in detail."}) + "\n"
+                            for i in range(64)))
+    port = engines.free_port()
+    jobs = {name: write_job(root / f"{name}.toml", model=tiny_model, python=vllm_python, port=port, data=data,
+                            extra=extra)
+            for name, extra in (("ref", ""), ("fp8", 'kv_cache_dtype = "fp8"'), ("f32", 'dtype = "float32"'))}
+    out = root / "out"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HARVEST_STATE_DIR", str(root / "state"))
+        report = asyncio.run(compare(load_config(jobs["ref"]), [load_config(jobs["fp8"]),
+                                                                load_config(jobs["f32"])],
+                                     settings=QualitySettings(probe=PROBE), out_dir=out))
+    return report, jobs, root
+
+
+def rows(report: CompareReport) -> dict:
+    return {r.label: r for r in report.rows}
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_every_launch_stopped_clean_before_the_next(compared):
+    report, _, _ = compared
+    assert [x.label for x in report.launches] == ["reference", "floor", "candidate-1", "candidate-2"]
+    for launch in report.launches:
+        assert launch.error is None, launch
+        assert launch.stop is not None and launch.stop.clean, launch.stop
+        assert (Path(launch.run_dir) / "server.log").exists()
+    assert report.all_stops_clean and report.prompts == 16
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_reference_against_itself_passes_at_the_noise_floor(compared):
+    report, _, _ = compared
+    floor = rows(report)["floor"]
+    assert report.floor_source == "second launch"
+    assert floor.verdict == "pass", floor.reasons
+    m = floor.quality.metrics()
+    assert m["top1_agreement"].value >= 0.95
+    assert m["mean_kl"].value <= 1e-3 and m["mean_abs_delta_logprob"].value <= 1e-2
+    assert m["exact_match"].value >= 0.75
+    assert floor.quality.teacher_forced.positions == 16 * 32
+    assert floor.quality.greedy_unit == "tokens" and floor.quality.errors == ()
+    print("BENCH compare-floor " + json.dumps(floor.quality.to_dict()["metrics"]))
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@pytest.mark.parametrize("label", ["candidate-1", "candidate-2"])  # fp8 KV cache, float32
+def test_fp8_and_float32_differ_measurably_and_a_tight_gate_rejects_them(compared, label):
+    report, _, _ = compared
+    floor, row = rows(report)["floor"].quality.metrics(), rows(report)[label]
+    m = row.quality.metrics()
+    # measurably different: the candidate's interval lies above the floor's
+    assert m["mean_kl"].low > floor["mean_kl"].high
+    assert m["mean_abs_delta_logprob"].low > floor["mean_abs_delta_logprob"].high
+    assert m["exact_match"].value < floor["exact_match"].value
+    tight = gate(row.quality, rows(report)["floor"].quality, TIGHT)
+    assert not tight.passed
+    assert {"mean_kl", "mean_abs_delta_logprob"} <= {c.name for c in tight.failures}
+    # the verdict recorded with the default gate, and the settings that made the difference
+    assert row.verdict in ("pass", "fail") and row.gate is not None
+    assert row.settings == ({"kv_cache_dtype": "fp8"} if label == "candidate-1" else {"dtype": "float32"})
+    print(f"BENCH compare-{label} {row.settings} verdict={row.verdict} "
+          + json.dumps(row.quality.to_dict()["metrics"]))
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_fp8_kv_cache_holds_more_tokens(compared):
+    report, _, _ = compared
+    launches = {x.label: x for x in report.launches}
+    assert launches["candidate-1"].kv_capacity_tokens > launches["reference"].kv_capacity_tokens > 0
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_policy_rejects_fp8_without_launching_it(compared):
+    report, jobs, root = compared
+    out = root / "out"
+    settings = root / "tune.toml"
+    settings.write_text(f'[probe]\nprompts = {PROBE.prompts}\nmax_tokens = {PROBE.max_tokens}\n\n'
+                        '[policy]\nforbid = ["kv_cache_dtype=fp8*"]\n')
+    launches_before = sorted(p.name for p in (out / "launches").iterdir())
+    env = {**os.environ, "HARVEST_STATE_DIR": str(root / "state-policy")}
+    argv = ["compare", "--reference", str(jobs["ref"]), "--candidate", str(jobs["fp8"]),
+            "--settings", str(settings), "--out", str(out), "--json"]
+    proc = subprocess.run([sys.executable, "-m", "harvest.cli.main", *argv],
+                          capture_output=True, text=True, env=env, timeout=300, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # a candidate did not pass
+    doc = json.loads(proc.stdout)
+    assert doc["schema"] == "harvest.compare/1" and doc["reused_reference"] is True
+    assert doc["launches"] == []
+    cand = next(r for r in doc["rows"] if r["label"] == "candidate-1")
+    assert cand["verdict"] == "rejected" and cand["launch"] is None
+    assert "kv_cache_dtype=fp8 (forbid kv_cache_dtype=fp8*)" in cand["reasons"]
+    assert sorted(p.name for p in (out / "launches").iterdir()) == launches_before  # no new launch folder
+    assert not (root / "state-policy").exists()  # nothing was registered as launched
+
+
+def test_a_dirty_stop_fails_its_candidate_and_nothing_further_is_launched(tmp_path, monkeypatch):
+    monkeypatch.setenv("HARVEST_STATE_DIR", str(tmp_path / "state"))
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"id": f"d{i}", "prompt": f"Item {i}?"}) + "\n" for i in range(12)))
+    escaped = tmp_path / "escaped.pid"
+
+    def job(*flags: str):
+        return parse_config({
+            "server": {"engine": "command", "port": engines.free_port(), "ready_timeout": 30, "stop_grace": 2,
+                       "stop_deadline": 5, "health_url": "http://{host}:{port}/health",
+                       "command": [sys.executable, str(CHAT_ENGINE), "--host", "{host}", "--port", "{port}",
+                                   *flags]},
+            "preflight": {"min_disk_free_gib": 0.05},
+            "data": {"path": str(data), "id_field": "id"}})
+
+    try:
+        report = asyncio.run(compare(
+            job(), [job("--escape", "120", "--escape-pid-file", str(escaped)), job("--perturb", "1")],
+            settings=QualitySettings(probe=ProbeSettings(prompts=6, max_tokens=8)), out_dir=tmp_path / "out"))
+    finally:
+        if escaped.exists():  # the stand-in's escaped worker: this test's own stray, by its recorded pid
+            pid = int(escaped.read_text())
+            with contextlib.suppress(psutil.Error):
+                p = psutil.Process(pid)
+                if abs(p.create_time() - escaped.stat().st_mtime) < 5:
+                    p.kill()
+    by = rows(report)
+    assert by["floor"].verdict == "pass"
+    assert by["candidate-1"].verdict == "failed" and by["candidate-1"].reasons[0].startswith("dirty stop")
+    assert by["candidate-1"].quality is not None  # measured, but its setting leaves a process behind
+    assert by["candidate-2"].verdict == "not run" and by["candidate-2"].launch is None
+    assert [x.label for x in report.launches] == ["reference", "floor", "candidate-1"]
+    assert not report.all_stops_clean and report.launches[-1].stop.port_open
+    assert any("not clean" in n for n in report.notes)
+    assert not report.passed

@@ -10,10 +10,13 @@ harvest's requests per CPU second against the baselines measured in the same run
     openai-threads   a thread pool of synchronous ``openai.OpenAI`` clients (one per thread)
     raw-aiohttp      a bare aiohttp loop: the floor for an aiohttp-based client
     raw-httpx        a bare httpx.AsyncClient loop: the alternative HTTP library
-    wrk              the loopback HTTP limit, when ``wrk`` is installed
+    wrk              the loopback HTTP limit (``apt-get install wrk``; one thread, the same
+                     connections, ``--wrk-seconds``; its CPU is measured as a reaped child's)
 
-Run: ``python bench/client_cost.py [--requests 20000] [--concurrency 64]``. Needs the ``bench`` extra
-(``pip install -e .[bench]``). Every subprocess it starts is stopped by its pid; every wait is bounded.
+Run: ``python bench/client_cost.py [--requests 20000] [--concurrency 64] [--rounds 3]``. Needs the
+``bench`` extra (``pip install -e .[bench]``). With ``--rounds`` every client (and wrk) runs once per
+round, alternating, and the median round of each is shown with the load average it ran under. Every
+subprocess it starts is stopped by its pid; every wait is bounded.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import json
 import os
 import platform
 import queue
+import resource
 import shutil
 import subprocess
 import sys
@@ -179,6 +183,7 @@ def run_client(kind: str, base: str, args: argparse.Namespace, server_pid: int) 
 
 
 def run_wrk(base: str, args: argparse.Namespace) -> dict[str, float] | None:
+    """``wrk`` (one thread, the same connections) for ``--wrk-seconds``; its requests/s and CPU."""
     wrk = shutil.which("wrk")
     if wrk is None:
         return None
@@ -188,14 +193,43 @@ def run_wrk(base: str, args: argparse.Namespace) -> dict[str, float] | None:
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as fh:
         fh.write(script)
     try:
-        done = subprocess.run([wrk, "-t1", f"-c{args.concurrency}", "-d10s", "-s", fh.name,
-                               base + "/v1/chat/completions"], capture_output=True, text=True, timeout=60)
+        cpu0 = _children_cpu()
+        done = subprocess.run([wrk, "-t1", f"-c{args.concurrency}", f"-d{args.wrk_seconds:g}s", "-s", fh.name,
+                               base + "/v1/chat/completions"], capture_output=True, text=True,
+                              timeout=args.wrk_seconds + 60)
+        cpu = _children_cpu() - cpu0
     finally:
         os.unlink(fh.name)
+    requests = errors = None
+    for line in done.stdout.splitlines():
+        line = line.strip()
+        if " requests in " in line:
+            requests = int(line.split()[0])
+        elif line.startswith("Non-2xx or 3xx responses:") or line.startswith("Socket errors:"):
+            errors = line
     for line in done.stdout.splitlines():
         if line.startswith("Requests/sec:"):
-            return {"req_s": float(line.split()[1])}
-    return None
+            out = {"req_s": float(line.split()[1]), "cpu_s": cpu, "requests": float(requests or 0)}
+            if errors:
+                print(f"  wrk reported: {errors}", file=sys.stderr)
+            return out
+    raise RuntimeError(f"wrk printed no Requests/sec (exit {done.returncode}):\n{done.stdout}{done.stderr}")
+
+
+def _children_cpu() -> float:
+    """User + system CPU seconds of the child processes reaped so far."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _load() -> str:
+    return "load {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+
+
+def _median(runs: list[dict[str, float]]) -> dict[str, float]:
+    """The run with the median requests/s (a real run, so its CPU and wall belong together)."""
+    ranked = sorted(runs, key=lambda r: r["requests"] / r["wall_s"] if "wall_s" in r else r["req_s"])
+    return ranked[len(ranked) // 2]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--clients", default=",".join(ALL_CLIENTS), help="comma-separated subset of " + ",".join(ALL_CLIENTS))
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds one client run may take")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of every client, alternating (A B A B)")
+    parser.add_argument("--wrk-seconds", type=float, default=10.0, help="duration of each wrk run")
+    parser.add_argument("--no-wrk", action="store_true", help="skip wrk even when it is installed")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--server-pid", type=int, help=argparse.SUPPRESS)
@@ -220,33 +257,51 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown clients: {', '.join(unknown)}")
     proc, base = start_null_server()
-    results: dict[str, dict[str, float]] = {}
+    runs: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
+    wrk_runs: list[dict[str, float]] = []
     try:
-        for kind in kinds:
-            results[kind] = run_client(kind, base, args, proc.pid)
-            r = results[kind]
-            print(f"  ran {kind:<15} {r['requests'] / r['wall_s']:8.0f} req/s", file=sys.stderr, flush=True)
-        wrk = run_wrk(base, args)
+        for k in range(args.rounds):  # each round runs every client once, in order: A B C A B C ...
+            for kind in kinds:
+                before = _load()
+                r = run_client(kind, base, args, proc.pid)
+                r["load"] = os.getloadavg()[0]
+                runs[kind].append(r)
+                print(f"  round {k} {kind:<15} {r['requests'] / r['wall_s']:8.0f} req/s  "
+                      f"{r['requests'] / r['cpu_s']:8.0f} req per CPU s  ({before})", file=sys.stderr, flush=True)
+            if not args.no_wrk:
+                before = _load()
+                w = run_wrk(base, args)
+                if w is not None:
+                    w["load"] = os.getloadavg()[0]
+                    wrk_runs.append(w)
+                    print(f"  round {k} {'wrk':<15} {w['req_s']:8.0f} req/s  "
+                          f"{w['requests'] / w['cpu_s']:8.0f} req per CPU s  ({before})", file=sys.stderr, flush=True)
     finally:
         stop(proc)
+    results = {kind: _median(rs) for kind, rs in runs.items()}
+    wrk = _median(wrk_runs) if wrk_runs else None
 
-    print(f"\nP2 client cost: {args.requests} chat requests, concurrency {args.concurrency}, null server on loopback")
+    print(f"\nP2 client cost: {args.requests} chat requests, concurrency {args.concurrency}, null server on loopback; "
+          f"{args.rounds} round(s), the median round shown")
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-          f"{time.strftime('%Y-%m-%d')}\n")
-    print(f"{'client':<16}{'req/s':>10}{'CPU s/1000 req':>16}{'req per CPU s':>15}{'server CPU %':>14}")
+          f"{time.strftime('%Y-%m-%d %H:%M')}; {_load()}\n")
+    print(f"{'client':<16}{'req/s':>10}{'CPU s/1000 req':>16}{'req per CPU s':>15}{'server CPU %':>14}{'load1':>8}")
     for kind, r in results.items():
         per_cpu = r["requests"] / r["cpu_s"] if r["cpu_s"] > 0 else float("inf")
         server_pct = 100 * r["server_cpu_s"] / r["wall_s"]
         print(f"{kind:<16}{r['requests'] / r['wall_s']:>10.0f}{1000 * r['cpu_s'] / r['requests']:>16.3f}"
-              f"{per_cpu:>15.0f}{server_pct:>13.0f}%")
+              f"{per_cpu:>15.0f}{server_pct:>13.0f}%{r['load']:>8.2f}")
     if wrk is not None:
-        print(f"{'wrk':<16}{wrk['req_s']:>10.0f}{'-':>16}{'-':>15}")
-    else:
+        print(f"{'wrk (1 thread)':<16}{wrk['req_s']:>10.0f}{1000 * wrk['cpu_s'] / wrk['requests']:>16.3f}"
+              f"{wrk['requests'] / wrk['cpu_s']:>15.0f}{'-':>14}{wrk['load']:>8.2f}")
+    elif not args.no_wrk:
         print("wrk: not installed (apt-get install wrk) - loopback HTTP limit not measured")
 
+    bench = ""
     if "harvest" in results:
         h = results["harvest"]
         h_eff = h["requests"] / h["cpu_s"]
+        bench = f"BENCH p2_client_cost harvest_req_s={h['requests'] / h['wall_s']:.0f} harvest_req_per_cpu_s={h_eff:.0f}"
         print("\nratios (harvest / baseline):")
         targets = {"openai-threads": 3.0, "openai-async": 1.5}
         for kind, r in results.items():
@@ -258,11 +313,16 @@ def main(argv: list[str] | None = None) -> int:
             if kind in targets:
                 line += f"   (target >= x{targets[kind]:g}: {'met' if h_eff / eff >= targets[kind] else 'MISSED'})"
             print(line)
+            bench += f" ratio_cpu_vs_{kind.replace('-', '_')}={h_eff / eff:.2f}"
         if wrk is not None:
             ratio = (h["requests"] / h["wall_s"]) / wrk["req_s"]
             print(f"  vs wrk             requests/s x{ratio:6.2f}   (target >= x0.3: {'met' if ratio >= 0.3 else 'MISSED'})")
+            bench += f" wrk_req_s={wrk['req_s']:.0f} ratio_req_s_vs_wrk={ratio:.2f}"
+            if "raw-aiohttp" in results:
+                r = results["raw-aiohttp"]
+                print(f"  (bare aiohttp loop / wrk: requests/s x{(r['requests'] / r['wall_s']) / wrk['req_s']:.2f})")
+        print(bench + f" load1={os.getloadavg()[0]:.2f}")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

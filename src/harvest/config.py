@@ -33,10 +33,46 @@ EngineKind = Literal["sglang", "vllm", "transformers", "llamacpp", "openai", "co
 
 #: Engines harvest starts and stops itself (``openai`` is an endpoint that is already running).
 LAUNCHED_ENGINES = ("sglang", "vllm", "transformers", "llamacpp", "command")
+#: Launched engines that cannot be given an API key (so are never bound to a public address).
+KEYLESS_ENGINES = ("transformers",)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` exposes the server to this machine only (no name resolution: any
+    host name other than ``localhost`` counts as public, and so do ``0.0.0.0``, ``::`` and "")."""
+    import ipaddress
+
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: a value of the wrong TOML type is an error, never coerced (`port = true` is not port
+    # 1, `flag = "yes"` is not true); an integer still fills a float. No inf/nan: every timeout and
+    # fraction is a finite number.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    @field_validator("*")
+    @classmethod
+    def _no_nul(cls, value: Any) -> Any:
+        # A NUL cannot be part of a path, an argv element or an environment variable.
+        if _has_nul(value):
+            raise ValueError("contains a NUL character (\\u0000)")
+        return value
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, (list, tuple)):
+        return any(_has_nul(v) for v in value)
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    return False
 
 
 class ServerConfig(_Model):
@@ -94,6 +130,15 @@ class ServerConfig(_Model):
             raise ValueError("enable_hierarchical_cache needs `hicache_size` (GB per rank)")
         if self.gpus and self.tp > len(self.gpus):
             raise ValueError(f"tp = {self.tp} needs at least {self.tp} GPUs, `gpus` lists {len(self.gpus)}")
+        if self.launched and not is_loopback(self.host):
+            if self.engine in KEYLESS_ENGINES:
+                raise ValueError(f"host = {self.host!r} is not a loopback address, and engine "
+                                 f"'{self.engine}' takes no API key: bind it to a loopback address "
+                                 f"(e.g. 127.0.0.1)")
+            if not self.api_key_env:
+                raise ValueError(f"host = {self.host!r} is not a loopback address: serving it needs an API "
+                                 f"key (set `api_key_env` to the environment variable holding it), or bind "
+                                 f"a loopback address (e.g. 127.0.0.1)")
         return self
 
     @property
@@ -280,6 +325,8 @@ def load_config(path: str | Path) -> HarvestConfig:
         raise ConfigError(source, [(source, f"not UTF-8 text (byte {exc.start})")]) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(source, [(source, f"TOML syntax: {exc}")]) from None
+    except RecursionError:
+        raise ConfigError(source, [(source, "TOML nested too deeply")]) from None
     return parse_config(data, source=source, base=path.resolve().parent)
 
 
@@ -288,12 +335,14 @@ __all__ = [
     "DataConfig",
     "EngineKind",
     "HarvestConfig",
+    "KEYLESS_ENGINES",
     "LAUNCHED_ENGINES",
     "OutputConfig",
     "PreflightConfig",
     "RunConfig",
     "SamplingConfig",
     "ServerConfig",
+    "is_loopback",
     "load_config",
     "parse_config",
 ]

@@ -4,7 +4,8 @@
 
 Order of work: open the ledger (refusing settings that change outputs unless ``allow_mixed``),
 ingest the dataset (resuming an interrupted ingest by position), launch the server when the job
-names one to launch (preflight -> launch -> ready), dispatch pending items through the client,
+names one to launch (a server a killed earlier session left running is stopped first, by its
+record; then preflight -> launch -> ready), dispatch pending items through the client,
 commit each result exactly once through the single writer, then the verified stop and the totals
 check ``done + truncated + failed + skipped == unique input``.
 
@@ -33,9 +34,9 @@ from harvest.campaign.progress import Progress
 from harvest.client import Client
 from harvest.config import HarvestConfig
 from harvest.dataset import iter_items
-from harvest.errors import ConfigError, LedgerError, RequestError, ServerSick
+from harvest.errors import ConfigError, LedgerError, RequestError, ServerSick, StopError
 from harvest.ledger import Completion, Failure, Ledger, LedgerWriter, Status, Totals, hash_settings
-from harvest.server import Server, StopReport
+from harvest.server import RunStatus, Server, StateFile, StopReport, stop_run
 
 log = logging.getLogger("harvest.campaign")
 
@@ -163,6 +164,24 @@ class _Campaign:
         self.server = server
         await server.start()
 
+    def stop_leftover(self) -> None:
+        """Stop, by its launch record, a server an earlier session of this run left running (that
+        session was killed before its own stop). The ledger's lock proves that session is gone."""
+        cfg = self.config.server
+        state_file = StateFile(self.run_dir / SERVER_DIR)
+        if cfg is None or not cfg.launched or not state_file.exists():
+            return
+        try:
+            if state_file.read().status is RunStatus.STOPPED:
+                return
+            report = stop_run(state_file.run_dir)
+        except StopError as exc:  # no readable record: nothing is provably ours to stop
+            log.warning("a server record of an earlier session is unreadable, not stopped: %s", exc)
+            return
+        log.warning("stopped the server left running by an earlier session of this run: %s",
+                    "clean" if report.clean else "DIRTY: " + "; ".join(report.problems))
+        self.stop_reports.append(report)
+
     async def stop_server(self) -> None:
         if self.server is None:
             return
@@ -188,12 +207,23 @@ class _Campaign:
     # --- dispatch -----------------------------------------------------------------------------
 
     async def dispatch(self, writer: LedgerWriter, client: Client, progress: Progress) -> None:
+        tasks: dict[asyncio.Task[Any], str] = {}
+        try:
+            await self._dispatch(writer, client, progress, tasks)
+        finally:
+            if tasks:  # an error (e.g. a full disk) ended dispatch: no request may outlive it
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _dispatch(self, writer: LedgerWriter, client: Client, progress: Progress,
+                        tasks: dict[asyncio.Task[Any], str]) -> None:
         cfg = self.config
         target = cfg.client.concurrency * CLAIM_FACTOR
-        tasks: dict[asyncio.Task[Any], str] = {}
         exhausted = False
         last_update = 0.0
         server_down = False
+        scrape: asyncio.Task[None] | None = None
 
         async def one(row_id: str, item: Any) -> None:
             try:
@@ -274,8 +304,15 @@ class _Campaign:
             now = time.monotonic()
             if now - last_update >= cfg.run.progress_interval:
                 last_update = now
-                await self._scrape(client, progress)
+                # The scrape runs beside dispatch: a server slow to answer /metrics while it
+                # generates must not hold up the refill of its own queue. The display shows the
+                # last scrape that finished.
+                if scrape is None or scrape.done():
+                    scrape = asyncio.create_task(self._scrape(client, progress))
                 progress.update()
+        if scrape is not None and not scrape.done():
+            scrape.cancel()
+            await asyncio.gather(scrape, return_exceptions=True)
         if self.stop_requested.is_set() and self.outcome == "finished":
             self.outcome = "interrupted"
         progress.in_flight = 0
@@ -311,6 +348,7 @@ class _Campaign:
             final_before = sum(counts[s] for s in (Status.DONE, Status.TRUNCATED, Status.FAILED, Status.SKIPPED))
             progress = Progress(self.run_dir, total=total, already_final=final_before, live=self.live)
             with progress:
+                await asyncio.to_thread(self.stop_leftover)  # also when nothing is left to generate
                 if counts[Status.PENDING] or counts[Status.RUNNING]:
                     try:
                         await self.start_server()

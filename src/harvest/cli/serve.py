@@ -14,6 +14,7 @@ signals a process itself.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -63,7 +64,7 @@ def print_stop_report(report: StopReport, *, err: bool = False) -> None:
 
 
 def _spawn_watcher(run_dir: Path) -> ProcessRef:
-    log = open(run_dir / "watch.log", "ab")
+    log = open(os.open(run_dir / "watch.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
     try:
         p = subprocess.Popen([sys.executable, "-m", "harvest.server.watch", str(run_dir)], stdin=subprocess.DEVNULL,
                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)

@@ -123,7 +123,11 @@ def hf_data_files(folder: str | Path) -> list[Path]:
     folder = Path(folder)
     source = str(folder)
     if (folder / "dataset_dict.json").is_file():
-        splits = _load_json(folder / "dataset_dict.json").get("splits") or []
+        meta = _load_json(folder / "dataset_dict.json")
+        splits = meta.get("splits") if isinstance(meta, dict) else None
+        if not isinstance(splits, list) or not all(isinstance(name, str) for name in splits):
+            where = str(folder / "dataset_dict.json")
+            raise ConfigError(where, [(where, "'splits' is not a list of split names")])
         if len(splits) != 1:
             raise ConfigError(
                 source,
@@ -133,8 +137,9 @@ def hf_data_files(folder: str | Path) -> list[Path]:
     state_path = folder / "state.json"
     if state_path.is_file():
         state = _load_json(state_path)
-        entries = state.get("_data_files")
-        if not isinstance(entries, list) or not all(isinstance(e, dict) and "filename" in e for e in entries):
+        entries = state.get("_data_files") if isinstance(state, dict) else None
+        if not isinstance(entries, list) or not all(isinstance(e, dict) and isinstance(e.get("filename"), str)
+                                                    for e in entries):
             where = str(state_path)
             raise ConfigError(where, [(where, "'_data_files' is not a list of {filename}")])
         files = [folder / e["filename"] for e in entries]

@@ -21,7 +21,7 @@ Guarantees:
 - Memory stays flat: ids are never loaded into Python in bulk (only those of claimed, unsettled
   items, which the runner holds anyway); duplicates are counted by the id's unique index.
 - Files: ``ledger.sqlite`` is created 0600 (its -wal/-shm files inherit that); a run folder the
-  ledger creates is 0700. SQLite failures surface as :class:`LedgerError`.
+  ledger creates is 0700. SQLite and file-system failures (a full disk) surface as :class:`LedgerError`.
 
 The store never generates, never retries, and never decides policy (what to retry, when a server is
 sick): the runner does, through this API. A ``Ledger`` must be used by one thread at a time.
@@ -145,16 +145,22 @@ class Ledger:
         if bad:
             raise LedgerError(f"meta keys {bad} are reserved by the ledger")
         run_dir = Path(run_dir)
-        if not run_dir.exists():
-            run_dir.mkdir(parents=True, mode=0o700)
-            os.chmod(run_dir, 0o700)  # mkdir's mode is filtered by the umask
         path = run_dir / LEDGER_FILE
-        lock_fd = cls._lock(run_dir)
+        try:
+            if not run_dir.exists():
+                run_dir.mkdir(parents=True, mode=0o700)
+                os.chmod(run_dir, 0o700)  # mkdir's mode is filtered by the umask
+            lock_fd = cls._lock(run_dir)
+        except OSError as exc:  # a full disk, a read-only or missing parent folder
+            raise LedgerError(f"{path}: cannot open the ledger: {exc.strerror or exc}") from None
         try:
             created = not path.exists()
             if created:
-                os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
-                os.chmod(path, 0o600)  # -wal and -shm files take the database file's mode
+                try:
+                    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+                    os.chmod(path, 0o600)  # -wal and -shm files take the database file's mode
+                except OSError as exc:
+                    raise LedgerError(f"{path}: cannot create the ledger: {exc.strerror or exc}") from None
             conn = connect(path)
             try:
                 recovered = cls._prepare(conn, path, settings_hash, meta, allow_mixed)
@@ -198,8 +204,12 @@ class Ledger:
             holder = os.read(fd, 64).decode("ascii", "replace").strip() or "unknown"
             os.close(fd)
             raise LedgerError(f"{run_dir} is in use by another harvest process (pid {holder})") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+        except OSError:
+            os.close(fd)
+            raise
         return fd
 
     @staticmethod

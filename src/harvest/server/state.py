@@ -204,10 +204,13 @@ def state_from_dict(data: dict[str, Any]) -> RunState:
 class StateFile:
     """``RUN_DIR/launch.json``: read, written atomically (0600), updated under a file lock."""
 
-    def __init__(self, run_dir: Path | str):
+    def __init__(self, run_dir: Path | str, lock_timeout: float | None = None):
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / STATE_FILE
         self._lock_path = self.run_dir / f".{STATE_FILE}.lock"
+        #: Longest a write waits for the lock (None: as long as it takes). A stop sets it: a process
+        #: frozen while holding the lock must not hold the stop past its deadline.
+        self.lock_timeout = lock_timeout
 
     @property
     def log_path(self) -> Path:
@@ -224,7 +227,19 @@ class StateFile:
     def _locked(self) -> Iterator[None]:
         fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            if self.lock_timeout is None:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            else:
+                end = time.monotonic() + self.lock_timeout
+                while True:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        if time.monotonic() >= end:
+                            raise TimeoutError(f"{self._lock_path} stayed locked by another process for "
+                                               f"{self.lock_timeout:g} s") from None
+                        time.sleep(0.01)
             yield
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)

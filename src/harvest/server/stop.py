@@ -6,8 +6,10 @@
     sigkill   SIGKILL to the group and to every recorded process still alive with its create time
     reap      wait for them to be gone (bounded)
     gpu       poll GPU memory at >= 10 Hz until each GPU the server used is back within a margin of
-              its pre-launch baseline, or the budget ends; then name the holders still there
-    port      check the server's port can be bound again (nothing holds it any more)
+              its pre-launch baseline, or the budget ends; then name the holders still there (every
+              probe call is bounded by the budget: a wedged driver cannot hold the stop)
+    port      check the server's port can be bound again (nothing holds it any more), else name
+              the processes listening on it
 
 Every step gets what is left of one deadline, so a stop takes at most the deadline plus one poll
 interval; a step that runs out of time moves on to the next and is never retried. Usable from any
@@ -20,13 +22,17 @@ having been sent: every verdict comes from a measurement.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
+
+import psutil
 
 from harvest.errors import ProbeError, StopError
 from harvest.gpu.records import GpuProbe
@@ -84,6 +90,8 @@ class StopReport:
     survivors: tuple[ProcessRef, ...] = ()
     #: The port could not be bound again at the end (something still holds it).
     port_open: bool = False
+    #: The processes listening on the port at the end, when it is still in use (as far as visible).
+    port_holders: tuple[ProcessRef, ...] = ()
     total_s: float = 0.0
     deadline_s: float = 0.0
     #: Why the verdict is dirty (empty when clean).
@@ -113,6 +121,31 @@ class _Clock:
 
     def since(self, t: float) -> float:
         return round(time.monotonic() - t, 3)
+
+
+T = TypeVar("T")
+
+
+def _bounded(call: Callable[[], T], seconds: float, what: str) -> T:
+    """``call()`` on a helper thread, given at most ``seconds`` to answer: a wedged GPU makes NVML
+    calls block, and no wait of a stop may be unbounded. On time out raises ProbeError; the
+    blocked call is left behind on its daemon thread (it cannot be interrupted)."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # handed to the caller's thread below
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name="harvest-stop-probe", daemon=True)
+    thread.start()
+    thread.join(max(0.0, seconds))
+    if thread.is_alive():
+        raise ProbeError(f"{what} did not answer within {seconds:.1f} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 def _wait_gone(refs: Sequence[ProcessRef], seconds: float, poll: float) -> list[ProcessRef]:
@@ -223,17 +256,22 @@ def _drain_gpus(state: RunState, probe: GpuProbe | None, clock: _Clock, margin: 
         steps.append(StopStep("gpu", 0.0, "no GPU recorded for this server"))
         return {}, ()
     t = time.monotonic()
-    own_probe = probe is None
-    if probe is None:
-        from harvest.gpu import open_probe
+    until = t + max(0.0, clock.remaining() - PORT_RESERVE_S)
 
-        probe = open_probe()
+    def budget() -> float:  # each probe call gets what is left of the step (at least one poll)
+        return max(until - time.monotonic(), poll)
+
+    own_probe = probe is None
     final: dict[int, int] = {}
     try:
-        until = time.monotonic() + max(0.0, clock.remaining() - PORT_RESERVE_S)
+        if probe is None:
+            from harvest.gpu import open_probe
+
+            probe = _bounded(open_probe, budget(), "opening the GPU probe")
+        gpu_probe = probe
         polls = 0
         while True:
-            final = probe.memory_used(gpus)
+            final = _bounded(lambda: gpu_probe.memory_used(gpus), budget(), "the GPU probe")
             polls += 1
             over = {g: final[g] - rec.baseline_mib.get(g, 0) for g in gpus
                     if final[g] > rec.baseline_mib.get(g, 0) + margin}
@@ -241,14 +279,15 @@ def _drain_gpus(state: RunState, probe: GpuProbe | None, clock: _Clock, margin: 
             if not over or now >= until:
                 break
             time.sleep(min(poll, until - now))
-        holders = _holders(state, probe, gpus)
+        holders = _bounded(lambda: _holders(state, gpu_probe, gpus), budget(), "the GPU probe")
     except ProbeError as exc:
         steps.append(StopStep("gpu", clock.since(t), f"measurement failed: {exc}", ok=False))
         problems.append(f"GPU memory could not be measured: {exc}")
         return final, ()
     finally:
-        if own_probe:
-            probe.close()
+        if own_probe and probe is not None:
+            with contextlib.suppress(ProbeError):
+                _bounded(probe.close, poll, "closing the GPU probe")
     shown = ", ".join(f"GPU {g}: {final[g]} MiB (baseline {rec.baseline_mib.get(g, 0)})" for g in gpus)
     if over:
         steps.append(StopStep("gpu", clock.since(t), f"not back within {margin} MiB after {polls} polls: {shown}",
@@ -275,6 +314,22 @@ def _holders(state: RunState, probe: GpuProbe, gpus: list[int]) -> tuple[Holder,
             ours = p.visible and any(r.pid == p.pid and procs.verified(r) is not None for r in recorded)
             out.append(Holder(gpu.index, p.pid, p.name, p.used_mib, ours))
     return tuple(out)
+
+
+def _port_holders(port: int) -> tuple[ProcessRef, ...]:
+    """The processes listening on ``port`` now, as far as this user can see them (named, never
+    signalled: one that is not in the record is not provably ours)."""
+    from harvest.hosts.net import listening_pids
+
+    refs = []
+    for pid in listening_pids(port):
+        try:
+            ref = procs.ref_of(psutil.Process(pid))
+        except psutil.Error:  # gone since
+            continue
+        if ref is not None:
+            refs.append(ref)
+    return tuple(refs)
 
 
 def _wait_port_closed(host: str, port: int, clock: _Clock, poll: float) -> tuple[bool, int]:
@@ -317,6 +372,8 @@ def stop_run(
     state = sf.read()
     rec = state.record
     deadline = rec.stop_deadline if deadline is None else deadline
+    # A process frozen while it holds the state file's lock costs a tenth of the budget per write.
+    sf.lock_timeout = max(poll_interval, min(1.0, deadline / 10))
     grace = rec.stop_grace if grace is None else grace
     if deadline <= 0:
         raise StopError(f"stop deadline must be > 0 s, got {deadline}")
@@ -338,21 +395,26 @@ def stop_run(
     port_open, checks = _wait_port_closed(rec.host, rec.port, clock, poll_interval)
     steps.append(StopStep("port", clock.since(t), f"port {rec.port} " + (
         f"still in use after {checks} check(s)" if port_open else "closed (bindable again)"), ok=not port_open))
+    port_holders: tuple[ProcessRef, ...] = ()
     if port_open:
-        problems.append(f"port {rec.port} is still in use")
+        port_holders = _port_holders(rec.port)
+        held_by = ", ".join(f"pid {r.pid} ({r.name or '?'})" for r in port_holders)
+        problems.append(f"port {rec.port} is still in use" + (f" by {held_by}" if held_by else
+                                                              " (no listening process visible here)"))
 
     verdict: Verdict = "dirty" if problems else "clean"
     report = StopReport(
         run_dir=str(Path(run_dir)), verdict=verdict, steps=tuple(steps), escalated=escalated,
         baseline_mib=dict(rec.baseline_mib), final_mib=final_mib, holders=holders, survivors=survivors,
-        port_open=port_open, total_s=round(time.monotonic() - clock.t0, 3), deadline_s=deadline,
-        problems=tuple(problems),
+        port_open=port_open, port_holders=port_holders, total_s=round(time.monotonic() - clock.t0, 3),
+        deadline_s=deadline, problems=tuple(problems),
     )
-    try:
-        sf.set_status(RunStatus.STOPPED if report.clean else RunStatus.DIRTY)
+    # The report itself is the result; a read-only run folder or a stuck lock does not change it.
+    sf.lock_timeout = poll_interval
+    with contextlib.suppress(OSError, StopError):
         sf.write_stop_report(report.to_dict())
-    except (OSError, StopError):
-        pass  # the report itself is the result; a read-only run folder does not change it
+    with contextlib.suppress(OSError, StopError):
+        sf.set_status(RunStatus.STOPPED if report.clean else RunStatus.DIRTY)
     return report
 
 

@@ -4,12 +4,12 @@
         ... talk to server.url ...
     # here: verified stop (see harvest.server.stop), idempotent
 
-Order of a launch: preflight (refused on failure unless ``force``) -> GPU baseline measured ->
-spawn with ``start_new_session=True``, output to ``RUN_DIR/server.log`` -> launch record written
-(0600) -> a background thread records descendants every ~2 s -> readiness with a deadline, failing
-fast on exit or a fatal log line. A failed start-up is followed by the same verified stop, so
-nothing is left behind. The sync methods (``launch``, ``shutdown``) serve the CLI; the async ones
-wrap them.
+Order of a launch: a public address without its API key refused -> preflight (refused on failure
+unless ``force``) -> GPU baseline measured -> spawn with ``start_new_session=True``, output to
+``RUN_DIR/server.log`` -> launch record written (0600) -> a background thread records descendants
+every ~2 s -> readiness with a deadline, failing fast on exit or a fatal log line. A failed start-up
+is followed by the same verified stop, so nothing is left behind. The sync methods (``launch``,
+``shutdown``) serve the CLI; the async ones wrap them.
 
 It never signals anything itself: stopping is :func:`harvest.server.stop.stop_run`, which acts only
 on what the launch record lists.
@@ -31,8 +31,8 @@ from types import TracebackType
 import httpx
 import psutil
 
-from harvest.config import PreflightConfig, ServerConfig
-from harvest.errors import LaunchError, PreflightFailed, StopError
+from harvest.config import PreflightConfig, ServerConfig, is_loopback
+from harvest.errors import ConfigError, LaunchError, PreflightFailed, StopError
 from harvest.gpu.records import GpuProbe
 from harvest.server import procs
 from harvest.server.base import EngineAdapter, adapter_for
@@ -214,6 +214,11 @@ class Server:
                                     cancelled=self._cancel.is_set)
             return self
 
+        if not is_loopback(cfg.host) and cfg.api_key() is None:
+            name = f"[server] {'api_key_env' if cfg.api_key_env else 'host'}"
+            why = (f"environment variable {cfg.api_key_env} is not set (or empty): serving host "
+                   f"{cfg.host!r}, not a loopback address, needs an API key")
+            raise ConfigError(name, [(name, why)])
         run_dir = make_run_dir(self.run_dir)
         probe = self._get_probe()
         from harvest.gpu.preflight import run_preflight

@@ -1,0 +1,144 @@
+"""R1: `harvest run` SIGKILLed, then resumed: nothing lost, nothing twice.
+
+tests/campaign/test_kill_resume.py already kills at random moments (20 rounds, vLLM). Here:
+
+- every kill lands *inside a ledger write transaction*, proved from outside through SQLite's WAL
+  write lock in /proc/locks (see tests/chaos/killer.py); the ledger is checked after every kill
+  (integrity_check, result <=> done/truncated, no committed result lost or rewritten), then a last
+  resume must finish with every unique id done exactly once;
+- a run that manages its own server is SIGKILLed: the engine outlives it; `harvest stop` from
+  another shell cleans it up through the state file, and a resume after a second kill stops the
+  server the dead session left behind before launching its own.
+
+The engine is llama.cpp's llama-server on the tiny GGUF (ready in well under a second).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+from pathlib import Path
+
+import psutil
+import pytest
+
+from harvest.hosts.net import port_bindable
+from harvest.server import RunStatus, StateFile, stop_run
+from tests import engines
+from tests.chaos.killer import chaos_rounds, final_check, harvest_argv, wait_committed, write_data
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+ROUNDS = 20
+
+
+def test_sigkill_inside_ledger_commits_then_resume(tmp_path, llama_server, env):
+    n = 2500
+    data = write_data(tmp_path / "in.jsonl", n)
+    run_dir = tmp_path / "run"
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'[data]\npath = "{data}"\nid_field = "id"\n'
+        f'[sampling]\nmax_tokens = 8\n'
+        f'[client]\nendpoints = ["{llama_server.url}"]\nconcurrency = 16\nhealth_deadline = 60\n'
+        f'[output]\ndir = "{run_dir}"\n'
+        f'[run]\nprogress_interval = 0.5\n')
+    argv = harvest_argv("run", str(job), "--no-live")
+
+    result = chaos_rounds(argv, run_dir, kills=ROUNDS, mode="commit", rng=random.Random(2024), env=env,
+                          commit_delay=(0.0, 0.5))
+
+    assert result.problems == []
+    assert result.kills["commit"] >= ROUNDS, result
+    assert result.commit_phases["dispatch"] >= ROUNDS // 2, result  # most land among result commits
+    assert 0 < result.results_per_round[-1] < n, result  # progress was made, and work is left to resume
+
+    final = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+    assert final.returncode == 0, final.stdout + final.stderr
+    assert final_check(run_dir, n) == []
+    status = subprocess.run(harvest_argv("status", str(run_dir), "--json"), capture_output=True, text=True,
+                            timeout=60, env=env)
+    assert status.returncode == 0, status.stderr
+    doc = json.loads(status.stdout)
+    assert sum(doc["counts"].values()) == n and doc["totals"]["ok"], doc["totals"]
+
+
+def _engine(run_dir: Path) -> psutil.Process:
+    """The engine recorded in the run's launch record, verified by its create time."""
+    rec = json.loads((run_dir / "server" / "launch.json").read_text())["record"]
+    p = psutil.Process(rec["pid"])
+    assert abs(p.create_time() - rec["create_time"]) < 0.05
+    return p
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_run_managing_its_server_killed_then_stop_from_another_shell_and_resume(
+        tmp_path, llama_server_bin, tiny_gguf, env):
+    n = 3000
+    data = write_data(tmp_path / "in.jsonl", n)
+    run_dir = tmp_path / "run"
+    port = engines.free_port()
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'[server]\nengine = "llamacpp"\nmodel = "{tiny_gguf}"\ncommand = ["{llama_server_bin}"]\n'
+        f'port = {port}\nmax_running_requests = 8\nextra_args = ["-c", "16384"]\n'
+        f'ready_timeout = 60\nstop_grace = 3\nstop_deadline = 20\n'
+        f'[preflight]\nmin_disk_free_gib = 0.1\nram_reserve_gib = 0\n'
+        f'[data]\npath = "{data}"\nid_field = "id"\n'
+        f'[sampling]\nmax_tokens = 16\n'
+        f'[client]\nconcurrency = 8\nhealth_deadline = 60\n'
+        f'[output]\ndir = "{run_dir}"\n'
+        f'[run]\nprogress_interval = 0.5\n')
+    argv = harvest_argv("run", str(job), "--no-live")
+    leftovers: list[psutil.Process] = []
+
+    def run_and_kill(at_least: int) -> psutil.Process:
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        try:
+            wait_committed(run_dir, at_least, proc)
+            engine = _engine(run_dir)
+            leftovers.append(engine)
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)  # the `harvest run` this test started, by its pid
+            proc.wait(timeout=30)
+        assert proc.returncode == -signal.SIGKILL
+        return engine
+
+    try:
+        # 1. The supervisor (the run) dies; its engine lives on, holding the port.
+        first = run_and_kill(100)
+        assert _alive(first) and not port_bindable("127.0.0.1", port)
+        # `harvest stop` from another shell cleans it up through the run's state file.
+        stop = subprocess.run(harvest_argv("stop", str(run_dir / "server"), "--json", "--deadline", "15"),
+                              capture_output=True, text=True, timeout=60, env=env)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        assert json.loads(stop.stdout)["verdict"] == "clean"
+        assert not _alive(first) and port_bindable("127.0.0.1", port)
+
+        # 2. Resumed and killed again: this time nobody stops the engine it left behind...
+        second = run_and_kill(600)
+        assert second.pid != first.pid and _alive(second)
+
+        # 3. ...so the resume must: a verified stop of the leftover, then its own launch.
+        final = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+        assert final.returncode == 0, final.stdout + final.stderr
+        assert not _alive(second)
+        assert "left running by an earlier session" in final.stderr + final.stdout
+        assert final_check(run_dir, n) == []
+        assert port_bindable("127.0.0.1", port)  # the run's own server was stopped at its end
+    finally:
+        record = StateFile(run_dir / "server")
+        if record.exists() and record.read().status is not RunStatus.STOPPED:
+            stop_run(record.run_dir, deadline=15)  # harvest's own verified stop, by the record
+        for p in leftovers:  # only engines this test's runs launched, verified by create time
+            if _alive(p):
+                p.kill()

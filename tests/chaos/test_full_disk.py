@@ -1,0 +1,112 @@
+"""R5: the run folder on a full disk (a 2 MiB tmpfs mounted over it; CI runs as root).
+
+- The disk fills up during the run: `harvest run` stops with one clear error line and a non-zero
+  exit code (no traceback), the ledger stays consistent (integrity_check, result <=> done/truncated)
+  and keeps every result it committed; once the file system is grown, the resume completes.
+- The disk is already full when the run starts: the same clear error; after the filler file is
+  deleted the run completes.
+
+The endpoint is the shared llama-server. The tmpfs is unmounted in a finally; the tests skip, saying
+why, only where mounting is not permitted (not root, or no CAP_SYS_ADMIN in a container).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.chaos.killer import check_after_kill, final_check, harvest_argv, read_ledger, write_data
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A 2 MiB tmpfs mounted at tmp_path/run; yields (path, grow) where grow(size) remounts it bigger."""
+    mnt = tmp_path / "run"
+    mnt.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    out = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", str(mnt)],
+                         capture_output=True, text=True, timeout=30)
+    if out.returncode != 0:
+        pytest.skip(f"mount -t tmpfs is not permitted here: {out.stderr.strip()}")
+
+    def grow(size: str) -> None:
+        subprocess.run(["mount", "-o", f"remount,size={size}", str(mnt)], check=True, timeout=30)
+
+    try:
+        yield mnt, grow
+    finally:
+        if subprocess.run(["umount", str(mnt)], capture_output=True, timeout=30).returncode != 0:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30)
+
+
+def _job(tmp_path: Path, run_dir: Path, url: str, n: int, max_tokens: int) -> Path:
+    data = write_data(tmp_path / "in.jsonl", n, duplicates=0)
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'[data]\npath = "{data}"\nid_field = "id"\n'
+        f'[sampling]\nmax_tokens = {max_tokens}\n'
+        f'[client]\nendpoints = ["{url}"]\nconcurrency = 16\nhealth_deadline = 60\n'
+        f'[output]\ndir = "{run_dir}"\n'
+        f'[run]\nprogress_interval = 0.5\n')
+    return job
+
+
+def _assert_clear_error(out: subprocess.CompletedProcess[str]) -> None:
+    text = out.stdout + out.stderr
+    assert out.returncode not in (0, 1), text  # 2: the run could not go on (not "finished, check failed")
+    assert "Traceback" not in text and "Task exception" not in text, text
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, text
+    assert "disk is full" in errors[0] or "No space left" in errors[0], errors
+
+
+def test_disk_fills_during_the_run_then_resume_after_space_is_freed(tmp_path, small_disk, llama_server, env):
+    run_dir, grow = small_disk
+    n = 2000
+    job = _job(tmp_path, run_dir, llama_server.url, n, max_tokens=48)
+    argv = harvest_argv("run", str(job), "--no-live")
+
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+
+    _assert_clear_error(out)
+    view = read_ledger(run_dir)
+    assert view is not None and view.ingest_complete
+    assert check_after_kill(None, view) == []  # integrity_check ok, result <=> done/truncated
+    assert 0 < len(view.results) < n, len(view.results)  # it got going, then the disk was full
+
+    grow("64m")
+    resumed = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert final_check(run_dir, n) == []
+    assert check_after_kill(view, read_ledger(run_dir)) == []  # every result of the first session kept
+
+
+def test_disk_already_full_at_start_then_run_after_the_filler_is_deleted(tmp_path, small_disk, llama_server,
+                                                                         env):
+    run_dir, _ = small_disk
+    n = 200
+    job = _job(tmp_path, run_dir, llama_server.url, n, max_tokens=8)
+    filler = run_dir / "filler"
+    with open(filler, "wb") as fh:  # fill the tmpfs to the last byte
+        try:
+            while True:
+                fh.write(b"\0" * 65536)
+                fh.flush()
+        except OSError:
+            pass
+    argv = harvest_argv("run", str(job), "--no-live")
+
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+
+    _assert_clear_error(out)
+    filler.unlink()
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert final_check(run_dir, n) == []

@@ -1,4 +1,4 @@
-"""R5: the run folder on a full disk (a 2 MiB tmpfs mounted over it; CI runs as root).
+"""R5: the run folder on a full disk (a 1 MiB tmpfs mounted over it; CI runs as root).
 
 - The disk fills up during the run: `harvest run` stops with one clear error line and a non-zero
   exit code (no traceback), the ledger stays consistent (integrity_check, result <=> done/truncated)
@@ -24,13 +24,15 @@ pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 
 @pytest.fixture
-def small_disk(tmp_path: Path):
-    """A 2 MiB tmpfs mounted at tmp_path/run; yields (path, grow) where grow(size) remounts it bigger."""
+def small_disk(tmp_path: Path, request: pytest.FixtureRequest):
+    """A small tmpfs (1 MiB, or the size the test gives as its param) mounted at tmp_path/run;
+    yields (path, grow) where grow(size) remounts it bigger."""
+    size = getattr(request, "param", "1m")
     mnt = tmp_path / "run"
     mnt.mkdir()
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root (CI runs as root)")
-    out = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", str(mnt)],
+    out = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(mnt)],
                          capture_output=True, text=True, timeout=30)
     if out.returncode != 0:
         pytest.skip(f"mount -t tmpfs is not permitted here: {out.stderr.strip()}")
@@ -68,8 +70,8 @@ def _assert_clear_error(out: subprocess.CompletedProcess[str]) -> None:
 
 def test_disk_fills_during_the_run_then_resume_after_space_is_freed(tmp_path, small_disk, llama_server, env):
     run_dir, grow = small_disk
-    n = 2000
-    job = _job(tmp_path, run_dir, llama_server.url, n, max_tokens=48)
+    n = 1000
+    job = _job(tmp_path, run_dir, llama_server.url, n, max_tokens=32)
     argv = harvest_argv("run", str(job), "--no-live")
 
     out = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
@@ -88,19 +90,20 @@ def test_disk_fills_during_the_run_then_resume_after_space_is_freed(tmp_path, sm
     assert check_after_kill(view, read_ledger(run_dir)) == []  # every result of the first session kept
 
 
+@pytest.mark.parametrize("small_disk", ["4m"], indirect=True)
 def test_disk_already_full_at_start_then_run_after_the_filler_is_deleted(tmp_path, small_disk, llama_server,
                                                                          env):
     run_dir, _ = small_disk
     n = 200
     job = _job(tmp_path, run_dir, llama_server.url, n, max_tokens=8)
     filler = run_dir / "filler"
-    with open(filler, "wb") as fh:  # fill the tmpfs to the last byte
-        try:
-            while True:
-                fh.write(b"\0" * 65536)
-                fh.flush()
-        except OSError:
-            pass
+    with open(filler, "wb", buffering=0) as fh:  # fill the tmpfs to its last page
+        for block in (65536, 4096, 512):
+            try:
+                while True:
+                    fh.write(b"\0" * block)
+            except OSError:
+                pass
     argv = harvest_argv("run", str(job), "--no-live")
 
     out = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)

@@ -176,7 +176,7 @@ def run_client(kind: str, base: str, args: argparse.Namespace, server_pid: int) 
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", kind, "--url", base,
            "--server-pid", str(server_pid), "--requests", str(args.requests), "--warmup", str(args.warmup),
            "--concurrency", str(args.concurrency)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=args.timeout)
     if done.returncode != 0:
         raise RuntimeError(f"{kind} worker failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -195,7 +195,7 @@ def run_wrk(base: str, args: argparse.Namespace) -> dict[str, float] | None:
     try:
         cpu0 = _children_cpu()
         done = subprocess.run([wrk, "-t1", f"-c{args.concurrency}", f"-d{args.wrk_seconds:g}s", "-s", fh.name,
-                               base + "/v1/chat/completions"], capture_output=True, text=True,
+                               base + "/v1/chat/completions"], check=False, capture_output=True, text=True,
                               timeout=args.wrk_seconds + 60)
         cpu = _children_cpu() - cpu0
     finally:
@@ -205,7 +205,7 @@ def run_wrk(base: str, args: argparse.Namespace) -> dict[str, float] | None:
         line = line.strip()
         if " requests in " in line:
             requests = int(line.split()[0])
-        elif line.startswith("Non-2xx or 3xx responses:") or line.startswith("Socket errors:"):
+        elif line.startswith(("Non-2xx or 3xx responses:", "Socket errors:")):
             errors = line
     for line in done.stdout.splitlines():
         if line.startswith("Requests/sec:"):
@@ -281,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     results = {kind: _median(rs) for kind, rs in runs.items()}
     wrk = _median(wrk_runs) if wrk_runs else None
 
-    print(f"\nP2 client cost: {args.requests} chat requests, concurrency {args.concurrency}, null server on loopback; "
+    print(f"\nP2 client cost: {args.requests} chat requests, concurrency {args.concurrency}, null server on "
+          "loopback; "
           f"{args.rounds} round(s), the median round shown")
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
           f"{time.strftime('%Y-%m-%d %H:%M')}; {_load()}\n")
@@ -301,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     if "harvest" in results:
         h = results["harvest"]
         h_eff = h["requests"] / h["cpu_s"]
-        bench = f"BENCH p2_client_cost harvest_req_s={h['requests'] / h['wall_s']:.0f} harvest_req_per_cpu_s={h_eff:.0f}"
+        bench = (f"BENCH p2_client_cost harvest_req_s={h['requests'] / h['wall_s']:.0f} "
+                 f"harvest_req_per_cpu_s={h_eff:.0f}")
         print("\nratios (harvest / baseline):")
         targets = {"openai-threads": 3.0, "openai-async": 1.5}
         for kind, r in results.items():
@@ -316,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
             bench += f" ratio_cpu_vs_{kind.replace('-', '_')}={h_eff / eff:.2f}"
         if wrk is not None:
             ratio = (h["requests"] / h["wall_s"]) / wrk["req_s"]
-            print(f"  vs wrk             requests/s x{ratio:6.2f}   (target >= x0.3: {'met' if ratio >= 0.3 else 'MISSED'})")
+            print(f"  vs wrk             requests/s x{ratio:6.2f}   "
+                  f"(target >= x0.3: {'met' if ratio >= 0.3 else 'MISSED'})")
             bench += f" wrk_req_s={wrk['req_s']:.0f} ratio_req_s_vs_wrk={ratio:.2f}"
             if "raw-aiohttp" in results:
                 r = results["raw-aiohttp"]

@@ -121,9 +121,8 @@ class Recorder:
 
 def write_dataset(path: Path, n: int) -> None:
     with open(path, "w") as fh:
-        for i in range(n):
-            fh.write(json.dumps({"id": f"item-{i}", "prompt": f"Write a short answer to question number {i}: "
-                                 f"why does the sky look blue at noon and red at sunset?"}) + "\n")
+        fh.writelines(json.dumps({"id": f"item-{i}", "prompt": f"Write a short answer to question number {i}: "
+                                 f"why does the sky look blue at noon and red at sunset?"}) + "\n" for i in range(n))
 
 
 def write_job(path: Path, data: Path, url: str, run_dir: Path) -> None:
@@ -241,7 +240,7 @@ def baseline(rec: Recorder, args: argparse.Namespace) -> float:
     rec.arm()
     load_before = load()
     t0 = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", BASELINE, rec.url], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", BASELINE, rec.url], check=False, capture_output=True, text=True,
                           timeout=args.timeout)
     if done.returncode != 0 or rec.first is None:
         raise RuntimeError(f"the baseline client failed: {done.stderr[-2000:]}")
@@ -264,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--items", type=int, default=1_000_000)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--done-first", type=int, default=20_000, help="requests the first session serves before the kill")
+    ap.add_argument("--done-first", type=int, default=20_000,
+                    help="requests the second session serves before it is killed")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds any one step may take")
     ap.add_argument("--dir", type=Path, help="work folder, kept (default: a temporary one, removed)")
     ap.add_argument("--profile", type=Path, help="write a pyinstrument text profile of one extra resume here")
@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         data = work / "prompts.jsonl"
         t = time.monotonic()
-        if not data.exists() or sum(1 for _ in open(data)) != args.items:
+        if not data.exists() or sum(1 for _ in data.open("rb")) != args.items:
             write_dataset(data, args.items)
         run_dir = work / "run"
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -294,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         mid, took = crash_mid_flight(rec, job, work / "second.log", args)
         counts = ledger_counts(run_dir)
         print(f"second session: resumed the ingest (read past the {half:,} rows in, ingested the other "
-              f"{args.items - half:,}), first dispatch after {mid:.3f} s; SIGKILL after {took:.1f} s with requests in flight: {counts}",
+              f"{args.items - half:,}), first dispatch after {mid:.3f} s; SIGKILL after {took:.1f} s with "
+              f"requests in flight: {counts}",
               flush=True)
 
         base: list[float] = []

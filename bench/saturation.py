@@ -44,8 +44,8 @@ import argparse
 import json
 import os
 import platform
-import signal
 import resource
+import signal
 import sqlite3
 import statistics
 import subprocess
@@ -83,7 +83,8 @@ def load() -> str:
 def engine_python(given: str | None) -> str:
     if given:
         return given
-    done = subprocess.run([str(ROOT / "scripts" / "install-engines"), "vllm"], capture_output=True, text=True,
+    done = subprocess.run([str(ROOT / "scripts" / "install-engines"), "vllm"], check=False, capture_output=True,
+                          text=True,
                           timeout=1800)
     if done.returncode != 0:
         raise SystemExit(f"scripts/install-engines vllm failed:\n{done.stderr[-3000:]}")
@@ -149,12 +150,13 @@ def run_vllm_bench(args: argparse.Namespace, py: str, model: str, url: str, prom
     load_before = load()
     cpu0 = children_cpu()
     t0 = time.perf_counter()
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=args.timeout, env=env, cwd=out)
+    done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=args.timeout, env=env, cwd=out)
     wall = time.perf_counter() - t0
     cpu = children_cpu() - cpu0
     (out / f"vllm-bench-{tag}.log").write_text(done.stdout + done.stderr)
     if done.returncode != 0:
-        raise RuntimeError(f"vllm bench serve failed (exit {done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}")
+        tail = (done.stdout + done.stderr)[-3000:]
+        raise RuntimeError(f"vllm bench serve failed (exit {done.returncode}):\n{tail}")
     r = json.loads(result.read_text())
     return {"tokens": r["total_output"] if "total_output" in r else r["total_output_tokens"],
             "window_s": r["duration"], "completed": r["completed"], "failed": r.get("failed", 0),
@@ -189,7 +191,7 @@ def run_harvest(args: argparse.Namespace, url: str, prompts: Path, out: Path, ta
     load_before = load()
     cpu0 = children_cpu()
     t0 = time.perf_counter()
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=args.timeout, cwd=out)
+    done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=args.timeout, cwd=out)
     wall = time.perf_counter() - t0
     cpu = children_cpu() - cpu0
     (out / f"harvest-{tag}.log").write_text(done.stdout + done.stderr)
@@ -261,7 +263,7 @@ def run_raw_loop(args: argparse.Namespace, url: str, prompts: Path, out: Path, t
     load_before = load()
     cpu0 = children_cpu()
     t0 = time.perf_counter()
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=args.timeout, cwd=out)
+    done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=args.timeout, cwd=out)
     wall = time.perf_counter() - t0
     cpu = children_cpu() - cpu0
     (out / f"raw-loop-{tag}.log").write_text(done.stdout + done.stderr)
@@ -272,7 +274,8 @@ def run_raw_loop(args: argparse.Namespace, url: str, prompts: Path, out: Path, t
     return figures
 
 
-def head_to_head(args: argparse.Namespace, url: str, prompts: Path, out: Path, tag: str) -> dict[str, float]:
+def head_to_head(args: argparse.Namespace, url: str, prompts: Path, out: Path,
+                 tag: str) -> dict[str, float] | None:
     """harvest and the raw loop at the same time, each with half the concurrency: load that comes
     and goes hits both alike, so their shares of the server compare the clients themselves."""
     half = argparse.Namespace(**{**vars(args), "concurrency": max(1, args.concurrency // 2)})
@@ -288,21 +291,29 @@ def head_to_head(args: argparse.Namespace, url: str, prompts: Path, out: Path, t
         ours = subprocess.Popen([sys.executable, "-m", "harvest", "run", str(job), "--no-live"], stdout=log,
                                 stderr=subprocess.STDOUT, cwd=out)
     try:
-        raw = subprocess.run(raw_argv, capture_output=True, text=True, timeout=args.timeout, cwd=out)
+        # harvest needs a second or so to start; the raw loop starts once harvest dispatches (its
+        # first progress.json is written as dispatch begins), so the two overlap for most of the run.
+        deadline = time.monotonic() + args.timeout
+        while not (run_dir / "progress.json").exists() and ours.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        raw = subprocess.run(raw_argv, check=False, capture_output=True, text=True, timeout=args.timeout, cwd=out)
         code = ours.wait(timeout=args.timeout)
     finally:
         if ours.poll() is None:
             ours.terminate()
             ours.wait(timeout=60)
     if raw.returncode != 0 or code != 0:
-        raise RuntimeError(f"head-to-head run failed (raw loop {raw.returncode}, harvest {code}):\n{raw.stderr[-2000:]}")
+        raise RuntimeError(f"head-to-head run failed (raw loop {raw.returncode}, harvest {code}):\n"
+                           f"{raw.stderr[-2000:]}")
     sides = {"harvest": ledger_window(run_dir)["events"],
              "raw-loop": json.loads(raw.stdout.strip().splitlines()[-1])["events"]}
     # Only the window in which both were sending: from the later first request to the earlier last answer.
     lo = max(min(e[0] for e in ev) for ev in sides.values())
     hi = min(max(e[1] for e in ev) for ev in sides.values())
-    if hi - lo < 1.0:
-        raise RuntimeError(f"head-to-head: the two clients overlapped for {hi - lo:.2f} s only; use more --prompts")
+    if hi - lo < 2.0:
+        print(f"  head-to-head {tag}: skipped, the two clients overlapped for {hi - lo:.2f} s only (runs too short:"
+              f" raise --prompts or --max-tokens)", flush=True)
+        return None
     rates = {k: sum(t for _, end, t in ev if lo <= end <= hi) / (hi - lo) for k, ev in sides.items()}
     return {"harvest": rates["harvest"], "raw-loop": rates["raw-loop"], "overlap_s": hi - lo,
             "load_before": load_before, "load_after": load()}
@@ -438,10 +449,13 @@ def main(argv: list[str] | None = None) -> int:
                 results[kind].append(r)
                 print(f"  round {k} {kind:<11} {rate(r):8.1f} tok/s  ({r['tokens']} tokens in {r['window_s']:.2f} s;"
                       f" command {r['command_s']:.2f} s; client CPU {r['client_cpu_s']:.1f} s; "
-                      f"{r['completed']} done, {r['failed']} failed{retried(r)}; {r['load_before']} -> {r['load_after']})",
+                      f"{r['completed']} done, {r['failed']} failed{retried(r)}; {r['load_before']} -> "
+                      f"{r['load_after']})",
                       flush=True)
         for k in range(args.head_to_head):
             r = head_to_head(args, server.url, prompts, work, str(k))
+            if r is None:
+                continue
             h2h.append(r)
             share = r["harvest"] / (r["harvest"] + r["raw-loop"])
             print(f"  head-to-head {k}: harvest {r['harvest']:.0f} tok/s, raw-loop {r['raw-loop']:.0f} tok/s at "

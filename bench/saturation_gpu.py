@@ -76,7 +76,8 @@ def run_harvest(args: argparse.Namespace, url: str, model: str, prompts: Path, o
     load_before = load()
     cpu0 = children_cpu()
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "harvest", "run", str(job), "--no-live"], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "harvest", "run", str(job), "--no-live"], check=False,
+                          capture_output=True,
                           text=True, timeout=args.timeout, cwd=out)
     wall = time.perf_counter() - t0
     cpu = children_cpu() - cpu0
@@ -164,9 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     report = None
     try:
         print(f"server ready at {server.url} after {time.monotonic() - t0:.1f} s ({load()})", flush=True)
-        # The first requests set up continuous batching (its paged cache): neither side pays that.
-        warm = argparse.Namespace(**{**vars(args), "max_tokens": 16})
-        w = run_raw_loop(warm, server.url, prompts, work, "warmup", model=model, extra={})
+        # The first requests set up continuous batching (its paged cache, kernels for each batch
+        # shape): one untimed pass at the real size, so that neither side pays that. A pass with
+        # 16 tokens was not enough on the H200: the first timed round still ran at half speed.
+        w = run_raw_loop(args, server.url, prompts, work, "warmup", model=model, extra={})
         print(f"warm-up: {w['completed']} requests in {w['command_s']:.1f} s", flush=True)
         for k in range(args.rounds):
             for kind in (("raw-loop", "harvest") if k % 2 == 0 else ("harvest", "raw-loop")):

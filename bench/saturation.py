@@ -29,10 +29,11 @@ a third client isolates harvest's own overhead:
     raw-loop     a plain aiohttp + semaphore loop, non-streaming, sending harvest's request body; its
                  window is its first request sent to its last response
 
-Then ``--head-to-head N`` runs of harvest and the raw loop *at the same time*, half the concurrency
-each: on a shared machine, load that comes and goes between sequential runs moves their ratio by
-tens of percent, while in one simultaneous run it hits both alike; each side's tok/s counts the
-answers it received while both were sending.
+Then ``--head-to-head N`` runs of harvest against each other client *at the same time*, half the
+concurrency each (harvest starts once the other is sending): on a shared machine, load that comes
+and goes between sequential runs moves their ratio by tens of percent, while in one simultaneous
+run it hits both alike. Each side's tok/s counts the answers it received while both were sending
+(for ``vllm bench serve`` from its ``--save-detailed`` start times and latencies).
 
 Needs vLLM's CPU build (``scripts/install-engines vllm``); nothing else is started. The server is
 stopped by harvest's verified stop; subprocesses are waited for with timeouts.
@@ -136,16 +137,22 @@ def children_cpu() -> float:
 
 # ----------------------------------------------------------------------------------------- runs
 
-def run_vllm_bench(args: argparse.Namespace, py: str, model: str, url: str, prompts: Path, out: Path,
-                   tag: str) -> dict[str, float]:
-    result = out / f"vllm-bench-{tag}.json"
-    argv = [py, "-c", VLLM_BENCH, "--backend", "openai-chat", "--base-url", url,
+def vllm_bench_argv(args: argparse.Namespace, py: str, model: str, url: str, prompts: Path, result: Path,
+                    concurrency: int, detailed: bool = False) -> list[str]:
+    return [py, "-c", VLLM_BENCH, "--backend", "openai-chat", "--base-url", url,
             "--endpoint", "/v1/chat/completions", "--model", model, "--served-model-name", SERVED_NAME,
             "--tokenizer", model, "--dataset-name", "sharegpt", "--dataset-path", str(prompts),
             "--disable-shuffle", "--num-prompts", str(args.prompts), "--no-oversample",
             "--sharegpt-output-len", str(args.max_tokens), "--ignore-eos", "--temperature", "0",
-            "--top-p", "1", "--max-concurrency", str(args.concurrency), "--request-rate", "inf",
-            "--disable-tqdm", "--save-result", "--result-dir", str(out), "--result-filename", result.name]
+            "--top-p", "1", "--max-concurrency", str(concurrency), "--request-rate", "inf",
+            "--disable-tqdm", "--save-result", "--result-dir", str(result.parent), "--result-filename",
+            result.name] + (["--save-detailed"] if detailed else [])
+
+
+def run_vllm_bench(args: argparse.Namespace, py: str, model: str, url: str, prompts: Path, out: Path,
+                   tag: str) -> dict[str, float]:
+    result = out / f"vllm-bench-{tag}.json"
+    argv = vllm_bench_argv(args, py, model, url, prompts, result, args.concurrency)
     env = {**os.environ, **VLLM_ENV}
     load_before = load()
     cpu0 = children_cpu()
@@ -274,48 +281,72 @@ def run_raw_loop(args: argparse.Namespace, url: str, prompts: Path, out: Path, t
     return figures
 
 
-def head_to_head(args: argparse.Namespace, url: str, prompts: Path, out: Path,
-                 tag: str) -> dict[str, float] | None:
-    """harvest and the raw loop at the same time, each with half the concurrency: load that comes
-    and goes hits both alike, so their shares of the server compare the clients themselves."""
-    half = argparse.Namespace(**{**vars(args), "concurrency": max(1, args.concurrency // 2)})
-    run_dir = out / f"h2h-harvest-{tag}"
-    job = out / f"job-h2h-{tag}.toml"
-    write_job(job, prompts=prompts, url=url, run_dir=run_dir, max_tokens=args.max_tokens,
-              concurrency=half.concurrency)
-    raw_argv = [sys.executable, str(Path(__file__).resolve()), "--worker-raw", url, "--prompts-file", str(prompts),
-                "--max-tokens", str(args.max_tokens), "--concurrency", str(half.concurrency), "--raw-model",
-                SERVED_NAME, "--raw-extra", json.dumps({"ignore_eos": True})]
+def head_to_head(args: argparse.Namespace, url: str, prompts: Path, out: Path, tag: str, opponent: str,
+                 py: str, model: str) -> dict[str, float] | None:
+    """harvest and an opponent (``raw-loop`` or ``vllm-bench``) at the same time, each with half the
+    concurrency: load that comes and goes hits both alike, so their shares of the server compare
+    the clients themselves. Each side's rate counts the answers it got while both were sending."""
+    half = max(1, args.concurrency // 2)
+    run_dir = out / f"h2h-{opponent}-harvest-{tag}"
+    job = out / f"job-h2h-{opponent}-{tag}.toml"
+    write_job(job, prompts=prompts, url=url, run_dir=run_dir, max_tokens=args.max_tokens, concurrency=half)
+    harvest_argv = [sys.executable, "-m", "harvest", "run", str(job), "--no-live"]
     load_before = load()
-    with open(out / f"h2h-harvest-{tag}.log", "wb") as log:
-        ours = subprocess.Popen([sys.executable, "-m", "harvest", "run", str(job), "--no-live"], stdout=log,
-                                stderr=subprocess.STDOUT, cwd=out)
+    harvest_log = out / f"h2h-{opponent}-harvest-{tag}.log"
+    other_log = out / f"h2h-{opponent}-{tag}.log"
+    if opponent == "raw-loop":
+        other_argv = [sys.executable, str(Path(__file__).resolve()), "--worker-raw", url, "--prompts-file",
+                      str(prompts), "--max-tokens", str(args.max_tokens), "--concurrency", str(half),
+                      "--raw-model", SERVED_NAME, "--raw-extra", json.dumps({"ignore_eos": True})]
+        # (argv, log, env) in start order: harvest first, the loop once harvest dispatches.
+        order = [(harvest_argv, harvest_log, None), (other_argv, other_log, None)]
+
+        def ready() -> bool:
+            return (run_dir / "progress.json").exists()  # written as harvest's dispatch begins
+    else:
+        result = out / f"h2h-vllm-bench-{tag}.json"
+        other_argv = vllm_bench_argv(args, py, model, url, prompts, result, half, detailed=True)
+        # vLLM's generator takes many seconds to import and tokenize: harvest starts when it sends.
+        order = [(other_argv, other_log, {**os.environ, **VLLM_ENV}), (harvest_argv, harvest_log, None)]
+
+        def ready() -> bool:
+            return "Starting main benchmark run" in other_log.read_text(errors="replace")
+
+    procs: list[subprocess.Popen[bytes]] = []
     try:
-        # harvest needs a second or so to start; the raw loop starts once harvest dispatches (its
-        # first progress.json is written as dispatch begins), so the two overlap for most of the run.
-        deadline = time.monotonic() + args.timeout
-        while not (run_dir / "progress.json").exists() and ours.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        raw = subprocess.run(raw_argv, check=False, capture_output=True, text=True, timeout=args.timeout, cwd=out)
-        code = ours.wait(timeout=args.timeout)
+        for i, (argv, log_path, env) in enumerate(order):
+            if i == 1:
+                deadline = time.monotonic() + args.timeout
+                while not ready() and procs[0].poll() is None and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            with open(log_path, "wb") as log:
+                procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=out, env=env))
+        codes = tuple(p.wait(timeout=args.timeout) for p in procs)
     finally:
-        if ours.poll() is None:
-            ours.terminate()
-            ours.wait(timeout=60)
-    if raw.returncode != 0 or code != 0:
-        raise RuntimeError(f"head-to-head run failed (raw loop {raw.returncode}, harvest {code}):\n"
-                           f"{raw.stderr[-2000:]}")
-    sides = {"harvest": ledger_window(run_dir)["events"],
-             "raw-loop": json.loads(raw.stdout.strip().splitlines()[-1])["events"]}
-    # Only the window in which both were sending: from the later first request to the earlier last answer.
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=60)
+    if codes != (0, 0):
+        raise RuntimeError(f"head-to-head against {opponent} failed (exit codes {codes}); see {harvest_log}, "
+                           f"{other_log}")
+    if opponent == "raw-loop":
+        theirs = json.loads(other_log.read_text().strip().splitlines()[-1])["events"]
+    else:
+        r = json.loads(result.read_text())
+        # vLLM's start times are time.perf_counter(), CLOCK_MONOTONIC on Linux; the ledger's are wall clock.
+        shift = time.time() - time.monotonic()
+        theirs = [(st + shift, st + lat + shift, n) for st, lat, n, err in
+                  zip(r["start_times"], r["latencies"], r["output_lens"], r["errors"]) if not err]
+    sides = {"harvest": ledger_window(run_dir)["events"], opponent: theirs}
     lo = max(min(e[0] for e in ev) for ev in sides.values())
     hi = min(max(e[1] for e in ev) for ev in sides.values())
     if hi - lo < 2.0:
-        print(f"  head-to-head {tag}: skipped, the two clients overlapped for {hi - lo:.2f} s only (runs too short:"
-              f" raise --prompts or --max-tokens)", flush=True)
+        print(f"  head-to-head {tag} vs {opponent}: skipped, the two overlapped for {hi - lo:.2f} s only (runs "
+              f"too short: raise --prompts or --max-tokens)", flush=True)
         return None
     rates = {k: sum(t for _, end, t in ev if lo <= end <= hi) / (hi - lo) for k, ev in sides.items()}
-    return {"harvest": rates["harvest"], "raw-loop": rates["raw-loop"], "overlap_s": hi - lo,
+    return {"harvest": rates["harvest"], "other": rates[opponent], "overlap_s": hi - lo,
             "load_before": load_before, "load_after": load()}
 
 
@@ -396,7 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", type=Path, help="keep logs, job files and ledgers in this folder")
     ap.add_argument("--clients", default=",".join(CLIENTS), help="comma-separated, run in this order each round")
     ap.add_argument("--head-to-head", type=int, default=2, metavar="N",
-                    help="then N runs of harvest and raw-loop at once, half the concurrency each (0: none)")
+                    help="then N runs of harvest against each other client at once, half the concurrency "
+                         "each (0: none)")
     ap.add_argument("--worker-raw", help=argparse.SUPPRESS)
     ap.add_argument("--prompts-file", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--raw-model", help=argparse.SUPPRESS)
@@ -430,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
           f"{time.strftime('%Y-%m-%d %H:%M')}; {load()}; work folder {work}", flush=True)
     results: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
-    h2h: list[dict[str, float]] = []
+    h2h: dict[str, list[dict[str, float]]] = {}
     server = start_server(py, model, work)
     try:
         print(f"server ready at {server.url} ({load()})", flush=True)
@@ -452,15 +484,17 @@ def main(argv: list[str] | None = None) -> int:
                       f"{r['completed']} done, {r['failed']} failed{retried(r)}; {r['load_before']} -> "
                       f"{r['load_after']})",
                       flush=True)
+        opponents = [o for o in ("vllm-bench", "raw-loop") if o in kinds]
         for k in range(args.head_to_head):
-            r = head_to_head(args, server.url, prompts, work, str(k))
-            if r is None:
-                continue
-            h2h.append(r)
-            share = r["harvest"] / (r["harvest"] + r["raw-loop"])
-            print(f"  head-to-head {k}: harvest {r['harvest']:.0f} tok/s, raw-loop {r['raw-loop']:.0f} tok/s at "
-                  f"{args.concurrency // 2} each over {r['overlap_s']:.1f} s: harvest's share {100 * share:.1f}%  "
-                  f"({r['load_before']} -> {r['load_after']})", flush=True)
+            for opponent in opponents:
+                r = head_to_head(args, server.url, prompts, work, str(k), opponent, py, model)
+                if r is None:
+                    continue
+                h2h.setdefault(opponent, []).append(r)
+                share = r["harvest"] / (r["harvest"] + r["other"])
+                print(f"  head-to-head {k} vs {opponent}: harvest {r['harvest']:.0f} tok/s, {opponent} "
+                      f"{r['other']:.0f} tok/s at {args.concurrency // 2} each over {r['overlap_s']:.1f} s: harvest's "
+                      f"share {100 * share:.1f}%  ({r['load_before']} -> {r['load_after']})", flush=True)
     finally:
         report = server.shutdown()
         if report is not None:
@@ -487,12 +521,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  vs {kind:<11} x{h / b:.3f}  (per round: {', '.join(f'x{p:.3f}' for p in pairs)}){verdict}")
         key = kind.replace("-", "_")
         bench_line += f" {key}_tok_s={b:.1f} ratio_vs_{key}={h / b:.3f}"
-    if h2h:
-        h2h_ratios = [r["harvest"] / r["raw-loop"] for r in h2h]
-        per_slot = statistics.median(h2h_ratios)
-        print(f"  head-to-head (same server, same moments, half the concurrency each): harvest / raw-loop "
-              f"x{per_slot:.3f} (runs: {', '.join(f'x{x:.3f}' for x in h2h_ratios)})")
-        bench_line += f" h2h_ratio_vs_raw_loop={per_slot:.3f}"
+    for opponent, runs in h2h.items():
+        ratios = [r["harvest"] / r["other"] for r in runs]
+        per_slot = statistics.median(ratios)
+        verdict = f"   (target >= x0.97: {'met' if per_slot >= 0.97 else 'MISSED'})" if opponent == "vllm-bench" else ""
+        print(f"  head-to-head vs {opponent:<10} x{per_slot:.3f} (runs: {', '.join(f'x{x:.3f}' for x in ratios)};"
+              f" same server, same moments, half the concurrency each){verdict}")
+        bench_line += f" h2h_ratio_vs_{opponent.replace('-', '_')}={per_slot:.3f}"
     print(bench_line + f" load1={os.getloadavg()[0]:.2f}")
     return 0
 

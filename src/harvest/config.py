@@ -23,6 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from harvest.errors import ConfigError
+from harvest.redact import redact_server_settings
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -165,6 +166,13 @@ class ServerConfig(_Model):
         value = os.environ.get(self.api_key_env)
         return SecretStr(value) if value else None
 
+    def recorded(self, exclude: set[str] | None = None) -> dict[str, Any]:
+        """The ``[server]`` table as JSON, fit to write down: literal keys in ``extra_args`` or
+        ``command``, secret-named ``[server.env]`` variables and the ``api_key_env`` value redacted."""
+        key = self.api_key()
+        return redact_server_settings(self.model_dump(mode="json", exclude=exclude),
+                                      [key.get_secret_value()] if key is not None else [])
+
 
 class PreflightConfig(_Model):
     """Margins of the launch-safety rules."""
@@ -249,6 +257,13 @@ class HarvestConfig(_Model):
     run: RunConfig = Field(default_factory=RunConfig)
     #: The file this configuration came from (not a TOML field).
     source: str = Field("<memory>", exclude=True)
+
+    def recorded(self) -> dict[str, Any]:
+        """The configuration as JSON, fit to write down: secrets in ``[server]`` redacted."""
+        data = self.model_dump(mode="json", exclude={"source"})
+        if self.server is not None:
+            data["server"] = self.server.recorded()
+        return data
 
     def require_server(self) -> ServerConfig:
         if self.server is None:

@@ -247,10 +247,11 @@ prompts = 8
 max_tokens = 16
 floor_launch = false
 
+# (long enough, ~3 s on a fast machine, for several 0.1 s gauge scrapes to land mid-run)
 [throughput]
-prompts = 48
+prompts = 96
 concurrency = 48
-max_tokens = 128
+max_tokens = 256
 extra_body = { ignore_eos = true }
 metrics_interval = 0.1
 """)

@@ -14,10 +14,12 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import sqlite3
 import stat
 import subprocess
 import sys
 
+import httpx
 import psutil
 import pytest
 
@@ -27,16 +29,31 @@ from tests import engines
 pytestmark = [pytest.mark.engine]
 
 
+def ledger_meta(run_dir) -> dict:
+    conn = sqlite3.connect(f"file:{run_dir / 'ledger.sqlite'}?mode=ro", uri=True)
+    try:
+        return {k: json.loads(v) for k, v in conn.execute("SELECT key, value FROM meta")}
+    finally:
+        conn.close()
+
+
 def _harvest(env: dict[str, str], *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "harvest", *args], capture_output=True, text=True,
                           timeout=timeout, env=env, stdin=subprocess.DEVNULL)
 
 
+#: Secrets users paste into a config besides the documented key: a literal flag value in
+#: ``extra_args`` and a token in ``[server.env]``. Neither may be written down either.
+HF_TOKEN = "hf_" + secrets.token_hex(12)
+FLAG_TOKEN = "hf_" + secrets.token_hex(12)
+
+
 def _server_table(bin_: str, model: str, port: int) -> str:
     return (f'[server]\nengine = "llamacpp"\nmodel = "{model}"\ncommand = ["{bin_}"]\nport = {port}\n'
             f'api_key_env = "HARVEST_SECRET_TEST_KEY"\nmax_running_requests = 4\n'
-            f'extra_args = ["-c", "4096"]\n'
+            f'extra_args = ["-c", "4096", "--hf-token", "{FLAG_TOKEN}"]\n'
             f'ready_timeout = 60\nstop_grace = 3\nstop_deadline = 20\n'
+            f'[server.env]\nHF_TOKEN = "{HF_TOKEN}"\n'
             f'[preflight]\nmin_disk_free_gib = 0.1\nram_reserve_gib = 0\n')
 
 
@@ -62,7 +79,10 @@ def test_api_key_never_written_and_every_file_private(tmp_path, llama_server_bin
                                       "done,truncated"))
     assert export.returncode == 0, export.stderr
     launch = json.loads((run_dir / "server" / "launch.json").read_text())["record"]
-    assert "--api-key" in launch["argv"] and "***" in launch["argv"]  # recorded, redacted
+    assert "--hf-token" in launch["argv"] and "***" in launch["argv"]  # recorded, redacted
+    # The ledger keeps the job (to resume and audit it) with the pasted secrets redacted.
+    job_meta = ledger_meta(run_dir)["job"]["server"]
+    assert job_meta["env"] == {"HF_TOKEN": "***"} and job_meta["extra_args"][-1] == "***", job_meta
 
     # 2. A detached server: measured listening on loopback only; ps; stop from another process.
     serve_cfg = tmp_path / "serve.toml"
@@ -73,7 +93,14 @@ def test_api_key_never_written_and_every_file_private(tmp_path, llama_server_bin
         assert serve.returncode == 0, serve.stdout + serve.stderr
         rec = StateFile(serve_dir).read().record
         engine = psutil.Process(rec.pid)
-        assert key in engine.cmdline()  # the engine did get the key...
+        # The engine got the key through its environment, which only its owner can read, and
+        # not on its command line, which every user of the machine can (`ps`, /proc/PID/cmdline).
+        assert key not in " ".join(engine.cmdline())
+        assert engine.environ().get("LLAMA_API_KEY") == key
+        unauthorized = httpx.get(f"http://127.0.0.1:{rec.port}/v1/models", timeout=10)
+        authorized = httpx.get(f"http://127.0.0.1:{rec.port}/v1/models", timeout=10,
+                               headers={"Authorization": f"Bearer {key}"})
+        assert (unauthorized.status_code, authorized.status_code) == (401, 200)  # ...and enforces it
         listening = {c.laddr.ip for c in psutil.net_connections(kind="tcp")
                      if c.pid == engine.pid and c.status == psutil.CONN_LISTEN}
         assert listening == {"127.0.0.1"}, listening  # ...and serves loopback only (the default host)
@@ -89,12 +116,13 @@ def test_api_key_never_written_and_every_file_private(tmp_path, llama_server_bin
     assert bad.returncode == 1 and "launch failed" in bad.stderr, bad.stdout + bad.stderr
 
     # Nothing printed and no file written holds the key.
-    for out in outputs:
-        assert key not in out.stdout and key not in out.stderr, out.args
-    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and not (p.parent == tmp_path and p.suffix == ".toml")]  # minus the test's configs
     assert len(written) > 15, written
-    holding = [str(p) for p in written if key.encode() in p.read_bytes()]
-    assert holding == []
+    for secret in (key, HF_TOKEN, FLAG_TOKEN):
+        for out in outputs:
+            assert secret not in out.stdout and secret not in out.stderr, out.args
+        holding = [str(p) for p in written if secret.encode() in p.read_bytes()]
+        assert holding == [], secret[:3]
 
     # Every file harvest wrote in a run folder, a server run folder or the index is 0600, and
     # every folder 0700.

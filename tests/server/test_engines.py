@@ -92,10 +92,21 @@ def test_command_placeholders_and_readiness():
     assert [c.kind for c in a.readiness(no_health)] == ["port"]
 
 
-def test_api_key_reaches_argv_and_is_redacted_in_the_record(monkeypatch):
+@pytest.mark.parametrize(("engine", "variable"), [("vllm", "VLLM_API_KEY"), ("llamacpp", "LLAMA_API_KEY")])
+def test_api_key_goes_through_the_environment_where_the_engine_reads_it(monkeypatch, engine, variable):
     monkeypatch.setenv("MY_KEY", "sk-abc123")
-    cfg = ServerConfig(engine="vllm", model="m", api_key_env="MY_KEY")
-    argv = adapter_for("vllm").argv(cfg)
+    cfg = ServerConfig(engine=engine, model="m", api_key_env="MY_KEY")
+    a = adapter_for(engine)
+    assert "sk-abc123" not in " ".join(a.argv(cfg))  # argv is world-readable in /proc
+    assert a.environment(cfg)[variable] == "sk-abc123"
+    monkeypatch.delenv("MY_KEY")
+    assert variable not in a.environment(cfg)
+
+
+def test_sglang_takes_the_key_on_its_command_line_and_the_record_redacts_it(monkeypatch):
+    monkeypatch.setenv("MY_KEY", "sk-abc123")
+    cfg = ServerConfig(engine="sglang", model="m", api_key_env="MY_KEY")
+    argv = adapter_for("sglang").argv(cfg)
     assert argv[argv.index("--api-key") + 1] == "sk-abc123"
     shown = redact_argv(argv, ["sk-abc123"])
     assert "sk-abc123" not in " ".join(shown) and shown[argv.index("--api-key") + 1] == "***"

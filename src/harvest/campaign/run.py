@@ -36,6 +36,7 @@ from harvest.config import HarvestConfig
 from harvest.dataset import iter_items
 from harvest.errors import ConfigError, LedgerError, RequestError, ServerSick, StopError
 from harvest.ledger import Completion, Failure, Ledger, LedgerWriter, Status, Totals, hash_settings
+from harvest.redact import redact_argv
 from harvest.server import RunStatus, Server, StateFile, StopReport, stop_run
 
 log = logging.getLogger("harvest.campaign")
@@ -75,7 +76,7 @@ def output_settings(config: HarvestConfig) -> dict[str, Any]:
         "engine": server.engine if server else None,
         "kv_cache_dtype": server.kv_cache_dtype if server else None,
         "dtype": server.dtype if server else None,
-        "extra_args": list(server.extra_args) if server else [],
+        "extra_args": list(redact_argv(server.extra_args)) if server else [],  # a secret is no setting
         "sampling": config.sampling.model_dump(mode="json"),
         "history": config.run.history,
         "reasoning": config.run.reasoning,
@@ -130,7 +131,7 @@ class _Campaign:
     def open_ledger(self) -> Ledger:
         data = self.config.data
         assert data is not None
-        meta = {"job": self.config.model_dump(mode="json", exclude={"source"}), "job_file": self.config.source,
+        meta = {"job": self.config.recorded(), "job_file": self.config.source,
                 "output_settings": output_settings(self.config)}
         ledger = Ledger.open(self.run_dir, settings_hash=self.settings_hash, meta=meta,
                              allow_mixed=self.allow_mixed)

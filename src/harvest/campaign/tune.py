@@ -71,6 +71,7 @@ from harvest.quality.settings import (
     TaskSettings,
 )
 from harvest.quality.throughput import ThroughputResult, ThroughputSettings, throughput_probe
+from harvest.redact import redact_server_settings
 from harvest.server import Server
 
 if sys.version_info >= (3, 11):
@@ -176,7 +177,7 @@ class Trial:
     @property
     def label(self) -> str:
         parts = [f"{k}-{'_'.join(map(str, v)) if isinstance(v, list) else v}"
-                 for k, v in self.overrides.items()]
+                 for k, v in redact_server_settings(self.overrides).items()]
         slug = re.sub(r"[^A-Za-z0-9._-]+", "_", "_".join(parts)).strip("_")[:60] or "job"
         return f"{self.index:02d}-{slug}"
 
@@ -245,7 +246,7 @@ class TrialResult:
         if kv is None and self.launch is not None:
             kv = self.launch.kv_capacity_tokens
         return {
-            "trial": self.index, "settings": json.dumps(self.overrides, sort_keys=True),
+            "trial": self.index, "settings": json.dumps(redact_server_settings(self.overrides), sort_keys=True),
             "reference": self.is_reference, "kv_tokens": kv,
             "peak_running": t.peak_running if t else None, "gen_tok_s": t.gen_tok_s if t else None,
             "gen_tok_s_metrics": t.gen_tok_s_metrics if t else None,
@@ -259,7 +260,7 @@ class TrialResult:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        return {"index": self.index, "label": self.label, "overrides": self.overrides,
+        return {"index": self.index, "label": self.label, "overrides": redact_server_settings(self.overrides),
                 "verdict": self.verdict,
                 "reasons": list(self.reasons), "is_reference": self.is_reference,
                 "launch": self.launch.to_dict() if self.launch else None,

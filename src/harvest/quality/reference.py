@@ -85,7 +85,7 @@ class Reference:
 
 def server_settings(config: ServerConfig) -> dict[str, Any]:
     """The server settings that can change outputs (what the reference hash covers)."""
-    return config.model_dump(mode="json", exclude=_NEUTRAL_FIELDS)
+    return config.recorded(exclude=set(_NEUTRAL_FIELDS))
 
 
 def reference_hash(config: ServerConfig, probe: ProbeSettings, prompts: Sequence[ProbePrompt],

@@ -124,9 +124,20 @@ def gpu_environment(config: ServerConfig) -> dict[str, str]:
 
 
 def api_key_args(config: ServerConfig, flag: str = "--api-key") -> list[str]:
-    """``--api-key KEY`` when the config names an environment variable that holds a key."""
+    """``--api-key KEY`` when the config names an environment variable that holds a key.
+
+    Only for engines that read the key from nowhere else (SGLang): a command line can be read by
+    every user of the machine (``/proc/PID/cmdline``, ``ps``), an environment only by its owner.
+    """
     key = config.api_key()
     return [flag, key.get_secret_value()] if key is not None else []
+
+
+def api_key_environment(config: ServerConfig, variable: str) -> dict[str, str]:
+    """``{variable: KEY}`` for engines that read their key from the environment (vLLM's
+    ``VLLM_API_KEY``, llama.cpp's ``LLAMA_API_KEY``), keeping it off the command line."""
+    key = config.api_key()
+    return {variable: key.get_secret_value()} if key is not None else {}
 
 
 def python_package_version(python: str, distributions: tuple[str, ...], timeout: float = 15.0) -> str | None:
@@ -186,6 +197,7 @@ __all__ = [
     "ReadinessCheck",
     "adapter_for",
     "api_key_args",
+    "api_key_environment",
     "bearer_headers",
     "gpu_environment",
     "python_of",

@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from harvest.errors import StopError
+from harvest.redact import REDACTED, redact_argv
 
 STATE_FILE = "launch.json"
 LOG_FILE = "server.log"
 STOP_FILE = "stop.json"
 SCHEMA = 1
-REDACTED = "***"
 
 
 class RunStatus(str, enum.Enum):
@@ -106,31 +106,6 @@ class RunState:
     def processes(self) -> tuple[ProcessRef, ...]:
         """The leader and every recorded descendant: the only pids a stop may signal."""
         return (self.record.leader, *self.descendants)
-
-
-def redact_argv(argv: Sequence[str], secrets: Sequence[str] = ()) -> tuple[str, ...]:
-    """Replace the value after ``--api-key`` (or in ``--api-key=V``) and any argument equal to a secret."""
-    secret_set = {s for s in secrets if s}
-    out: list[str] = []
-    hide_next = False
-    for arg in argv:
-        if hide_next:
-            out.append(REDACTED)
-            hide_next = False
-            continue
-        if arg == "--api-key":
-            out.append(arg)
-            hide_next = True
-        elif arg.startswith("--api-key="):
-            out.append("--api-key=" + REDACTED)
-        elif arg in secret_set:
-            out.append(REDACTED)
-        else:
-            text = arg
-            for s in secret_set:
-                text = text.replace(s, REDACTED)
-            out.append(text)
-    return tuple(out)
 
 
 def make_run_dir(path: Path) -> Path:

@@ -29,7 +29,7 @@ from harvest.server.base import (
     FatalPattern,
     MetricNames,
     ReadinessCheck,
-    api_key_args,
+    api_key_environment,
     bearer_headers,
     gpu_environment,
 )
@@ -74,10 +74,11 @@ class LlamaCppAdapter:
             argv += ["--cache-type-k", config.kv_cache_dtype, "--cache-type-v", config.kv_cache_dtype]
         if config.gpus:
             argv += ["--n-gpu-layers", "all"]
-        return argv + api_key_args(config) + list(config.extra_args)
+        return argv + list(config.extra_args)
 
     def environment(self, config: ServerConfig) -> dict[str, str]:
-        return gpu_environment(config)
+        # The key goes through the environment (LLAMA_API_KEY), not the world-readable command line.
+        return {**gpu_environment(config), **api_key_environment(config, "LLAMA_API_KEY")}
 
     def readiness(self, config: ServerConfig) -> tuple[ReadinessCheck, ...]:
         return (ReadinessCheck("health", path="/health"),)

@@ -22,7 +22,7 @@ from harvest.server.base import (
     FatalPattern,
     MetricNames,
     ReadinessCheck,
-    api_key_args,
+    api_key_environment,
     gpu_environment,
     python_of,
     python_package_version,
@@ -67,10 +67,11 @@ class VLLMAdapter:
             argv += ["--max-num-seqs", str(config.max_running_requests)]
         if config.dtype:
             argv += ["--dtype", config.dtype]
-        return argv + api_key_args(config) + list(config.extra_args)
+        return argv + list(config.extra_args)
 
     def environment(self, config: ServerConfig) -> dict[str, str]:
-        return gpu_environment(config)
+        # The key goes through the environment (VLLM_API_KEY), not the world-readable command line.
+        return {**gpu_environment(config), **api_key_environment(config, "VLLM_API_KEY")}
 
     def readiness(self, config: ServerConfig) -> tuple[ReadinessCheck, ...]:
         return (ReadinessCheck("health", path="/health"), ReadinessCheck("models", path="/v1/models"))

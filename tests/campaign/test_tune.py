@@ -247,11 +247,11 @@ prompts = 8
 max_tokens = 16
 floor_launch = false
 
-# (long enough, ~3 s on a fast machine, for several 0.1 s gauge scrapes to land mid-run)
+# (48 x 512 tokens: long enough, seconds even on a fast machine, for 0.1 s gauge scrapes to land mid-run)
 [throughput]
-prompts = 96
+prompts = 48
 concurrency = 48
-max_tokens = 256
+max_tokens = 512
 extra_body = { ignore_eos = true }
 metrics_interval = 0.1
 """)

@@ -51,6 +51,8 @@ class Progress:
         self.server: dict[str, float | None] = {"running": None, "waiting": None}
         self.state = "running"
         self.note: str | None = None
+        #: True while the dataset is still being ingested (``total`` grows with it).
+        self.ingesting = False
         self._window: deque[tuple[float, int, int, int]] = deque()
         self._window_s = window_s
         stream = stream or sys.stderr
@@ -88,10 +90,11 @@ class Progress:
     def snapshot(self) -> dict[str, Any]:
         rates = self.rates()
         remaining = max(self.total - self.already_final - self.done, 0)
-        eta = remaining / rates["items_per_s"] if rates["items_per_s"] > 0 else None
+        eta = remaining / rates["items_per_s"] if rates["items_per_s"] > 0 and not self.ingesting else None
         return {
             "started_at": self.started_at, "updated_at": time.time(), "pid": os.getpid(), "state": self.state,
-            "note": self.note, "total": self.total, "final_before_session": self.already_final,
+            "note": self.note, "total": self.total, "ingesting": self.ingesting,
+            "final_before_session": self.already_final,
             "done_this_session": self.done, "in_flight": self.in_flight, "eta_s": eta,
             "statuses_this_session": dict(self.statuses), "errors_by_class": dict(self.errors),
             "server": dict(self.server), **{k: round(v, 3) for k, v in rates.items()},
@@ -121,14 +124,16 @@ class Progress:
             queue = f" server running {server['running']:.0f} waiting {server.get('waiting') or 0:.0f}"
         errors = " errors " + ",".join(f"{k}={v}" for k, v in sorted(snap["errors_by_class"].items())) \
             if snap["errors_by_class"] else ""
-        return (f"[harvest] {final}/{snap['total']} items, {snap['items_per_s']:.1f} items/s, "
+        more = "+ (ingesting)" if snap.get("ingesting") else ""
+        return (f"[harvest] {final}/{snap['total']}{more} items, {snap['items_per_s']:.1f} items/s, "
                 f"gen {snap['gen_tokens_per_s']:.0f} tok/s, prompt {snap['prompt_tokens_per_s']:.0f} tok/s, "
                 f"in flight {snap['in_flight']}{queue}, ETA {_duration(eta)}{errors}")
 
     def _table(self, snap: dict[str, Any]) -> Table:
         table = Table(title=f"harvest run: {self.run_dir}", show_header=False, expand=False)
         final = snap["final_before_session"] + snap["done_this_session"]
-        table.add_row("items", f"{final} / {snap['total']}  ({snap['done_this_session']} this session)")
+        more = "+ (ingesting)" if snap.get("ingesting") else ""
+        table.add_row("items", f"{final} / {snap['total']}{more}  ({snap['done_this_session']} this session)")
         table.add_row("rate", f"{snap['items_per_s']:.1f} items/s   gen {snap['gen_tokens_per_s']:.0f} tok/s   "
                               f"prompt {snap['prompt_tokens_per_s']:.0f} tok/s")
         table.add_row("in flight", str(snap["in_flight"]))

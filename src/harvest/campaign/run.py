@@ -3,11 +3,13 @@
     report = await run_campaign(config)
 
 Order of work: open the ledger (refusing settings that change outputs unless ``allow_mixed``),
-ingest the dataset (resuming an interrupted ingest by position), launch the server when the job
-names one to launch (a server a killed earlier session left running is stopped first, by its
-record; then preflight -> launch -> ready), dispatch pending items through the client,
-commit each result exactly once through the single writer, then the verified stop and the totals
-check ``done + truncated + failed + skipped == unique input``.
+ingest the dataset's first batch (so that a dataset that cannot be read fails before any launch),
+launch the server when the job names one to launch (a server a killed earlier session left
+running is stopped first, by its record; then preflight -> launch -> ready) while the rest of the
+dataset is ingested batch by batch beside it, dispatch pending items through the client as soon
+as they are in the ledger, commit each result exactly once through the single writer, then the
+verified stop and the totals check ``done + truncated + failed + skipped == unique input``. An
+interrupted ingest resumes by position, passing over what it committed without normalizing it.
 
 Who pays for a failure is decided by type: RequestError fails the item; ServerSick (every endpoint
 down past the client's health deadline) releases in-flight items back to pending uncharged and, for
@@ -35,7 +37,18 @@ from harvest.client import Client
 from harvest.config import HarvestConfig
 from harvest.dataset import iter_items
 from harvest.errors import ConfigError, LedgerError, RequestError, ServerSick, StopError
-from harvest.ledger import Completion, Failure, Ledger, LedgerWriter, Status, Totals, hash_settings
+from harvest.ledger import (
+    Completion,
+    Failure,
+    IngestBatch,
+    IngestReport,
+    Ledger,
+    LedgerWriter,
+    Status,
+    Totals,
+    hash_settings,
+    prepare_ingest,
+)
 from harvest.redact import redact_argv
 from harvest.server import RunStatus, Server, StateFile, StopReport, stop_run
 
@@ -44,6 +57,10 @@ log = logging.getLogger("harvest.campaign")
 #: Items claimed ahead of the client's concurrency, so the engine's queue never runs dry.
 CLAIM_FACTOR = 2
 SERVER_DIR = "server"
+#: Input records per ingest transaction.
+INGEST_BATCH = 10_000
+#: Longest wait for the background ingest to finish its current batch once asked to stop.
+INGEST_STOP_TIMEOUT = 60.0
 
 
 @dataclass(frozen=True)
@@ -125,6 +142,11 @@ class _Campaign:
         self.relaunches = 0
         self.outcome = "finished"
         self.note: str | None = None
+        # The background ingest: its records, task, a wake-up per committed batch, and its stop.
+        self._records: Any = None
+        self._ingest_task: asyncio.Task[None] | None = None
+        self._ingested = asyncio.Event()
+        self._ingest_stop = False
 
     # --- ledger and dataset --------------------------------------------------------------------
 
@@ -148,11 +170,86 @@ class _Campaign:
                               f"{fingerprint}); resuming would mix inputs. Use a new output dir, or "
                               f"--allow-mixed to accept it")
         ledger.set_meta("dataset_fingerprint", fingerprint)
-        report = ledger.ingest(iter_items(data))
-        log.info("input: %d rows, %d unique, %d duplicates, %d skipped%s", report.total_rows, report.unique,
-                 report.duplicates, report.skipped,
-                 f" (ingest resumed after row {report.resumed_from})" if report.resumed_from else "")
+        state = ledger.ingest_state()
+        if not state["complete"]:
+            # The first batch now, before any launch: a dataset that cannot be read fails here.
+            self._records = iter_items(data, skip=state["rows"])
+            try:
+                first = prepare_ingest(self._records, INGEST_BATCH)
+                report = ledger.commit_ingest(first, resumed_from=state["rows"])
+            except BaseException:
+                self._close_records()
+                ledger.close()
+                raise
+            if state["rows"]:
+                log.info("ingest resumed after row %d", state["rows"])
+            if report.complete:
+                self._close_records()
+                self._log_input(report)
         return ledger
+
+    @staticmethod
+    def _log_input(report: IngestReport) -> None:
+        log.info("input: %d rows, %d unique, %d duplicates, %d skipped", report.total_rows, report.unique,
+                 report.duplicates, report.skipped)
+
+    def _close_records(self) -> None:
+        if self._records is not None:
+            with contextlib.suppress(ValueError):  # still being read by a batch left to finish
+                self._records.close()
+            self._records = None
+
+    async def _ingest_rest(self, writer: LedgerWriter, progress: Progress) -> None:
+        """Ingest the rest of the dataset beside the launch and the dispatch, one batch per
+        transaction through the writer; records are read and normalized on a worker thread."""
+        records = self._records
+        try:
+            while not self._ingest_stop:
+                batch: IngestBatch = await asyncio.to_thread(prepare_ingest, records, INGEST_BATCH)
+                if self._ingest_stop:
+                    return  # not committed: the next session reads it again
+                report = await writer.ingest(batch)
+                progress.total = report.unique
+                progress.already_final += report.new_skipped  # final without any work
+                self._ingested.set()
+                if report.complete:
+                    self._log_input(report)
+                    progress.ingesting = False
+                    return
+        finally:
+            self._close_records()
+            self._ingested.set()
+
+    def _ingesting(self) -> bool:
+        """True while the background ingest may still add items; raises what ended it, if anything did."""
+        task = self._ingest_task
+        if task is None:
+            return False
+        if not task.done():
+            return True
+        if not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
+        return False
+
+    async def _wait_ingested(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for the next committed ingest batch (or the ingest's end)."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._ingested.wait(), timeout)
+        self._ingested.clear()
+
+    async def _finish_ingest(self) -> None:
+        """Let the background ingest finish its current batch and stop (it resumes next session)."""
+        task = self._ingest_task
+        if task is None:
+            return
+        self._ingest_stop = True
+        try:
+            await asyncio.wait_for(asyncio.shield(task), INGEST_STOP_TIMEOUT)
+        except asyncio.TimeoutError:
+            log.warning("the ingest did not finish its batch within %.0f s; it resumes next time",
+                        INGEST_STOP_TIMEOUT)
+        except Exception as exc:  # noqa: BLE001 - dispatch raises it where it looks; here it only ends
+            log.warning("the ingest stopped: %s", exc)
 
     # --- server -------------------------------------------------------------------------------
 
@@ -209,6 +306,7 @@ class _Campaign:
 
     async def dispatch(self, writer: LedgerWriter, client: Client, progress: Progress) -> None:
         tasks: dict[asyncio.Task[Any], str] = {}
+        self._scrape_task: asyncio.Task[None] | None = None
         try:
             await self._dispatch(writer, client, progress, tasks)
         finally:
@@ -216,6 +314,10 @@ class _Campaign:
                 for t in tasks:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
+            scrape = self._scrape_task
+            if scrape is not None and not scrape.done():
+                scrape.cancel()
+                await asyncio.gather(scrape, return_exceptions=True)
 
     async def _dispatch(self, writer: LedgerWriter, client: Client, progress: Progress,
                         tasks: dict[asyncio.Task[Any], str]) -> None:
@@ -250,12 +352,17 @@ class _Campaign:
 
         while True:
             if not self.stop_requested.is_set() and not server_down and not exhausted and len(tasks) < target:
+                # Asked before the claim: an ingest that ended before it committed before it.
+                ingesting = self._ingesting()
                 rows = await writer.claim(target - len(tasks))
-                if not rows:
+                if not rows and not ingesting:
                     exhausted = True
                 for row in rows:
                     tasks[asyncio.create_task(one(row.id, row.item))] = row.id
             if not tasks:
+                if not exhausted and not server_down and not self.stop_requested.is_set() and self._ingesting():
+                    await self._wait_ingested(0.5)  # everything ingested so far is done: wait for more
+                    continue
                 break
             progress.in_flight = len(tasks)
             done, _ = await asyncio.wait(list(tasks), timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
@@ -309,11 +416,9 @@ class _Campaign:
                 # generates must not hold up the refill of its own queue. The display shows the
                 # last scrape that finished.
                 if scrape is None or scrape.done():
-                    scrape = asyncio.create_task(self._scrape(client, progress))
+                    scrape = self._scrape_task = asyncio.create_task(self._scrape(client, progress))
                 progress.update()
-        if scrape is not None and not scrape.done():
-            scrape.cancel()
-            await asyncio.gather(scrape, return_exceptions=True)
+        self._scrape_task = scrape
         if self.stop_requested.is_set() and self.outcome == "finished":
             self.outcome = "interrupted"
         progress.in_flight = 0
@@ -350,11 +455,18 @@ class _Campaign:
             progress = Progress(self.run_dir, total=total, already_final=final_before, live=self.live)
             with progress:
                 await asyncio.to_thread(self.stop_leftover)  # also when nothing is left to generate
-                if counts[Status.PENDING] or counts[Status.RUNNING]:
+                if counts[Status.PENDING] or counts[Status.RUNNING] or self._records is not None:
                     try:
-                        await self.start_server()
-                        async with Client.from_config(self.config) as client, LedgerWriter(ledger) as writer:
-                            await self.dispatch(writer, client, progress)
+                        async with LedgerWriter(ledger) as writer:
+                            try:
+                                if self._records is not None:
+                                    progress.ingesting = True
+                                    self._ingest_task = asyncio.create_task(self._ingest_rest(writer, progress))
+                                await self.start_server()
+                                async with Client.from_config(self.config) as client:
+                                    await self.dispatch(writer, client, progress)
+                            finally:
+                                await self._finish_ingest()
                     finally:
                         await self.stop_server()
                 progress.state = self.outcome
@@ -364,6 +476,7 @@ class _Campaign:
         finally:
             for sig in installed:
                 loop.remove_signal_handler(sig)
+            self._close_records()
             ledger.close()
         return RunReport(self.run_dir, totals, progress.done, time.monotonic() - t0, self.outcome,
                          self.relaunches, tuple(self.stop_reports), ledger.recovered, self.note)

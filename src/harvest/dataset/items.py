@@ -12,6 +12,7 @@ dataset as a whole cannot be read (missing path, unknown extension, pyarrow miss
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Collection, Iterator
 from pathlib import Path
 
@@ -60,12 +61,18 @@ def detect_format(path: str | Path, declared: str = "auto") -> str:
 
 
 def read_rows(
-    path: str | Path, fmt: str = "auto", columns: Collection[str] | None = None
+    path: str | Path, fmt: str = "auto", columns: Collection[str] | None = None, skip: int = 0
 ) -> Iterator[Row | Skipped]:
-    """Raw rows of the dataset at ``path`` in file order. ``columns`` limits columnar reads."""
+    """Raw rows of the dataset at ``path`` in file order. ``columns`` limits columnar reads.
+
+    ``skip`` rows are passed over first: JSON Lines without parsing them, other formats without
+    anything beyond their reader's own decoding.
+    """
     fmt = detect_format(path, fmt)
     if fmt == "jsonl":
-        return read_jsonl(path)
+        return read_jsonl(path, skip)
+    if skip:
+        return _skipping(read_rows(path, fmt, columns), skip)
     if fmt == "json":
         return read_json(path)
     if fmt == "csv":
@@ -77,6 +84,13 @@ def read_rows(
     raise ConfigError(str(path), [(str(path), f"unknown data format {fmt!r}")])
 
 
+def _skipping(rows: Iterator[Row | Skipped], n: int) -> Iterator[Row | Skipped]:
+    with contextlib.closing(rows):  # type: ignore[arg-type]
+        for _ in itertools.islice(rows, n):
+            pass
+        yield from rows
+
+
 def used_columns(config: DataConfig) -> set[str]:
     """The columns a row can be read from under ``config`` (columnar readers load only these)."""
     names = {config.prompt_field, config.messages_field, config.conversations_field, "id"}
@@ -85,15 +99,19 @@ def used_columns(config: DataConfig) -> set[str]:
     return names
 
 
-def iter_items(config: DataConfig) -> Iterator[Item | Skipped]:
+def iter_items(config: DataConfig, skip: int = 0) -> Iterator[Item | Skipped]:
     """Stream the dataset of ``config`` as normalized items and skipped rows, in file order.
 
     The same file and config give the same sequence (ids, lines, order) every time, which is what
-    lets the ledger resume an interrupted ingest by position.
+    lets the ledger resume an interrupted ingest by position. ``skip`` records are passed over
+    first, cheaply (never normalized): ``iter_items(c, skip=n)`` yields what ``iter_items(c)``
+    yields after its first ``n``.
     """
-    rows = read_rows(config.path, config.format, used_columns(config))
+    if config.limit is not None and skip >= config.limit:
+        return
+    rows = read_rows(config.path, config.format, used_columns(config), skip)
     with contextlib.closing(rows):  # type: ignore[arg-type]
-        count = 0
+        count = skip
         for row in rows:
             yield row if isinstance(row, Skipped) else normalize(row, config)
             count += 1

@@ -72,8 +72,11 @@ def parse_json_record(source: str, line: int, data: bytes | str) -> Row | Skippe
     return Row(source, line, value)
 
 
-def read_jsonl(path: str | Path) -> Iterator[Row | Skipped]:
-    """Yield the records of a JSON Lines file, one per non-blank line; ``line`` is the file line."""
+def read_jsonl(path: str | Path, skip: int = 0) -> Iterator[Row | Skipped]:
+    """Yield the records of a JSON Lines file, one per non-blank line; ``line`` is the file line.
+
+    The first ``skip`` records are passed over without being parsed (a resumed ingest).
+    """
     source = str(path)
     with open_binary(path) as f:
         line = 0
@@ -87,13 +90,19 @@ def read_jsonl(path: str | Path) -> Iterator[Row | Skipped]:
                     more = f.readline(1 << 20)
                     if not more or more.endswith(b"\n"):
                         break
-                yield Skipped(source, line, f"line longer than {MAX_RECORD_BYTES} bytes")
+                if skip:
+                    skip -= 1
+                else:
+                    yield Skipped(source, line, f"line longer than {MAX_RECORD_BYTES} bytes")
                 continue
             if line == 1 and raw.startswith(_BOM):
                 raw = raw[len(_BOM):]
             raw = raw.strip(b" \t\r\n")
             if raw:
-                yield parse_json_record(source, line, raw)
+                if skip:
+                    skip -= 1
+                else:
+                    yield parse_json_record(source, line, raw)
 
 
 def read_json(path: str | Path, chunk: int = 1 << 20) -> Iterator[Row | Skipped]:

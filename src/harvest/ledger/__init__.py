@@ -24,7 +24,7 @@ from harvest.ledger.records import (
     hash_settings,
 )
 from harvest.ledger.schema import LEDGER_FILE, LOCK_FILE, SCHEMA_VERSION
-from harvest.ledger.store import RESERVED_META, Ledger
+from harvest.ledger.store import RESERVED_META, IngestBatch, Ledger, prepare_ingest
 from harvest.ledger.writer import LedgerWriter
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "Completion",
     "FINAL_STATUSES",
     "Failure",
+    "IngestBatch",
     "IngestReport",
     "ItemRow",
     "LEDGER_FILE",
@@ -45,4 +46,5 @@ __all__ = [
     "Status",
     "Totals",
     "hash_settings",
+    "prepare_ingest",
 ]

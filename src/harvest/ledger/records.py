@@ -119,6 +119,9 @@ class IngestReport:
     skipped: int
     #: True once the iterable has been read to its end.
     complete: bool
+    #: Items this call added (not duplicates), and how many of those are skipped rows.
+    new_items: int = 0
+    new_skipped: int = 0
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ sick): the runner does, through this API. A ``Ledger`` must be used by one threa
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import itertools
@@ -105,6 +106,47 @@ def _dumps(value: Any) -> str:
 def _input_hash(text: str) -> int:
     """64-bit hash of an item's stored input, to tell a true duplicate from an id collision."""
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "big", signed=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class IngestBatch:
+    """Input records made ready for :meth:`Ledger.commit_ingest` (built off the ledger's thread)."""
+
+    params: list[tuple[Any, ...]]
+    #: id -> stored input JSON, first occurrence in the batch.
+    inputs: dict[str, str]
+    #: Records in the batch, skipped ones included.
+    rows: int
+    #: Records the readers skipped (bad rows).
+    skipped: int
+    #: The input ended with this batch.
+    last: bool
+    skip_ids: frozenset[str] = frozenset()
+
+    def new_skipped(self, new: Sequence[tuple[int, str]]) -> int:
+        """How many of the rows a commit inserted (``(seq, id)``) are skipped rows."""
+        return sum(1 for _, item_id in new if item_id in self.skip_ids) if self.skip_ids else 0
+
+
+def prepare_ingest(records: Iterator[Item | Skipped], batch_size: int = 10_000) -> IngestBatch:
+    """Read up to ``batch_size`` records from ``records`` and build their rows (any thread)."""
+    batch = list(itertools.islice(records, batch_size))
+    now = time.time()
+    params = []
+    inputs: dict[str, str] = {}  # first occurrence in this batch wins, as in the table
+    skip_ids = set()
+    skipped = 0
+    for rec in batch:
+        if isinstance(rec, Skipped):
+            skipped += 1
+            skip_ids.add(rec.id)
+            params.append((rec.id, Status.SKIPPED.value, rec.reason, "input", rec.source, rec.line, None, now))
+        else:
+            text = rec.to_json()
+            inputs.setdefault(rec.id, text)
+            params.append((rec.id, Status.PENDING.value, None, None, rec.source, rec.source_line,
+                           _input_hash(text), now))
+    return IngestBatch(params, inputs, len(batch), skipped, len(batch) < batch_size, frozenset(skip_ids))
 
 
 class Ledger:
@@ -319,8 +361,12 @@ class Ledger:
         committed is stored with each batch, and a later call skips that many records first, so
         ``records`` must be the same sequence each time (same dataset and config). Once complete,
         further calls read nothing.
+
+        The same in two halves, for a caller that ingests while it generates: read the position
+        with :meth:`ingest_state`, skip that many records itself, build batches with
+        :func:`prepare_ingest` (any thread) and commit each with :meth:`commit_ingest`.
         """
-        state = self.meta()["ingest"]
+        state = self.ingest_state()
         if state["complete"]:
             return self._ingest_report(state, rows_read=0, resumed_from=state["rows"])
         resumed_from = state["rows"]
@@ -329,41 +375,43 @@ class Ledger:
             pass
         rows_read = 0
         while True:
-            batch = list(itertools.islice(it, batch_size))
-            now = time.time()
-            params = []
-            inputs: dict[str, str] = {}  # first occurrence in this batch wins, as in the table
-            skipped = 0
-            for rec in batch:
-                if isinstance(rec, Skipped):
-                    skipped += 1
-                    params.append((rec.id, Status.SKIPPED.value, rec.reason, "input", rec.source, rec.line,
-                                   None, now))
-                else:
-                    text = rec.to_json()
-                    inputs.setdefault(rec.id, text)
-                    params.append((rec.id, Status.PENDING.value, None, None, rec.source, rec.source_line,
-                                   _input_hash(text), now))
-            with self._write() as conn:
-                before = conn.execute("SELECT max(seq) FROM items").fetchone()[0] or 0
-                conn.executemany(_SQL_INGEST, params)
-                # New rows get increasing seqs; the rest of the batch were duplicates.
-                new = conn.execute("SELECT seq, id FROM items WHERE seq > ?", (before,)).fetchall()
-                conn.executemany("INSERT INTO inputs(item, input) VALUES (?, ?)",
-                                 [(seq, inputs[item_id]) for seq, item_id in new if item_id in inputs])
-                state["rows"] += len(batch)
-                state["duplicates"] += len(batch) - len(new)
-                state["skipped"] += skipped
-                state["complete"] = len(batch) < batch_size
-                conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('ingest', ?)", (_dumps(state),))
-            rows_read += len(batch)
-            if state["complete"]:
-                return self._ingest_report(state, rows_read=rows_read, resumed_from=resumed_from)
+            batch = prepare_ingest(it, batch_size)
+            report = self.commit_ingest(batch, resumed_from=resumed_from)
+            rows_read += batch.rows
+            if report.complete:
+                return dataclasses.replace(report, rows_read=rows_read)
 
-    def _ingest_report(self, state: Mapping[str, Any], rows_read: int, resumed_from: int) -> IngestReport:
+    def ingest_state(self) -> dict[str, Any]:
+        """Where the ingest stands: ``rows`` committed, ``duplicates``, ``skipped``, ``complete``."""
+        return dict(self.meta()["ingest"])
+
+    def commit_ingest(self, batch: IngestBatch, resumed_from: int = 0) -> IngestReport:
+        """Commit one prepared batch of input records, after those committed before, in one
+        transaction with the new ingest position. A batch with ``last`` set completes the ingest."""
+        state = self.ingest_state()
+        if state["complete"]:
+            raise LedgerError(f"{self.path}: the input is already fully ingested")
+        with self._write() as conn:
+            before = conn.execute("SELECT max(seq) FROM items").fetchone()[0] or 0
+            conn.executemany(_SQL_INGEST, batch.params)
+            # New rows get increasing seqs; the rest of the batch were duplicates.
+            new = conn.execute("SELECT seq, id FROM items WHERE seq > ?", (before,)).fetchall()
+            conn.executemany("INSERT INTO inputs(item, input) VALUES (?, ?)",
+                             [(seq, batch.inputs[item_id]) for seq, item_id in new if item_id in batch.inputs])
+            state["rows"] += batch.rows
+            state["duplicates"] += batch.rows - len(new)
+            state["skipped"] += batch.skipped
+            state["complete"] = batch.last
+            conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('ingest', ?)", (_dumps(state),))
+        return self._ingest_report(state, rows_read=batch.rows, resumed_from=resumed_from,
+                                   new=len(new), new_skipped=batch.new_skipped(new))
+
+    def _ingest_report(self, state: Mapping[str, Any], rows_read: int, resumed_from: int, new: int = 0,
+                       new_skipped: int = 0) -> IngestReport:
         return IngestReport(rows_read=rows_read, resumed_from=resumed_from, total_rows=state["rows"],
                             unique=state["rows"] - state["duplicates"], duplicates=state["duplicates"],
-                            skipped=state["skipped"], complete=state["complete"])
+                            skipped=state["skipped"], complete=state["complete"], new_items=new,
+                            new_skipped=new_skipped)
 
     # ---------------------------------------------------------------- work
 
@@ -558,4 +606,4 @@ class Ledger:
             (limit,)))
 
 
-__all__ = ["Ledger", "RESERVED_META"]
+__all__ = ["IngestBatch", "Ledger", "RESERVED_META", "prepare_ingest"]

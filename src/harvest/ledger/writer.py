@@ -14,8 +14,9 @@ first. Every ledger call runs on one dedicated thread, so the SQLite connection 
 threads and the event loop never waits on the disk. Calls that read (``claim``, ``counts``) first
 hand over what is waiting, so they see it.
 
-Ingest with ``Ledger.ingest`` before starting the writer; while the writer runs, use the ledger
-only through it. This module never decides policy and never opens or closes the ledger (its owner
+While the writer runs, use the ledger only through it, the ingest included: a runner that
+generates while it ingests builds batches with ``prepare_ingest`` on another thread and commits
+each through :meth:`LedgerWriter.ingest`. This module never decides policy and never opens or closes the ledger (its owner
 does). After a failed commit it refuses further work (``LedgerError``) rather than dropping results
 silently; a batch that fails rolls back as a whole, so its items stay claimable after a restart.
 """
@@ -29,8 +30,8 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from harvest.errors import LedgerError
-from harvest.ledger.records import ApplyReport, Completion, Failure, ItemRow, Status, Totals
-from harvest.ledger.store import Ledger
+from harvest.ledger.records import ApplyReport, Completion, Failure, IngestReport, ItemRow, Status, Totals
+from harvest.ledger.store import IngestBatch, Ledger
 
 T = TypeVar("T")
 
@@ -138,6 +139,10 @@ class LedgerWriter:
         """Claim up to ``n`` pending items (after committing what is waiting)."""
         raw = await self._call(functools.partial(self._ledger.claim_raw, n))
         return self._ledger.item_rows(raw)  # decoded here, off the ledger thread
+
+    async def ingest(self, batch: IngestBatch) -> IngestReport:
+        """Commit one prepared batch of input records (see ``Ledger.commit_ingest``)."""
+        return await self._call(functools.partial(self._ledger.commit_ingest, batch))
 
     async def counts(self) -> dict[Status, int]:
         return await self._call(self._ledger.counts)

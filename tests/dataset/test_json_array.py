@@ -105,3 +105,25 @@ def test_fuzz_split_array_never_raises_and_ignores_chunking(body, chunk):
     assert out == list(split_array(io.BytesIO(b"[" + body), "f.json", 1))
     for piece in out:
         assert isinstance(piece, Skipped) or (isinstance(piece, tuple) and piece[0] >= 1)
+
+
+class _CountingStream(io.BytesIO):
+    def __init__(self, data: bytes):
+        super().__init__(data)
+        self.reads = 0
+
+    def read(self, n: int = -1) -> bytes:  # type: ignore[override]
+        self.reads += 1
+        return super().read(n)
+
+
+def test_an_element_spanning_many_chunks_is_read_in_a_doubling_buffer():
+    # 8 MiB of one element with 4 KiB chunks: fixed-size reads would take ~2,000 reads, each
+    # copying everything held so far; a buffer that grows with the element takes ~log2(2,000).
+    big = {"id": "big", "prompt": "x" * (8 << 20)}
+    data = json.dumps([{"id": "a", "prompt": "p"}, big, {"id": "b", "prompt": "q"}]).encode()
+    stream = _CountingStream(data)
+    out = list(split_array(stream, "big.json", chunk=4096))
+    assert [json.loads(text)["id"] for _, text in out] == ["a", "big", "b"]
+    assert json.loads(out[1][1]) == big
+    assert stream.reads <= 20, stream.reads

@@ -52,7 +52,9 @@ class _Buffer:
     def fill(self, keep_from: int) -> int:
         """Read one more chunk, dropping text before ``keep_from``. Returns how far positions moved."""
         self.line_at(keep_from)
-        data = self._stream.read(self._chunk)
+        # Read at least as much as is kept: an element spanning many chunks then costs a doubling
+        # buffer (linear in its size) instead of one copy of everything so far per chunk.
+        data = self._stream.read(max(self._chunk, len(self.text) - keep_from))
         if not data:
             self.eof = True
         decoded = self._decoder.decode(data, final=not data)

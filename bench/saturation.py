@@ -236,17 +236,19 @@ async def raw_loop(url: str, prompts: Path, max_tokens: int, concurrency: int, m
             async with sem:
                 started = time.time()
                 starts.append(started)
-                for attempt in range(4):
+                for attempt in range(8):
                     try:
                         async with session.post(url + "/v1/chat/completions", data=body,
                                                 headers={"Content-Type": "application/json"},
                                                 timeout=aiohttp.ClientTimeout(total=600)) as resp:
                             data = json.loads(await resp.read())
                         break
-                    except aiohttp.ServerDisconnectedError:
-                        if attempt == 3:
+                    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+                        # a kept-alive connection the server closed as it was reused
+                        if attempt == 7:
                             raise
                         retries += 1
+                        await asyncio.sleep(0.05 * attempt)
                 finished = time.time()
                 ends.append(finished)
             if resp.status != 200:

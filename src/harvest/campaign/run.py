@@ -326,7 +326,6 @@ class _Campaign:
         exhausted = False
         last_update = 0.0
         server_down = False
-        scrape: asyncio.Task[None] | None = None
 
         async def one(row_id: str, item: Any) -> None:
             try:
@@ -415,10 +414,9 @@ class _Campaign:
                 # The scrape runs beside dispatch: a server slow to answer /metrics while it
                 # generates must not hold up the refill of its own queue. The display shows the
                 # last scrape that finished.
-                if scrape is None or scrape.done():
-                    scrape = self._scrape_task = asyncio.create_task(self._scrape(client, progress))
+                if self._scrape_task is None or self._scrape_task.done():
+                    self._scrape_task = asyncio.create_task(self._scrape(client, progress))
                 progress.update()
-        self._scrape_task = scrape
         if self.stop_requested.is_set() and self.outcome == "finished":
             self.outcome = "interrupted"
         progress.in_flight = 0

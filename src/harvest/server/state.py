@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from harvest.errors import StopError
-from harvest.redact import REDACTED, redact_argv
+from harvest.redact import redact_argv
 
 STATE_FILE = "launch.json"
 LOG_FILE = "server.log"

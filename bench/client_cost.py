@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 import psutil
+from benchutil import load  # bench/benchutil.py
 
 HERE = Path(__file__).resolve().parent
 ALL_CLIENTS = ["harvest", "openai-async", "openai-threads", "raw-aiohttp", "raw-httpx"]
@@ -222,9 +223,6 @@ def _children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _load() -> str:
-    return "load {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
-
 
 def _median(runs: list[dict[str, float]]) -> dict[str, float]:
     """The run with the median requests/s (a real run, so its CPU and wall belong together)."""
@@ -262,14 +260,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for k in range(args.rounds):  # each round runs every client once, in order: A B C A B C ...
             for kind in kinds:
-                before = _load()
+                before = load()
                 r = run_client(kind, base, args, proc.pid)
                 r["load"] = os.getloadavg()[0]
                 runs[kind].append(r)
                 print(f"  round {k} {kind:<15} {r['requests'] / r['wall_s']:8.0f} req/s  "
                       f"{r['requests'] / r['cpu_s']:8.0f} req per CPU s  ({before})", file=sys.stderr, flush=True)
             if not args.no_wrk:
-                before = _load()
+                before = load()
                 w = run_wrk(base, args)
                 if w is not None:
                     w["load"] = os.getloadavg()[0]
@@ -285,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
           "loopback; "
           f"{args.rounds} round(s), the median round shown")
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-          f"{time.strftime('%Y-%m-%d %H:%M')}; {_load()}\n")
+          f"{time.strftime('%Y-%m-%d %H:%M')}; {load()}\n")
     print(f"{'client':<16}{'req/s':>10}{'CPU s/1000 req':>16}{'req per CPU s':>15}{'server CPU %':>14}{'load1':>8}")
     for kind, r in results.items():
         per_cpu = r["requests"] / r["cpu_s"] if r["cpu_s"] > 0 else float("inf")

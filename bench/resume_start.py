@@ -45,6 +45,7 @@ import time
 from pathlib import Path
 
 import null_server  # bench/null_server.py: the script's folder is on sys.path
+from benchutil import exit_on_sigterm, load  # bench/benchutil.py
 
 FIRST_CHAT = b"POST /v1/chat/completions "
 
@@ -60,9 +61,6 @@ BASELINE = (
     "asyncio.run(main())\n"
 )
 
-
-def load() -> str:
-    return "load {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
 
 
 class Recorder:
@@ -253,15 +251,6 @@ def baseline(rec: Recorder, args: argparse.Namespace) -> float:
     print(f"  baseline  {took:6.3f} s to first request   ({load_before} -> {load()})", flush=True)
     return took
 
-
-def exit_on_sigterm() -> None:
-    """SIGTERM (and SIGINT, which a shell may leave ignored in background jobs) raise SystemExit,
-    so the ``finally`` blocks stop what this script started."""
-    def handler(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, handler)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -46,7 +46,6 @@ import json
 import os
 import platform
 import resource
-import signal
 import sqlite3
 import statistics
 import subprocess
@@ -54,6 +53,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchutil import exit_on_sigterm, load  # bench/benchutil.py
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -75,10 +76,6 @@ CLIENTS = ["vllm-bench", "harvest", "raw-loop"]
 TOPICS = ["a hash table", "TCP congestion control", "a B-tree", "garbage collection", "the CAP theorem",
           "a bloom filter", "copy-on-write", "a write-ahead log", "consistent hashing", "a skip list"]
 
-
-def load() -> str:
-    """The 1, 5 and 15 minute load averages, for every figure printed."""
-    return "load {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
 
 
 def engine_python(given: str | None) -> str:
@@ -406,15 +403,6 @@ def retried(r: dict[str, float]) -> str:
 def rate(r: dict[str, float]) -> float:
     return r["tokens"] / r["window_s"]
 
-
-def exit_on_sigterm() -> None:
-    """SIGTERM (and SIGINT, which a shell may leave ignored in background jobs) raise SystemExit,
-    so the ``finally`` blocks stop what this script started."""
-    def handler(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, handler)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import platform
-import signal
 import statistics
 import subprocess
 import sys
@@ -38,7 +37,8 @@ import time
 from pathlib import Path
 
 import saturation  # bench/saturation.py: the script's folder is on sys.path
-from saturation import children_cpu, ledger_window, load, rate, run_raw_loop, write_prompts
+from benchutil import exit_on_sigterm, load  # bench/benchutil.py
+from saturation import children_cpu, ledger_window, rate, run_raw_loop, write_prompts
 
 
 def write_job(path: Path, *, prompts: Path, url: str, model: str, run_dir: Path, max_tokens: int,
@@ -118,15 +118,6 @@ def start_server(args: argparse.Namespace, model: str, work: Path):
                 raise
     raise RuntimeError(f"could not start transformers serve: {last}")
 
-
-def exit_on_sigterm() -> None:
-    """SIGTERM (and SIGINT, which a shell may leave ignored in background jobs) raise SystemExit,
-    so the ``finally`` blocks stop what this script started."""
-    def handler(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, handler)
 
 
 def main(argv: list[str] | None = None) -> int:

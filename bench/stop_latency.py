@@ -41,6 +41,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+from benchutil import exit_on_sigterm, load  # bench/benchutil.py
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
@@ -49,9 +50,6 @@ VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_
 RAW_POLL = 0.01
 MARGIN_MIB = 256
 
-
-def load() -> str:
-    return "load {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
 
 
 def free_port() -> int:
@@ -296,15 +294,6 @@ def engine_python(args: argparse.Namespace) -> str:
         raise SystemExit(f"scripts/install-engines vllm failed:\n{done.stderr[-3000:]}")
     return done.stdout.strip().splitlines()[-1]
 
-
-def exit_on_sigterm() -> None:
-    """SIGTERM (and SIGINT, which a shell may leave ignored in background jobs) raise SystemExit,
-    so the ``finally`` blocks stop what this script started."""
-    def handler(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, handler)
 
 
 def _s(x: float | None) -> str:

@@ -121,11 +121,6 @@ class IngestBatch:
     skipped: int
     #: The input ended with this batch.
     last: bool
-    skip_ids: frozenset[str] = frozenset()
-
-    def new_skipped(self, new: Sequence[tuple[int, str]]) -> int:
-        """How many of the rows a commit inserted (``(seq, id)``) are skipped rows."""
-        return sum(1 for _, item_id in new if item_id in self.skip_ids) if self.skip_ids else 0
 
 
 def prepare_ingest(records: Iterator[Item | Skipped], batch_size: int = 10_000) -> IngestBatch:
@@ -134,19 +129,17 @@ def prepare_ingest(records: Iterator[Item | Skipped], batch_size: int = 10_000) 
     now = time.time()
     params = []
     inputs: dict[str, str] = {}  # first occurrence in this batch wins, as in the table
-    skip_ids = set()
     skipped = 0
     for rec in batch:
         if isinstance(rec, Skipped):
             skipped += 1
-            skip_ids.add(rec.id)
             params.append((rec.id, Status.SKIPPED.value, rec.reason, "input", rec.source, rec.line, None, now))
         else:
             text = rec.to_json()
             inputs.setdefault(rec.id, text)
             params.append((rec.id, Status.PENDING.value, None, None, rec.source, rec.source_line,
                            _input_hash(text), now))
-    return IngestBatch(params, inputs, len(batch), skipped, len(batch) < batch_size, frozenset(skip_ids))
+    return IngestBatch(params, inputs, len(batch), skipped, len(batch) < batch_size)
 
 
 class Ledger:
@@ -403,8 +396,10 @@ class Ledger:
             state["skipped"] += batch.skipped
             state["complete"] = batch.last
             conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('ingest', ?)", (_dumps(state),))
+        # A skipped row's id names its file and line, so it is new unless that line was ingested
+        # before, which resuming by position rules out.
         return self._ingest_report(state, rows_read=batch.rows, resumed_from=resumed_from,
-                                   new=len(new), new_skipped=batch.new_skipped(new))
+                                   new=len(new), new_skipped=batch.skipped)
 
     def _ingest_report(self, state: Mapping[str, Any], rows_read: int, resumed_from: int, new: int = 0,
                        new_skipped: int = 0) -> IngestReport:

@@ -4,7 +4,7 @@ PY ?= python3
 VENV ?= .venv
 PYTEST_ARGS ?=
 
-.PHONY: demo test install engines
+.PHONY: demo test install engines system
 
 $(VENV)/.harvest-installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -17,12 +17,16 @@ install: $(VENV)/.harvest-installed
 engines:
 	scripts/install-engines vllm llamacpp
 
+# Debian packages the tests use for real (sshd, Chromium, tmux); skipped when already present.
+system:
+	scripts/install-system
+
 # The main job on the embedded default: a tiny local model on vLLM's CPU build.
 demo: install
 	$(VENV)/bin/harvest demo --engine-python "$$(scripts/install-engines vllm)"
 
 # The whole test suite against real engines; "no tests collected" (pytest exit 5) is a failure.
-test: install engines
+test: install engines system
 	HARVEST_VLLM_PYTHON="$$(scripts/install-engines vllm)" \
 	HARVEST_LLAMA_SERVER="$$(scripts/install-engines llamacpp)" \
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS); rc=$$?; \

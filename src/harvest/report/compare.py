@@ -106,10 +106,11 @@ def compare_page(folder: str | Path) -> tuple[str, str, list[str]]:
     for i, r in enumerate(rows):
         cells: list[Any] = [r.get("label"), json.dumps(r.get("settings") or {}, sort_keys=True),
                             Cell(val((r.get("launch") or {}).get("kv_capacity_tokens"),
-                                     f"rows.{i}.launch.kv_capacity_tokens"), True)]
+                                     f"rows.{i}.launch.kv_capacity_tokens" if r.get("launch") else None), True)]
         for key, _ in present:
             v, lo, hi = metric(r.get("quality"), key)
-            shown = val(v, f"rows.{i}.quality.metrics.{key}.value")
+            has = bool(r.get("quality")) and key in r["quality"].get("metrics", {})
+            shown = val(v, f"rows.{i}.quality.metrics.{key}.value" if has else None)
             if lo is not None:
                 shown += f" [{val(lo, f'rows.{i}.quality.metrics.{key}.low')}, " \
                          f"{val(hi, f'rows.{i}.quality.metrics.{key}.high')}]"

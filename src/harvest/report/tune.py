@@ -89,19 +89,22 @@ def tune_page(folder: str | Path) -> tuple[str, str, list[str]]:
     for i, t in enumerate(trials):
         tp = t.get("throughput") or {}
         kv = tp.get("kv_capacity_tokens")
-        kv_path = f"trials.{i}.throughput.kv_capacity_tokens"
-        if kv is None:
-            kv = (t.get("launch") or {}).get("kv_capacity_tokens")
+        kv_path: str | None = f"trials.{i}.throughput.kv_capacity_tokens" if tp else None
+        if kv is None and t.get("launch"):
+            kv = t["launch"].get("kv_capacity_tokens")
             kv_path = f"trials.{i}.launch.kv_capacity_tokens"
+        tp_path = f"trials.{i}.throughput" if tp else None
+        q_path = f"trials.{i}.quality.metrics" if t.get("quality") else None
         mark = " &#9733; chosen" if t.get("index") == best else ""
         ref = " (reference)" if t.get("is_reference") else ""
         cells: list[Any] = [Cell(f'{val(t.get("index"), f"trials.{i}.index")}{mark}{ref}'),
                             _settings(t.get("overrides") or {}),
                             Cell(val(kv, kv_path), True),
-                            Cell(val(tp.get("peak_running"), f"trials.{i}.throughput.peak_running"), True),
-                            Cell(val(tp.get("gen_tok_s"), f"trials.{i}.throughput.gen_tok_s"), True)]
+                            Cell(val(tp.get("peak_running"), tp_path and f"{tp_path}.peak_running"), True),
+                            Cell(val(tp.get("gen_tok_s"), tp_path and f"{tp_path}.gen_tok_s"), True)]
         for key, _ in present:
-            cells.append(Cell(val(metric(t.get("quality"), key)[0], f"trials.{i}.quality.metrics.{key}.value"),
+            has = q_path and key in t["quality"]["metrics"]
+            cells.append(Cell(val(metric(t.get("quality"), key)[0], f"{q_path}.{key}.value" if has else None),
                               True))
         stop = ((t.get("launch") or {}).get("stop") or {}).get("verdict")
         cells += [stop, Cell(f'<b data-verdict="{esc(t.get("verdict"))}">{esc(t.get("verdict"))}</b>'),

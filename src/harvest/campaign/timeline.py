@@ -176,6 +176,8 @@ class Timeline:
         self._endpoints: dict[str, dict[str, float | None]] = {}
         self._last_write = 0.0
         self._write_failed = False
+        #: Shortest time between two writes while the run goes on (seconds of ``clock``).
+        self.write_every_s = WRITE_EVERY_S
 
     @classmethod
     def open(cls, run_dir: Path | str, *, clock: Any = time.time) -> Timeline:
@@ -240,7 +242,7 @@ class Timeline:
         self._updates += 1
         if self._updates >= self.stride:
             self._push()
-        if now - self._last_write >= WRITE_EVERY_S:
+        if now - self._last_write >= self.write_every_s:
             self.write()
 
     def _push(self) -> None:

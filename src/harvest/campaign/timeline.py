@@ -15,7 +15,10 @@ Bounds (a run of 10^7 items writes the same few hundred KB as a run of 10^3):
   and from then on one point covers twice as many progress updates (``stride``): the resolution
   stays even over the whole run.
 - per item: fixed log-scale histograms (latency, prompt tokens, completion tokens by status), not
-  values. Quantiles read from them are exact to one bin (a factor of 2^(1/4), 19 %).
+  values. Quantiles read from them are exact to one bin (a factor of 2^(1/4), 19 %). Per item the
+  runner only appends three numbers to typed arrays (P3's results/s must hold); they are binned
+  with numpy at each interval, or every :data:`FLUSH_EVERY` items (numpy comes with matplotlib, which
+  ``harvest report`` needs anyway).
 - launches: one entry per server launch of the run (its record and, once stopped, its StopReport);
   at most :data:`MAX_LAUNCHES`, the oldest dropped first.
 
@@ -33,10 +36,13 @@ import logging
 import math
 import os
 import time
+from array import array
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 log = logging.getLogger("harvest.campaign")
 
@@ -48,6 +54,8 @@ MAX_POINTS = 720
 MAX_LAUNCHES = 200
 #: Shortest time between two writes of the file while the run goes on.
 WRITE_EVERY_S = 5.0
+#: Items buffered before they are binned (bounds the buffer's memory).
+FLUSH_EVERY = 65_536
 #: Histogram bins grow by this factor: four bins per doubling.
 BIN_RATIO = 2 ** 0.25
 
@@ -84,6 +92,18 @@ class Histogram:
         self.sum += x
         if x > self.max:
             self.max = x
+
+    def add_many(self, values: np.ndarray) -> None:
+        """``add`` for every value of a float array, binned at once."""
+        if not len(values):
+            return
+        idx = np.zeros(len(values), dtype=np.int64)
+        above = values >= self.lo
+        idx[above] = np.minimum((np.log(values[above]) - self._log_lo) * self._scale + 1, len(self.counts) - 1)
+        for i, c in enumerate(np.bincount(idx, minlength=len(self.counts)).tolist()):
+            self.counts[i] += c
+        self.sum += float(values.sum())
+        self.max = max(self.max, float(values.max()))
 
     def edges(self) -> list[float]:
         """Bin edges: ``len(counts) + 1`` values, the first 0."""
@@ -168,6 +188,9 @@ class Timeline:
         self.sessions.append({"index": self.session, "started_at": now, "ended_at": None, "outcome": None})
         # the interval being filled: deltas since the last point, and progress updates it covers
         self._statuses: Counter[str] = Counter()
+        # per status: latency (-1: not measured), prompt tokens, completion tokens of unbinned items
+        self._buffer: dict[str, tuple[array[float], array[float], array[float]]] = {}
+        self._buffered = 0
         self._errors_seen: dict[str, int] = {}
         self._prompt_tokens = self._completion_tokens = 0
         self._updates = 0
@@ -199,17 +222,33 @@ class Timeline:
     # --- feeding -----------------------------------------------------------------------------------
 
     def item(self, status: str, latency_s: float | None, prompt_tokens: int, completion_tokens: int) -> None:
-        """One item reached ``status`` after ``latency_s`` seconds of generation."""
-        self._statuses[status] += 1
-        self._prompt_tokens += prompt_tokens
-        self._completion_tokens += completion_tokens
-        if latency_s is not None:
-            self.latency.add(latency_s)
-        if prompt_tokens:
-            self.prompt.add(prompt_tokens)
-        lengths = self.lengths.get(status)
-        if lengths is not None:
-            lengths.add(completion_tokens)
+        """One item reached ``status`` after ``latency_s`` seconds of generation (O(1): buffered)."""
+        buf = self._buffer.get(status)
+        if buf is None:
+            buf = self._buffer[status] = (array("d"), array("d"), array("d"))
+        buf[0].append(-1.0 if latency_s is None else latency_s)
+        buf[1].append(prompt_tokens)
+        buf[2].append(completion_tokens)
+        self._buffered += 1
+        if self._buffered >= FLUSH_EVERY:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Bin the buffered items into the histograms and the interval's counts."""
+        for status, (lat_buf, prompt_buf, completion_buf) in list(self._buffer.items()):
+            if not lat_buf:
+                continue
+            lat, prompt, completion = (np.array(b, dtype=np.float64) for b in (lat_buf, prompt_buf, completion_buf))
+            self._statuses[status] += len(lat)
+            self._prompt_tokens += int(prompt.sum())
+            self._completion_tokens += int(completion.sum())
+            self.latency.add_many(lat[lat >= 0])
+            self.prompt.add_many(prompt[prompt > 0])
+            lengths = self.lengths.get(status)
+            if lengths is not None:
+                lengths.add_many(completion)
+            self._buffer[status] = (array("d"), array("d"), array("d"))
+        self._buffered = 0
 
     def observe_metrics(self, scraped: Mapping[str, Mapping[str, float]]) -> None:
         """Each endpoint's running / waiting requests and KV use, from one scrape of /metrics."""
@@ -221,6 +260,7 @@ class Timeline:
     def interval(self, snap: Mapping[str, Any]) -> None:
         """A progress update: ``snap`` is the snapshot written to progress.json at the same moment."""
         now = self._clock()
+        self._flush()
         errors = dict(snap.get("errors_by_class") or {})
         point = {
             "t": round(now, 3), "dt": round(max(now - self._last_t, 0.0), 3), "session": self.session,
@@ -294,6 +334,7 @@ class Timeline:
 
     def close(self, outcome: str | None) -> None:
         """End the session: the last interval is kept whatever the stride, and the file written."""
+        self._flush()
         self._push()
         self.sessions[-1].update(ended_at=self._clock(), outcome=outcome)
         self.write()

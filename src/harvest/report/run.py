@@ -79,7 +79,7 @@ def _header(st: RunStatus, meta: dict[str, Any], launches: list[dict[str, Any]])
     ]
     out = ["<h2>Run</h2>", kv(pairs)]
     if settings:
-        out.append("<h3>Server settings</h3><pre>" + esc(json.dumps(settings, indent=1, sort_keys=True)) + "</pre>")
+        out.append("<h3>Server settings</h3><pre>" + esc(json.dumps(settings, sort_keys=True)) + "</pre>")
     return "".join(out)
 
 
@@ -118,12 +118,15 @@ def _series(doc: dict[str, Any]) -> tuple[float, list[dict[str, Any]]]:
 
 
 def _broken(points: list[dict[str, Any]], t0: float, key: Any) -> tuple[list[float], list[float | None]]:
-    """x (minutes) and y of one series; a None between sessions breaks the line."""
+    """x (minutes) and y of one series; a None breaks the line between sessions and across a gap
+    with no progress update (dispatch waiting for a relaunch), so no line is drawn through it."""
     xs: list[float] = []
     ys: list[float | None] = []
     last = None
+    dts = sorted(p["dt"] for p in points)
+    gap = 5 * dts[len(dts) // 2] if dts else 0.0
     for p in points:
-        if last is not None and p["session"] != last:
+        if last is not None and (p["session"] != last or (gap and p["dt"] > gap)):
             xs.append(xs[-1])
             ys.append(None)
         xs.append((p["t"] - t0) / 60)

@@ -30,7 +30,6 @@ import pytest
 
 from harvest.campaign.compare import compare
 from harvest.campaign.run import run_campaign
-from harvest.campaign.tune import parse_tune_file, tune
 from harvest.config import parse_config
 from harvest.quality.settings import PolicySettings, ProbeSettings, QualitySettings
 from tests import engines
@@ -217,23 +216,70 @@ def _chat_job(tmp_path: Path, data: Path, *flags: str) -> Any:
     }, source=str(tmp_path / "job.toml"))
 
 
-def test_tune_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("HARVEST_STATE_DIR", str(tmp_path / "state"))
-    job = _chat_job(tmp_path, _prompts(tmp_path / "in.jsonl", 30))
-    tf = parse_tune_file({
-        "grid": [{"extra_args": [[], ["--perturb", "0.7"]]},
-                 {"kv_cache_dtype": ["fp8"]},
-                 {"extra_args": [["--oom"]], "max_running_requests": [4, 8]},
-                 {"extra_args": [["--delay", "0.01"]]}],
-        "probe": {"prompts": 10, "max_tokens": 12},
-        "policy": {"forbid": ["kv_cache_dtype=fp8*"]},
-        "throughput": {"prompts": 20, "concurrency": 8}})
-    report = asyncio.run(tune(job, tf))
-    verdicts = [t.verdict for t in report.trials]
+def _chat_job_file(tmp_path: Path, data: Path, items_dir: str = "run") -> Path:
+    job = tmp_path / "job.toml"
+    command = json.dumps([sys.executable, str(CHAT_ENGINE), "--host", "{host}", "--port", "{port}"])
+    job.write_text(f"""
+[server]
+engine = "command"
+port = {engines.free_port()}
+max_running_requests = 4
+command = {command}
+health_url = "http://{{host}}:{{port}}/health"
+ready_timeout = 30
+stop_grace = 2
+stop_deadline = 6
+
+[preflight]
+min_disk_free_gib = 0.05
+
+[data]
+path = {json.dumps(str(data))}
+id_field = "id"
+
+[sampling]
+max_tokens = 8
+
+[output]
+dir = {json.dumps(str(tmp_path / items_dir))}
+""")
+    return job
+
+
+def test_tune_report(tmp_path: Path):
+    """``harvest tune`` writes the report and prints its path; the page shows every verdict."""
+    job = _chat_job_file(tmp_path, _prompts(tmp_path / "in.jsonl", 30))
+    grid = tmp_path / "tune.toml"
+    grid.write_text("""
+[[grid]]
+extra_args = [[], ["--perturb", "0.7"]]
+[[grid]]
+kv_cache_dtype = ["fp8"]
+[[grid]]
+extra_args = [["--oom"]]
+max_running_requests = [4, 8]
+[[grid]]
+extra_args = [["--delay", "0.01"]]
+
+[probe]
+prompts = 10
+max_tokens = 12
+
+[policy]
+forbid = ["kv_cache_dtype=fp8*"]
+
+[throughput]
+prompts = 20
+concurrency = 8
+""")
+    env = {**os.environ, "HARVEST_STATE_DIR": str(tmp_path / "state")}
+    proc = harvest("tune", str(job), "--grid", str(grid), env=env)
+    tune_dir = tmp_path / "run" / "tune"
+    doc = json.loads((tune_dir / "tune.json").read_text())
+    verdicts = [t["verdict"] for t in doc["trials"]]
     assert verdicts == ["pass", "fail", "rejected", "failed", "skipped", "pass"]
-    out = tmp_path / "tune-report.html"
-    harvest("report", str(report.out_dir), "-o", str(out))
-    doc = json.loads((report.out_dir / "tune.json").read_text())
+    out = tune_dir / "report.html"
+    assert f"report: {out}" in proc.stdout.splitlines()
     with Browser.start(tmp_path / "chromium") as browser:
         page = browser.open(out)
         shown = check_page(page, out, doc, {"tok-vs-quality", "trials"}, tmp_path)
@@ -278,6 +324,16 @@ def test_compare_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     assert any(p.endswith(".quality.metrics.exact_match.low") for p, _ in shown["numbers"])
     for label in ("floor", "candidate-1", "candidate-2", "candidate-3"):
         assert label in shown["charts"]["metrics"]["text"]
+
+
+def test_harvest_run_prints_its_report(tmp_path: Path):
+    job = _chat_job_file(tmp_path, _prompts(tmp_path / "in.jsonl", 20))
+    env = {**os.environ, "HARVEST_STATE_DIR": str(tmp_path / "state")}
+    proc = harvest("run", str(job), "--no-live", env=env)
+    out = tmp_path / "run" / "report.html"
+    assert f"report: {out}" in proc.stdout.splitlines()
+    text = out.read_text()
+    assert text.startswith("<!DOCTYPE html>") and 'data-chart="over-time"' in text and "<script" not in text
 
 
 def test_report_refuses_a_folder_of_another_kind(tmp_path: Path):

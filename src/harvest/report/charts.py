@@ -68,13 +68,13 @@ def time_panels(panels: Sequence[dict[str, Any]], *, events: Sequence[tuple[floa
     vertical lines (x, label, colour), ``spans`` shaded ranges (x0, x1, label)."""
     fig = _figure(9.5, 1.9 * len(panels) + 0.6)
     axes = _subplots(fig, len(panels), sharex=True)
-    for ax, panel in zip(axes, panels):
+    for n, (ax, panel) in enumerate(zip(axes, panels)):
         for i, (label, xs, ys) in enumerate(panel.get("lines", ())):
             ax.plot(xs, [math.nan if y is None else y for y in ys], label=label, linewidth=1.3,
                     color=PALETTE[i % len(PALETTE)])
         for i, (label, xs, heights, width) in enumerate(panel.get("bars", ())):
             ax.bar(xs, heights, width=width, label=label, color=PALETTE[(i + 4) % len(PALETTE)], align="edge")
-        shown: set[str] = set()
+        shown: set[str] = set() if n == 0 else {label for _, label, _ in events} | {s[2] for s in spans}
         for x, label, colour in events:
             ax.axvline(x, color=colour, linewidth=0.9, linestyle="--",
                        label=label if label not in shown else None)

@@ -69,7 +69,8 @@ async def drive(ledger: Ledger, progress: Progress, interval: float, workers: in
     return committed / (time.perf_counter() - t0)
 
 
-def one_round(base: Path, items: int, record: bool, interval: float) -> float:
+def one_round(base: Path, items: int, record: bool, interval: float) -> tuple[float, float]:
+    """(committed results/s, CPU microseconds of this process per committed result)."""
     run = base / ("rec" if record else "plain")
     shutil.rmtree(run, ignore_errors=True)
     with Ledger.open(run, settings_hash="bench") as ledger:
@@ -78,11 +79,13 @@ def one_round(base: Path, items: int, record: bool, interval: float) -> float:
         progress = Progress(run, total=items, already_final=0, stream=null, live=False)
         if record:
             progress.timeline = Timeline.open(run)
+        cpu0 = time.process_time()
         rate = asyncio.run(drive(ledger, progress, interval))
+        cpu = (time.process_time() - cpu0) / items * 1e6
         if progress.timeline is not None:
             progress.timeline.close("finished")
     shutil.rmtree(run, ignore_errors=True)
-    return rate
+    return rate, cpu
 
 
 def fill_timeline(run: Path, points: int) -> None:
@@ -116,15 +119,22 @@ def main() -> int:
         print(f"start: {load()}")
         plain: list[float] = []
         rec: list[float] = []
+        cpu: dict[bool, list[float]] = {False: [], True: []}
         for r in range(args.rounds):
             order = (False, True) if r % 2 == 0 else (True, False)
             for record in order:
-                rate = one_round(base, args.overhead_items, record, args.interval)
+                rate, us = one_round(base, args.overhead_items, record, args.interval)
                 (rec if record else plain).append(rate)
-                print(f"round {r + 1} {'timeline' if record else 'plain   '}: {rate:,.0f} committed results/s")
-        mp, mr = sorted(plain)[len(plain) // 2], sorted(rec)[len(rec) // 2]
-        print(f"median plain {mp:,.0f}/s, with the timeline {mr:,.0f}/s: ratio {mr / mp:.3f} "
-              f"(overhead {100 * (1 - mr / mp):+.1f} %)  {load()}")
+                cpu[record].append(us)
+                print(f"round {r + 1} {'timeline' if record else 'plain   '}: {rate:,.0f} committed results/s,"
+                      f" {us:.1f} CPU us per result")
+        if plain and rec:
+            mp, mr = sorted(plain)[len(plain) // 2], sorted(rec)[len(rec) // 2]
+            print(f"median plain {mp:,.0f}/s, with the timeline {mr:,.0f}/s: ratio {mr / mp:.3f} "
+                  f"(overhead {100 * (1 - mr / mp):+.1f} %)  {load()}")
+            cp, cr = (sorted(cpu[k])[len(cpu[k]) // 2] for k in (False, True))
+            print(f"median CPU per result: plain {cp:.1f} us, with the timeline {cr:.1f} us: "
+                  f"{100 * (cr / cp - 1):+.1f} %")
         if args.report_items:
             run = base / "big"
             shutil.rmtree(run, ignore_errors=True)

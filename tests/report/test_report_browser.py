@@ -332,6 +332,8 @@ def test_harvest_run_prints_its_report(tmp_path: Path):
     proc = harvest("run", str(job), "--no-live", env=env)
     out = tmp_path / "run" / "report.html"
     assert f"report: {out}" in proc.stdout.splitlines()
+    for private in (out, tmp_path / "run" / "timeline.json"):  # private, like every file of a run folder
+        assert private.stat().st_mode & 0o777 == 0o600, private
     text = out.read_text()
     assert text.startswith("<!DOCTYPE html>") and 'data-chart="over-time"' in text and "<script" not in text
 

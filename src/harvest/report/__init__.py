@@ -12,6 +12,7 @@ records. Module map: :mod:`.html` (page, tables), :mod:`.charts` (figures, and w
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -52,14 +53,22 @@ def render_report(folder: str | Path) -> tuple[str, str]:
 
 
 def write_report(folder: str | Path, output: str | Path | None = None) -> Path:
-    """Render the report of ``folder`` and write it (atomically) to ``output`` (default
+    """Render the report of ``folder`` and write it (atomically, mode 0600) to ``output`` (default
     ``folder/report.html``); returns the path written."""
     text, _ = render_report(folder)
     out = Path(output) if output is not None else Path(folder) / REPORT_FILE
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, out)
+    # private like every file harvest writes in a run folder (it shows the job's settings)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, out)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
     return out
 
 

@@ -16,7 +16,7 @@ Bounds (a run of 10^7 items writes the same few hundred KB as a run of 10^3):
   stays even over the whole run.
 - per item: fixed log-scale histograms (latency, prompt tokens, completion tokens by status), not
   values. Quantiles read from them are exact to one bin (a factor of 2^(1/4), 19 %). Per item the
-  runner only appends three numbers to typed arrays (P3's results/s must hold); they are binned
+  runner only appends three numbers to a typed array (P3's results/s must hold); they are binned
   with numpy at each interval, or every :data:`FLUSH_EVERY` items (numpy comes with matplotlib, which
   ``harvest report`` needs anyway).
 - launches: one entry per server launch of the run (its record and, once stopped, its StopReport);
@@ -189,7 +189,7 @@ class Timeline:
         # the interval being filled: deltas since the last point, and progress updates it covers
         self._statuses: Counter[str] = Counter()
         # per status: latency (-1: not measured), prompt tokens, completion tokens of unbinned items
-        self._buffer: dict[str, tuple[array[float], array[float], array[float]]] = {}
+        self._buffer: dict[str, array[float]] = {}
         self._buffered = 0
         self._errors_seen: dict[str, int] = {}
         self._prompt_tokens = self._completion_tokens = 0
@@ -225,20 +225,19 @@ class Timeline:
         """One item reached ``status`` after ``latency_s`` seconds of generation (O(1): buffered)."""
         buf = self._buffer.get(status)
         if buf is None:
-            buf = self._buffer[status] = (array("d"), array("d"), array("d"))
-        buf[0].append(-1.0 if latency_s is None else latency_s)
-        buf[1].append(prompt_tokens)
-        buf[2].append(completion_tokens)
+            buf = self._buffer[status] = array("d")
+        buf.extend((-1.0 if latency_s is None else latency_s, prompt_tokens, completion_tokens))
         self._buffered += 1
         if self._buffered >= FLUSH_EVERY:
             self._flush()
 
     def _flush(self) -> None:
         """Bin the buffered items into the histograms and the interval's counts."""
-        for status, (lat_buf, prompt_buf, completion_buf) in list(self._buffer.items()):
-            if not lat_buf:
+        for status, buf in list(self._buffer.items()):
+            if not buf:
                 continue
-            lat, prompt, completion = (np.array(b, dtype=np.float64) for b in (lat_buf, prompt_buf, completion_buf))
+            rows = np.array(buf, dtype=np.float64).reshape(-1, 3)
+            lat, prompt, completion = rows[:, 0], rows[:, 1], rows[:, 2]
             self._statuses[status] += len(lat)
             self._prompt_tokens += int(prompt.sum())
             self._completion_tokens += int(completion.sum())
@@ -247,7 +246,7 @@ class Timeline:
             lengths = self.lengths.get(status)
             if lengths is not None:
                 lengths.add_many(completion)
-            self._buffer[status] = (array("d"), array("d"), array("d"))
+            self._buffer[status] = array("d")
         self._buffered = 0
 
     def observe_metrics(self, scraped: Mapping[str, Mapping[str, float]]) -> None:

@@ -64,14 +64,14 @@ def launch_entries(launches: list[dict[str, Any]], folder: Path) -> list[dict[st
                     break
                 except (OSError, ValueError):
                     continue
-        version = None
+        rec: dict[str, Any] = {}
         if run_dir:
             try:
-                version = json.loads((Path(run_dir) / "launch.json").read_text(encoding="utf-8"))["record"].get(
-                    "engine_version")
+                rec = json.loads((Path(run_dir) / "launch.json").read_text(encoding="utf-8"))["record"]
             except (OSError, ValueError, KeyError):
                 pass
-        out.append({"label": x.get("label"), "launched_at": None, "engine_version": version,
+        out.append({"label": x.get("label"), "launched_at": rec.get("started_at"), "engine": rec.get("engine"),
+                    "engine_version": rec.get("engine_version"), "pid": rec.get("pid"),
                     "ready_s": x.get("ready_s"), "kv_capacity_tokens": x.get("kv_capacity_tokens"), "stop": stop,
                     "error": x.get("error")})
     return out

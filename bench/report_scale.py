@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import shutil
 import sys
@@ -179,6 +180,13 @@ def main() -> int:
             secs = time.perf_counter() - t0
             print(f"report of {args.report_items:,} items: {secs:.2f} s, {out.stat().st_size / 1024:.0f} KiB,"
                   f" peak RSS {rss_mib():.0f} MiB (before: {rss0:.0f})  {load()}")
+        bench = {"record_us": [round(without, 3), round(with_tl, 3)]}
+        if plain and rec:
+            bench["results_per_s"] = [round(mp), round(mr)]
+        if args.report_items:
+            bench["report"] = {"items": args.report_items, "s": round(secs, 2),
+                               "kib": round(out.stat().st_size / 1024)}
+        print("BENCH report_scale " + json.dumps(bench))
     finally:
         if args.dir is None:
             shutil.rmtree(base, ignore_errors=True)

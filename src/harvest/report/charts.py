@@ -43,7 +43,7 @@ _RC = {"svg.fonttype": "none", "svg.hashsalt": "harvest-report", "font.size": 9,
 def _svg(fig: Figure) -> str:
     buf = io.StringIO()
     with rc_context(_RC):
-        fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+        fig.savefig(buf, format="svg", metadata={"Date": None})
     text = buf.getvalue()
     start = text.find("<svg")
     return re.sub(r"\s+", " ", text[start:]).replace("> <", "><")

@@ -59,14 +59,19 @@ class Progress:
         self._console = Console(file=stream, stderr=stream is sys.stderr, soft_wrap=True)
         self._live_enabled = self._console.is_terminal if live is None else live
         self._live: Live | None = None
+        #: The run's timeline recorder (harvest.campaign.timeline), fed beside the counts; optional.
+        self.timeline: Any = None
 
     # --- feeding ---------------------------------------------------------------------------------
 
-    def record(self, status: str, prompt_tokens: int = 0, completion_tokens: int = 0) -> None:
+    def record(self, status: str, prompt_tokens: int = 0, completion_tokens: int = 0,
+               latency_s: float | None = None) -> None:
         self.done += 1
         self.statuses[status] += 1
         self.prompt_tokens += prompt_tokens
         self.completion_tokens += completion_tokens
+        if self.timeline is not None:
+            self.timeline.item(status, latency_s, prompt_tokens, completion_tokens)
 
     def error(self, error_class: str) -> None:
         self.errors[error_class] += 1
@@ -109,6 +114,8 @@ class Progress:
             write_json_atomic(self.run_dir / PROGRESS_FILE, snap)
         except OSError as exc:  # a full disk must not end the run here; the ledger write will say so
             snap["note"] = f"progress.json not written: {exc}"
+        if self.timeline is not None:
+            self.timeline.interval(snap)
         if self._live is not None:
             self._live.update(self._table(snap))
         elif not self._live_enabled:

@@ -33,6 +33,7 @@ from typing import Any
 
 from harvest.campaign.generate import generate_item
 from harvest.campaign.progress import Progress
+from harvest.campaign.timeline import Timeline
 from harvest.client import Client
 from harvest.config import HarvestConfig
 from harvest.dataset import iter_items
@@ -147,6 +148,8 @@ class _Campaign:
         self._ingest_task: asyncio.Task[None] | None = None
         self._ingested = asyncio.Event()
         self._ingest_stop = False
+        #: The report's record of this session (timeline.json): intervals, histograms, launches.
+        self.timeline: Timeline | None = None
 
     # --- ledger and dataset --------------------------------------------------------------------
 
@@ -261,6 +264,8 @@ class _Campaign:
                                      force=self.force, on_preflight=self.on_preflight)
         self.server = server
         await server.start()
+        if self.timeline is not None:
+            self.timeline.launch(server)
 
     def stop_leftover(self) -> None:
         """Stop, by its launch record, a server an earlier session of this run left running (that
@@ -279,6 +284,8 @@ class _Campaign:
         log.warning("stopped the server left running by an earlier session of this run: %s",
                     "clean" if report.clean else "DIRTY: " + "; ".join(report.problems))
         self.stop_reports.append(report)
+        if self.timeline is not None:
+            self.timeline.stop(report, leftover=True)
 
     async def stop_server(self) -> None:
         if self.server is None:
@@ -287,6 +294,8 @@ class _Campaign:
         self.server = None
         if report is not None:
             self.stop_reports.append(report)
+            if self.timeline is not None:
+                self.timeline.stop(report)
 
     def server_exited(self) -> bool:
         return self.server is not None and self.server.returncode() is not None
@@ -328,6 +337,7 @@ class _Campaign:
         server_down = False
 
         async def one(row_id: str, item: Any) -> None:
+            t0 = time.monotonic()
             try:
                 gen = await generate_item(client, item, run=cfg.run, sampling=cfg.sampling,
                                           settings_hash=self.settings_hash)
@@ -336,18 +346,19 @@ class _Campaign:
                 writer.charge_attempt(row_id)
                 writer.fail(Failure(row_id, str(exc), error_class))
                 progress.error(error_class)
-                progress.record(Status.FAILED.value)
+                progress.record(Status.FAILED.value, latency_s=time.monotonic() - t0)
                 return
             for _ in range(gen.attempts):
                 writer.charge_attempt(row_id)
             if gen.dropped is not None:
                 writer.fail(Failure(row_id, gen.dropped, "truncated"))
-                progress.record(Status.FAILED.value, gen.prompt_tokens, gen.completion_tokens)
+                progress.record(Status.FAILED.value, gen.prompt_tokens, gen.completion_tokens,
+                                time.monotonic() - t0)
                 progress.error("truncated")
                 return
             writer.complete(Completion(row_id, gen.output, gen.status, gen.finish_reason, gen.prompt_tokens,
                                        gen.completion_tokens))
-            progress.record(gen.status.value, gen.prompt_tokens, gen.completion_tokens)
+            progress.record(gen.status.value, gen.prompt_tokens, gen.completion_tokens, time.monotonic() - t0)
 
         while True:
             if not self.stop_requested.is_set() and not server_down and not exhausted and len(tasks) < target:
@@ -426,6 +437,8 @@ class _Campaign:
             metrics = await asyncio.wait_for(client.scrape_metrics(), timeout=2.0)
         except (asyncio.TimeoutError, Exception):  # metrics are informative only
             return
+        if self.timeline is not None:
+            self.timeline.observe_metrics(metrics)
         running = waiting = None
         for values in metrics.values():
             for name, value in values.items():
@@ -451,6 +464,7 @@ class _Campaign:
             total = sum(counts.values())
             final_before = sum(counts[s] for s in (Status.DONE, Status.TRUNCATED, Status.FAILED, Status.SKIPPED))
             progress = Progress(self.run_dir, total=total, already_final=final_before, live=self.live)
+            progress.timeline = self.timeline = Timeline.open(self.run_dir)
             with progress:
                 await asyncio.to_thread(self.stop_leftover)  # also when nothing is left to generate
                 if counts[Status.PENDING] or counts[Status.RUNNING] or self._records is not None:
@@ -472,6 +486,8 @@ class _Campaign:
                 progress.update()
             totals = ledger.check_totals()
         finally:
+            if self.timeline is not None:
+                self.timeline.close(self.outcome)
             for sig in installed:
                 loop.remove_signal_handler(sig)
             self._close_records()

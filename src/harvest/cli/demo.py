@@ -53,3 +53,6 @@ def demo(engine_python: str | None, workdir: str, port: int, max_tokens: int, co
     if exported.malformed:
         click.echo(f"[demo] {exported.malformed} results did not match the result schema", err=True)
         sys.exit(1)
+    from harvest.report import write_report
+
+    click.echo(f"[demo] report: {write_report(report.run_dir)}")

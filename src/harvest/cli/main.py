@@ -27,6 +27,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("harvest.cli.export", "export"),
     ("harvest.cli.compare", "compare_cmd"),
     ("harvest.cli.tune", "tune_cmd"),
+    ("harvest.cli.report", "report"),
 ]
 
 

@@ -70,6 +70,9 @@ def run(job: str, allow_mixed: bool, force: bool, live: bool | None) -> None:
         click.echo(f"error: the server did not start: {exc}", err=True)
         sys.exit(130 if exc.reason == "cancelled" else 1)
     print_report(report)
+    from harvest.cli.report import report_line
+
+    click.echo(report_line(report.run_dir))
     if report.outcome == "interrupted":
         sys.exit(130)
     sys.exit(0 if report.ok else 1)

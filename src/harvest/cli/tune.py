@@ -101,6 +101,9 @@ def tune_cmd(job: Path, grid: Path, out_dir: Path | None, then_run: bool, as_jso
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
         print_tune(report)
+    from harvest.cli.report import report_line
+
+    click.echo(report_line(report.out_dir), err=as_json)
     best = report.best
     if best is None or best.config is None:
         sys.exit(1)
@@ -112,6 +115,7 @@ def tune_cmd(job: Path, grid: Path, out_dir: Path | None, then_run: bool, as_jso
         click.echo(f"campaign: {run_report.outcome}; {run_report.totals.describe()}", err=True)
     else:
         print_report(run_report)
+    click.echo(report_line(run_report.run_dir), err=as_json)
     if run_report.outcome == "interrupted":
         sys.exit(130)
     sys.exit(0 if run_report.ok else 1)

@@ -1,0 +1,75 @@
+"""report: a run, tune or compare folder rendered as one self-contained HTML page.
+
+    path = write_report("run/")                 # run/report.html; kind found from the folder
+    html_text, kind = render_report("run/tune")
+
+The page reads the records the other commands already write and read (``run_status`` /
+timeline.json for a run, tune.json for a sweep, compare.json for a comparison) and computes
+nothing of its own. It never writes anywhere but the output file, and never changes the folder's
+records. Module map: :mod:`.html` (page, tables), :mod:`.charts` (figures, and why matplotlib),
+:mod:`.run`, :mod:`.tune`, :mod:`.compare` (one page each).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+from harvest import __version__
+from harvest.errors import ConfigError
+from harvest.ledger import LEDGER_FILE
+
+REPORT_FILE = "report.html"
+KINDS = ("run", "tune", "compare")
+
+
+def folder_kind(folder: str | Path) -> str:
+    """``run``, ``tune`` or ``compare``; ConfigError naming the folder when it is none of them."""
+    folder = Path(folder)
+    if (folder / "tune.json").is_file():
+        return "tune"
+    if (folder / "compare.json").is_file():
+        return "compare"
+    if (folder / LEDGER_FILE).is_file():
+        return "run"
+    raise ConfigError(str(folder), [(str(folder), f"not a run folder ({LEDGER_FILE}), a tune folder (tune.json) "
+                                                  "or a compare folder (compare.json)")])
+
+
+def render_report(folder: str | Path) -> tuple[str, str]:
+    """(HTML text, kind) of the report of ``folder``."""
+    from harvest.report.html import page
+
+    kind = folder_kind(folder)
+    if kind == "run":
+        from harvest.report.run import run_page as make
+    elif kind == "tune":
+        from harvest.report.tune import tune_page as make
+    else:
+        from harvest.report.compare import compare_page as make
+    title, subtitle, sections = make(folder)
+    return page(title, subtitle, sections, kind=kind, version=__version__), kind
+
+
+def write_report(folder: str | Path, output: str | Path | None = None) -> Path:
+    """Render the report of ``folder`` and write it (atomically, mode 0600) to ``output`` (default
+    ``folder/report.html``); returns the path written."""
+    text, _ = render_report(folder)
+    out = Path(output) if output is not None else Path(folder) / REPORT_FILE
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    # private like every file harvest writes in a run folder (it shows the job's settings)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, out)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    return out
+
+
+__all__ = ["KINDS", "REPORT_FILE", "folder_kind", "render_report", "write_report"]

@@ -1,0 +1,344 @@
+"""``harvest report`` opened in a real headless Chromium, for each kind of folder, made by real runs.
+
+- a run whose managed server is SIGKILLed in the middle (its process group, from the launch record)
+  and relaunched by harvest: on vLLM's CPU build with the tiny model (two over-long prompts fail
+  with the engine's 400), and on the deterministic chat stand-in (tests/quality/chat_engine.py as a
+  ``command`` engine), which is fast;
+- a tune sweep over the chat stand-in with a pass, a quality failure, a policy rejection, a trial
+  whose server cannot start (out of memory) and the larger setting skipped after it;
+- a compare of the chat stand-in: a degraded candidate, a slower one, a policy rejection.
+
+Each page is checked in the browser: no console error, every chart present and drawn, no request
+but the page itself, and every number tagged with its document path equal to that document
+(``harvest status --json`` for a run, tune.json, compare.json). Screenshots and a printed PDF of
+each page stay in the test's folder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harvest.campaign.compare import compare
+from harvest.campaign.run import run_campaign
+from harvest.config import parse_config
+from harvest.quality.settings import PolicySettings, ProbeSettings, QualitySettings
+from tests import engines
+from tests.campaign.ledger_peek import results_count
+from tests.report.browser import Browser, Page, chromium_path
+
+CHAT_ENGINE = Path(__file__).resolve().parents[1] / "quality" / "chat_engine.py"
+
+pytestmark = pytest.mark.skipif(chromium_path() is None,
+                                reason="Debian's chromium is not installed (scripts/install-system installs it)")
+
+
+def harvest(*argv: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([sys.executable, "-m", "harvest.cli.main", *argv], capture_output=True, text=True,
+                          timeout=600, stdin=subprocess.DEVNULL, env=env)
+    if check:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def lookup(doc: Any, path: str) -> Any:
+    for part in path.split("."):
+        if isinstance(doc, list):
+            doc = doc[int(part)]
+        else:
+            doc = doc[part]
+    return doc
+
+
+def check_page(page: Page, report: Path, doc: dict[str, Any], charts: set[str], shots: Path) -> dict[str, Any]:
+    """The checks every report passes; returns what the page showed (charts, tagged numbers)."""
+    page.screenshot(shots / f"{report.stem}.png")
+    page.print_pdf(shots / f"{report.stem}.pdf")
+    assert (shots / f"{report.stem}.png").stat().st_size > 10_000
+    assert (shots / f"{report.stem}.pdf").read_bytes()[:5] == b"%PDF-"
+    assert page.console_errors == [], page.console_errors
+    assert page.requests == [report.resolve().as_uri()], page.requests  # nothing but the page itself
+    shown = page.evaluate("""(() => {
+        const charts = {};
+        for (const f of document.querySelectorAll('figure[data-chart]')) {
+            const svg = f.querySelector('svg');
+            const r = svg ? svg.getBoundingClientRect() : {width: 0, height: 0};
+            charts[f.dataset.chart] = {width: r.width, height: r.height,
+                marks: svg ? svg.querySelectorAll('path, use, rect, line, polyline').length : 0,
+                text: svg ? svg.textContent : ''};
+        }
+        const numbers = [...document.querySelectorAll('[data-json]')].map(e => [e.dataset.json, e.textContent]);
+        return {charts, numbers, scripts: document.scripts.length,
+                external: [...document.querySelectorAll('[src], link[href]')].map(e => e.outerHTML)};
+    })()""")
+    assert shown["scripts"] == 0 and shown["external"] == []
+    assert charts <= set(shown["charts"]), (charts, list(shown["charts"]))
+    for name, chart in shown["charts"].items():
+        assert chart["width"] > 200 and chart["height"] > 80, (name, chart)
+        assert chart["marks"] > 10, (name, chart)  # axes, ticks and the data drawn
+    assert shown["numbers"], "no number on the page is tagged with its document path"
+    for path, text in shown["numbers"]:
+        expected = lookup(doc, path)
+        if isinstance(expected, bool):
+            assert text == ("OK" if expected else "CHECK"), (path, text, expected)
+        elif expected is None:
+            assert text == "-", (path, text)
+        else:
+            got = float(text.replace(",", ""))
+            assert got == pytest.approx(expected, rel=1e-3, abs=1e-9), (path, text, expected)
+    return shown
+
+
+# --- a run with a server kill in the middle ------------------------------------------------------------------
+
+
+def _kill_mid_run(config: Any, run_dir: Path, after: int) -> Any:
+    async def scenario() -> Any:
+        task = asyncio.create_task(run_campaign(config, live=False))
+        deadline = time.monotonic() + 600
+        while results_count(run_dir) < after:
+            assert not task.done(), "the run ended before the server could be killed"
+            assert time.monotonic() < deadline, "no progress before the kill"
+            await asyncio.sleep(0.05)
+        record = json.loads((run_dir / "server" / "launch.json").read_text())
+        os.killpg(record["record"]["pgid"], signal.SIGKILL)  # the server this test's run launched
+        return await asyncio.wait_for(task, timeout=900)
+
+    return asyncio.run(scenario())
+
+
+def _prompts(path: Path, n: int, *, long: int = 0) -> Path:
+    rows = [{"id": f"r{i}", "prompt": f"Tell me about item {i}."} for i in range(n)]
+    rows += [{"id": f"long{i}", "prompt": " ".join(["word"] * 5000)} for i in range(long)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def chat_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("chat-run")
+    run_dir = root / "run"
+    config = parse_config({
+        "server": {"engine": "command", "port": engines.free_port(), "ready_timeout": 30, "stop_grace": 2,
+                   "stop_deadline": 6, "health_url": "http://{host}:{port}/health",
+                   "command": [sys.executable, str(CHAT_ENGINE), "--host", "{host}", "--port", "{port}",
+                               "--delay", "0.02"]},
+        "preflight": {"min_disk_free_gib": 0.05},
+        "data": {"path": str(_prompts(root / "in.jsonl", 400)), "id_field": "id"},
+        "sampling": {"max_tokens": 12},
+        "client": {"concurrency": 8, "health_deadline": 60, "max_retries": 0},
+        "output": {"dir": str(run_dir)}, "run": {"progress_interval": 0.3}})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HARVEST_STATE_DIR", str(root / "state"))
+        report = _kill_mid_run(config, run_dir, after=120)
+    assert report.outcome == "finished" and report.relaunches == 1, report
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def vllm_run(tmp_path_factory: pytest.TempPathFactory, vllm_python: str, tiny_model: Path) -> Path:
+    root = tmp_path_factory.mktemp("vllm-run")
+    run_dir = root / "run"
+    config = parse_config({
+        "server": {"engine": "vllm", "model": str(tiny_model), "python": vllm_python, "served_model_name": "tiny",
+                   "port": engines.free_port(), "extra_args": ["--max-model-len", "2048"], "ready_timeout": 600,
+                   "stop_grace": 20, "stop_deadline": 90, "env": dict(engines.VLLM_ENV)},
+        "preflight": {"min_disk_free_gib": 0.05},
+        "data": {"path": str(_prompts(root / "in.jsonl", 160, long=2)), "id_field": "id"},
+        "sampling": {"max_tokens": 24},
+        "client": {"concurrency": 8, "health_deadline": 120, "max_retries": 0},
+        "output": {"dir": str(run_dir)}, "run": {"progress_interval": 0.5}})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HARVEST_STATE_DIR", str(root / "state"))
+        report = _kill_mid_run(config, run_dir, after=40)
+    assert report.outcome == "finished" and report.relaunches == 1, report
+    return run_dir
+
+
+def _check_run(run_dir: Path, tmp_path: Path, *, failed: int) -> dict[str, Any]:
+    out = tmp_path / "run-report.html"
+    proc = harvest("report", str(run_dir), "-o", str(out))
+    assert proc.stdout.strip() == str(out)
+    status = json.loads(harvest("status", str(run_dir), "--json").stdout)
+    assert status["counts"]["failed"] == failed and status["totals"]["ok"]
+    with Browser.start(tmp_path / "chromium") as browser:
+        page = browser.open(out)
+        shown = check_page(page, out, status, {"status", "over-time", "latency", "output-length"}, tmp_path)
+        stops = page.evaluate("[...document.querySelectorAll('[data-stop-verdict]')].map(e => e.dataset.stopVerdict)")
+        title = page.evaluate("document.title")
+    # every count and the totals identity are on the page, tagged
+    paths = {p for p, _ in shown["numbers"]}
+    assert {f"counts.{s}" for s in status["counts"]} <= paths and "totals.unique" in paths
+    assert stops == ["clean", "clean"]  # the killed server's verified stop, then the relaunched one's
+    over_time = shown["charts"]["over-time"]["text"]
+    assert "server stopped" in over_time and "server down (relaunch)" in over_time and "gen tok/s" in over_time
+    assert run_dir.name in title
+    return shown
+
+
+def test_run_report_of_a_server_killed_mid_run_chat(chat_run: Path, tmp_path: Path):
+    _check_run(chat_run, tmp_path, failed=0)
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_run_report_of_a_server_killed_mid_run_vllm(vllm_run: Path, tmp_path: Path):
+    shown = _check_run(vllm_run, tmp_path, failed=2)
+    assert "failed_by_class.http_400" in {p for p, _ in shown["numbers"]}
+    # the engine's /metrics fed the queue panel: running requests of the endpoint were recorded
+    doc = json.loads((vllm_run / "timeline.json").read_text())
+    assert any((e.get("running") or 0) > 0 for p in doc["intervals"] for e in p["endpoints"].values())
+    assert "KV use" in shown["charts"]["over-time"]["text"]
+
+
+# --- a tune sweep ------------------------------------------------------------------------------------------
+
+
+def _chat_job(tmp_path: Path, data: Path, *flags: str) -> Any:
+    return parse_config({
+        "server": {"engine": "command", "port": engines.free_port(), "max_running_requests": 4,
+                   "command": [sys.executable, str(CHAT_ENGINE), "--host", "{host}", "--port", "{port}", *flags],
+                   "health_url": "http://{host}:{port}/health", "ready_timeout": 30, "stop_grace": 2,
+                   "stop_deadline": 6},
+        "preflight": {"min_disk_free_gib": 0.05},
+        "data": {"path": str(data), "id_field": "id"},
+        "sampling": {"max_tokens": 8},
+        "output": {"dir": str(tmp_path / "run")},
+    }, source=str(tmp_path / "job.toml"))
+
+
+def _chat_job_file(tmp_path: Path, data: Path, items_dir: str = "run") -> Path:
+    job = tmp_path / "job.toml"
+    command = json.dumps([sys.executable, str(CHAT_ENGINE), "--host", "{host}", "--port", "{port}"])
+    job.write_text(f"""
+[server]
+engine = "command"
+port = {engines.free_port()}
+max_running_requests = 4
+command = {command}
+health_url = "http://{{host}}:{{port}}/health"
+ready_timeout = 30
+stop_grace = 2
+stop_deadline = 6
+
+[preflight]
+min_disk_free_gib = 0.05
+
+[data]
+path = {json.dumps(str(data))}
+id_field = "id"
+
+[sampling]
+max_tokens = 8
+
+[output]
+dir = {json.dumps(str(tmp_path / items_dir))}
+""")
+    return job
+
+
+def test_tune_report(tmp_path: Path):
+    """``harvest tune`` writes the report and prints its path; the page shows every verdict."""
+    job = _chat_job_file(tmp_path, _prompts(tmp_path / "in.jsonl", 30))
+    grid = tmp_path / "tune.toml"
+    grid.write_text("""
+[[grid]]
+extra_args = [[], ["--perturb", "0.7"]]
+[[grid]]
+kv_cache_dtype = ["fp8"]
+[[grid]]
+extra_args = [["--oom"]]
+max_running_requests = [4, 8]
+[[grid]]
+extra_args = [["--delay", "0.01"]]
+
+[probe]
+prompts = 10
+max_tokens = 12
+
+[policy]
+forbid = ["kv_cache_dtype=fp8*"]
+
+[throughput]
+prompts = 20
+concurrency = 8
+""")
+    env = {**os.environ, "HARVEST_STATE_DIR": str(tmp_path / "state")}
+    proc = harvest("tune", str(job), "--grid", str(grid), env=env)
+    tune_dir = tmp_path / "run" / "tune"
+    doc = json.loads((tune_dir / "tune.json").read_text())
+    verdicts = [t["verdict"] for t in doc["trials"]]
+    assert verdicts == ["pass", "fail", "rejected", "failed", "skipped", "pass"]
+    out = tune_dir / "report.html"
+    assert f"report: {out}" in proc.stdout.splitlines()
+    with Browser.start(tmp_path / "chromium") as browser:
+        page = browser.open(out)
+        shown = check_page(page, out, doc, {"tok-vs-quality", "trials"}, tmp_path)
+        shown_verdicts = page.evaluate("[...document.querySelectorAll('table[data-table=trials] [data-verdict]')]"
+                                       ".map(e => e.dataset.verdict)")
+        best_row = page.evaluate("[...document.querySelectorAll('table[data-table=trials] tr.best')]"
+                                 ".map(r => r.cells[0].textContent)")
+        stops = page.evaluate("[...document.querySelectorAll('[data-stop-verdict]')].map(e => e.dataset.stopVerdict)")
+    assert shown_verdicts == verdicts
+    assert doc["best"] is not None and len(best_row) == 1 and best_row[0].startswith(f"{doc['best']} ")
+    assert "chosen" in best_row[0]
+    assert "noise floor" in shown["charts"]["tok-vs-quality"]["text"]
+    for verdict in ("rejected", "skipped", "failed"):
+        assert verdict in shown["charts"]["trials"]["text"]
+    assert len(stops) == len(doc["launches"]) and set(stops) == {"clean"}
+
+
+# --- a comparison ------------------------------------------------------------------------------------------
+
+
+def test_compare_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("HARVEST_STATE_DIR", str(tmp_path / "state"))
+    data = _prompts(tmp_path / "in.jsonl", 16)
+    ref = _chat_job(tmp_path, data)
+    fp8 = ref.model_copy(update={"server": ref.server.model_copy(update={"kv_cache_dtype": "fp8"})})
+    settings = QualitySettings(probe=ProbeSettings(prompts=10, max_tokens=12),
+                               policy=PolicySettings(forbid=["kv_cache_dtype=fp8*"]))
+    report = asyncio.run(compare(ref, [_chat_job(tmp_path, data, "--perturb", "0.6"),
+                                       _chat_job(tmp_path, data, "--delay", "0.01"), fp8],
+                                 settings=settings, out_dir=tmp_path / "compare"))
+    verdicts = [r.verdict for r in report.rows]
+    assert verdicts == ["pass", "fail", "pass", "rejected"]
+    out = tmp_path / "compare-report.html"
+    harvest("report", str(tmp_path / "compare"), "-o", str(out))
+    doc = json.loads((tmp_path / "compare" / "compare.json").read_text())
+    with Browser.start(tmp_path / "chromium") as browser:
+        page = browser.open(out)
+        shown = check_page(page, out, doc, {"metrics"}, tmp_path)
+        shown_verdicts = page.evaluate("[...document.querySelectorAll('table[data-table=rows] [data-verdict]')]"
+                                       ".map(e => e.dataset.verdict)")
+    assert shown_verdicts == verdicts
+    assert any(p.endswith(".quality.metrics.exact_match.low") for p, _ in shown["numbers"])
+    for label in ("floor", "candidate-1", "candidate-2", "candidate-3"):
+        assert label in shown["charts"]["metrics"]["text"]
+
+
+def test_harvest_run_prints_its_report(tmp_path: Path):
+    job = _chat_job_file(tmp_path, _prompts(tmp_path / "in.jsonl", 20))
+    env = {**os.environ, "HARVEST_STATE_DIR": str(tmp_path / "state")}
+    proc = harvest("run", str(job), "--no-live", env=env)
+    out = tmp_path / "run" / "report.html"
+    assert f"report: {out}" in proc.stdout.splitlines()
+    for private in (out, tmp_path / "run" / "timeline.json"):  # private, like every file of a run folder
+        assert private.stat().st_mode & 0o777 == 0o600, private
+    text = out.read_text()
+    assert text.startswith("<!DOCTYPE html>") and 'data-chart="over-time"' in text and "<script" not in text
+
+
+def test_report_refuses_a_folder_of_another_kind(tmp_path: Path):
+    proc = harvest("report", str(tmp_path), check=False)
+    assert proc.returncode == 2
+    assert str(tmp_path) in proc.stderr and "tune.json" in proc.stderr

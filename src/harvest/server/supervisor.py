@@ -32,10 +32,11 @@ import httpx
 import psutil
 
 from harvest.config import PreflightConfig, ServerConfig, is_loopback
+from harvest.engine_pins import version_warning
 from harvest.errors import ConfigError, LaunchError, PreflightFailed, StopError
 from harvest.gpu.records import GpuProbe
 from harvest.server import procs
-from harvest.server.base import EngineAdapter, adapter_for
+from harvest.server.base import EngineAdapter, adapter_for, private_files
 from harvest.server.readiness import LogWatcher, Ready, wait_ready
 from harvest.server.state import (
     LOG_FILE,
@@ -92,6 +93,13 @@ class DescendantRecorder:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` readable by its owner only (0600 from the first byte)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
 
 
 def _still_there(ref: ProcessRef) -> bool:
@@ -234,9 +242,14 @@ class Server:
                         "; ".join(f"{r.rule}: {r.detail}" for r in report.failures))
 
         version = self.adapter.version(cfg)
+        newer = version_warning(cfg.engine, version)
+        if newer is not None:
+            log.warning("%s", newer)
         gpus = list(cfg.gpus) or [g.index for g in probe.snapshot().gpus]
         key = cfg.api_key()
-        argv = self.adapter.argv(cfg)
+        for name, text in private_files(self.adapter, cfg).items():  # e.g. SGLang's key, off the argv
+            _write_private(run_dir / name, text)
+        argv = self.adapter.argv(cfg, run_dir=run_dir)
         shown = redact_argv(argv, [key.get_secret_value()] if key is not None else [])
         env = {**os.environ, **self.adapter.environment(cfg), **cfg.env}
         log_path = run_dir / LOG_FILE

@@ -228,7 +228,8 @@ class PreflightConfig(_Model):
     """Margins of the launch-safety rules."""
 
     memory_margin_mib: int = Field(1024, ge=0, description="free MiB required beyond the engine's claim")
-    ram_reserve_gib: float = Field(8.0, ge=0, description="host RAM kept free beyond the hicache pool")
+    ram_reserve_gib: float = Field(8.0, ge=0, description="host RAM kept free beyond vLLM CPU's "
+                                   "VLLM_CPU_KVCACHE_SPACE (SGLang's host pool keeps SGLang's own 10 GiB)")
     max_swap_used_mib: int = Field(1024, ge=0)
     min_disk_free_gib: float = Field(10.0, ge=0)
     #: How much GPU memory an engine without a fraction setting claims (fraction of total).

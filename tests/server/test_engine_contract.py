@@ -96,7 +96,7 @@ SGLANG_TABLE: list[tuple[dict, dict]] = [
 ]
 VLLM_TABLE: list[tuple[dict, dict]] = [
     ({}, {"model": "/m/qwen", "tensor_parallel_size": 1, "kv_cache_dtype": "auto", "api_key": None,
-          "reasoning_parser": None}),
+          "reasoning_parser": ""}),  # vLLM 0.32.0's default: "" (no parser)
     ({**GPUS8, "served_model_name": "qwen", "gpu_memory_utilization": 0.85, "kv_cache_dtype": "fp8",
       "max_running_requests": 128, "dtype": "bfloat16", "reasoning_parser": "qwen3", "port": 8123},
      {"tensor_parallel_size": 8, "served_model_name": ["qwen"], "gpu_memory_utilization": 0.85,

@@ -5,7 +5,8 @@ SGLang: ``ServerArgs.add_cli_args`` of the released 0.5.23 wheel (``--config`` m
 ``python -m vllm.entrypoints.launchers.api_server.entry`` parses). Each engine's parser runs once,
 in a subprocess with the engine's Python, over the whole table; nothing of the parsers is mocked.
 Accepted configs must parse to the values harvest meant; configs the engines would refuse are
-refused by harvest when the config loads. The host-pool test runs SGLang's own budget function, compiled from the installed wheel's source.
+refused by harvest when the config loads. The host-pool test runs SGLang's own budget function,
+compiled from the installed wheel's source.
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ SGLANG_TABLE: list[tuple[dict, dict]] = [
       "enable_hierarchical_cache": True, "hicache_size": 48, "max_running_requests": 256, "dtype": "bfloat16",
       "reasoning_parser": "qwen3", "port": 30001, "host": "127.0.0.2"},
      {"tp_size": 8, "served_model_name": "qwen", "mem_fraction_static": 0.85, "kv_cache_dtype": "fp8_e4m3",
-      "enable_hierarchical_cache": True, "hicache_size": 48, "hicache_ratio": None, "max_running_requests": 256,
+      "enable_hierarchical_cache": True, "hicache_size": 48, "hicache_ratio": None,
+      "max_running_requests": 256,
       "dtype": "bfloat16", "reasoning_parser": "qwen3", "port": 30001, "host": "127.0.0.2"}),
     ({"enable_hierarchical_cache": True, "hicache_ratio": 2.5},
      {"enable_hierarchical_cache": True, "hicache_ratio": 2.5, "hicache_size": 0}),
@@ -111,7 +113,8 @@ REFUSED = [
     ("sglang", {"enable_hierarchical_cache": True, "hicache_size": 12.5}, "whole number of GB",
      ["--enable-hierarchical-cache", "--hicache-size", "12.5"]),
     ("vllm", {"kv_cache_dtype": "bf16"}, "bf16 is not a vLLM KV dtype", ["--kv-cache-dtype", "bf16"]),
-    ("vllm", {"kv_cache_dtype": "fp8_e4m3fn"}, "vLLM accepts auto, float16", ["--kv-cache-dtype", "fp8_e4m3fn"]),
+    ("vllm", {"kv_cache_dtype": "fp8_e4m3fn"}, "vLLM accepts auto, float16",
+     ["--kv-cache-dtype", "fp8_e4m3fn"]),
 ]
 
 
@@ -174,9 +177,8 @@ def _sglang_budget_function(sglang_python: str, available_bytes: int, ranks: int
     import ast
     from contextvars import ContextVar
 
-    where = subprocess.run([sglang_python, "-c", "import importlib.util as u; "
-                            "print(u.find_spec('sglang').submodule_search_locations[0])"],
-                           capture_output=True, text=True, timeout=120)
+    code = "import importlib.util as u; print(u.find_spec('sglang').submodule_search_locations[0])"
+    where = subprocess.run([sglang_python, "-c", code], capture_output=True, text=True, timeout=120)
     assert where.returncode == 0, where.stderr
     source = Path(where.stdout.strip(), "srt", "mem_cache", "pool_host", "base.py").read_text()
     wanted = {"host_memory_budget_bytes", "HICACHE_HOST_MEMORY_RESERVE_BYTES"}
@@ -190,7 +192,8 @@ def _sglang_budget_function(sglang_python: str, available_bytes: int, ranks: int
         "_host_memory_budget": ContextVar("budget", default=None),
         "Optional": object,
     }
-    exec(compile(ast.Module(body=nodes, type_ignores=[]), "sglang/srt/mem_cache/pool_host/base.py", "exec"),
+    # SGLang's own code, on purpose:
+    exec(compile(ast.Module(body=nodes, type_ignores=[]), "sglang/srt/mem_cache/pool_host/base.py", "exec"),  # noqa: S102
          namespace)
     assert namespace["HICACHE_HOST_MEMORY_RESERVE_BYTES"] == 10 * 2**30
     return namespace["host_memory_budget_bytes"]
@@ -215,14 +218,30 @@ def test_sglang_host_pool_budget_is_sglangs_own_arithmetic(sglang_python, tmp_pa
     assert sglang_rank_budget_bytes(host, 8) == sglang_budget
     report = run_preflight(server, cfg.preflight, probe=NoGpuProbe(), output_dir=tmp_path, host=host,
                            disk=DiskState(path="/", total_mib=10**6, free_mib=10**6))
-    (ram,) = [r for r in report.results if r.rule == "host-ram"]
+    ram = next(r for r in report.results if r.rule == "host-ram")
     assert ram.numbers["budget_per_rank_bytes"] == sglang_budget and ram.numbers["ranks"] == 8
     assert ram.passed and 48 * 10**9 <= sglang_budget, ram.detail  # 48 GB per rank fits 500 GB
     # 390 GB available: 48 GB x 8 + 10 GiB no longer fits, for SGLang and for preflight alike.
     small = HostState(ram_total_mib=600_000, ram_available_mib=390 * 10**9 // 2**20, swap_total_mib=0,
                       swap_used_mib=0)
-    small_budget = _sglang_budget_function(sglang_python, small.ram_available_mib * 2**20, ranks=8)(48 * 10**9)
+    small_of = _sglang_budget_function(sglang_python, small.ram_available_mib * 2**20, ranks=8)
+    small_budget = small_of(48 * 10**9)
     assert small_budget < 48 * 10**9 and sglang_rank_budget_bytes(small, 8) == small_budget
     report = run_preflight(server, cfg.preflight, probe=NoGpuProbe(), output_dir=tmp_path, host=small,
                            disk=DiskState(path="/", total_mib=10**6, free_mib=10**6))
-    assert not [r for r in report.results if r.rule == "host-ram"][0].passed
+    assert not next(r for r in report.results if r.rule == "host-ram").passed
+
+
+@pytest.mark.parametrize(("engine", "grid", "message"), [
+    ("sglang", {"kv_cache_dtype": ["auto", "fp8"]}, "fp8 is not an SGLang KV dtype"),
+    ("sglang", {"enable_hierarchical_cache": [True], "hicache_size": [12.5, 48]}, "whole number of GB"),
+    ("llamacpp", {"kv_cache_dtype": ["f16", "fp8_e4m3"]}, "llama.cpp has no FP8 cache type"),
+])
+def test_a_tune_grid_with_a_value_the_engine_refuses_is_refused_before_any_launch(engine, grid, message):
+    # Before: the trial launched and showed up as "the engine exited" (SGLang's parser exits with 2).
+    from harvest.campaign.tune import expand_grid, parse_tune_file
+
+    base = ServerConfig(engine=engine, model="m")
+    with pytest.raises(ConfigError) as info:
+        expand_grid(base, parse_tune_file({"grid": [grid]}, source="tune.toml"))
+    assert message in str(info.value) and "tune.toml [grid]" in str(info.value)

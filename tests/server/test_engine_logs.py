@@ -102,9 +102,8 @@ def test_llamacpp_unified_kv_cache_is_not_multiplied_by_the_slots():
 
 
 def _package_dir(python: str, package: str) -> Path:
-    out = subprocess.run([python, "-c", f"import importlib.util as u; "
-                          f"print(u.find_spec({package!r}).submodule_search_locations[0])"],
-                         capture_output=True, text=True, timeout=120)
+    code = f"import importlib.util as u; print(u.find_spec({package!r}).submodule_search_locations[0])"
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return Path(out.stdout.strip())
 

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from harvest.config import LAUNCHED_ENGINES, EngineKind, ServerConfig
-from harvest.server import ENGINES, EngineAdapter, adapter_for, redact_argv
+from harvest.server import ENGINES, EngineAdapter, adapter_for
 from harvest.server.readiness import first_fatal
 
 

@@ -131,3 +131,17 @@ def test_sglang_source_still_has_the_text(sglang_python, path, text):
 ])
 def test_vllm_source_still_has_the_text(vllm_python, path, text):
     assert text in (_package_dir(vllm_python, "vllm") / path).read_text()
+
+
+@pytest.mark.engine
+def test_llama_server_without_parallel_reports_its_whole_context_once(llama_server_bin, tiny_gguf, launcher):
+    # Real llama-server: without --parallel it picks 4 slots sharing one unified KV cache of -c tokens.
+    def config(port: int) -> ServerConfig:
+        return ServerConfig(engine="llamacpp", model=str(tiny_gguf), command=[llama_server_bin], port=port,
+                            extra_args=["--threads", "1", "-c", "2048"], ready_timeout=120.0, stop_grace=3.0,
+                            stop_deadline=12.0)
+
+    server = launcher.launch(config)
+    props = httpx.get(server.url + "/props", timeout=10).json()
+    assert props["total_slots"] == 4 and props["default_generation_settings"]["n_ctx"] == 2048, props
+    assert server.kv_capacity_tokens == 2048  # not 4 x 2048

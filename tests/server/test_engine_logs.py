@@ -145,3 +145,10 @@ def test_llama_server_without_parallel_reports_its_whole_context_once(llama_serv
     props = httpx.get(server.url + "/props", timeout=10).json()
     assert props["total_slots"] == 4 and props["default_generation_settings"]["n_ctx"] == 2048, props
     assert server.kv_capacity_tokens == 2048  # not 4 x 2048
+
+
+def test_sglang_tp_prefixed_warnings_that_mention_errors_are_not_fatal():
+    # SGLang 0.5.23 srt/models/registry.py: logger.warning(f"Ignore import error when loading {name}: {e}")
+    line = ("[2026-12-01 02:00:00 TP1] Ignore import error when loading sglang.srt.models.foo: "
+            "ModuleNotFoundError No module named 'foo'")
+    assert first_fatal(line + "\n", adapter_for("sglang").fatal_patterns) is None

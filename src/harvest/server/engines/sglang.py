@@ -52,7 +52,8 @@ FATAL = (
     FatalPattern(r"Not enough host memory", "out_of_memory",
                  "SGLang found no room in host RAM for the hierarchical cache"),
     FatalPattern(r"Scheduler hit an exception|Rank \d+ scheduler died during initialization|"
-                 r"Rank \d+ scheduler is dead|^\[[^\]\n]* TP\d+(?: EP\d+)?\] .*(?:Error|Exception)\b",
+                 r"Rank \d+ scheduler is dead|"
+                 r"^\[[^\]\n]* TP\d+[^\]\n]*\] (?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception): ",
                  "fatal_log", "an SGLang scheduler died"),
 ) + COMMON_FATAL
 

@@ -150,6 +150,8 @@ class Server:
         self._stop_lock = threading.Lock()
         self._launched = False
         self._finished = False
+        #: Owner-only files written for the engine (its key), removed when start-up ends.
+        self._private_paths: list[Path] = []
         self._detached = False
 
     # --- what callers read -------------------------------------------------------------------
@@ -247,7 +249,9 @@ class Server:
             log.warning("%s", newer)
         gpus = list(cfg.gpus) or [g.index for g in probe.snapshot().gpus]
         key = cfg.api_key()
-        for name, text in private_files(self.adapter, cfg).items():  # e.g. SGLang's key, off the argv
+        # E.g. SGLang's key, kept off the argv; removed once start-up ended (read at the start).
+        for name, text in private_files(self.adapter, cfg).items():
+            self._private_paths.append(run_dir / name)
             _write_private(run_dir / name, text)
         argv = self.adapter.argv(cfg, run_dir=run_dir)
         shown = redact_argv(argv, [key.get_secret_value()] if key is not None else [])
@@ -281,10 +285,13 @@ class Server:
         self._recorder.start()
 
         watcher = LogWatcher(log_path)
-        self.ready = wait_ready(config=cfg, checks=self.adapter.readiness(cfg),
-                                fatal_patterns=self.adapter.fatal_patterns, log=watcher,
-                                poll_exit=self.returncode, deadline_s=cfg.ready_timeout, argv=shown,
-                                cancelled=self._cancel.is_set)
+        try:
+            self.ready = wait_ready(config=cfg, checks=self.adapter.readiness(cfg),
+                                    fatal_patterns=self.adapter.fatal_patterns, log=watcher,
+                                    poll_exit=self.returncode, deadline_s=cfg.ready_timeout, argv=shown,
+                                    cancelled=self._cancel.is_set)
+        finally:
+            self._remove_private()
         with httpx.Client() as client:
             try:
                 self.kv_capacity_tokens = self.adapter.kv_capacity(cfg, log_text=watcher.text(), client=client)
@@ -293,6 +300,14 @@ class Server:
         kv = self.kv_capacity_tokens
         self.state_file.update(lambda s: replace(s, status=RunStatus.READY, kv_capacity_tokens=kv))
         return self
+
+    def _remove_private(self) -> None:
+        for path in self._private_paths:
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:
+                log.warning("could not remove %s: %s", path, exc)
+        self._private_paths.clear()
 
     def _mark(self, status: RunStatus, note: str | None = None) -> None:
         try:
@@ -307,6 +322,7 @@ class Server:
 
         Returns None when nothing was launched (an endpoint, a refused preflight) or after detach.
         """
+        self._remove_private()
         with self._stop_lock:
             if self._finished:
                 return self.stop_report

@@ -8,7 +8,7 @@ read from its source (no GPU here, so it was not run). ``--model-path``, ``--tp-
 --hicache-size N`` (an int: GB of 10^9 bytes per rank) or ``--hicache-ratio R``,
 ``--max-running-requests``, ``--reasoning-parser`` (fills ``reasoning_content``),
 ``--enable-metrics``. The API key goes in a YAML file handed over with ``--config`` (written 0600
-in the run folder), so it stays off ``/proc/PID/cmdline``. Readiness is ``GET /health`` then a
+in the run folder, removed once start-up ended), so it stays off ``/proc/PID/cmdline``. Readiness is ``GET /health`` then a
 one-token ``POST /generate`` (``/health`` can answer before the scheduler serves). The KV capacity
 is ``max_total_num_tokens`` in ``GET /server_info`` (``/get_server_info`` is deprecated in 0.5.23;
 tried second, for older servers). Metrics: ``sglang:num_running_reqs``, ``sglang:num_queue_reqs``,

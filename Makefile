@@ -15,7 +15,7 @@ $(VENV)/.harvest-installed: pyproject.toml
 install: $(VENV)/.harvest-installed
 
 engines:
-	scripts/install-engines vllm llamacpp
+	scripts/install-engines vllm llamacpp sglang
 
 # Debian packages the tests use for real (sshd, Chromium, tmux); skipped when already present.
 system:
@@ -29,5 +29,6 @@ demo: install
 test: install engines system
 	HARVEST_VLLM_PYTHON="$$(scripts/install-engines vllm)" \
 	HARVEST_LLAMA_SERVER="$$(scripts/install-engines llamacpp)" \
+	HARVEST_SGLANG_PYTHON="$$(scripts/install-engines sglang)" \
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "no tests collected: failing" >&2; exit 1; fi; exit $$rc

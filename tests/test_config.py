@@ -90,8 +90,8 @@ def test_cross_field_rules_name_the_table_and_the_fields(tmp_path):
     err = error_of(write(tmp_path, '[server]\nengine = "sglang"\nmodel = "m"\ngpus = [0, 1]\ntp = 4\n'))
     ((loc, msg),) = err.problems
     assert loc.endswith("job.toml [server]") and "tp = 4" in msg and "gpus" in msg
-    err = error_of(write(tmp_path, '[server]\nengine = "sglang"\nmodel = "m"\nenable_hierarchical_cache = true\n'))
-    assert "hicache_size" in str(err) and "[server]" in str(err)
+    err = error_of(write(tmp_path, '[server]\nengine = "vllm"\nmodel = "m"\nhicache_size = 8\n'))
+    assert "hicache_size" in str(err) and "[server]" in str(err) and "SGLang" in str(err)
 
 
 def test_repeated_gpu_index(tmp_path):

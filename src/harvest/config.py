@@ -101,7 +101,12 @@ class ServerConfig(_Model):
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
     kv_cache_dtype: str | None = None
     enable_hierarchical_cache: bool = False
-    hicache_size: float | None = Field(None, ge=0, description="GB of host RAM per tensor-parallel rank")
+    hicache_size: int | None = Field(None, ge=1, description="GB (10^9 bytes) of host RAM per tensor-parallel "
+                                     "rank (SGLang's --hicache-size, an int); unset: SGLang sizes the pool")
+    hicache_ratio: float | None = Field(None, gt=0, description="host KV pool / device KV pool (SGLang's "
+                                        "--hicache-ratio); hicache_size overrides it")
+    reasoning_parser: str | None = Field(None, description="--reasoning-parser NAME (SGLang, vLLM): without "
+                                         "it, reasoning stays inside the answer text")
     max_running_requests: int | None = Field(None, ge=1)
     dtype: str | None = None
     extra_args: list[str] = Field(default_factory=list)
@@ -117,6 +122,16 @@ class ServerConfig(_Model):
     ready_timeout: float = Field(900.0, gt=0, description="seconds to wait for readiness")
     stop_grace: float = Field(10.0, ge=0, description="seconds between SIGTERM and SIGKILL")
     stop_deadline: float = Field(60.0, gt=0, description="seconds a whole stop may take")
+
+    @field_validator("hicache_size", mode="before")
+    @classmethod
+    def _whole_gb(cls, v: Any) -> Any:
+        if isinstance(v, float):
+            raise ValueError(f"must be a whole number of GB (got {v:g}): SGLang declares --hicache-size an int")
+        if isinstance(v, int) and not isinstance(v, bool) and v < 1:
+            raise ValueError(f"must be >= 1 GB (got {v}): to SGLang 0 means automatic sizing (hicache_ratio x "
+                             f"the device KV pool); leave hicache_size unset for that")
+        return v
 
     @field_validator("gpus")
     @classmethod
@@ -135,8 +150,7 @@ class ServerConfig(_Model):
             raise ValueError("engine 'openai' needs `base_url` (the running endpoint)")
         if self.engine in ("sglang", "vllm", "transformers", "llamacpp") and not self.model:
             raise ValueError(f"engine '{self.engine}' needs `model`")
-        if self.enable_hierarchical_cache and self.hicache_size is None and self.engine == "sglang":
-            raise ValueError("enable_hierarchical_cache needs `hicache_size` (GB per rank)")
+        _engine_values(self)
         if self.gpus and self.tp > len(self.gpus):
             raise ValueError(f"tp = {self.tp} needs at least {self.tp} GPUs, `gpus` lists {len(self.gpus)}")
         if self.launched and not is_loopback(self.host):
@@ -182,11 +196,40 @@ class ServerConfig(_Model):
                                       [key.get_secret_value()] if key is not None else [])
 
 
+def _engine_values(server: ServerConfig) -> None:
+    """Engine-specific values, checked against the engine's own accepted set (harvest.engine_pins)."""
+    from harvest.engine_pins import KV_DTYPES, REASONING_PARSER_ENGINES
+
+    dtype = server.kv_cache_dtype
+    if dtype is not None and server.engine in KV_DTYPES:
+        name, accepted = KV_DTYPES[server.engine]
+        if dtype not in accepted:
+            hint = {("sglang", "fp8"): " (vLLM's fp8 is fp8_e4m3)", ("vllm", "bf16"): " (vLLM spells it bfloat16)",
+                    }.get((server.engine, dtype), "")
+            if server.engine == "llamacpp" and dtype.startswith("fp8"):
+                hint = " (llama.cpp has no FP8 cache type)"
+            article = "an" if name == "SGLang" else "a"
+            raise ValueError(f"`kv_cache_dtype`: {dtype} is not {article} {name} KV dtype{hint}; {name} accepts "
+                             f"{', '.join(accepted)}")
+    if server.engine != "sglang":
+        for field in ("hicache_size", "hicache_ratio"):
+            if getattr(server, field) is not None:
+                raise ValueError(f"`{field}` is an SGLang setting; engine '{server.engine}' has no host KV pool")
+    if server.reasoning_parser is not None:
+        if server.engine not in REASONING_PARSER_ENGINES:
+            raise ValueError(f"`reasoning_parser`: engine '{server.engine}' takes no --reasoning-parser "
+                             f"(only {' and '.join(REASONING_PARSER_ENGINES)})")
+        if not server.reasoning_parser.strip() or server.reasoning_parser.strip() != server.reasoning_parser \
+                or server.reasoning_parser.startswith("-"):
+            raise ValueError(f"`reasoning_parser`: {server.reasoning_parser!r} is not a parser name")
+
+
 class PreflightConfig(_Model):
     """Margins of the launch-safety rules."""
 
     memory_margin_mib: int = Field(1024, ge=0, description="free MiB required beyond the engine's claim")
-    ram_reserve_gib: float = Field(8.0, ge=0, description="host RAM kept free beyond the hicache pool")
+    ram_reserve_gib: float = Field(8.0, ge=0, description="host RAM kept free beyond vLLM CPU's "
+                                   "VLLM_CPU_KVCACHE_SPACE (SGLang's host pool keeps SGLang's own 10 GiB)")
     max_swap_used_mib: int = Field(1024, ge=0)
     min_disk_free_gib: float = Field(10.0, ge=0)
     #: How much GPU memory an engine without a fraction setting claims (fraction of total).

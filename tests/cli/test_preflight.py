@@ -70,7 +70,8 @@ def test_hicache_times_tp_beyond_host_ram_fails_with_exit_1(tmp_path, port):
     result = invoke(config(tmp_path, server))
     assert result.exit_code == 1, result.output
     (line,) = [line for line in result.output.splitlines() if "host-ram" in line]
-    assert line.startswith("FAIL") and f"needs {size * 8} GB + 8 GiB reserve, available " in line
+    assert line.startswith("FAIL") and f"hicache_size {size} GB per rank > (available " in line
+    assert "- 10 GiB SGLang reserve) // 8 rank(s)" in line
     assert "FAIL: 1 of 6 checks failed" in result.output
 
 
@@ -180,8 +181,8 @@ def test_bundled_hicache_tp8_example_is_judged_against_this_machines_ram():
     out = subprocess.run([sys.executable, "-m", "harvest", "preflight", str(example)], capture_output=True,
                          text=True, timeout=120)
     line = next(ln for ln in out.stdout.splitlines() if "host-ram" in ln)
-    assert "needs 384 GB + 8 GiB reserve, available" in line
-    enough = host_state().ram_available_mib * 2**20 >= 384e9 + 8 * 2**30
+    assert "hicache_size 48 GB per rank" in line and "- 10 GiB SGLang reserve) // 8 rank(s)" in line
+    enough = (host_state().ram_available_mib * 2**20 - 10 * 2**30) // 8 >= 48e9
     assert line.startswith("PASS" if enough else "FAIL"), line
     failed = any(ln.startswith("FAIL ") for ln in out.stdout.splitlines())
     assert out.returncode == (1 if failed else 0), out.stdout

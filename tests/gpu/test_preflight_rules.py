@@ -71,9 +71,11 @@ def test_clean_machine_passes_every_rule(tmp_path, free_port):
         "host-ram", "swap", "port", "disk"]
 
 
-def test_sglang_claim_is_mem_fraction_static_of_total_plus_margin(tmp_path, free_port):
+def test_sglang_claim_is_mem_fraction_static_of_total_plus_activations_plus_margin(tmp_path, free_port):
+    # SGLang's fraction covers weights + KV only; at tp 2 its activation floor is
+    # 512 + 1.5 x 2048 + 2/8 x 1024 = 3840 MiB (0.5.23 srt/arg_groups/memory_hook.py).
     total, reserved = 143771, 615
-    needed = int(0.8 * total) + 1024
+    needed = int(0.8 * total) + 3840 + 1024
     used_ok = total - reserved - needed  # free == needed exactly: passes
     nvml = FakeNvml(h200s(2, used_mib=used_ok))
     nvml.gpus[1].used_mib = used_ok + 1  # one MiB short
@@ -85,16 +87,20 @@ def test_sglang_claim_is_mem_fraction_static_of_total_plus_margin(tmp_path, free
     assert "mem_fraction_static" in short.detail and "short by 1 MiB" in short.detail
 
 
-def test_sglang_default_fraction_is_088(tmp_path, free_port):
+def test_sglang_default_fraction_is_computed_per_gpu_like_sglang(tmp_path, free_port):
+    # SGLang 0.5.23 (memory_hook.py): reserved = max(512 + 1.5 x 2048 + tp/8 x 1024, 10 GiB on GPUs
+    # over 60 GiB); mem_fraction_static = round((total - reserved) / total, 3). Was a flat 0.88.
     report = check(server(free_port), probe_for(FakeNvml(h200s(1))), tmp_path)
     res = only(report, "gpu-memory", 0)
-    assert res.numbers["claim_fraction"] == 0.88
-    assert res.numbers["claim_mib"] == int(0.88 * 143771)
+    assert res.numbers["claim_fraction"] == round((143771 - 10240) / 143771, 3) == 0.929
+    assert res.numbers["claim_mib"] == int(0.929 * 143771)
+    assert res.numbers["needed_mib"] == int(0.929 * 143771) + 3712 + 1024
+    assert res.passed, res.detail  # an idle H200 fits SGLang's own default
 
 
-@pytest.mark.parametrize(("util", "fraction"), [(0.5, 0.5), (None, 0.9)])
+@pytest.mark.parametrize(("util", "fraction"), [(0.5, 0.5), (None, 0.92)])
 def test_vllm_claim_is_gpu_memory_utilization(tmp_path, free_port, util, fraction):
-    # 60% of the GPU in use: fits a 0.5 claim, not the 0.9 default.
+    # 40% of the GPU in use: fits a 0.5 claim, not vLLM's 0.92 default (0.32.0 vllm/config/cache.py).
     nvml = FakeNvml(h200s(1, used_mib=int(0.4 * 143771)))
     srv = server(free_port, engine="vllm", gpu_memory_utilization=util)
     res = only(check(srv, probe_for(nvml), tmp_path), "gpu-memory", 0)
@@ -180,21 +186,58 @@ def test_openai_endpoint_skips_launch_rules_and_says_so(tmp_path):
 # -- host-ram, swap, port, disk -------------------------------------------------------------------
 
 
-def test_hicache_needs_size_times_tp_plus_reserve(tmp_path, free_port):
+def _host(available_mib: int, cgroup_mib: int | None = None) -> HostState:
+    return HostState(ram_total_mib=2 * available_mib, ram_available_mib=available_mib, swap_total_mib=0,
+                     swap_used_mib=0, cgroup_headroom_mib=cgroup_mib)
+
+
+def test_hicache_size_per_rank_must_fit_sglangs_share_of_available_minus_10_gib(tmp_path, free_port):
+    # SGLang 0.5.23 (srt/mem_cache/pool_host/base.py): each rank may take
+    # (available - 10 GiB) // ranks_per_host; the old rule reserved 8 GiB for all ranks together.
     srv = server(free_port, engine="sglang", gpus=list(range(8)), tp=8,
                  enable_hierarchical_cache=True, hicache_size=48)
     probe = probe_for(FakeNvml(h200s(8)))
-    twenty_one_gb = int(21e9 / 2**20)
-    host = HostState(ram_total_mib=2 * twenty_one_gb, ram_available_mib=twenty_one_gb, swap_total_mib=0,
-                     swap_used_mib=0)
-    res = only(check(srv, probe, tmp_path, host=host), "host-ram")
+    exact_mib = -(-(48 * 10**9 * 8 + 10 * 2**30) // 2**20)  # the least MiB that leaves 48 GB per rank
+    res = only(check(srv, probe, tmp_path, host=_host(exact_mib)), "host-ram")
+    assert res.passed, res.detail
+    assert res.numbers["budget_per_rank_bytes"] == (exact_mib * 2**20 - 10 * 2**30) // 8 >= 48 * 10**9
+    # 9 GiB short of that in all (but more than the 8 GiB the old rule kept): fails, saying why.
+    res = only(check(srv, probe, tmp_path, host=_host(exact_mib - 9 * 1024)), "host-ram")
     assert not res.passed
-    assert res.detail.startswith("needs 384 GB + 8 GiB reserve, available 21 GB")
-    assert "48 GB per rank x tp 8" in res.detail
-    needed_mib = int((384e9 + 8 * 2**30) / 2**20)
-    assert res.numbers["needed_mib"] == needed_mib
-    enough = HostState(ram_total_mib=needed_mib * 2, ram_available_mib=needed_mib, swap_total_mib=0, swap_used_mib=0)
-    assert only(check(srv, probe, tmp_path, host=enough), "host-ram").passed
+    assert res.detail.startswith("hicache_size 48 GB per rank > (available ")
+    assert "- 10 GiB SGLang reserve) // 8 rank(s)" in res.detail and "Not enough host memory available" in res.detail
+
+
+def test_hicache_budget_is_bounded_by_the_memory_cgroup(tmp_path, free_port):
+    srv = server(free_port, engine="sglang", gpus=[0], enable_hierarchical_cache=True, hicache_size=20)
+    probe = probe_for(FakeNvml(h200s(1)))
+    assert only(check(srv, probe, tmp_path, host=_host(100_000)), "host-ram").passed
+    res = only(check(srv, probe, tmp_path, host=_host(100_000, cgroup_mib=20_000)), "host-ram")
+    assert not res.passed and "cgroup-bounded" in res.detail
+
+
+def test_hicache_without_size_is_sized_by_sglang_within_08_of_the_budget(tmp_path, free_port):
+    srv = server(free_port, engine="sglang", gpus=[0, 1], tp=2, enable_hierarchical_cache=True)
+    res = only(check(srv, probe_for(FakeNvml(h200s(2))), tmp_path, host=_host(200_000)), "host-ram")
+    budget = (200_000 * 2**20 - 10 * 2**30) // 2
+    assert res.passed and res.numbers["pool_per_rank_bytes"] == int(0.8 * budget)
+    assert "2 x the device KV pool" in res.detail
+
+
+def test_vllm_cpu_kv_cache_lives_in_host_ram(tmp_path, free_port):
+    # 0.32.0 vllm/v1/worker/cpu_worker.py: without VLLM_CPU_KVCACHE_SPACE it reserves
+    # gpu_memory_utilization (default 0.92) x RAM and refuses to start when less is available.
+    cpu = server(free_port, engine="vllm", gpus=[])
+    host = HostState(ram_total_mib=10_000, ram_available_mib=7_000, swap_total_mib=0, swap_used_mib=0)
+    res = only(check(cpu, NoGpuProbe(), tmp_path, host=host), "host-ram")
+    assert not res.passed and res.numbers["needed_mib"] == 9200 and "0.92 x 10000 MiB" in res.detail
+    half = server(free_port, engine="vllm", gpus=[], gpu_memory_utilization=0.5)
+    assert only(check(half, NoGpuProbe(), tmp_path, host=host), "host-ram").passed
+    spaced = server(free_port, engine="vllm", gpus=[], env={"VLLM_CPU_KVCACHE_SPACE": "4"})
+    res = only(check(spaced, NoGpuProbe(), tmp_path, host=host), "host-ram")
+    assert not res.passed and res.numbers["needed_mib"] == (4 + 8) * 1024  # + [preflight] ram_reserve_gib
+    assert only(check(spaced, NoGpuProbe(), tmp_path, host=host,
+                      settings=PreflightConfig(ram_reserve_gib=2)), "host-ram").passed
 
 
 def test_hicache_off_needs_no_host_pool(tmp_path, free_port):

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from harvest.config import LAUNCHED_ENGINES, EngineKind, ServerConfig
-from harvest.server import ENGINES, EngineAdapter, adapter_for, redact_argv
+from harvest.server import ENGINES, EngineAdapter, adapter_for
 from harvest.server.readiness import first_fatal
 
 
@@ -31,7 +31,7 @@ def test_vllm_argv_maps_every_setting():
                        env={"VLLM_CPU_KVCACHE_SPACE": "1"})
     a = adapter_for("vllm")
     assert a.argv(cfg) == [
-        "/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m/llama",
+        "/venv/bin/python", "-m", "vllm.entrypoints.launchers.api_server.entry", "--model", "/m/llama",
         "--host", "127.0.0.1", "--port", "8123", "--tensor-parallel-size", "2",
         "--served-model-name", "llama", "--gpu-memory-utilization", "0.85", "--kv-cache-dtype", "fp8",
         "--max-num-seqs", "128", "--dtype", "bfloat16", "--max-model-len", "4096"]
@@ -103,13 +103,21 @@ def test_api_key_goes_through_the_environment_where_the_engine_reads_it(monkeypa
     assert variable not in a.environment(cfg)
 
 
-def test_sglang_takes_the_key_on_its_command_line_and_the_record_redacts_it(monkeypatch):
+def test_sglang_takes_the_key_from_a_config_file_never_on_its_command_line(monkeypatch, tmp_path):
+    # SGLang 0.5.23 merges `--config FILE.yaml` into its arguments inside the process
+    # (srt/utils/server_args_config_parser.py), so the key stays off /proc/PID/cmdline.
     monkeypatch.setenv("MY_KEY", "sk-abc123")
     cfg = ServerConfig(engine="sglang", model="m", api_key_env="MY_KEY")
-    argv = adapter_for("sglang").argv(cfg)
-    assert argv[argv.index("--api-key") + 1] == "sk-abc123"
-    shown = redact_argv(argv, ["sk-abc123"])
-    assert "sk-abc123" not in " ".join(shown) and shown[argv.index("--api-key") + 1] == "***"
+    a = adapter_for("sglang")
+    argv = a.argv(cfg, run_dir=tmp_path)
+    assert "sk-abc123" not in " ".join(argv) and "--api-key" not in argv
+    path = argv[argv.index("--config") + 1]
+    assert path == str(tmp_path / "sglang-secrets.yaml")
+    assert a.private_files(cfg) == {"sglang-secrets.yaml": 'api-key: "sk-abc123"\n'}
+    with pytest.raises(ValueError, match="run_dir"):
+        a.argv(cfg)  # no run folder to put the key in: refused, never put on the command line
+    monkeypatch.delenv("MY_KEY")
+    assert "--config" not in a.argv(cfg) and a.private_files(cfg) == {}
 
 
 def test_kv_capacity_from_the_vllm_log_line():
@@ -124,27 +132,34 @@ def test_kv_capacity_from_the_vllm_log_line():
         assert adapter_for("vllm").kv_capacity(cfg, log_text="no such line", client=client) is None
 
 
-def test_sglang_kv_capacity_from_server_info():
+@pytest.mark.parametrize("answers", [{"/server_info"}, {"/get_server_info"}])
+def test_sglang_kv_capacity_from_server_info_then_the_deprecated_endpoint(answers):
+    # SGLang 0.5.23 (srt/entrypoints/http_server.py): /server_info; /get_server_info is deprecated.
+    asked = []
+
     def handler(request: httpx.Request) -> httpx.Response:
-        assert request.url.path == "/get_server_info"
-        return httpx.Response(200, json={"max_total_num_tokens": 376832})
+        asked.append(request.url.path)
+        if request.url.path in answers:
+            return httpx.Response(200, json={"max_total_num_tokens": 376832})
+        return httpx.Response(404)
 
     cfg = ServerConfig(engine="sglang", model="m")
     with httpx.Client(transport=httpx.MockTransport(handler)) as client:
         assert adapter_for("sglang").kv_capacity(cfg, log_text="", client=client) == 376832
+    assert asked[0] == "/server_info"
 
 
 @pytest.mark.parametrize("line, reason", [
     ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "out_of_memory"),
     ("OSError: [Errno 98] Address already in use", "port_in_use"),
     ("RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:275", "fatal_log"),
-    ("Traceback (most recent call last):", "fatal_log"),
+    ("Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\nKeyError: 'boom'", "fatal_log"),
     ("llama_model_load: error loading model: tensor data is not within file bounds", "fatal_log"),
 ])
 def test_fatal_start_up_lines(line, reason):
     kind = "llamacpp" if "llama_model_load" in line else "vllm"
     hit = first_fatal(f"INFO starting\n{line}\nmore\n", adapter_for(kind).fatal_patterns)
-    assert hit is not None and hit[0].reason == reason and hit[1] == line
+    assert hit is not None and hit[0].reason == reason and hit[1] == line.splitlines()[-1]
 
 
 def test_ordinary_start_up_lines_are_not_fatal():
@@ -152,3 +167,29 @@ def test_ordinary_start_up_lines_are_not_fatal():
             "INFO Application startup complete.\nINFO: Uvicorn running on http://127.0.0.1:8000\n")
     for kind in ENGINES:
         assert first_fatal(text, adapter_for(kind).fatal_patterns) is None
+
+
+@pytest.mark.parametrize(("engine", "found", "warns"), [
+    ("sglang", "0.5.23", False), ("sglang", "0.5.9", False), ("sglang", "0.5.24", True),
+    ("sglang", "0.6.0rc1", True), ("vllm", "0.32.0", False), ("vllm", "0.33.0", True),
+    ("llamacpp", "11434 (ab12cd3)", False), ("llamacpp", "11500 (99ffee0)", True), ("vllm", None, False),
+    ("transformers", "9.0.0", False),
+])
+def test_a_newer_engine_than_the_pin_is_a_warning(engine, found, warns):
+    from harvest.engine_pins import version_warning
+
+    warning = version_warning(engine, found)
+    assert (warning is not None) is warns
+    if warns:
+        assert found in warning and "newer than" in warning and "docs/engines.md" in warning
+
+
+def test_harvest_version_prints_the_engine_pins():
+    from click.testing import CliRunner
+
+    from harvest.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["--version"])
+    assert result.exit_code == 0
+    assert "sglang: sglang 0.5.23" in result.output and "vllm: vllm-cpu 0.32.0" in result.output
+    assert "llamacpp: llama.cpp build 11434" in result.output

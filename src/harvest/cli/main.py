@@ -12,6 +12,7 @@ import sys
 import click
 
 from harvest import __version__
+from harvest.engine_pins import pins_text
 from harvest.errors import ConfigError
 
 #: (module, attribute) of every subcommand, in help order. Each module defines one click command.
@@ -44,7 +45,8 @@ class _Group(click.Group):
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="harvest")
+@click.version_option(__version__, prog_name="harvest",
+                      message="%(prog)s %(version)s\nengine adapters checked against:\n" + pins_text())
 def cli() -> None:
     """harvest: generate large datasets with an LLM served by SGLang or vLLM, safely."""
 

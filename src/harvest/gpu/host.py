@@ -28,12 +28,64 @@ def host_state() -> HostState:
         sw = psutil.swap_memory()
     except (OSError, RuntimeError) as exc:  # psutil raises these when /proc cannot be read
         raise ProbeError(f"cannot read host memory: {exc}", call="psutil.virtual_memory") from exc
+    headroom = cgroup_memory_headroom()
     return HostState(
         ram_total_mib=vm.total // _MIB,
         ram_available_mib=vm.available // _MIB,
         swap_total_mib=sw.total // _MIB,
         swap_used_mib=sw.used // _MIB,
+        cgroup_headroom_mib=headroom // _MIB if headroom is not None else None,
     )
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # "max" (no limit) -> None
+
+
+def _page_cache(directory: Path, keys: tuple[str, ...]) -> int:
+    try:
+        stat = dict(line.split() for line in (directory / "memory.stat").read_text().splitlines())
+    except (OSError, ValueError):
+        return 0
+    return sum(int(stat.get(k, 0)) for k in keys)
+
+
+def cgroup_memory_headroom(proc: Path = Path("/proc"), cgroup_root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """Bytes this process's memory cgroup (and its parents) still allow, counting page cache as
+    reclaimable, as SGLang 0.5.23 bounds its host KV pool (``srt/mem_cache/host_memory.py``).
+    cgroup v2 ``memory.max``/``memory.high`` or v1 ``memory.limit_in_bytes``; None without a limit."""
+    try:
+        lines = (proc / "self" / "cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    headroom: int | None = None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if not controllers:  # cgroup v2
+            base, limits, usage_name = cgroup_root, ("memory.max", "memory.high"), "memory.current"
+            cache_keys: tuple[str, ...] = ("active_file", "inactive_file")
+        elif "memory" in controllers.split(","):
+            base, limits, usage_name = cgroup_root / "memory", ("memory.limit_in_bytes",), "memory.usage_in_bytes"
+            cache_keys = ("total_active_file", "total_inactive_file")
+        else:
+            continue
+        directory = base / path.lstrip("/")
+        while True:
+            for name in limits:
+                limit = _read_int(directory / name)
+                usage = _read_int(directory / usage_name)
+                if limit is None or usage is None or limit >= 1 << 60:  # v1 "unlimited" is ~2^63
+                    continue
+                remaining = max(0, limit - max(0, usage - _page_cache(directory, cache_keys)))
+                headroom = remaining if headroom is None else min(headroom, remaining)
+            if directory == base or base not in directory.parents:
+                break
+            directory = directory.parent
+    return headroom
 
 
 def nearest_existing(path: str | Path) -> Path:
@@ -107,4 +159,4 @@ def resolve_gpu_pid(pid: int, *, host_namespace: bool | None) -> tuple[bool, str
     return True, name
 
 
-__all__ = ["disk_state", "host_state", "in_host_pid_namespace", "nearest_existing", "resolve_gpu_pid"]
+__all__ = ["cgroup_memory_headroom", "disk_state", "host_state", "in_host_pid_namespace", "nearest_existing", "resolve_gpu_pid"]

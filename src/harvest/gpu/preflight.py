@@ -3,9 +3,12 @@
 One :class:`RuleResult` per rule (per chosen GPU for the GPU rules), each with the measured numbers
 in its detail text and in ``numbers``:
 
-    gpu-memory      free MiB >= what the engine will claim (fraction x total) + margin
+    gpu-memory      free MiB >= what the engine will claim (fraction x total, plus SGLang's
+                    activations on top) + margin
     gpu-processes   no compute processes on the chosen GPUs other than harvest's own (``ours``)
-    host-ram        RAM available >= hicache_size GB x tp + reserve (SGLang's host KV pool, per rank)
+    host-ram        SGLang's host KV pool fits the way SGLang 0.5.23 sizes it: each of the tp ranks
+                    gets (available - 10 GiB) // tp, available bounded by the memory cgroup;
+                    vLLM's CPU build: its KV cache (host RAM) fits
     swap            swap used <= max_swap_used_mib
     port            the server's port can be bound on its bind address
     disk            the output folder's file system has min_disk_free_gib free
@@ -39,9 +42,16 @@ PORT = "port"
 DISK = "disk"
 RULES = (GPU_MEMORY, GPU_PROCESSES, HOST_RAM, SWAP, PORT, DISK)
 
-#: What SGLang / vLLM claim when the config leaves their fraction unset.
-SGLANG_DEFAULT_FRACTION = 0.88
-VLLM_DEFAULT_FRACTION = 0.9
+#: vLLM's ``gpu_memory_utilization`` default (0.32.0 ``vllm/config/cache.py``); on the CPU build the
+#: same fraction of the NUMA node's RAM.
+VLLM_DEFAULT_FRACTION = 0.92
+#: SGLang 0.5.23 keeps this much host RAM free when sizing a host KV pool
+#: (``srt/mem_cache/pool_host/base.py`` HICACHE_HOST_MEMORY_RESERVE_BYTES).
+SGLANG_HOST_RESERVE_BYTES = 10 * 1024**3
+#: Host pool / device pool when neither hicache_size nor hicache_ratio is set, and the share of the
+#: per-rank budget that auto-sizing may use (``hicache_hook.py``, ``fields/memory.py``).
+SGLANG_DEFAULT_HICACHE_RATIO = 2.0
+SGLANG_HICACHE_HOST_FRACTION = 0.8
 
 _GB = 1e9  # SGLang's --hicache-size is in GB of 10^9 bytes
 _GIB = 1024**3
@@ -84,12 +94,30 @@ class PreflightReport:
         return tuple(r for r in self.results if not r.passed)
 
 
-def claim_fraction(server: ServerConfig, settings: PreflightConfig) -> tuple[float, str]:
+def sglang_runtime_mib(tp: int) -> float:
+    """What SGLang 0.5.23 uses beyond ``mem_fraction_static`` (weights + KV) on each GPU, at least:
+    512 MiB + 1.5 MiB x 2048 activation tokens + tp/8 GiB (``srt/arg_groups/memory_hook.py``;
+    CUDA graphs and larger chunked prefills come on top of that)."""
+    return 512 + 2048 * 1.5 + tp / 8 * 1024
+
+
+def sglang_default_fraction(total_mib: int, tp: int) -> float:
+    """SGLang's own ``mem_fraction_static`` default for a GPU of ``total_mib``: the runtime reserve
+    left out, at least 10 GiB on GPUs over 60 GiB (``memory_hook.py``, CUDA graphs not counted)."""
+    reserved = sglang_runtime_mib(tp)
+    if total_mib > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    return round((total_mib - reserved) / total_mib, 3)
+
+
+def claim_fraction(server: ServerConfig, settings: PreflightConfig, total_mib: int | None = None) -> tuple[float, str]:
     """(fraction of each GPU's total memory the engine claims, where that number comes from)."""
     if server.engine == "sglang":
         if server.mem_fraction_static is not None:
             return server.mem_fraction_static, "mem_fraction_static"
-        return SGLANG_DEFAULT_FRACTION, "SGLang default mem_fraction_static"
+        if total_mib:
+            return sglang_default_fraction(total_mib, server.tp), "SGLang's default mem_fraction_static for this GPU"
+        return sglang_default_fraction(80 * 1024, server.tp), "SGLang's default mem_fraction_static (80 GiB GPU)"
     if server.engine == "vllm":
         if server.gpu_memory_utilization is not None:
             return server.gpu_memory_utilization, "gpu_memory_utilization"
@@ -106,12 +134,15 @@ def _num(x: float) -> str:
 
 
 def _memory_rule(gpu: GpuState, server: ServerConfig, settings: PreflightConfig) -> RuleResult:
-    fraction, source = claim_fraction(server, settings)
+    fraction, source = claim_fraction(server, settings, gpu.total_mib)
     claim = int(fraction * gpu.total_mib)
     margin = settings.memory_margin_mib
-    needed = claim + margin
+    # SGLang's fraction covers weights + KV only: activations come on top of it.
+    runtime = int(sglang_runtime_mib(server.tp)) if server.engine == "sglang" else 0
+    needed = claim + runtime + margin
     ok = gpu.free_mib >= needed
-    how = f"{fraction:g} x {gpu.total_mib} MiB ({source}) + {margin} MiB margin"
+    on_top = f" + {runtime} MiB SGLang activations" if runtime else ""
+    how = f"{fraction:g} x {gpu.total_mib} MiB ({source}){on_top} + {margin} MiB margin"
     if ok:
         detail = f"GPU {gpu.index} ({gpu.name}): free {gpu.free_mib} MiB >= {needed} MiB needed = {how}"
     else:
@@ -119,7 +150,8 @@ def _memory_rule(gpu: GpuState, server: ServerConfig, settings: PreflightConfig)
                   f"short by {needed - gpu.free_mib} MiB (used {gpu.used_mib} MiB)")
     numbers: dict[str, Number] = {
         "total_mib": gpu.total_mib, "used_mib": gpu.used_mib, "free_mib": gpu.free_mib,
-        "claim_fraction": fraction, "claim_mib": claim, "margin_mib": margin, "needed_mib": needed,
+        "claim_fraction": fraction, "claim_mib": claim, "runtime_mib": runtime, "margin_mib": margin,
+        "needed_mib": needed,
     }
     return RuleResult(GPU_MEMORY, ok, detail, gpu=gpu.index, numbers=numbers)
 
@@ -182,26 +214,85 @@ def _gpu_rules(server: ServerConfig, settings: PreflightConfig, probe: GpuProbe,
 # -- host rules -----------------------------------------------------------------------------------
 
 
-def _ram_rule(server: ServerConfig, settings: PreflightConfig, host: HostState) -> RuleResult:
+def sglang_rank_budget_bytes(host: HostState, ranks: int) -> int:
+    """Host RAM each SGLang rank may give its KV pool: ``(available - 10 GiB) // ranks_per_host``,
+    available bounded by the memory cgroup (SGLang 0.5.23 ``host_memory_budget_bytes`` in
+    ``srt/mem_cache/pool_host/base.py``)."""
+    available = host.ram_available_mib * _MIB
+    if host.cgroup_headroom_mib is not None:
+        available = min(available, host.cgroup_headroom_mib * _MIB)
+    return (available - SGLANG_HOST_RESERVE_BYTES) // max(1, ranks)
+
+
+def _ram_rule(server: ServerConfig, settings: PreflightConfig, host: HostState,
+              warnings: list[str] | None = None) -> RuleResult:
     avail_gb = host.ram_available_mib * _MIB / _GB
-    numbers: dict[str, Number] = {"ram_available_mib": host.ram_available_mib, "ram_total_mib": host.ram_total_mib}
+    numbers: dict[str, Number] = {"ram_available_mib": host.ram_available_mib, "ram_total_mib": host.ram_total_mib,
+                                  "cgroup_headroom_mib": host.cgroup_headroom_mib}
+    if server.engine == "vllm" and not server.gpus:
+        return _vllm_cpu_ram_rule(server, settings, host, numbers)
     if not server.enable_hierarchical_cache:
         return RuleResult(HOST_RAM, True, f"hierarchical cache off: no host KV pool "
                           f"(available {_num(avail_gb)} GB)", numbers=numbers)
-    if server.engine != "sglang" or server.hicache_size is None:
-        why = ("enable_hierarchical_cache is an SGLang setting" if server.engine != "sglang"
-               else "hicache_size unset: SGLang sizes the host pool itself")
-        return RuleResult(HOST_RAM, True, f"skipped: {why}; not checked (available {_num(avail_gb)} GB)",
-                          numbers=numbers, skipped=True)
-    pool_gb = server.hicache_size * server.tp
-    needed_mib = int((pool_gb * _GB + settings.ram_reserve_gib * _GIB) / _MIB)
-    ok = host.ram_available_mib >= needed_mib
-    # hicache_size is SGLang's unit (GB = 10^9 bytes); the reserve is configured in GiB.
-    detail = (f"needs {_num(pool_gb)} GB + {settings.ram_reserve_gib:g} GiB reserve, "
-              f"available {_num(avail_gb)} GB (hicache_size {server.hicache_size:g} GB per rank x tp {server.tp})")
-    numbers.update({"hicache_gb_per_rank": server.hicache_size, "tp": server.tp, "pool_gb": pool_gb,
-                    "reserve_gib": settings.ram_reserve_gib, "needed_mib": needed_mib})
-    return RuleResult(HOST_RAM, ok, detail, numbers=numbers)
+    if server.engine != "sglang":
+        return RuleResult(HOST_RAM, True, f"skipped: enable_hierarchical_cache is an SGLang setting; not checked "
+                          f"(available {_num(avail_gb)} GB)", numbers=numbers, skipped=True)
+    ranks = server.tp
+    budget = sglang_rank_budget_bytes(host, ranks)
+    cgroup = " (cgroup-bounded)" if host.cgroup_headroom_mib is not None else ""
+    share = (f"(available {_num(avail_gb)} GB{cgroup} - 10 GiB SGLang reserve) // {ranks} rank(s) = "
+             f"{budget / _GB:.2f} GB per rank")
+    numbers.update({"ranks": ranks, "reserve_bytes": SGLANG_HOST_RESERVE_BYTES, "budget_per_rank_bytes": budget,
+                    "hicache_size_gb": server.hicache_size, "hicache_ratio": server.hicache_ratio})
+    if server.hicache_size is not None:
+        wanted = int(server.hicache_size * _GB)
+        numbers.update({"pool_per_rank_bytes": wanted, "pool_gb": server.hicache_size * ranks})
+        ok = wanted <= budget
+        rel = "<=" if ok else ">"
+        detail = f"hicache_size {server.hicache_size} GB per rank {rel} {share}"
+        if not ok:
+            detail += " (SGLang would exit: \"Not enough host memory available\")"
+        return RuleResult(HOST_RAM, ok, detail, numbers=numbers)
+    if budget <= 0:
+        return RuleResult(HOST_RAM, False, f"no host RAM for SGLang's host KV pool: {share}", numbers=numbers)
+    if server.hicache_ratio is None:
+        cap = int(SGLANG_HICACHE_HOST_FRACTION * budget)
+        numbers["pool_per_rank_bytes"] = cap
+        return RuleResult(HOST_RAM, True, f"hicache_size unset: SGLang sizes the pool itself, "
+                          f"{SGLANG_DEFAULT_HICACHE_RATIO:g} x the device KV pool, at most "
+                          f"{SGLANG_HICACHE_HOST_FRACTION:g} x {share} = {cap / _GB:.2f} GB per rank",
+                          numbers=numbers)
+    # An explicit ratio is not fitted to the host: ratio x the device KV pool, which is at most
+    # the fraction SGLang claims on a GPU (weights are in it too) - known only after the launch.
+    numbers["pool_per_rank_bytes"] = None
+    detail = (f"hicache_ratio {server.hicache_ratio:g} x the device KV pool (known after the launch) "
+              f"must fit {share}")
+    if warnings is not None:
+        warnings.append(f"host-ram: {detail}; SGLang exits with \"Not enough host memory available\" if not")
+    return RuleResult(HOST_RAM, True, detail, numbers=numbers)
+
+
+def _vllm_cpu_ram_rule(server: ServerConfig, settings: PreflightConfig, host: HostState,
+                       numbers: dict[str, Number]) -> RuleResult:
+    """vLLM's CPU build keeps its KV cache in host RAM: ``VLLM_CPU_KVCACHE_SPACE`` GiB when set,
+    else it reserves ``gpu_memory_utilization`` x the RAM and refuses to start when that much is not
+    available (0.32.0 ``vllm/v1/worker/cpu_worker.py``, per NUMA node; here the whole host)."""
+    available_mib = host.ram_available_mib
+    if host.cgroup_headroom_mib is not None:
+        available_mib = min(available_mib, host.cgroup_headroom_mib)
+    space = server.env.get("VLLM_CPU_KVCACHE_SPACE", "").strip()
+    if space.isdigit() and int(space) > 0:
+        needed = int((int(space) + settings.ram_reserve_gib) * 1024)
+        how = f"VLLM_CPU_KVCACHE_SPACE {space} GiB KV cache + {settings.ram_reserve_gib:g} GiB reserve"
+    else:
+        fraction = server.gpu_memory_utilization or VLLM_DEFAULT_FRACTION
+        needed = int(fraction * host.ram_total_mib)
+        how = f"{fraction:g} x {host.ram_total_mib} MiB RAM (gpu_memory_utilization on the CPU build)"
+    ok = available_mib >= needed
+    numbers.update({"needed_mib": needed})
+    rel = ">=" if ok else "<"
+    return RuleResult(HOST_RAM, ok, f"vLLM CPU: available {available_mib} MiB {rel} {needed} MiB needed = {how}",
+                      numbers=numbers)
 
 
 def _swap_rule(settings: PreflightConfig, host: HostState) -> RuleResult:
@@ -266,7 +357,7 @@ def run_preflight(server: ServerConfig, settings: PreflightConfig, *, probe: Gpu
         except ProbeError as exc:
             results += [RuleResult(rule, False, f"measurement failed: {exc}") for rule in (HOST_RAM, SWAP)]
         else:
-            results += [_ram_rule(server, settings, measured), _swap_rule(settings, measured)]
+            results += [_ram_rule(server, settings, measured, warnings), _swap_rule(settings, measured)]
         results.append(_port_rule(server))
     try:
         results.append(_disk_rule(settings, Path(output_dir),
@@ -304,5 +395,5 @@ def wait_for_preflight(server: ServerConfig, settings: PreflightConfig, *, probe
 __all__ = [
     "DISK", "GPU_MEMORY", "GPU_PROCESSES", "HOST_RAM", "PORT", "RULES", "SWAP",
     "PreflightReport", "RuleResult", "claim_fraction", "describe_process", "run_preflight",
-    "wait_for_preflight",
+    "sglang_default_fraction", "sglang_rank_budget_bytes", "sglang_runtime_mib", "wait_for_preflight",
 ]

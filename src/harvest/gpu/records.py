@@ -51,6 +51,9 @@ class HostState:
     ram_available_mib: int
     swap_total_mib: int
     swap_used_mib: int
+    #: What this process's memory cgroup still allows (limit - usage net of page cache), in MiB;
+    #: None without a limit (or where it cannot be read).
+    cgroup_headroom_mib: int | None = None
 
 
 @dataclass(frozen=True)

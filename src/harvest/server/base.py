@@ -15,6 +15,7 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -72,7 +73,7 @@ COMMON_FATAL: tuple[FatalPattern, ...] = (
                  "port_in_use", "the port is already in use"),
     FatalPattern(r"NCCL error|ncclSystemError|ncclInternalError|ncclUnhandledCudaError|NCCL WARN .*failed",
                  "fatal_log", "NCCL failed"),
-    FatalPattern(r"^Traceback \(most recent call last\):", "fatal_log", "a Python traceback at start-up"),
+    FatalPattern(r"^Traceback \(most recent call last\):", "fatal_log", "a Python exception"),
 )
 
 
@@ -87,8 +88,9 @@ class EngineAdapter(Protocol):
     fatal_patterns: tuple[FatalPattern, ...]
     metrics: MetricNames
 
-    def argv(self, config: ServerConfig) -> list[str]:
-        """The full command line that starts the engine for ``config``."""
+    def argv(self, config: ServerConfig, run_dir: Path | None = None) -> list[str]:
+        """The full command line that starts the engine for ``config``; ``run_dir`` is where the
+        files of :func:`private_files` will be (an engine that reads its key from a file needs it)."""
         ...
 
     def environment(self, config: ServerConfig) -> dict[str, str]:
@@ -123,11 +125,19 @@ def gpu_environment(config: ServerConfig) -> dict[str, str]:
     return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in config.gpus)}
 
 
+def private_files(adapter: object, config: ServerConfig) -> dict[str, str]:
+    """Files (name in the run folder -> text) an adapter needs written, owner-only, before the
+    spawn: SGLang's ``--config`` YAML that carries its API key. Adapters without any return {}."""
+    files = getattr(adapter, "private_files", None)
+    return dict(files(config)) if files is not None else {}
+
+
 def api_key_args(config: ServerConfig, flag: str = "--api-key") -> list[str]:
     """``--api-key KEY`` when the config names an environment variable that holds a key.
 
-    Only for engines that read the key from nowhere else (SGLang): a command line can be read by
-    every user of the machine (``/proc/PID/cmdline``, ``ps``), an environment only by its owner.
+    For engines that read the key from nowhere else (none of harvest's adapters now: SGLang reads
+    it from its ``--config`` file): a command line can be read by every user of the machine
+    (``/proc/PID/cmdline``, ``ps``), an environment or an 0600 file only by its owner.
     """
     key = config.api_key()
     return [flag, key.get_secret_value()] if key is not None else []
@@ -200,6 +210,7 @@ __all__ = [
     "api_key_environment",
     "bearer_headers",
     "gpu_environment",
+    "private_files",
     "python_of",
     "python_package_version",
 ]

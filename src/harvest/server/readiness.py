@@ -10,6 +10,7 @@ This module never spawns or signals processes; it only watches.
 
 from __future__ import annotations
 
+import re
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -20,7 +21,7 @@ import httpx
 
 from harvest.config import ServerConfig
 from harvest.errors import LaunchError
-from harvest.server.base import FatalPattern, ReadinessCheck, bearer_headers
+from harvest.server.base import COMMON_FATAL, FatalPattern, ReadinessCheck, bearer_headers
 
 #: Lines of log kept for error messages.
 TAIL_LINES = 40
@@ -88,14 +89,38 @@ class Ready:
     checks: tuple[str, ...]
 
 
+#: The last line of a Python traceback: the exception's type and message, after an optional
+#: ``(EngineCore_DP0 pid=12) `` prefix (vLLM's worker processes prefix every line they print).
+_EXCEPTION_LINE = re.compile(r"^(?:\([^)\n]*\) )?((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?::\s.*|:)?)$")
+_TRACEBACK = "Traceback (most recent call last):"
+
+
+def exception_line(text: str, start: int) -> str | None:
+    """The exception line that ends the traceback starting at ``text[start:]``, if it is there."""
+    for line in text[start:].splitlines()[1:]:
+        m = _EXCEPTION_LINE.match(line.rstrip())
+        if m and not m.group(1).startswith(("Traceback", "During handling", "The above exception")):
+            return m.group(1).strip()
+    return None
+
+
 def first_fatal(text: str, patterns: Sequence[FatalPattern]) -> tuple[FatalPattern, str] | None:
-    """The first fatal pattern found in ``text`` and the line it matched."""
-    for pattern in patterns:
+    """The first fatal pattern found in ``text`` and the line it matched.
+
+    Engine-specific patterns are tried before the shared ones of ``COMMON_FATAL`` (whose
+    ``^Traceback`` would otherwise win over the line that names the cause), in the order given.
+    A match on a traceback's first line reports the traceback's last line instead: the exception.
+    """
+    ordered = sorted(patterns, key=lambda p: p in COMMON_FATAL)  # stable: the given order otherwise
+    for pattern in ordered:
         m = pattern.search(text)
         if m:
             start = text.rfind("\n", 0, m.start()) + 1
             end = text.find("\n", m.end())
-            return pattern, text[start:end if end >= 0 else len(text)].strip()
+            line = text[start:end if end >= 0 else len(text)].strip()
+            if _TRACEBACK in line:
+                line = exception_line(text, start) or line
+            return pattern, line
     return None
 
 
@@ -179,4 +204,4 @@ def wait_ready(
             time.sleep(min(interval, remaining))
 
 
-__all__ = ["LogWatcher", "Ready", "check_once", "first_fatal", "wait_ready"]
+__all__ = ["LogWatcher", "Ready", "check_once", "exception_line", "first_fatal", "wait_ready"]

@@ -32,10 +32,11 @@ import httpx
 import psutil
 
 from harvest.config import PreflightConfig, ServerConfig, is_loopback
+from harvest.engine_pins import version_warning
 from harvest.errors import ConfigError, LaunchError, PreflightFailed, StopError
 from harvest.gpu.records import GpuProbe
 from harvest.server import procs
-from harvest.server.base import EngineAdapter, adapter_for
+from harvest.server.base import EngineAdapter, adapter_for, private_files
 from harvest.server.readiness import LogWatcher, Ready, wait_ready
 from harvest.server.state import (
     LOG_FILE,
@@ -94,6 +95,13 @@ class DescendantRecorder:
             self._thread.join(timeout)
 
 
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` readable by its owner only (0600 from the first byte)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+
+
 def _still_there(ref: ProcessRef) -> bool:
     return procs.verified(ref, include_zombies=True) is not None
 
@@ -142,6 +150,8 @@ class Server:
         self._stop_lock = threading.Lock()
         self._launched = False
         self._finished = False
+        #: Owner-only files written for the engine (its key), removed when start-up ends.
+        self._private_paths: list[Path] = []
         self._detached = False
 
     # --- what callers read -------------------------------------------------------------------
@@ -234,9 +244,16 @@ class Server:
                         "; ".join(f"{r.rule}: {r.detail}" for r in report.failures))
 
         version = self.adapter.version(cfg)
+        newer = version_warning(cfg.engine, version)
+        if newer is not None:
+            log.warning("%s", newer)
         gpus = list(cfg.gpus) or [g.index for g in probe.snapshot().gpus]
         key = cfg.api_key()
-        argv = self.adapter.argv(cfg)
+        # E.g. SGLang's key, kept off the argv; removed once start-up ended (read at the start).
+        for name, text in private_files(self.adapter, cfg).items():
+            self._private_paths.append(run_dir / name)
+            _write_private(run_dir / name, text)
+        argv = self.adapter.argv(cfg, run_dir=run_dir)
         shown = redact_argv(argv, [key.get_secret_value()] if key is not None else [])
         env = {**os.environ, **self.adapter.environment(cfg), **cfg.env}
         log_path = run_dir / LOG_FILE
@@ -268,10 +285,13 @@ class Server:
         self._recorder.start()
 
         watcher = LogWatcher(log_path)
-        self.ready = wait_ready(config=cfg, checks=self.adapter.readiness(cfg),
-                                fatal_patterns=self.adapter.fatal_patterns, log=watcher,
-                                poll_exit=self.returncode, deadline_s=cfg.ready_timeout, argv=shown,
-                                cancelled=self._cancel.is_set)
+        try:
+            self.ready = wait_ready(config=cfg, checks=self.adapter.readiness(cfg),
+                                    fatal_patterns=self.adapter.fatal_patterns, log=watcher,
+                                    poll_exit=self.returncode, deadline_s=cfg.ready_timeout, argv=shown,
+                                    cancelled=self._cancel.is_set)
+        finally:
+            self._remove_private()
         with httpx.Client() as client:
             try:
                 self.kv_capacity_tokens = self.adapter.kv_capacity(cfg, log_text=watcher.text(), client=client)
@@ -280,6 +300,14 @@ class Server:
         kv = self.kv_capacity_tokens
         self.state_file.update(lambda s: replace(s, status=RunStatus.READY, kv_capacity_tokens=kv))
         return self
+
+    def _remove_private(self) -> None:
+        for path in self._private_paths:
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:
+                log.warning("could not remove %s: %s", path, exc)
+        self._private_paths.clear()
 
     def _mark(self, status: RunStatus, note: str | None = None) -> None:
         try:
@@ -294,6 +322,7 @@ class Server:
 
         Returns None when nothing was launched (an endpoint, a refused preflight) or after detach.
         """
+        self._remove_private()
         with self._stop_lock:
             if self._finished:
                 return self.stop_report

@@ -8,6 +8,8 @@ a Python traceback). Never launches anything itself; it only describes the launc
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 
 from harvest.config import ServerConfig
@@ -20,7 +22,7 @@ class CommandAdapter:
     fatal_patterns = COMMON_FATAL
     metrics = MetricNames(metrics_path=None)
 
-    def argv(self, config: ServerConfig) -> list[str]:
+    def argv(self, config: ServerConfig, run_dir: Path | None = None) -> list[str]:
         values = {"host": config.host, "port": str(config.port), "model": config.model or ""}
         out = []
         for arg in config.command:

@@ -4,9 +4,11 @@ Read from llama.cpp build 11434 (``tools/server/README.md``, ``tools/server/serv
 ``src/llama-context.cpp``): ``-m MODEL --host --port --metrics``, ``-np/--parallel`` slots (here
 from ``max_running_requests``), ``-a/--alias`` served name, ``--cache-type-k/-v`` KV dtype,
 ``-ngl all`` when GPUs are given. ``GET /health`` answers 503 while loading, 200 when ready. The
-KV capacity is slots x per-slot context, logged as ``n_slots = S, n_ctx_slot = C`` (or
-``llama_context: n_ctx = N``), else ``default_generation_settings.n_ctx`` x ``total_slots`` from
-``GET /props``. With more requests in flight than slots, this build does not exit on SIGTERM (seen
+KV capacity comes from the line ``n_slots = S, n_ctx_slot = C, kv_unified = 'U'``: with a unified
+KV cache (what ``llama-server`` picks without ``--parallel``: 4 slots sharing one cache, each slot's
+``n_ctx_slot`` the whole context) it is C, else S x C; or ``llama_context: n_ctx = N``; else
+``GET /props`` (``default_generation_settings.n_ctx``, times ``total_slots`` only when
+``--parallel`` was given, i.e. the cache is split). With more requests in flight than slots, this build does not exit on SIGTERM (seen
 here: still running 3 s later), so stops escalate. Metrics (``--metrics``):
 ``llamacpp:requests_processing``, ``llamacpp:requests_deferred``, ``llamacpp:predicted_tokens_seconds``,
 ``llamacpp:tokens_predicted_total``, ``llamacpp:prompt_tokens_total``. A first SIGTERM starts a
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from pathlib import Path
 
 import httpx
 
@@ -35,16 +38,16 @@ from harvest.server.base import (
 )
 
 #: ``load_model: initializing, n_slots = 2, n_ctx_slot = 4096, kv_unified = 'false'`` (build 11434).
-SLOTS_LINE = re.compile(r"n_slots = (\d+), n_ctx_slot = (\d+)")
+SLOTS_LINE = re.compile(r"n_slots = (\d+), n_ctx_slot = (\d+)(?:, kv_unified = '(\w+)')?")
 #: ``llama_context: n_ctx = 8192`` (printed at a more verbose log level).
 KV_LINE = re.compile(r"llama_context: n_ctx\s+=\s+(\d+)")
 
-FATAL = COMMON_FATAL + (
+FATAL = (
     FatalPattern(r"failed to load model|error loading model|main: exiting due to model loading error",
                  "fatal_log", "llama.cpp could not load the model"),
     FatalPattern(r"cudaMalloc failed: out of memory|ggml_backend_cuda_buffer_type_alloc_buffer: allocating .* failed",
                  "out_of_memory", "the GPU ran out of memory"),
-)
+) + COMMON_FATAL
 
 
 class LlamaCppAdapter:
@@ -63,7 +66,7 @@ class LlamaCppAdapter:
     def executable(self, config: ServerConfig) -> list[str]:
         return list(config.command) if config.command else ["llama-server"]
 
-    def argv(self, config: ServerConfig) -> list[str]:
+    def argv(self, config: ServerConfig, run_dir: Path | None = None) -> list[str]:
         argv = self.executable(config) + ["-m", str(config.model), "--host", config.host,
                                           "--port", str(config.port), "--metrics"]
         if config.max_running_requests is not None:
@@ -86,8 +89,9 @@ class LlamaCppAdapter:
     def kv_capacity(self, config: ServerConfig, *, log_text: str, client: httpx.Client) -> int | None:
         slots = SLOTS_LINE.findall(log_text)
         if slots:
-            n, per_slot = slots[-1]
-            return int(n) * int(per_slot)
+            n, per_slot, unified = slots[-1]
+            # A unified cache is shared: every slot's n_ctx_slot is the whole of it.
+            return int(per_slot) if unified == "true" else int(n) * int(per_slot)
         found = KV_LINE.findall(log_text)
         if found:
             return int(found[-1])
@@ -95,7 +99,9 @@ class LlamaCppAdapter:
             r = client.get(f"{config.url}/props", headers=bearer_headers(config), timeout=10.0)
             if r.status_code == 200:
                 props = r.json()
-                return int(props["default_generation_settings"]["n_ctx"]) * int(props.get("total_slots", 1))
+                per_slot = int(props["default_generation_settings"]["n_ctx"])
+                split = config.max_running_requests is not None  # --parallel given: no unified cache
+                return per_slot * int(props.get("total_slots", 1)) if split else per_slot
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
             pass
         return None

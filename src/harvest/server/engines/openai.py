@@ -7,6 +7,8 @@ config names (``api_key_env``). Metric names and KV capacity are unknown.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 
 from harvest.config import ServerConfig
@@ -19,7 +21,7 @@ class OpenAIEndpointAdapter:
     fatal_patterns = ()
     metrics = MetricNames(metrics_path=None)
 
-    def argv(self, config: ServerConfig) -> list[str]:
+    def argv(self, config: ServerConfig, run_dir: Path | None = None) -> list[str]:
         return []
 
     def environment(self, config: ServerConfig) -> dict[str, str]:

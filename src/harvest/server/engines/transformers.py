@@ -12,6 +12,8 @@ Never launches anything itself; it only describes the launch.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 
 from harvest.config import ServerConfig
@@ -25,9 +27,9 @@ from harvest.server.base import (
     python_package_version,
 )
 
-FATAL = COMMON_FATAL + (
+FATAL = (
     FatalPattern(r"Missing dependencies for serving", "fatal_log", "transformers' serving extras are missing"),
-)
+) + COMMON_FATAL
 
 
 class TransformersAdapter:
@@ -36,7 +38,7 @@ class TransformersAdapter:
     fatal_patterns = FATAL
     metrics = MetricNames(metrics_path=None)
 
-    def argv(self, config: ServerConfig) -> list[str]:
+    def argv(self, config: ServerConfig, run_dir: Path | None = None) -> list[str]:
         argv = [python_of(config), "-m", "transformers.cli.transformers", "serve", str(config.model),
                 "--continuous-batching", "--host", config.host, "--port", str(config.port),
                 "--device", "cuda:0" if config.gpus else "auto"]

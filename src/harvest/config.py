@@ -199,6 +199,8 @@ class DataConfig(_Model):
     path: str
     format: Literal["auto", "jsonl", "json", "parquet", "csv", "hf"] = "auto"
     shape: Literal["auto", "prompt", "messages", "sharegpt", "specforge"] = "auto"
+    #: The row's id field. Not set: a field named ``id`` where a row has one, else a content
+    #: hash; ``""``: always a content hash.
     id_field: str | None = None
     prompt_field: str = "prompt"
     messages_field: str = "messages"

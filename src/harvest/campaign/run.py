@@ -118,6 +118,20 @@ def dataset_fingerprint(path: str) -> str:
     return h.hexdigest()
 
 
+def describe_ids(data: Any, report: IngestReport) -> str:
+    """Where the items' ids come from, for the input line: the user's field, content hashes, or both."""
+    usable = report.total_rows - report.skipped
+    field = data.id_field if data is not None and data.id_field else "id"
+    if data is not None and data.id_field == "":
+        return "ids: content hashes (id_field = \"\")"
+    if report.own_ids >= usable:
+        return f"ids: the rows' {field!r} field"
+    if report.own_ids == 0:
+        return f"ids: content hashes (no {field!r} field)"
+    return (f"ids: the rows' {field!r} field ({report.own_ids}), content hashes where a row has none "
+            f"({usable - report.own_ids})")
+
+
 class _Campaign:
     """One session of a run. Not reusable."""
 
@@ -188,10 +202,9 @@ class _Campaign:
                 self._log_input(report)
         return ledger
 
-    @staticmethod
-    def _log_input(report: IngestReport) -> None:
-        log.info("input: %d rows, %d unique, %d duplicates, %d skipped", report.total_rows, report.unique,
-                 report.duplicates, report.skipped)
+    def _log_input(self, report: IngestReport) -> None:
+        log.info("input: %d rows, %d unique, %d duplicates, %d skipped; %s", report.total_rows, report.unique,
+                 report.duplicates, report.skipped, describe_ids(self.config.data, report))
 
     def _close_records(self) -> None:
         if self._records is not None:

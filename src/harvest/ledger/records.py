@@ -122,6 +122,8 @@ class IngestReport:
     #: Items this call added (not duplicates), and how many of those are skipped rows.
     new_items: int = 0
     new_skipped: int = 0
+    #: Input records (over the whole input) known by the user's own id rather than a content hash.
+    own_ids: int = 0
 
 
 @dataclass(frozen=True)

@@ -121,6 +121,8 @@ class IngestBatch:
     skipped: int
     #: The input ended with this batch.
     last: bool
+    #: Items known by the user's own id (not a content hash).
+    own_ids: int = 0
 
 
 def prepare_ingest(records: Iterator[Item | Skipped], batch_size: int = 10_000) -> IngestBatch:
@@ -129,17 +131,18 @@ def prepare_ingest(records: Iterator[Item | Skipped], batch_size: int = 10_000) 
     now = time.time()
     params = []
     inputs: dict[str, str] = {}  # first occurrence in this batch wins, as in the table
-    skipped = 0
+    skipped = own_ids = 0
     for rec in batch:
         if isinstance(rec, Skipped):
             skipped += 1
             params.append((rec.id, Status.SKIPPED.value, rec.reason, "input", rec.source, rec.line, None, now))
         else:
             text = rec.to_json()
+            own_ids += rec.id == rec.raw_id
             inputs.setdefault(rec.id, text)
             params.append((rec.id, Status.PENDING.value, None, None, rec.source, rec.source_line,
                            _input_hash(text), now))
-    return IngestBatch(params, inputs, len(batch), skipped, len(batch) < batch_size)
+    return IngestBatch(params, inputs, len(batch), skipped, len(batch) < batch_size, own_ids)
 
 
 class Ledger:
@@ -394,6 +397,7 @@ class Ledger:
             state["rows"] += batch.rows
             state["duplicates"] += batch.rows - len(new)
             state["skipped"] += batch.skipped
+            state["own_ids"] = state.get("own_ids", 0) + batch.own_ids
             state["complete"] = batch.last
             conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('ingest', ?)", (_dumps(state),))
         # A skipped row's id names its file and line, so it is new unless that line was ingested
@@ -406,7 +410,7 @@ class Ledger:
         return IngestReport(rows_read=rows_read, resumed_from=resumed_from, total_rows=state["rows"],
                             unique=state["rows"] - state["duplicates"], duplicates=state["duplicates"],
                             skipped=state["skipped"], complete=state["complete"], new_items=new,
-                            new_skipped=new_skipped)
+                            new_skipped=new_skipped, own_ids=state.get("own_ids", 0))
 
     # ---------------------------------------------------------------- work
 

@@ -207,6 +207,9 @@ class DataConfig(_Model):
     conversations_field: str = "conversations"
     system_prompt: str | None = None
     limit: int | None = Field(None, ge=1)
+    #: Items whose prompt has more tokens are skipped, never sent (besides the model's own context,
+    #: which is learned from the server; see campaign/context.py).
+    max_prompt_tokens: int | None = Field(None, ge=1)
 
 
 class SamplingConfig(_Model):

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harvest.campaign.context import ContextGuard
 from harvest.campaign.generate import generate_item
 from harvest.campaign.progress import Progress
 from harvest.client import Client
@@ -150,6 +151,7 @@ class _Campaign:
         self.server_factory = server_factory
         self.on_preflight = on_preflight
         self.settings_hash = hash_settings(output_settings(config))
+        self.context = ContextGuard(config)  # learns the model's context on its first check
         self.stop_requested = asyncio.Event()
         self.server: Server | None = None
         self.stop_reports: list[StopReport] = []
@@ -341,6 +343,8 @@ class _Campaign:
         server_down = False
 
         async def one(row_id: str, item: Any) -> None:
+            if await self.context.skipped(client, writer, progress, row_id, item):
+                return  # its prompt cannot fit the model's context: never sent
             try:
                 gen = await generate_item(client, item, run=cfg.run, sampling=cfg.sampling,
                                           settings_hash=self.settings_hash)

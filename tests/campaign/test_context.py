@@ -189,3 +189,26 @@ def _original(tmp_path: Path) -> ContextGuard:
 def test_max_prompt_tokens_is_validated():
     with pytest.raises(Exception, match="max_prompt_tokens"):
         parse_config({"data": {"path": "x.jsonl", "max_prompt_tokens": 0}})
+
+
+@pytest.mark.engine
+def test_real_llama_server_context_per_slot_and_tokenize(tmp_path, llama_server):
+    """llama-server with -c 16384 -np 8: 2048 tokens per slot from /props; /tokenize counts texts."""
+    from harvest.client import Client
+
+    cfg = parse_config({"server": {"engine": "openai", "base_url": llama_server.url},
+                        "data": {"path": "x.jsonl"}, "sampling": {"max_tokens": 64}})
+    g = ContextGuard(cfg)
+
+    async def go():
+        async with Client.from_config(cfg) as client:
+            limit = await g.learn(client)
+            short = await g.check(client, item(("user", "What is a binary search?")))
+            huge = await g.check(client, item(("user", "lorem ipsum dolor " * 20_000)))
+            return limit, short, huge
+
+    limit, short, huge = run(go())
+    assert (limit.tokens, limit.source) == (2048, "n_ctx per slot on /props")
+    assert short is None
+    assert "(texts counted by /tokenize) + max_tokens 64 does not fit the model's context of 2048" in huge
+    assert int(huge.split()[2]) > 2048

@@ -212,3 +212,15 @@ def test_real_llama_server_context_per_slot_and_tokenize(tmp_path, llama_server)
     assert short is None
     assert "(texts counted by /tokenize) + max_tokens 64 does not fit the model's context of 2048" in huge
     assert int(huge.split()[2]) > 2048
+
+
+def test_max_tokens_that_leaves_no_room_is_a_config_error_not_a_skip(tmp_path):
+    from harvest.errors import ConfigError
+
+    server = FakeServer({("GET", "/v1/models"): (200, {"data": [{"id": "m", "max_model_len": 100}]})})
+    g = guard(tmp_path)  # max_tokens 100
+    with pytest.raises(ConfigError, match=r"\[sampling\] max_tokens: 100 leaves no room for any prompt in the "
+                                          r"model's context of 100 tokens \(max_model_len on /v1/models\)"):
+        run(g.check(server, item(("user", "hi"))))
+    with pytest.raises(ConfigError):  # and again for every later item: none is skipped
+        run(g.check(server, item(("user", "hello"))))

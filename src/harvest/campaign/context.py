@@ -37,6 +37,10 @@ Counting, cheapest first:
   a prompt it skips cannot fit, while one near the limit may still be sent (and the engine answers
   or refuses it as it would have).
 
+A ``max_tokens`` that leaves no room for any prompt is the job's mistake, not the items': the first
+check raises :class:`~harvest.errors.ConfigError` (naming ``[sampling] max_tokens`` and the context)
+and the run stops with every item still pending, instead of skipping them all.
+
 A failed ``/tokenize`` falls back to the character bound for that item; nothing here fails an item
 or stops a run, and nothing here changes what is sent.
 """
@@ -53,6 +57,7 @@ from typing import Any
 
 from harvest.config import HarvestConfig
 from harvest.dataset import Item
+from harvest.errors import ConfigError
 from harvest.ledger import Failure, Status
 
 log = logging.getLogger("harvest.campaign")
@@ -131,12 +136,20 @@ class ContextGuard:
         self._lock = asyncio.Lock()
         #: The ``/tokenize`` body shape that worked ("messages", "prompt", "content"), "" for none.
         self._dialect: str | None = None
+        self.source = config.source
+        self._misfit: ConfigError | None = None
 
     async def learn(self, client: Any) -> ContextLimit:
         """The context limit, asked of the server on the first call (see the module docstring)."""
         async with self._lock:
             if self.limit is None:
                 self.limit = await self._learn(client)
+                if self.limit.tokens is not None and self.max_tokens >= self.limit.tokens:
+                    # Every item would be skipped: that is the job's mistake, not the items'.
+                    self._misfit = ConfigError(self.source, [(
+                        f"{self.source} [sampling] max_tokens",
+                        f"{self.max_tokens} leaves no room for any prompt in the model's context of "
+                        f"{self.limit.tokens} tokens ({self.limit.source}); lower it")])
                 if self.limit.tokens is not None:
                     log.info("context: %d tokens (%s); prompts that cannot fit with max_tokens %d are skipped",
                              self.limit.tokens, self.limit.source, self.max_tokens)
@@ -144,6 +157,8 @@ class ContextGuard:
                     log.info("context: unknown (%s)%s", self.limit.source,
                              f"; prompts over max_prompt_tokens {self.max_prompt_tokens} are skipped"
                              if self.max_prompt_tokens else "")
+            if self._misfit is not None:
+                raise self._misfit
             return self.limit
 
     async def _learn(self, client: Any) -> ContextLimit:
@@ -189,7 +204,7 @@ class ContextGuard:
 
     async def check(self, client: Any, item: Item) -> str | None:
         """None when the item may be sent; else the reason it is skipped, with its length and the limit."""
-        if self.limit is None:
+        if self.limit is None or self._misfit is not None:
             await self.learn(client)
         limit = self.prompt_limit()
         if limit is None:

@@ -125,10 +125,10 @@ def describe_ids(data: Any, report: IngestReport) -> str:
     field = data.id_field if data is not None and data.id_field else "id"
     if data is not None and data.id_field == "":
         return "ids: content hashes (id_field = \"\")"
-    if report.own_ids >= usable:
-        return f"ids: the rows' {field!r} field"
     if report.own_ids == 0:
         return f"ids: content hashes (no {field!r} field)"
+    if report.own_ids >= usable:
+        return f"ids: the rows' {field!r} field"
     return (f"ids: the rows' {field!r} field ({report.own_ids}), content hashes where a row has none "
             f"({usable - report.own_ids})")
 

@@ -242,12 +242,17 @@ class DataConfig(_Model):
     path: str
     format: Literal["auto", "jsonl", "json", "parquet", "csv", "hf"] = "auto"
     shape: Literal["auto", "prompt", "messages", "sharegpt", "specforge"] = "auto"
+    #: The row's id field. Not set: a field named ``id`` where a row has one, else a content
+    #: hash; ``""``: always a content hash.
     id_field: str | None = None
     prompt_field: str = "prompt"
     messages_field: str = "messages"
     conversations_field: str = "conversations"
     system_prompt: str | None = None
     limit: int | None = Field(None, ge=1)
+    #: Items whose prompt has more tokens are skipped, never sent (besides the model's own context,
+    #: which is learned from the server; see campaign/context.py).
+    max_prompt_tokens: int | None = Field(None, ge=1)
 
 
 class SamplingConfig(_Model):

@@ -28,6 +28,7 @@ from harvest.campaign.export import (
 from harvest.dataset import Item, Message, Skipped
 from harvest.errors import ConfigError, LedgerError
 from harvest.ledger import Completion, Ledger, Status
+from tests.campaign.specforge_rules import SpecForgeRejects, check_file
 from tests.gpu.schema_doc import problems
 
 SETTINGS = "0" * 32
@@ -139,9 +140,11 @@ def test_specforge_holds_done_items_with_whole_regenerated_conversations(run):
     assert (report.written, dict(report.by_status), report.malformed) == (len(ids["done"]), {"done": 6}, 0)
     lines = read_jsonl(report.path)
     assert [r["id"] for r in lines] == ids["done"]  # input order, the duplicate row exported once
-    schema = documented("harvest.export.conversations/1")
+    schema = documented("harvest.export.specforge/1")
     assert all(problems(r, schema) == [] for r in lines)
+    assert all(r["status"] == "success" and "truncated" not in r for r in lines)
     assert check_export(report.path, "specforge").ok
+    assert check_file(report.path, strict_think_markers=True) == (6, 7)  # SpecForge's validator rules
     by_id = {r["id"]: r["conversations"] for r in lines}
     assert by_id["multi"] == [
         {"role": "system", "content": "be brief"},
@@ -156,11 +159,53 @@ def test_specforge_holds_done_items_with_whole_regenerated_conversations(run):
                                   "reasoning_content": "2 and 2 make 4"}
 
 
+def test_specforge_writes_truncated_items_only_when_asked_and_marks_them(run, tmp_path):
+    run_dir, ids = run
+    default = read_jsonl(export_run(run_dir, "specforge").path)
+    assert "trunc" not in {r["id"] for r in default}
+    both = read_jsonl(export_run(run_dir, "specforge", statuses=["done", "truncated"],
+                                 output=tmp_path / "both.jsonl").path)
+    marked = [r for r in both if r.get("truncated")]
+    assert [r["id"] for r in marked] == ["trunc"] and marked[0]["status"] == "success"
+    assert all(problems(r, documented("harvest.export.specforge/1")) == [] for r in both)
+    assert check_file(tmp_path / "both.jsonl") == (7, 8)
+
+
+def test_specforge_never_writes_an_empty_answer_as_a_success(tmp_path):
+    """A ledger holding answers with no text (an engine that stopped at once, stored as done by a
+    harvest before empty answers had their own outcome) exports none of them."""
+    run_dir = tmp_path / "run"
+    good = item("good", 1, ("system", ""), ("user", "hi"))
+    empty = item("empty", 2, ("user", "hi there"))
+    blank = item("blank", 3, ("user", "and you?"))
+    thinking = item("thinking", 4, ("user", "think"))
+    with Ledger.open(run_dir, settings_hash=SETTINGS) as ledger:
+        ledger.ingest([good, empty, blank, thinking])
+        ledger.claim(10)
+        ledger.complete([Completion("good", output(good, ["hello"])), Completion("empty", output(empty, [""])),
+                         Completion("blank", output(blank, [" \n "])),
+                         Completion("thinking", output(thinking, [""], reasoning=["still thinking"]))])
+    report = export_run(run_dir, "specforge")
+    lines = read_jsonl(report.path)
+    assert [r["id"] for r in lines] == ["good", "thinking"]  # an answer kept as reasoning only is allowed
+    assert lines[0]["conversations"][0] == {"role": "user", "content": "hi"}  # the empty system message left out
+    assert report.malformed == 2
+    assert {i for i, _ in report.malformed_examples} == {"empty", "blank"}
+    assert all("empty" in why for _, why in report.malformed_examples)
+    check_file(report.path, strict_empty_answers=False)
+    with pytest.raises(SpecForgeRejects, match="content must be a non-empty string"):
+        check_file(report.path)  # the stricter rule: the reasoning-only answer has no content
+
+
 def test_sharegpt_default_is_specforge_shape_and_from_value_maps_roles(run, tmp_path):
     run_dir, ids = run
     same = export_run(run_dir, "sharegpt", statuses=["done", "truncated"])
     spec = export_run(run_dir, "specforge", statuses=["done,truncated"], output=tmp_path / "spec.jsonl")
-    assert same.path.read_text() == spec.path.read_text()
+    assert read_jsonl(same.path) == [{"id": r["id"], "conversations": r["conversations"]}
+                                     for r in read_jsonl(spec.path)]
+    assert all(problems(r, documented("harvest.export.conversations/1")) == [] for r in read_jsonl(same.path))
+    with pytest.raises(SpecForgeRejects, match="status must be 'success'"):
+        check_file(same.path)  # the plain ShareGPT shape is not what SpecForge's validator takes
     classic = export_run(run_dir, "sharegpt", sharegpt_style="from-value", output=tmp_path / "classic.jsonl")
     lines = read_jsonl(classic.path)
     assert all(problems(r, documented("harvest.export.sharegpt-from-value/1")) == [] for r in lines)
@@ -346,12 +391,15 @@ def test_conversation_problems_names_what_is_wrong():
 
 
 def test_check_export_finds_repeated_ids(tmp_path):
-    line = {"id": "a", "conversations": [{"role": "user", "content": "u"},
-                                         {"role": "assistant", "content": "a"}]}
+    line = {"id": "a", "status": "success", "conversations": [{"role": "user", "content": "u"},
+                                                              {"role": "assistant", "content": "a"}]}
     path = tmp_path / "x.jsonl"
     path.write_text(json.dumps(line) + "\n" + json.dumps(line) + "\n")
     check = check_export(path, "specforge")
-    assert check.records == 2 and not check.ok and "'a' repeated" in check.problems[0]
+    assert check.records == 2 and not check.ok and check.problems == ("x.jsonl:2: id 'a' repeated",)
+    del line["status"]
+    path.write_text(json.dumps(line) + "\n")
+    assert check_export(path, "specforge").problems == ("x.jsonl:1: status is None, SpecForge expects 'success'",)
 
 
 def test_results_in_the_tests_follow_the_documented_result_schema(run):

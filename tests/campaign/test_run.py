@@ -59,15 +59,21 @@ def test_bad_rows_are_skipped_with_line_and_the_rest_completes(tmp_path, vllm_se
     assert report.totals.ok, report.totals.describe()
     c = report.totals.counts
     assert c[Status.DONE] + c[Status.TRUNCATED] == 20
-    assert c[Status.SKIPPED] == 5
-    assert c[Status.FAILED] == 1  # the 1 MB prompt: vLLM answers 400 (longer than the context)
+    assert c[Status.SKIPPED] == 6  # 5 bad rows, and the 1 MB prompt: never sent (campaign/context.py)
+    assert c[Status.FAILED] == 0
     assert report.totals.duplicates == 1
     rows = results(tmp_path / "run")
     skipped = {r.source_line: r.last_error for r in rows.values() if r.status is Status.SKIPPED}
-    assert sorted(skipped) == [21, 22, 23, 24, 25]
+    assert sorted(skipped) == [21, 22, 23, 24, 25, 27]
     assert all(reason for reason in skipped.values())
-    failed = [r for r in rows.values() if r.status is Status.FAILED]
-    assert failed[0].error_class == "http_400" and failed[0].last_error
+    # vLLM's /tokenize counted it with the chat template; the limit is vLLM's own max_model_len.
+    too_long = rows["huge"]
+    assert too_long.error_class == "context_length"
+    assert too_long.attempts == 0  # never sent
+    tokens = int(too_long.last_error.split()[2])
+    assert tokens > 200_000, too_long.last_error
+    assert too_long.last_error.endswith("+ max_tokens 16 does not fit the model's context of 2048 tokens "
+                                        "(max_model_len on /v1/models)"), too_long.last_error
 
 
 def test_truncation_policies(tmp_path, vllm_server):

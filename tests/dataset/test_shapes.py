@@ -60,8 +60,8 @@ def test_specforge_shape_role_content_under_conversations():
         {"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}]})
     assert isinstance(item, Item)
     assert [m.role for m in item.messages] == ["user", "assistant"]
-    assert item.raw_id == "sf-1"  # kept for export, but the id is the content hash without id_field
-    assert item.id == content_hash(item.messages)
+    assert item.raw_id == "sf-1"
+    assert item.id == "sf-1"  # the row's own "id" is its id without id_field (tests/dataset/test_own_ids.py)
 
 
 def test_custom_field_names_and_explicit_shape():

@@ -237,3 +237,18 @@ def test_ingest_from_a_real_dataset_file(tmp_path, run_dir):
     assert (report.total_rows, report.unique, report.duplicates, report.skipped) == (5, 4, 1, 2)
     assert set(skipped) == {"skip:d.jsonl:4", "skip:d.jsonl:5"}
     assert "empty conversation" in skipped["skip:d.jsonl:5"]
+
+
+def test_skip_marks_a_claimed_item_skipped_with_its_reason_never_twice(run_dir):
+    with Ledger.open(run_dir, settings_hash=hash_settings({})) as ledger:
+        ledger.ingest([make_item("short", 1, item_id="a"), make_item("huge", 2, item_id="b")])
+        assert {r.id for r in ledger.claim(2)} == {"a", "b"}
+        assert ledger.skip("b", "prompt of 9000 tokens + max_tokens 16 does not fit", "context_length")
+        assert not ledger.skip("b", "again", "context_length")  # already final
+        assert ledger.complete([Completion("a", {"messages": []})]) == 1
+        assert not ledger.skip("a", "too late", "context_length")  # a result is never undone
+        row = ledger.get("b")
+        assert (row.status, row.error_class, row.attempts) == (Status.SKIPPED, "context_length", 0)
+        assert row.last_error.startswith("prompt of 9000 tokens")
+        assert ledger.get("a").status is Status.DONE
+        assert ledger.check_totals().ok

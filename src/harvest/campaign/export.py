@@ -5,9 +5,14 @@
 
 Formats (docs/result-schema.md has every line's schema):
 
-- ``specforge`` and ``sharegpt``: JSONL ``{"id", "conversations": [{"role", "content",
-  "reasoning_content"?}]}``, the whole regenerated conversation. ``sharegpt_style="from-value"``
-  writes ``{"from": "system"|"human"|"gpt", "value"}`` turns instead.
+- ``specforge``: JSONL ``{"id", "status": "success", "conversations": [{"role", "content",
+  "reasoning_content"?}]}``, what SpecForge's own regeneration writes and its validator
+  (``scripts/validate_regenerated_data.py``) accepts: the user's id, the whole regenerated
+  conversation. Only items that finished (``done``) by default; ``truncated`` ones only when asked,
+  marked ``"truncated": true``. An assistant turn with neither text nor reasoning is no training
+  data: such a row is reported as malformed, never written as a success.
+- ``sharegpt``: the same conversations without ``status``; ``sharegpt_style="from-value"`` writes
+  ``{"from": "system"|"human"|"gpt", "value"}`` turns instead.
 - ``openai-batch``: JSONL lines of an OpenAI Batch API output file, one per item; failed and skipped
   items carry ``response: null`` and ``error: {code, message}``.
 - ``parquet``: one row per item (pyarrow, the ``parquet`` extra), written in row groups.
@@ -211,12 +216,24 @@ def conversation_problems(messages: Sequence[Mapping[str, Any]], *, style: str =
 
 
 def specforge_record(row: ResultRow) -> dict[str, Any]:
-    """``{"id", "conversations": [{"role", "content", "reasoning_content"?}]}``."""
-    return {"id": row.item_id, "conversations": conversation(row)}
+    """``{"id", "status": "success", "truncated"?: true, "conversations": [{"role", "content",
+    "reasoning_content"?}]}``, as SpecForge's regeneration writes a row (its validator requires
+    ``status == "success"``, a non-empty string id and non-empty user and system texts). Empty
+    system messages are left out; an empty assistant turn raises :class:`MalformedResult`."""
+    turns = [t for t in conversation(row) if t["role"] != "system" or t["content"].strip()]
+    for i, t in enumerate(turns):
+        if t["role"] == "assistant" and not t["content"].strip() and not t.get("reasoning_content", "").strip():
+            raise MalformedResult(f"turn {i}: the assistant answer is empty (not training data)")
+    record: dict[str, Any] = {"id": row.item_id, "status": "success"}
+    if row.status is Status.TRUNCATED:
+        record["truncated"] = True
+    record["conversations"] = turns
+    return record
 
 
 def sharegpt_record(row: ResultRow, style: str = "role-content") -> dict[str, Any]:
-    """SpecForge's shape, or with ``style="from-value"`` turns ``{"from", "value", "reasoning_content"?}``."""
+    """``{"id", "conversations": [{"role", "content", "reasoning_content"?}]}``, or with
+    ``style="from-value"`` turns ``{"from", "value", "reasoning_content"?}``."""
     turns = conversation(row)
     if style == "from-value":
         turns = [{"from": FROM_NAMES[t["role"]], "value": t["content"],
@@ -482,6 +499,8 @@ def check_export(path: str | Path, fmt: str, *, sharegpt_style: str = "role-cont
                     found += conversation_problems([{"role": "user", "content": ""}, message])
         elif rec.get("conversations") is not None:
             found += conversation_problems(rec["conversations"], style=style)
+            if fmt == "specforge" and rec.get("status") != "success":
+                found.append(f"status is {rec.get('status')!r}, SpecForge expects 'success'")
         elif fmt != "parquet":
             found.append("conversations missing")
         problems += [f"{where}: {p}" for p in found]

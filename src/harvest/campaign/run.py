@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harvest.campaign.context import ContextGuard
 from harvest.campaign.generate import generate_item
 from harvest.campaign.progress import Progress
 from harvest.campaign.timeline import Timeline
@@ -119,6 +120,20 @@ def dataset_fingerprint(path: str) -> str:
     return h.hexdigest()
 
 
+def describe_ids(data: Any, report: IngestReport) -> str:
+    """Where the items' ids come from, for the input line: the user's field, content hashes, or both."""
+    usable = report.total_rows - report.skipped
+    field = data.id_field if data is not None and data.id_field else "id"
+    if data is not None and data.id_field == "":
+        return "ids: content hashes (id_field = \"\")"
+    if report.own_ids == 0:
+        return f"ids: content hashes (no {field!r} field)"
+    if report.own_ids >= usable:
+        return f"ids: the rows' {field!r} field"
+    return (f"ids: the rows' {field!r} field ({report.own_ids}), content hashes where a row has none "
+            f"({usable - report.own_ids})")
+
+
 class _Campaign:
     """One session of a run. Not reusable."""
 
@@ -137,6 +152,7 @@ class _Campaign:
         self.server_factory = server_factory
         self.on_preflight = on_preflight
         self.settings_hash = hash_settings(output_settings(config))
+        self.context = ContextGuard(config)  # learns the model's context on its first check
         self.stop_requested = asyncio.Event()
         self.server: Server | None = None
         self.stop_reports: list[StopReport] = []
@@ -191,10 +207,9 @@ class _Campaign:
                 self._log_input(report)
         return ledger
 
-    @staticmethod
-    def _log_input(report: IngestReport) -> None:
-        log.info("input: %d rows, %d unique, %d duplicates, %d skipped", report.total_rows, report.unique,
-                 report.duplicates, report.skipped)
+    def _log_input(self, report: IngestReport) -> None:
+        log.info("input: %d rows, %d unique, %d duplicates, %d skipped; %s", report.total_rows, report.unique,
+                 report.duplicates, report.skipped, describe_ids(self.config.data, report))
 
     def _close_records(self) -> None:
         if self._records is not None:
@@ -337,6 +352,8 @@ class _Campaign:
         server_down = False
 
         async def one(row_id: str, item: Any) -> None:
+            if await self.context.skipped(client, writer, progress, row_id, item):
+                return  # its prompt cannot fit the model's context: never sent
             t0 = time.monotonic()
             try:
                 gen = await generate_item(client, item, run=cfg.run, sampling=cfg.sampling,

@@ -235,6 +235,27 @@ class Client:
                 out[endpoint.url] = {}
         return out
 
+    async def side_request(self, method: str, path: str, body: Any = None, *,
+                           timeout: float | None = None) -> tuple[int, Any] | None:
+        """One request beside the generations (``GET /v1/models``, ``POST /tokenize``, ...) to the
+        first endpoint, over this client's session and key: ``(HTTP status, the JSON body or None)``,
+        or None when no answer came within ``timeout`` (default: the probe timeout). No retries, no
+        concurrency slot, no effect on the endpoint's health."""
+        import json
+
+        url = self._pool.endpoints[0].url + path
+        data = protocol.encode(body) if body is not None else None
+        try:
+            response = await self._transport.request(method, url, body=data, headers=self._headers,
+                                                     timeout=timeout or self.retry.probe_timeout)
+        except TransportError as exc:
+            log.debug("%s %s: %s", method, url, self._redact(str(exc)))
+            return None
+        try:
+            return response.status, json.loads(response.body)
+        except (ValueError, UnicodeDecodeError):
+            return response.status, None
+
     async def check_health(self) -> dict[str, bool]:
         """Probe every endpoint now; a DOWN or SICK endpoint that answers goes back into rotation."""
         results: dict[str, bool] = {}

@@ -70,7 +70,8 @@ class Item:
     ``messages`` holds every turn of the input: optional leading system message(s), then user and
     assistant messages alternating, starting with user. A trailing assistant message is the original
     answer to the last user turn (the runner regenerates it); a trailing user message asks for a new
-    answer. ``raw_id`` is the user's id field as found (stringified), None when the id is a hash.
+    answer. ``raw_id`` is the user's id field as found (stringified), None when the row has none;
+    ``id == raw_id`` when the item is known by the user's id, not by a content hash.
     """
 
     id: str

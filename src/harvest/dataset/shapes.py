@@ -14,9 +14,12 @@ file that uses role/content still reads. Field names come from ``[data]`` (``pro
 leading system messages, it starts with a user turn and user/assistant roles alternate; it may end
 with either (a trailing assistant answer is the original, to be regenerated).
 
-The id is the row's ``id_field`` (stringified) when one is configured, else a BLAKE2b-128 hash of
-the canonical JSON of the normalized messages, system prompt included: the same input gives the
-same id on every run, on every machine.
+The id is the row's ``id_field`` (stringified) when one is configured (a row without it is
+skipped). When ``id_field`` is not set, a row's own field named ``id`` is its id when it holds
+usable text or an integer (what users join regenerated data back to the source by); otherwise,
+and always with ``id_field = ""``, the id is a BLAKE2b-128 hash of the canonical JSON of the
+normalized messages, system prompt included: the same input gives the same id on every run, on
+every machine.
 
 This module never raises for a bad row (it returns ``Skipped``) and never reads files.
 """
@@ -44,6 +47,9 @@ ROLE_ALIASES: Mapping[str, Role] = {
     "bing": ASSISTANT,
     "bard": ASSISTANT,
 }
+
+#: The field read as a row's own id when ``[data] id_field`` is not set.
+DEFAULT_ID_FIELD = "id"
 
 #: Ids with this prefix are reserved for skipped rows (see ``Skipped.id``).
 SKIP_PREFIX = "skip:"
@@ -181,6 +187,11 @@ def _raw_id(data: Mapping[str, Any], field: str, required: bool) -> str | None:
     return text
 
 
+def _usable_id(raw_id: str | None) -> bool:
+    """Whether a row's own ``id`` (found without ``id_field``) can be its item id."""
+    return raw_id is not None and bool(raw_id.strip()) and not raw_id.startswith(SKIP_PREFIX)
+
+
 def _pick_shape(data: Mapping[str, Any], config: DataConfig) -> str:
     if config.shape != "auto":
         return config.shape
@@ -228,11 +239,11 @@ def normalize(row: Row, config: DataConfig) -> Item | Skipped:
             assert raw_id is not None
             item_id = raw_id
         else:
-            raw_id = _raw_id(row.data, "id", required=False)
-            item_id = content_hash(messages)
+            raw_id = _raw_id(row.data, DEFAULT_ID_FIELD, required=False)
+            item_id = raw_id if config.id_field is None and _usable_id(raw_id) else content_hash(messages)
     except _Bad as bad:
         return Skipped(row.source, row.line, bad.reason)
     return Item(id=item_id, source=row.source, source_line=row.line, messages=messages, raw_id=raw_id)
 
 
-__all__ = ["ROLE_ALIASES", "SKIP_PREFIX", "content_hash", "normalize"]
+__all__ = ["DEFAULT_ID_FIELD", "ROLE_ALIASES", "SKIP_PREFIX", "content_hash", "normalize"]

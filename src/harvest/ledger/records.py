@@ -29,7 +29,8 @@ class Status(str, Enum):
     TRUNCATED = "truncated"
     #: The server rejected the item for a reason that belongs to the item (4xx after retries).
     FAILED = "failed"
-    #: The input row is unusable (bad JSON, missing field, ...); ``last_error`` says why.
+    #: The input row is unusable (bad JSON, missing field, ...), or its prompt cannot fit the
+    #: model's context (never sent); ``last_error`` says why.
     SKIPPED = "skipped"
 
     def __str__(self) -> str:
@@ -122,6 +123,8 @@ class IngestReport:
     #: Items this call added (not duplicates), and how many of those are skipped rows.
     new_items: int = 0
     new_skipped: int = 0
+    #: Input records (over the whole input) known by the user's own id rather than a content hash.
+    own_ids: int = 0
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,8 @@ class ApplyReport:
     failed: int = 0
     released: int = 0
     charged: int = 0
+    #: Items marked skipped at dispatch (never sent).
+    skipped: int = 0
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,10 @@ _SQL_FAIL = (
     "UPDATE items SET status = 'failed', last_error = ?, error_class = ?, updated_at = ?"
     " WHERE seq = ? AND (+status = 'pending' OR +status = 'running')"
 )
+_SQL_SKIP = (
+    "UPDATE items SET status = 'skipped', last_error = ?, error_class = ?, updated_at = ?"
+    " WHERE seq = ? AND (+status = 'pending' OR +status = 'running')"
+)
 _SQL_RELEASE = "UPDATE items SET status = 'pending', updated_at = ? WHERE seq = ? AND +status = 'running'"
 _SQL_CHARGE = "UPDATE items SET attempts = attempts + 1 WHERE seq = ?"
 _SQL_SELECT = (
@@ -121,6 +125,8 @@ class IngestBatch:
     skipped: int
     #: The input ended with this batch.
     last: bool
+    #: Items known by the user's own id (not a content hash).
+    own_ids: int = 0
 
 
 def prepare_ingest(records: Iterator[Item | Skipped], batch_size: int = 10_000) -> IngestBatch:
@@ -129,17 +135,18 @@ def prepare_ingest(records: Iterator[Item | Skipped], batch_size: int = 10_000) 
     now = time.time()
     params = []
     inputs: dict[str, str] = {}  # first occurrence in this batch wins, as in the table
-    skipped = 0
+    skipped = own_ids = 0
     for rec in batch:
         if isinstance(rec, Skipped):
             skipped += 1
             params.append((rec.id, Status.SKIPPED.value, rec.reason, "input", rec.source, rec.line, None, now))
         else:
             text = rec.to_json()
+            own_ids += rec.id == rec.raw_id
             inputs.setdefault(rec.id, text)
             params.append((rec.id, Status.PENDING.value, None, None, rec.source, rec.source_line,
                            _input_hash(text), now))
-    return IngestBatch(params, inputs, len(batch), skipped, len(batch) < batch_size)
+    return IngestBatch(params, inputs, len(batch), skipped, len(batch) < batch_size, own_ids)
 
 
 class Ledger:
@@ -394,6 +401,7 @@ class Ledger:
             state["rows"] += batch.rows
             state["duplicates"] += batch.rows - len(new)
             state["skipped"] += batch.skipped
+            state["own_ids"] = state.get("own_ids", 0) + batch.own_ids
             state["complete"] = batch.last
             conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('ingest', ?)", (_dumps(state),))
         # A skipped row's id names its file and line, so it is new unless that line was ingested
@@ -406,7 +414,7 @@ class Ledger:
         return IngestReport(rows_read=rows_read, resumed_from=resumed_from, total_rows=state["rows"],
                             unique=state["rows"] - state["duplicates"], duplicates=state["duplicates"],
                             skipped=state["skipped"], complete=state["complete"], new_items=new,
-                            new_skipped=new_skipped)
+                            new_skipped=new_skipped, own_ids=state.get("own_ids", 0))
 
     # ---------------------------------------------------------------- work
 
@@ -449,6 +457,11 @@ class Ledger:
         """Mark a pending/running item failed with its error. False when the item was not in flight."""
         return self.apply([("fail", Failure(item_id, error, error_class))]).failed == 1
 
+    def skip(self, item_id: str, reason: str, error_class: str) -> bool:
+        """Mark a pending/running item skipped without sending it (e.g. its prompt cannot fit the
+        model's context), ``reason`` saying why. False when the item was not in flight."""
+        return self.apply([("skip", Failure(item_id, reason, error_class))]).skipped == 1
+
     def charge_attempt(self, ids: Iterable[str]) -> int:
         """Count one attempt against each item (an attempt that failed for the item's own reason)."""
         return self.apply([("charge", i) for i in ids]).charged
@@ -460,11 +473,11 @@ class Ledger:
     def apply(self, ops: Sequence[tuple[str, Any]]) -> ApplyReport:
         """Apply a batch of operations in order, in one transaction.
 
-        Each op is ``("complete", Completion)``, ``("fail", Failure)``, ``("charge", item_id)`` or
-        ``("release", item_id)``. Runs of the same kind go through one ``executemany``. This is the
+        Each op is ``("complete", Completion)``, ``("fail", Failure)``, ``("skip", Failure)``,
+        ``("charge", item_id)`` or ``("release", item_id)``. Runs of the same kind go through one ``executemany``. This is the
         async writer's entry point; the single-operation methods above use it too.
         """
-        counts = {"committed": 0, "ignored": 0, "failed": 0, "released": 0, "charged": 0}
+        counts = {"committed": 0, "ignored": 0, "failed": 0, "released": 0, "charged": 0, "skipped": 0}
         if not ops:
             return ApplyReport()
         settings_hash = self.settings_hash
@@ -488,6 +501,11 @@ class Ledger:
                     conn.executemany(_SQL_FAIL, [(f.error, f.error_class, now, seq) for f in payloads
                                                  if (seq := self._seq(conn, f.item_id)) is not None])
                     counts["failed"] += conn.total_changes - before
+                    settled.extend(f.item_id for f in payloads)
+                elif kind == "skip":
+                    conn.executemany(_SQL_SKIP, [(f.error, f.error_class, now, seq) for f in payloads
+                                                 if (seq := self._seq(conn, f.item_id)) is not None])
+                    counts["skipped"] += conn.total_changes - before
                     settled.extend(f.item_id for f in payloads)
                 elif kind == "release":
                     conn.executemany(_SQL_RELEASE, [(now, seq) for i in payloads

@@ -107,6 +107,10 @@ class LedgerWriter:
         """Queue an item failure for commit."""
         self._submit("fail", failure)
 
+    def skip(self, item: Failure) -> None:
+        """Queue an item skipped without being sent (its reason and class in ``item``)."""
+        self._submit("skip", item)
+
     def charge_attempt(self, item_id: str) -> None:
         """Queue one charged attempt for an item."""
         self._submit("charge", item_id)

@@ -73,7 +73,7 @@ class Trip:
         return ADVICE.get(self.error_class, "fix the setting the message names, then run again")
 
     def describe(self) -> str:
-        return (f"stopped after {self.window} requests in a row failed the same way ({self.error_class}): "
+        return (f"{self.window} requests in a row failed the same way ({self.error_class}): "
                 f"{self.message}")
 
 

@@ -107,3 +107,12 @@ def llama_server(llama_server_bin: str, tiny_gguf: Path, tmp_path_factory: pytes
             server.stop()
         return
     raise RuntimeError("could not start the shared llama-server")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Which CPU path the feature-dependent tests take on this machine (tests/capabilities.py)."""
+    from tests.capabilities import CpuFeatures, compare_candidates
+
+    cpu = CpuFeatures.read()
+    chosen = ", ".join(f"{c.name} ({c.expect})" for c in compare_candidates(cpu))
+    return f"cpu: {cpu.describe()}; vLLM CPU compare candidates: {chosen}"

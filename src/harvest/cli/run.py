@@ -29,11 +29,12 @@ def show_preflight(report: Any) -> None:
     """Print every preflight rule of a launch, one line each."""
     from rich.console import Console
 
+    from harvest.cli.preflight import grouped
     from harvest.cli.render import rule_line
 
     console = Console(stderr=True, soft_wrap=True)
     console.print(f"preflight: {'PASS' if report.passed else 'FAIL'}", markup=False)
-    for result in report.results:
+    for result in grouped(report.results):
         console.print(rule_line(result))
 
 

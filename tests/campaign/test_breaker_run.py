@@ -173,3 +173,58 @@ def test_retry_with_changed_output_settings_is_refused(tmp_path):
     assert rows(tmp_path / "run")["x1"].status is Status.FAILED  # nothing was put back
     proc = harvest("run", str(job), "--no-live", "--retry", "done")
     assert proc.returncode == 2 and "--retry" in proc.stderr
+
+
+@pytest.mark.engine
+def test_a_wrong_model_name_on_vllm_stops_within_the_window(tmp_path, vllm_server):
+    """vLLM answers HTTP 404 ("The model `tyni` does not exist.") to every request of a job with a
+    wrong model name. (Five ``stop`` strings are no error for vLLM 0.32.0: it sets no limit on them,
+    so the rejected-sampling case is the stand-in's, above.)"""
+    data = tmp_path / "in.jsonl"
+    data.write_text("".join(json.dumps({"id": f"v{i}", "prompt": f"Question {i}?"}) + "\n" for i in range(40)))
+
+    def write(model: str) -> Path:
+        job = tmp_path / "job.toml"
+        job.write_text(f"""
+[server]
+engine = "openai"
+base_url = "{vllm_server.url}/v1"
+served_model_name = {json.dumps(model)}
+
+[data]
+path = {json.dumps(str(data))}
+id_field = "id"
+
+[sampling]
+max_tokens = 8
+
+[client]
+concurrency = 4
+max_retries = 0
+health_deadline = 60
+
+[run]
+breaker_window = 6
+
+[output]
+dir = {json.dumps(str(tmp_path / "run"))}
+""")
+        return job
+
+    proc = harvest("run", str(write("tyni")), "--no-live")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "STOPPED" in proc.stderr and "http_404" in proc.stderr and "tyni" in proc.stderr
+    assert "served_model_name" in proc.stderr  # what to change
+    got = rows(tmp_path / "run")
+    assert len(got) == 40 and {r.status for r in got.values()} == {Status.PENDING}
+    assert all(r.attempts == 0 for r in got.values())
+
+    # The model name is an output setting: the fixed job is refused as a resume ...
+    fixed = write(vllm_server.model)
+    proc = harvest("run", str(fixed), "--no-live")
+    assert proc.returncode == 2 and "settings" in proc.stderr, proc.stderr
+    # ... and, since nothing was generated under the wrong name, resumed with --allow-mixed it finishes.
+    proc = harvest("run", str(fixed), "--no-live", "--allow-mixed")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = rows(tmp_path / "run")
+    assert {r.status for r in got.values()} <= {Status.DONE, Status.TRUNCATED} and len(got) == 40

@@ -36,6 +36,9 @@ MEASURED = [c for c in CANDIDATES if c.expect == "measured"]
 UNSUPPORTED = [c for c in CANDIDATES if c.expect == "unsupported"]
 
 CHAT_ENGINE = Path(__file__).resolve().parents[1] / "quality" / "chat_engine.py"
+# The shared comparison (four or five vLLM launches) is set up inside the first test that asks for
+# it; on a busy two-core machine one launch alone can take minutes.
+pytestmark = pytest.mark.timeout(3000)
 
 PROBE = ProbeSettings(prompts=16, max_tokens=32)
 TIGHT = GateSettings(top1_margin=0.0, kl_factor=1.0, kl_abs_min=0.0, delta_factor=1.0, delta_abs_min=0.0,

@@ -33,7 +33,8 @@ def harvest_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return d
 
 
-def write_job(path: Path, data: Path, engine_flags: list[str], *, window: int = 5, max_tokens: int = 8) -> Path:
+def write_job(path: Path, data: Path, engine_flags: list[str], *, window: int = 5,
+              max_tokens: int = 8) -> Path:
     command = [sys.executable, str(CHAT_ENGINE), "--host", "{host}", "--port", "{port}", *engine_flags]
     path.write_text(f"""
 [server]
@@ -85,7 +86,8 @@ def rows(run_dir: Path) -> dict[str, object]:
 
 def test_a_job_the_server_rejects_stops_within_the_window_and_finishes_once_fixed(tmp_path):
     data = tmp_path / "in.jsonl"
-    data.write_text("".join(json.dumps({"id": f"r{i}", "prompt": f"Question {i}?"}) + "\n" for i in range(60)))
+    data.write_text("".join(json.dumps({"id": f"r{i}", "prompt": f"Question {i}?"}) + "\n"
+                            for i in range(60)))
     requests = tmp_path / "requests.log"
     job = write_job(tmp_path / "job.toml", data, ["--reject", "400", "--reject-message", REJECTION,
                                                   "--request-log", str(requests)])
@@ -181,7 +183,8 @@ def test_a_wrong_model_name_on_vllm_stops_within_the_window(tmp_path, vllm_serve
     wrong model name. (Five ``stop`` strings are no error for vLLM 0.32.0: it sets no limit on them,
     so the rejected-sampling case is the stand-in's, above.)"""
     data = tmp_path / "in.jsonl"
-    data.write_text("".join(json.dumps({"id": f"v{i}", "prompt": f"Question {i}?"}) + "\n" for i in range(40)))
+    data.write_text("".join(json.dumps({"id": f"v{i}", "prompt": f"Question {i}?"}) + "\n"
+                            for i in range(40)))
 
     def write(model: str) -> Path:
         job = tmp_path / "job.toml"

@@ -4,7 +4,8 @@ with AVX-512 or AMX an FP8 KV cache and float32 weights-and-activations; without
 the FP8 KV cache (which the engine refuses here: recorded "unsupported", the comparison goes on)
 and float32.
 
-One comparison for the vLLM tests (four or five launches); every test reads its report. The policy test reuses the stored reference and floor, so it launches nothing.
+One comparison for the vLLM tests (four or five launches); every test reads its report. The
+policy test reuses the stored reference and floor, so it launches nothing.
 A last test runs a comparison over the deterministic chat stand-in (tests/quality/chat_engine.py)
 where one candidate's stop is dirty.
 """
@@ -91,7 +92,8 @@ def compared(tmp_path_factory, vllm_python, tiny_model):
     out = root / "out"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HARVEST_STATE_DIR", str(root / "state"))
-        report = asyncio.run(compare(load_config(jobs["ref"]), [load_config(jobs[c.name]) for c in CANDIDATES],
+        report = asyncio.run(compare(load_config(jobs["ref"]),
+                                     [load_config(jobs[c.name]) for c in CANDIDATES],
                                      settings=QualitySettings(probe=PROBE), out_dir=out))
     return report, jobs, root
 

@@ -139,7 +139,8 @@ def main() -> int:
         time.sleep(0.2)
         print("ERROR [core.py:843] EngineCore failed to start.\n"
               "ERROR [core.py:843] Traceback (most recent call last):\n"
-              "ERROR [core.py:843] NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX.",
+              "ERROR [core.py:843] NotImplementedError: "
+              "FP8 KV cache on CPU requires x86 with AVX-512 or AMX.",
               flush=True)
         return 1
     if args.oom:

@@ -58,8 +58,8 @@ def print_report(report: RunReport) -> None:
 def _check_retry(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[str, ...]:
     for value in values:
         if value in ("done", "pending", "running", "skipped") or not _RETRY_NAME.fullmatch(value):
-            raise click.BadParameter(f"{value!r}: retry 'failed', 'truncated' or an error class (e.g. http_400)",
-                                     ctx=ctx, param=param)
+            raise click.BadParameter(
+                f"{value!r}: retry 'failed', 'truncated' or an error class (e.g. http_400)", ctx=ctx, param=param)
     return values
 
 

@@ -537,7 +537,8 @@ class Ledger:
             where, params = "status = 'failed' AND error_class = ?", (what,)
         with self._write() as conn:
             if what == Status.TRUNCATED.value:
-                conn.execute("DELETE FROM results WHERE item IN (SELECT seq FROM items WHERE status = 'truncated')")
+                conn.execute("DELETE FROM results WHERE item IN"
+                             " (SELECT seq FROM items WHERE status = 'truncated')")
             count = conn.execute(f"UPDATE items SET status = 'pending', updated_at = ? WHERE {where}",
                                  (time.time(), *params)).rowcount
             row = conn.execute("SELECT value FROM meta WHERE key = 'requeues'").fetchone()

@@ -73,7 +73,7 @@ def vllm_server(vllm_python: str, tiny_model: Path, tmp_path_factory: pytest.Tem
             server = engines.start_engine(
                 engines.vllm_argv(vllm_python, str(tiny_model), port, "--max-model-len", "2048"),
                 port=port, model=str(tiny_model), log_path=log_dir / "server.log", health="/health",
-                env=engines.VLLM_ENV, timeout=600)  # as the tests' own vLLM jobs (ready_timeout): a busy machine
+                env=engines.VLLM_ENV, timeout=600)  # the tests' own vLLM jobs' ready_timeout
         except RuntimeError as exc:
             last_error = exc
             if "address already in use" in str(exc).lower():

@@ -80,7 +80,7 @@ def vllm_server(vllm_python: str, tiny_model: Path, tmp_path_factory: pytest.Tem
             server = engines.start_engine(
                 engines.vllm_argv(vllm_python, str(tiny_model), port, "--max-model-len", "2048"),
                 port=port, model=str(tiny_model), log_path=log_dir / "server.log", health="/health",
-                env=engines.VLLM_ENV)
+                env=engines.VLLM_ENV, timeout=600)  # the tests' own vLLM jobs' ready_timeout
         except RuntimeError as exc:
             last_error = exc
             if "address already in use" in str(exc).lower():
@@ -114,3 +114,12 @@ def llama_server(llama_server_bin: str, tiny_gguf: Path, tmp_path_factory: pytes
             server.stop()
         return
     raise RuntimeError("could not start the shared llama-server")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Which CPU path the feature-dependent tests take on this machine (tests/capabilities.py)."""
+    from tests.capabilities import CpuFeatures, compare_candidates
+
+    cpu = CpuFeatures.read()
+    chosen = ", ".join(f"{c.name} ({c.expect})" for c in compare_candidates(cpu))
+    return f"cpu: {cpu.describe()}; vLLM CPU compare candidates: {chosen}"

@@ -293,6 +293,12 @@ class RunConfig(_Model):
     progress_interval: float = Field(5.0, gt=0)
     #: Times a managed server that died is relaunched during one run.
     max_relaunches: int = Field(5, ge=0)
+    #: Circuit breaker: this many requests in a row failing with the same class and message
+    #: (HTTP 400/401/403/404/422, context overflow) stop the run, leaving the items pending. 0: off.
+    breaker_window: int = Field(20, ge=0)
+    #: An empty or whitespace-only answer is asked again this many times (same settings); an item
+    #: whose answer stays empty is failed with class "empty".
+    empty_retries: int = Field(1, ge=0)
 
 
 class OutputConfig(_Model):

@@ -86,7 +86,10 @@ class LaunchError(ServerError):
 
     #: Values of ``reason``: why the launch failed, for callers that react to the cause (e.g. retry
     #: on another port) without reading the message.
-    REASONS = ("exited", "fatal_log", "port_in_use", "out_of_memory", "timeout", "spawn_failed", "cancelled")
+    #: ``unsupported``: the engine said this setting cannot run on this machine (a configuration
+    #: problem of the setting, not a crash).
+    REASONS = ("exited", "fatal_log", "port_in_use", "out_of_memory", "timeout", "spawn_failed", "cancelled",
+               "unsupported")
 
     def __init__(self, message: str, *, argv: Sequence[str] = (), returncode: int | None = None,
                  log_path: str | None = None, log_tail: str = "", reason: str | None = None):

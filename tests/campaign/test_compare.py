@@ -1,8 +1,11 @@
 """``harvest compare`` on the tiny model with vLLM's CPU build: the reference against a second launch
-of itself (the noise floor), an FP8 KV cache and float32 weights-and-activations.
+of itself (the noise floor) and candidates chosen by what this CPU can run (tests/capabilities.py):
+with AVX-512 or AMX an FP8 KV cache and float32 weights-and-activations; without, float16 weights,
+the FP8 KV cache (which the engine refuses here: recorded "unsupported", the comparison goes on)
+and float32.
 
-One comparison for the vLLM tests (four launches: reference, floor, fp8, float32); every test
-reads its report. The policy test reuses the stored reference and floor, so it launches nothing.
+One comparison for the vLLM tests (four or five launches); every test reads its report. The
+policy test reuses the stored reference and floor, so it launches nothing.
 A last test runs a comparison over the deterministic chat stand-in (tests/quality/chat_engine.py)
 where one candidate's stop is dirty.
 """
@@ -25,8 +28,18 @@ from harvest.config import load_config, parse_config
 from harvest.quality.evaluate import gate
 from harvest.quality.settings import GateSettings, ProbeSettings, QualitySettings
 from tests import engines
+from tests.capabilities import CpuFeatures, compare_candidates
+
+CPU = CpuFeatures.read()
+CANDIDATES = compare_candidates(CPU)
+LABELS = {c.name: f"candidate-{i + 1}" for i, c in enumerate(CANDIDATES)}
+MEASURED = [c for c in CANDIDATES if c.expect == "measured"]
+UNSUPPORTED = [c for c in CANDIDATES if c.expect == "unsupported"]
 
 CHAT_ENGINE = Path(__file__).resolve().parents[1] / "quality" / "chat_engine.py"
+# The shared comparison (four or five vLLM launches) is set up inside the first test that asks for
+# it; on a busy two-core machine one launch alone can take minutes.
+pytestmark = pytest.mark.timeout(3000)
 
 PROBE = ProbeSettings(prompts=16, max_tokens=32)
 TIGHT = GateSettings(top1_margin=0.0, kl_factor=1.0, kl_abs_min=0.0, delta_factor=1.0, delta_abs_min=0.0,
@@ -69,14 +82,18 @@ def compared(tmp_path_factory, vllm_python, tiny_model):
                                         "prompt": f"Describe thing number {i} in detail."}) + "\n"
                             for i in range(64)))
     port = engines.free_port()
+    print(f"CPU: {CPU.describe()}; compare candidates: "
+          + ", ".join(f"{c.name} ({c.expect})" for c in CANDIDATES))
     jobs = {name: write_job(root / f"{name}.toml", model=tiny_model, python=vllm_python, port=port, data=data,
                             extra=extra)
-            for name, extra in (("ref", ""), ("fp8", 'kv_cache_dtype = "fp8"'), ("f32", 'dtype = "float32"'))}
+            for name, extra in (("ref", ""), *((c.name, c.server) for c in CANDIDATES))}
+    jobs.setdefault("fp8", write_job(root / "fp8.toml", model=tiny_model, python=vllm_python, port=port,
+                                     data=data, extra='kv_cache_dtype = "fp8"'))  # the policy test's
     out = root / "out"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HARVEST_STATE_DIR", str(root / "state"))
-        report = asyncio.run(compare(load_config(jobs["ref"]), [load_config(jobs["fp8"]),
-                                                                load_config(jobs["f32"])],
+        report = asyncio.run(compare(load_config(jobs["ref"]),
+                                     [load_config(jobs[c.name]) for c in CANDIDATES],
                                      settings=QualitySettings(probe=PROBE), out_dir=out))
     return report, jobs, root
 
@@ -89,9 +106,10 @@ def rows(report: CompareReport) -> dict:
 @pytest.mark.slow
 def test_every_launch_stopped_clean_before_the_next(compared):
     report, _, _ = compared
-    assert [x.label for x in report.launches] == ["reference", "floor", "candidate-1", "candidate-2"]
+    assert [x.label for x in report.launches] == ["reference", "floor", *LABELS.values()]
+    refused = {LABELS[c.name] for c in UNSUPPORTED}
     for launch in report.launches:
-        assert launch.error is None, launch
+        assert (launch.error is None) == (launch.label not in refused), launch
         assert launch.stop is not None and launch.stop.clean, launch.stop
         assert (Path(launch.run_dir) / "server.log").exists()
     assert report.all_stops_clean and report.prompts == 16
@@ -115,9 +133,10 @@ def test_reference_against_itself_passes_at_the_noise_floor(compared):
 
 @pytest.mark.engine
 @pytest.mark.slow
-@pytest.mark.parametrize("label", ["candidate-1", "candidate-2"])  # fp8 KV cache, float32
-def test_fp8_and_float32_differ_measurably_and_a_tight_gate_rejects_them(compared, label):
+@pytest.mark.parametrize("name", [c.name for c in MEASURED])  # chosen by the CPU probe
+def test_candidates_differ_measurably_and_a_tight_gate_rejects_them(compared, name):
     report, _, _ = compared
+    label = LABELS[name]
     floor, row = rows(report)["floor"].quality.metrics(), rows(report)[label]
     m = row.quality.metrics()
     # measurably different: the candidate's interval lies above the floor's
@@ -129,17 +148,41 @@ def test_fp8_and_float32_differ_measurably_and_a_tight_gate_rejects_them(compare
     assert {"mean_kl", "mean_abs_delta_logprob"} <= {c.name for c in tight.failures}
     # the verdict recorded with the default gate, and the settings that made the difference
     assert row.verdict in ("pass", "fail") and row.gate is not None
-    assert row.settings == ({"kv_cache_dtype": "fp8"} if label == "candidate-1" else {"dtype": "float32"})
+    assert row.settings == next(c.settings for c in CANDIDATES if c.name == name)
     print(f"BENCH compare-{label} {row.settings} verdict={row.verdict} "
           + json.dumps(row.quality.to_dict()["metrics"]))
 
 
 @pytest.mark.engine
 @pytest.mark.slow
-def test_fp8_kv_cache_holds_more_tokens(compared):
+def test_kv_cache_capacity_follows_the_bytes_per_token(compared):
+    """float32 holds half the bfloat16 reference's tokens in the same space; an FP8 cache more."""
     report, _, _ = compared
     launches = {x.label: x for x in report.launches}
-    assert launches["candidate-1"].kv_capacity_tokens > launches["reference"].kv_capacity_tokens > 0
+    reference = launches["reference"].kv_capacity_tokens
+    assert reference > 0
+    assert launches[LABELS["f32"]].kv_capacity_tokens < reference
+    if "fp8" in [c.name for c in MEASURED]:
+        assert launches[LABELS["fp8"]].kv_capacity_tokens > reference
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_a_setting_the_engine_refuses_here_is_unsupported_and_the_comparison_goes_on(compared):
+    if not UNSUPPORTED:
+        pytest.skip(f"this CPU runs every candidate ({CPU.describe()}): nothing is refused here")
+    report, _, _ = compared
+    by = rows(report)
+    for cand in UNSUPPORTED:
+        row = by[LABELS[cand.name]]
+        assert row.verdict == "unsupported", row
+        assert row.launch.reason == "unsupported" and row.quality is None
+        assert "FP8 KV cache on CPU requires x86 with AVX-512 or AMX" in row.reasons[0]
+        assert row.launch.stop is not None and row.launch.stop.clean
+    # the candidate after it was launched and measured
+    after = [c for c in CANDIDATES[CANDIDATES.index(UNSUPPORTED[-1]) + 1:] if c.expect == "measured"]
+    assert after and all(by[LABELS[c.name]].quality is not None for c in after)
+    assert not report.passed
 
 
 @pytest.mark.engine

@@ -302,3 +302,42 @@ metrics_interval = 0.1
     print(f"BENCH tune-vllm-cpu wall_s={wall:.1f} " + json.dumps(
         {i: {"verdict": t["verdict"], "tok_s": (t["throughput"] or {}).get("gen_tok_s"),
              "kv": (t["throughput"] or {}).get("kv_capacity_tokens")} for i, t in trials.items()}))
+
+
+# --- a setting the engine cannot run on this machine ------------------------------------------------------
+
+
+def test_an_unsupported_setting_is_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch):
+    """A trial whose engine says "not supported on this machine" (the chat stand-in prints vLLM's
+    own FP8-on-AVX2 refusal; the command adapter is given vLLM's unsupported patterns) is
+    "unsupported", not a crash, is not taken for a memory failure, and the next trial runs."""
+    from harvest.server.base import COMMON_FATAL
+    from harvest.server.engines.command import CommandAdapter
+    from harvest.server.engines.vllm import UNSUPPORTED
+
+    monkeypatch.setattr(CommandAdapter, "fatal_patterns", UNSUPPORTED + COMMON_FATAL)
+    job = parse_config({
+        "server": {"engine": "command", "port": engines.free_port(), "max_running_requests": 4,
+                   "command": [sys.executable, str(CHAT_ENGINE), "--host", "{host}", "--port", "{port}"],
+                   "health_url": "http://{host}:{port}/health", "ready_timeout": 30, "stop_grace": 2,
+                   "stop_deadline": 6},
+        "preflight": {"min_disk_free_gib": 0.05},
+        "data": {"path": str(_prompts(tmp_path / "in.jsonl", 12)), "id_field": "id"},
+        "sampling": {"max_tokens": 8},
+        "output": {"dir": str(tmp_path / "run")},
+    }, source=str(tmp_path / "job.toml"))
+    tf = parse_tune_file({
+        "grid": [{"extra_args": [["--unsupported"]]}, {"max_running_requests": [8]}],
+        "probe": {"prompts": 6, "max_tokens": 8, "floor_launch": False},
+        "throughput": {"prompts": 8, "concurrency": 4},
+    })
+    report = asyncio_run(tune(job, tf))
+    by = {t.index: t for t in report.trials}
+    assert by[1].verdict == "unsupported", by[1].reasons
+    assert by[1].launch.reason == "unsupported" and not by[1].launch.memory_bound
+    assert "FP8 KV cache on CPU requires x86 with AVX-512 or AMX" in by[1].reasons[0]
+    assert by[1].launch.stop is None or by[1].launch.stop.clean
+    assert by[2].verdict == "pass" and by[2].throughput is not None and by[2].throughput.requests == 8
+    assert not report.aborted and report.best is not None and report.best.index == 2
+    doc = json.loads((report.out_dir / "tune.json").read_text())
+    assert [t["verdict"] for t in doc["trials"]] == ["unsupported", "pass"]

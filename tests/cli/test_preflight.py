@@ -186,3 +186,62 @@ def test_bundled_hicache_tp8_example_is_judged_against_this_machines_ram():
     assert line.startswith("PASS" if enough else "FAIL"), line
     failed = any(ln.startswith("FAIL ") for ln in out.stdout.splitlines())
     assert out.returncode == (1 if failed else 0), out.stdout
+
+
+# --- identical findings across GPUs: one line -------------------------------------------------------
+
+
+def _eight_gpu_server(port: int) -> str:
+    return f'engine = "vllm"\nmodel = "m"\nport = {port}\ngpus = [0, 1, 2, 3, 4, 5, 6, 7]\ntp = 8'
+
+
+def test_no_driver_on_eight_gpus_is_one_line_and_json_stays_per_gpu(tmp_path, port, monkeypatch):
+    from harvest.errors import NoDriverError
+    from harvest.gpu import NoGpuProbe, NvmlProbe
+    from harvest.gpu.probe import NO_DRIVER
+    from tests.gpu.fake_nvml import NVML_ERROR_DRIVER_NOT_LOADED, FakeNvml
+
+    def no_driver_probe():  # what open_probe does when NVML says the driver is not loaded
+        try:
+            return NvmlProbe(FakeNvml([], init_error=NVML_ERROR_DRIVER_NOT_LOADED))
+        except NoDriverError:
+            return NoGpuProbe(NO_DRIVER)
+
+    monkeypatch.setattr("harvest.cli.preflight.open_probe", no_driver_probe)
+    path = config(tmp_path, _eight_gpu_server(port))
+    result = invoke(path)
+    assert result.exit_code == 1, result.output
+    lines = [ln for ln in result.output.splitlines() if "NVIDIA driver" in ln]
+    assert lines == ["FAIL  gpu-memory, gpu-processes GPUs 0-7 requested but no NVIDIA driver found"], lines
+    assert "FAIL: 16 of 20 checks failed" in result.output  # the count is still per rule and GPU
+    doc = json.loads(invoke(path, "--json").stdout)
+    gpu_results = [r for r in doc["results"] if r["rule"] in ("gpu-memory", "gpu-processes")]
+    assert len(gpu_results) == 16 and sorted({r["gpu"] for r in gpu_results}) == list(range(8))
+    assert all(r["detail"] == f"GPU {r['gpu']} requested but no NVIDIA driver found" for r in gpu_results)
+
+
+def test_findings_that_differ_keep_their_own_lines(tmp_path, port, monkeypatch):
+    from harvest.gpu import NvmlProbe
+    from tests.gpu.fake_nvml import FakeNvml, h200s, unused_pid
+
+    gpus = h200s(8)
+    gpus[3].processes = [(unused_pid(), 2048)]
+    gpus[3].used_mib = 2048
+    monkeypatch.setattr("harvest.cli.preflight.open_probe",
+                        lambda: NvmlProbe(FakeNvml(gpus), host_pid_namespace=True))
+    result = invoke(config(tmp_path, _eight_gpu_server(port)))
+    lines = result.output.splitlines()
+    processes = [ln for ln in lines if "gpu-processes" in ln]
+    assert len(processes) == 2, processes
+    assert processes[0].startswith("PASS") and "GPUs 0-2,4-7: no compute processes" in processes[0]
+    assert processes[1].startswith("FAIL") and "GPU 3: 1 foreign compute process(es)" in processes[1]
+    memory = [ln for ln in lines if "gpu-memory" in ln]
+    assert len(memory) == 2 and "GPUs 0-2,4-7 (NVIDIA H200): free" in memory[0] and "GPU 3 (" in memory[1]
+
+
+def test_gpu_ranges():
+    from harvest.cli.preflight import gpu_ranges
+
+    assert gpu_ranges([0, 1, 2, 3, 4, 5, 6, 7]) == "0-7"
+    assert gpu_ranges([6, 0, 1, 2, 3]) == "0-3,6"
+    assert gpu_ranges([5]) == "5" and gpu_ranges([1, 3]) == "1,3"

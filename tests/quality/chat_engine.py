@@ -8,9 +8,17 @@ sweep meets:
     --perturb F     for a fraction F of conversations (chosen by hash) the answer differs from the
                     second word on: a setting that degrades outputs
     --oom           print PyTorch's out-of-memory line and exit 1 at start
+    --unsupported   print what vLLM 0.32.0's CPU build prints when asked for an FP8 KV cache on a
+                    CPU without AVX-512 (verbatim from vllm/v1/attention/backends/cpu_attn.py) and
+                    exit 1 at start
     --escape S      once listening, double-fork a worker that calls setsid() (so no stop can find
                     it) and keeps the listening socket open for S seconds: a dirty stop
     --delay S       seconds each answer takes (a slower setting)
+    --reject CODE   answer every chat request with HTTP CODE and --reject-message (a job the server
+                    refuses: a bad sampling setting, an unknown model)
+    --request-log F append the path of every POST to file F (what reached the server)
+    --empty-answers a last user message containing "[empty]" gets the empty answer, "[blank]" one of
+                    white space only, "[empty-once]" the empty answer the first time it is asked
 
 Everything ends by itself after --life seconds. It must not import harvest.
 """
@@ -24,6 +32,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 
 args = None
@@ -36,6 +45,23 @@ def answer(messages: list[dict], max_tokens: int) -> str:
     if args.perturb and digest[0] / 256.0 < args.perturb and len(words) > 1:
         words[1:] = [w + "x" for w in words[1:]]
     return " ".join(words)
+
+
+_asked: dict[str, int] = {}
+_asked_lock = threading.Lock()
+
+
+def empty_answer(messages: list[dict], text: str, n: int) -> tuple[str, int]:
+    last = str(messages[-1].get("content", ""))
+    key = json.dumps(messages, sort_keys=True)
+    with _asked_lock:
+        _asked[key] = _asked.get(key, 0) + 1
+        times = _asked[key]
+    if "[empty]" in last or ("[empty-once]" in last and times == 1):
+        return "", 0
+    if "[blank]" in last:
+        return " \n\t ", 1
+    return text, n
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -67,14 +93,22 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if not messages:
             self._send(400, {"error": {"message": "messages must not be empty"}})
             return
+        if args.request_log:
+            with _asked_lock, open(args.request_log, "a") as fh:
+                fh.write(self.path + "\n")
+        if args.reject:
+            self._send(args.reject, {"error": {"message": args.reject_message, "code": args.reject}})
+            return
         if args.delay:
             time.sleep(args.delay)
         n = int(body.get("max_tokens") or 16)
         text = answer(messages, n)
+        if args.empty_answers:
+            text, n = empty_answer(messages, text, n)
         prompt_tokens = sum(len(str(m.get("content", "")).split()) for m in messages)
         self._send(200, {"object": "chat.completion", "model": "chat-fake",
                          "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                      "finish_reason": "length"}],
+                                      "finish_reason": "length" if text.strip() else "stop"}],
                          "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n,
                                    "total_tokens": prompt_tokens + n}})
 
@@ -89,13 +123,26 @@ def main() -> int:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--perturb", type=float, default=0.0)
     ap.add_argument("--oom", action="store_true")
+    ap.add_argument("--unsupported", action="store_true")
     ap.add_argument("--escape", type=float, default=0.0)
     ap.add_argument("--escape-pid-file", default=None)
     ap.add_argument("--delay", type=float, default=0.0)
     ap.add_argument("--life", type=float, default=300.0)
+    ap.add_argument("--reject", type=int, default=0)
+    ap.add_argument("--reject-message", default="rejected")
+    ap.add_argument("--empty-answers", action="store_true")
+    ap.add_argument("--request-log", default=None)
     args = ap.parse_args()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     print(f"chat-engine: pid {os.getpid()} on {args.host}:{args.port}", flush=True)
+    if args.unsupported:
+        time.sleep(0.2)
+        print("ERROR [core.py:843] EngineCore failed to start.\n"
+              "ERROR [core.py:843] Traceback (most recent call last):\n"
+              "ERROR [core.py:843] NotImplementedError: "
+              "FP8 KV cache on CPU requires x86 with AVX-512 or AMX.",
+              flush=True)
+        return 1
     if args.oom:
         time.sleep(0.2)
         print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", flush=True)

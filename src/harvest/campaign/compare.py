@@ -77,7 +77,7 @@ class Launch:
     stop: StopReport | None = None
     #: Why the launch or the work on the server failed (None when both went well).
     error: str | None = None
-    #: ``preflight``, a :class:`LaunchError` reason (``out_of_memory``, ``exited``, ...),
+    #: ``preflight``, a :class:`LaunchError` reason (``out_of_memory``, ``exited``, ``unsupported``, ...),
     #: ``server_sick`` or ``request``; None when nothing failed.
     reason: str | None = None
     #: The failure was for lack of memory (out of memory at start, or a preflight memory rule).
@@ -346,9 +346,14 @@ def row_from(label: str, settings: dict[str, Any], launch: Launch,
     """A row from a launch and its evaluation (None when the launch or probe failed).
 
     A launch whose stop was dirty is "failed" whatever it measured: its setting leaves processes or
-    memory behind.
+    memory behind. A launch the engine refused because this machine cannot run the setting (reason
+    ``unsupported``, e.g. an FP8 KV cache on a CPU without AVX-512) is "unsupported": a configuration
+    problem of that setting here, not a crash.
     """
     stop = () if launch.stopped_clean else (f"dirty stop: {dirty_problems(launch)}",)
+    if launch.reason == "unsupported" and not stop:
+        return CompareRow(label, settings, "unsupported", launch,
+                          reasons=(f"not supported on this machine: {launch.error}",))
     if evaluated is None or launch.error is not None:
         return CompareRow(label, settings, "failed", launch, reasons=stop + (launch.error or "no outputs",))
     report, result = evaluated

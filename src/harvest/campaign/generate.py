@@ -6,6 +6,10 @@ The result is the JSON stored in the ledger (docs/result-schema.md):
      "turns": [{"finish_reason", "prompt_tokens", "completion_tokens", "endpoint", "latency_s", "attempts"}],
      "model": str, "settings_hash": str}
 
+An empty or whitespace-only answer (once reasoning is set apart) is asked again ``[run]
+empty_retries`` times with the same settings; if it stays empty the item fails with class ``empty``
+(no text stored): an empty answer is never training data.
+
 This module talks to the client only; it never touches the ledger or the server process. Errors
 propagate by type: RequestError (the item is bad), ServerSick (the server is gone).
 """
@@ -28,6 +32,13 @@ class ChatClient(Protocol):
     """The part of :class:`harvest.client.Client` generation needs (a seam for tests)."""
 
     async def chat(self, messages: Sequence[dict[str, Any]], **overrides: Any) -> Any: ...
+
+
+def _empty(text: str, run: RunConfig) -> bool:
+    """An answer with nothing but white space once reasoning is set apart is no answer."""
+    if run.reasoning != "none":
+        text, _ = split_reasoning(text, None)
+    return not text.strip()
 
 
 def split_reasoning(text: str, reasoning: str | None) -> tuple[str, str | None]:
@@ -54,8 +65,10 @@ class Generated:
     prompt_tokens: int
     completion_tokens: int
     attempts: int
-    #: Set when the truncation policy is "drop": the reason the item is failed instead of stored.
+    #: Set when the item is failed instead of stored: the reason (truncation policy "drop", or an
+    #: answer that stayed empty); ``drop_class`` is the failure's error class.
     dropped: str | None = None
+    drop_class: str = "truncated"
 
 
 async def generate_item(client: ChatClient, item: Item, *, run: RunConfig, sampling: SamplingConfig,
@@ -78,6 +91,18 @@ async def generate_item(client: ChatClient, item: Item, *, run: RunConfig, sampl
             larger = run.retry_max_tokens or 2 * sampling.max_tokens
             completion = await client.chat(request, max_tokens=larger)
             attempts += completion.attempts
+        for _ in range(run.empty_retries):
+            if not _empty(completion.text, run):
+                break
+            completion = await client.chat(request)  # the same settings, asked again
+            attempts += completion.attempts
+        if _empty(completion.text, run):
+            asked = 1 + run.empty_retries
+            why = (f"empty answer at turn {k} (finish_reason={completion.finish_reason}, "
+                   f"{completion.completion_tokens} tokens; asked {asked} time{'s' if asked > 1 else ''})")
+            return Generated({}, Status.FAILED, completion.finish_reason,
+                             prompt_tokens + (completion.prompt_tokens or 0),
+                             completion_tokens + (completion.completion_tokens or 0), attempts, why, "empty")
         model = completion.model or model
         text, reasoning = completion.text, completion.reasoning_content
         if run.reasoning != "none":

@@ -13,7 +13,11 @@ interrupted ingest resumes by position, passing over what it committed without n
 
 Who pays for a failure is decided by type: RequestError fails the item; ServerSick (every endpoint
 down past the client's health deadline) releases in-flight items back to pending uncharged and, for
-a server harvest manages, relaunches it (at most ``run.max_relaunches`` times). Ctrl-C or SIGTERM
+a server harvest manages, relaunches it (at most ``run.max_relaunches`` times). When
+``run.breaker_window`` requests in a row fail with the same class and message (campaign/breaker.py),
+the job is at fault: dispatch stops, those items and the ones in flight go back to pending
+uncharged, and the outcome is "stopped". ``retry`` puts failed or truncated items back to pending
+first (recorded in the ledger), under the same settings-hash rule as any resume. Ctrl-C or SIGTERM
 stops dispatch, releases what is in flight, commits what finished and stops the server: the run
 resumes where it was. This module never kills a process itself: the supervisor does, by its record.
 """
@@ -27,10 +31,12 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harvest.campaign.breaker import Breaker, Trip
 from harvest.campaign.context import ContextGuard
 from harvest.campaign.generate import generate_item
 from harvest.campaign.progress import Progress
@@ -74,12 +80,16 @@ class RunReport:
     #: Items that reached a final status in this session.
     finished_this_session: int
     elapsed_s: float
-    #: "finished", "interrupted" (Ctrl-C / SIGTERM) or "server_down".
+    #: "finished", "interrupted" (Ctrl-C / SIGTERM), "server_down" or "stopped" (the breaker).
     outcome: str
     relaunches: int = 0
     stop_reports: tuple[StopReport, ...] = ()
     recovered: int = 0
     note: str | None = None
+    #: Why the circuit breaker stopped the run (outcome "stopped"), else None.
+    trip: Trip | None = None
+    #: Items ``--retry`` put back to pending at the start of this session.
+    requeued: int = 0
 
     @property
     def ok(self) -> bool:
@@ -138,7 +148,7 @@ class _Campaign:
     """One session of a run. Not reusable."""
 
     def __init__(self, config: HarvestConfig, *, allow_mixed: bool, force: bool, live: bool | None,
-                 server_factory: Any = Server, on_preflight: Any = None):
+                 server_factory: Any = Server, on_preflight: Any = None, retry: tuple[str, ...] = ()):
         if config.data is None:
             raise ConfigError(config.source, [(f"{config.source} [data]", "`harvest run` needs a [data] table")])
         if config.server is None and not config.client.endpoints:
@@ -159,6 +169,9 @@ class _Campaign:
         self.relaunches = 0
         self.outcome = "finished"
         self.note: str | None = None
+        self.breaker = Breaker(config.run.breaker_window)
+        self.retry = retry
+        self.requeued = 0
         # The background ingest: its records, task, a wake-up per committed batch, and its stop.
         self._records: Any = None
         self._ingest_task: asyncio.Task[None] | None = None
@@ -189,6 +202,10 @@ class _Campaign:
                               f"{fingerprint}); resuming would mix inputs. Use a new output dir, or "
                               f"--allow-mixed to accept it")
         ledger.set_meta("dataset_fingerprint", fingerprint)
+        for what in self.retry:  # after open: settings that change outputs were checked there
+            count = ledger.requeue(what, reason=f"harvest run --retry {what}")
+            log.info("--retry %s: %d items back to pending", what, count)
+            self.requeued += count
         state = ledger.ingest_state()
         if not state["complete"]:
             # The first batch now, before any launch: a dataset that cannot be read fails here.
@@ -359,19 +376,20 @@ class _Campaign:
                 gen = await generate_item(client, item, run=cfg.run, sampling=cfg.sampling,
                                           settings_hash=self.settings_hash)
             except RequestError as exc:
-                error_class = f"http_{exc.status}" if exc.status else "request"
-                writer.charge_attempt(row_id)
-                writer.fail(Failure(row_id, str(exc), error_class))
-                progress.error(error_class)
-                progress.record(Status.FAILED.value, latency_s=time.monotonic() - t0)
+                failure = Failure(row_id, str(exc), f"http_{exc.status}" if exc.status else "request")
+                if self.breaker.holds(failure.error_class):  # committed once the streak ends
+                    self._commit_failures(writer, progress, self.breaker.failed(failure))
+                else:
+                    self._commit_failures(writer, progress, [*self.breaker.succeeded(), failure])
                 return
+            self._commit_failures(writer, progress, self.breaker.succeeded())
             for _ in range(gen.attempts):
                 writer.charge_attempt(row_id)
             if gen.dropped is not None:
-                writer.fail(Failure(row_id, gen.dropped, "truncated"))
+                writer.fail(Failure(row_id, gen.dropped, gen.drop_class))
                 progress.record(Status.FAILED.value, gen.prompt_tokens, gen.completion_tokens,
                                 time.monotonic() - t0)
-                progress.error("truncated")
+                progress.error(gen.drop_class)
                 return
             writer.complete(Completion(row_id, gen.output, gen.status, gen.finish_reason, gen.prompt_tokens,
                                        gen.completion_tokens))
@@ -405,6 +423,11 @@ class _Campaign:
             if sick:
                 await writer.release(sick)
                 server_down = True
+            if self.breaker.trip is not None:
+                # Every recent request failed the same way: the job, not the items, is wrong.
+                await self._release_in_flight(writer, tasks, [i for i, _ in self.breaker.held])
+                self.outcome, self.note = "stopped", self.breaker.trip.describe()
+                break
             if server_down and not tasks:
                 # Every endpoint stayed down past the client's health deadline.
                 if self.server is not None and await self.relaunch():
@@ -428,12 +451,7 @@ class _Campaign:
                 exhausted = False
                 continue
             if self.stop_requested.is_set() and tasks:
-                ids = list(tasks.values())
-                for t in list(tasks):
-                    t.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-                tasks.clear()
-                await writer.release(ids)
+                await self._release_in_flight(writer, tasks)
                 self.outcome = "interrupted"
                 break
             now = time.monotonic()
@@ -447,7 +465,28 @@ class _Campaign:
                 progress.update()
         if self.stop_requested.is_set() and self.outcome == "finished":
             self.outcome = "interrupted"
+        self._commit_failures(writer, progress, self.breaker.finish())
         progress.in_flight = 0
+
+    @staticmethod
+    def _commit_failures(writer: LedgerWriter, progress: Progress, failures: list[Failure]) -> None:
+        """Commit item failures (each charged one attempt), e.g. those the breaker held and let go."""
+        for failure in failures:
+            writer.charge_attempt(failure.item_id)
+            writer.fail(failure)
+            progress.error(failure.error_class)
+            progress.record(Status.FAILED.value)
+
+    @staticmethod
+    async def _release_in_flight(writer: LedgerWriter, tasks: dict[asyncio.Task[Any], str],
+                                 also: Sequence[str] = ()) -> None:
+        """Cancel the requests in flight and put their items (and ``also``) back to pending, uncharged."""
+        ids = [*tasks.values(), *also]
+        for t in list(tasks):
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        tasks.clear()
+        await writer.release(ids)
 
     async def _scrape(self, client: Client, progress: Progress) -> None:
         try:
@@ -510,7 +549,8 @@ class _Campaign:
             self._close_records()
             ledger.close()
         return RunReport(self.run_dir, totals, progress.done, time.monotonic() - t0, self.outcome,
-                         self.relaunches, tuple(self.stop_reports), ledger.recovered, self.note)
+                         self.relaunches, tuple(self.stop_reports), ledger.recovered, self.note,
+                         self.breaker.trip, self.requeued)
 
     def _request_stop(self) -> None:
         if not self.stop_requested.is_set():
@@ -522,13 +562,14 @@ class _Campaign:
 
 async def run_campaign(config: HarvestConfig, *, allow_mixed: bool = False, force: bool = False,
                        live: bool | None = None, server_factory: Any = Server,
-                       on_preflight: Any = None) -> RunReport:
+                       on_preflight: Any = None, retry: tuple[str, ...] = ()) -> RunReport:
     """Run (or resume) the campaign described by ``config``; see the module docstring.
 
     ``on_preflight(report)`` is called with the launch's preflight report before the launch.
+    ``retry``: what to put back to pending first (``failed``, ``truncated`` or an error class).
     """
     return await _Campaign(config, allow_mixed=allow_mixed, force=force, live=live,
-                           server_factory=server_factory, on_preflight=on_preflight).run()
+                           server_factory=server_factory, on_preflight=on_preflight, retry=retry).run()
 
 
 __all__ = ["RunReport", "dataset_fingerprint", "output_settings", "run_campaign"]

@@ -43,7 +43,7 @@ from harvest.campaign.progress import PROGRESS_FILE
 from harvest.ledger import LOCK_FILE, Ledger, Status, Totals
 
 #: Runner states progress.json records (shown as recorded; only ``running`` makes its rates live).
-RUNNER_STATES = ("running", "finished", "interrupted", "failed", "server_down")
+RUNNER_STATES = ("running", "finished", "interrupted", "failed", "server_down", "stopped")
 #: A progress.json older than this (seconds) is not used for rates.
 STALE_AFTER_S = 30.0
 #: Seconds of results the ledger-based rate looks back over.

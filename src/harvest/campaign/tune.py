@@ -27,8 +27,9 @@ Each trial, in order:
                 is "not run", since what was left behind would fail or skew it.
 
 Results go to ``tune.json`` and ``tune.csv`` in the tune folder. Verdicts: ``pass``, ``fail``
-(quality gate), ``rejected`` (policy), ``skipped`` (memory order), ``failed`` (launch, probe or
-stop failed), ``not run``. The best trial is the passing one with the highest generation tok/s.
+(quality gate), ``rejected`` (policy), ``skipped`` (memory order), ``unsupported`` (the engine
+says this machine cannot run the setting; the sweep goes on), ``failed`` (launch, probe or stop
+failed), ``not run``. The best trial is the passing one with the highest generation tok/s.
 This module never signals a process itself: launches and stops go through the supervisor.
 """
 
@@ -219,7 +220,7 @@ class TrialResult:
     index: int
     label: str
     overrides: dict[str, Any]
-    #: "pass", "fail", "rejected", "skipped", "failed" or "not run" (module docstring).
+    #: "pass", "fail", "rejected", "skipped", "unsupported", "failed" or "not run" (module docstring).
     verdict: str
     reasons: tuple[str, ...] = ()
     is_reference: bool = False

@@ -32,7 +32,8 @@ from harvest.quality.metrics import Estimate
 from harvest.quality.settings import QualitySettings
 
 VERDICT_STYLE = {"pass": "green", "fail": "bold red", "rejected": "yellow", "failed": "bold red",
-                 "skipped": "dim", "not run": "dim"}
+                 "skipped": "dim", "not run": "dim",
+                 "unsupported": "yellow"}
 
 
 def fmt(e: Estimate | None, digits: int = 3) -> str:

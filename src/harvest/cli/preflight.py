@@ -1,6 +1,8 @@
 """``harvest preflight CONFIG``: is it safe to launch this server config here now, and if not, why.
 
-Parses options, runs ``harvest.gpu.preflight`` and renders one line per rule. Exit 0 when every
+Parses options, runs ``harvest.gpu.preflight`` and renders one line per rule; a finding that is the
+same on several GPUs (and for both GPU rules) is one line naming them ("GPUs 0-7 requested but no
+NVIDIA driver found"). ``--json`` stays one result per rule and GPU. Exit 0 when every
 rule passes, 1 when one fails, 2 for a configuration or usage error (the CLI group maps ConfigError).
 This command never launches, stops or signals anything.
 """
@@ -8,14 +10,60 @@ This command never launches, stops or signals anything.
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import click
 
-from harvest.cli.render import make_console, preflight_payload, rule_line
+from harvest.cli.render import make_console, preflight_payload, rule_line, verdict
 from harvest.config import load_config
 from harvest.gpu import NoGpuProbe, open_probe, run_preflight, wait_for_preflight
+from harvest.gpu.preflight import RuleResult
 from harvest.gpu.records import GpuProbe
+
+
+def gpu_ranges(indices: Iterable[int]) -> str:
+    """``[0, 1, 2, 3, 6]`` -> ``"0-3,6"``."""
+    runs: list[list[int]] = []
+    for i in sorted(set(indices)):
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+
+def grouped(results: Sequence[RuleResult]) -> list[RuleResult]:
+    """The results to print: those of GPU rules that say the same thing (same verdict, same text but
+    for the GPU's index) become one result naming every GPU and rule, in order of first appearance."""
+    groups: dict[tuple[str, str], list[RuleResult]] = {}
+    order: list[tuple[str, str] | RuleResult] = []
+    for r in results:
+        if r.gpu is None or not re.search(rf"\bGPU {r.gpu}\b", r.detail):
+            order.append(r)
+            continue
+        key = (verdict(r), re.sub(rf"\bGPU {r.gpu}\b", "GPU {}", r.detail, count=1))
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+        groups[key].append(r)
+    out: list[RuleResult] = []
+    for entry in order:
+        if isinstance(entry, RuleResult):
+            out.append(entry)
+            continue
+        members = groups[entry]
+        if len(members) == 1:
+            out.append(members[0])
+            continue
+        gpus = sorted({m.gpu for m in members if m.gpu is not None})
+        rules = list(dict.fromkeys(m.rule for m in members))
+        where = f"GPUs {gpu_ranges(gpus)}" if len(gpus) > 1 else f"GPU {gpus[0]}"
+        out.append(replace(members[0], rule=", ".join(rules), gpu=None,
+                           detail=entry[1].replace("GPU {}", where, 1)))
+    return out
 
 
 @click.command("preflight")
@@ -53,7 +101,7 @@ def preflight(ctx: click.Context, config: Path, wait_s: float | None, as_json: b
         where = f"{server.host}:{server.port}" if server.launched else (server.base_url or "")
         console.print(f"preflight of {config}: {server.engine} on {where}, GPUs {gpus}, tp {server.tp}",
                       markup=False)
-        for result in report.results:
+        for result in grouped(report.results):
             console.print(rule_line(result))
         for w in report.warnings:
             console.print(f"note: {w}", markup=False, style="dim")
@@ -61,7 +109,7 @@ def preflight(ctx: click.Context, config: Path, wait_s: float | None, as_json: b
         if wait_s is not None:
             state = "passed" if report.passed else "still failing"
             console.print(f"waited {report.waited_s:.1f} s ({report.attempts} checks): {state}", markup=False)
-            for result in failures:
+            for result in grouped(failures):
                 console.print(rule_line(result))
         if failures:
             console.print(f"FAIL: {len(failures)} of {len(report.results)} checks failed", markup=False,

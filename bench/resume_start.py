@@ -161,6 +161,19 @@ def harvest_argv(job: Path, profile: Path | None = None) -> list[str]:
     return [sys.executable, "-m", "harvest", "run", str(job), "--no-live"]
 
 
+def ingest_complete(run_dir: Path) -> bool:
+    """True once the ledger holds the whole dataset."""
+    try:
+        conn = sqlite3.connect(f"file:{run_dir / 'ledger.sqlite'}?mode=ro", uri=True, timeout=5)
+        try:
+            row = conn.execute("SELECT value FROM meta WHERE key = 'ingest'").fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return False
+    return bool(row and json.loads(row[0])["complete"])
+
+
 def ingested_rows(run_dir: Path) -> int:
     """Rows the ledger has committed from the dataset so far (0 before the ledger exists)."""
     if not (run_dir / "ledger.sqlite").exists():
@@ -197,7 +210,8 @@ def killed_during_ingest(rec: Recorder, job: Path, run_dir: Path, log: Path,
     return ingested_rows(run_dir), (rec.first - t0 if rec.first is not None else None)
 
 
-def crash_mid_flight(rec: Recorder, job: Path, log: Path, args: argparse.Namespace) -> tuple[float, float]:
+def crash_mid_flight(rec: Recorder, job: Path, run_dir: Path, log: Path,
+                     args: argparse.Namespace) -> tuple[float, float]:
     """Start (or resume) the job, time its first dispatch, let it serve ``--done-first`` requests,
     then SIGKILL it with requests in flight. Returns (seconds to first dispatch, seconds in all)."""
     rec.arm()
@@ -215,6 +229,14 @@ def crash_mid_flight(rec: Recorder, job: Path, log: Path, args: argparse.Namespa
             if proc.poll() is not None:
                 raise RuntimeError(f"the session ended early (exit {proc.returncode}); see {log}")
             time.sleep(0.2)
+        # --finish-ingest: keep it running until the whole dataset is in the ledger, so the rounds
+        # below resume a finished ingest (at 10^7 rows it outlasts --done-first requests).
+        while args.finish_ingest and not ingest_complete(run_dir):
+            if proc.poll() is not None:
+                raise RuntimeError(f"the session ended early (exit {proc.returncode}); see {log}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the ingest did not finish within {args.timeout:g} s; see {log}")
+            time.sleep(1.0)
     finally:
         stop_process(proc, signal.SIGKILL, 10)
     print(f"  (mid-ingest resume {to_first:.3f} s to first dispatch; {load_before} -> {load()})", flush=True)
@@ -260,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--done-first", type=int, default=20_000,
                     help="requests the second session serves before it is killed")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds any one step may take")
+    ap.add_argument("--finish-ingest", action="store_true",
+                    help="the second session runs until the whole dataset is ingested before its SIGKILL")
     ap.add_argument("--dir", type=Path, help="work folder, kept (default: a temporary one, removed)")
     ap.add_argument("--profile", type=Path, help="write a pyinstrument text profile of one extra resume here")
     args = ap.parse_args(argv)
@@ -287,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         fresh_text = f"{fresh:.3f} s" if fresh is not None else "none before the kill"
         print(f"first session (a fresh job): start -> first dispatch {fresh_text}; SIGKILL during ingest, "
               f"{half:,} of {args.items:,} rows in the ledger", flush=True)
-        mid, took = crash_mid_flight(rec, job, work / "second.log", args)
+        mid, took = crash_mid_flight(rec, job, run_dir, work / "second.log", args)
         counts = ledger_counts(run_dir)
         print(f"second session: resumed the ingest (read past the {half:,} rows in, ingested the other "
               f"{args.items - half:,}), first dispatch after {mid:.3f} s; SIGKILL after {took:.1f} s with "

@@ -202,7 +202,8 @@ def main() -> int:
     first = found[0]
     for n, f in zip(sizes[1:], found[1:]):
         print(f"BENCH ledger_scale items={n} baseline_items={sizes[0]}"
-              f" ingest_ratio={f['ingest'] / first['ingest']:.2f} complete_ratio={f['complete'] / first['complete']:.2f}"
+              f" ingest_ratio={f['ingest'] / first['ingest']:.2f}"
+              f" complete_ratio={f['complete'] / first['complete']:.2f}"
               f" counts_ms={f['counts_ms']:.1f} reopen_ms={f['reopen_ms']:.0f} rss_mib={f['rss_mib']:.0f}")
     return 0
 

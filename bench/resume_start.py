@@ -201,7 +201,8 @@ def fill_by_sql(run_dir: Path, items: int) -> tuple[int, float]:
         state = json.loads(conn.execute("SELECT value FROM meta WHERE key = 'ingest'").fetchone()[0])
         start = state["rows"]
         source, template = conn.execute(
-            "SELECT i.source, n.input FROM items AS i JOIN inputs AS n ON n.item = i.seq WHERE i.id = 'item-0'"
+            "SELECT i.source, n.input FROM items AS i JOIN inputs AS n ON n.item = i.seq"
+            " WHERE i.id = 'item-0'"
         ).fetchone()
         before = conn.execute("SELECT max(seq) FROM items").fetchone()[0]
         conn.execute(
@@ -209,8 +210,9 @@ def fill_by_sql(run_dir: Path, items: int) -> tuple[int, float]:
             " INSERT INTO items(id, status, source, source_line, updated_at)"
             " SELECT 'item-' || i, 'pending', ?, i + 1, ? FROM k", (start, items, source, time.time()))
         conn.execute(
-            "INSERT INTO inputs(item, input) SELECT seq, replace(replace(?, '\"item-0\"', '\"' || id || '\"'),"
-            " 'number 0:', 'number ' || (source_line - 1) || ':') FROM items WHERE seq > ?", (template, before))
+            "INSERT INTO inputs(item, input) SELECT seq,"
+            " replace(replace(?, '\"item-0\"', '\"' || id || '\"'), 'number 0:',"
+            " 'number ' || (source_line - 1) || ':') FROM items WHERE seq > ?", (template, before))
         state.update(rows=items, complete=True)
         conn.execute("UPDATE meta SET value = ? WHERE key = 'ingest'", (json.dumps(state),))
         conn.execute("COMMIT")

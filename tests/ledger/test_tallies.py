@@ -107,12 +107,14 @@ class Driver:
             # What any other retry statement does (a method this module does not know of): the
             # tallies follow because the triggers fire inside the statements themselves.
             with led._write() as conn:
-                conn.execute("DELETE FROM results WHERE item IN (SELECT seq FROM items WHERE status = 'truncated')")
+                conn.execute("DELETE FROM results WHERE item IN"
+                             " (SELECT seq FROM items WHERE status = 'truncated')")
                 conn.execute("UPDATE items SET status = 'pending' WHERE status = 'truncated'")
         elif op == "delete":
             with led._write() as conn:
-                conn.execute("DELETE FROM inputs WHERE item = (SELECT min(seq) FROM items WHERE status = 'pending')")
-                conn.execute("DELETE FROM items WHERE seq = (SELECT min(seq) FROM items WHERE status = 'pending')")
+                first = "(SELECT min(seq) FROM items WHERE status = 'pending')"
+                conn.execute(f"DELETE FROM inputs WHERE item = {first}")
+                conn.execute(f"DELETE FROM items WHERE seq = {first}")
         elif op == "crash":
             led.close()  # running rows stay running in the file, as after a SIGKILL
             self.ledger = Ledger.open(self.run_dir, settings_hash="h")

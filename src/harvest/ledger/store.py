@@ -18,6 +18,9 @@ Guarantees:
   crashed process back to ``pending`` (one indexed UPDATE; ``recovered`` says how many).
 - One writer: ``ledger.lock`` (an ``flock``) makes a second process opening the same run for writing
   fail at once, instead of resetting the first one's running rows. ``open_readonly`` takes no lock.
+- Counts in constant time: items per status and results are kept in ``tallies`` by triggers that
+  fire inside every statement changing them (schema.py), so ``counts()`` and ``check_totals()``
+  never scan; ``recount()`` is the full count they always equal.
 - Memory stays flat: ids are never loaded into Python in bulk (only those of claimed, unsettled
   items, which the runner holds anyway); duplicates are counted by the id's unique index.
 - Files: ``ledger.sqlite`` is created 0600 (its -wal/-shm files inherit that); a run folder the

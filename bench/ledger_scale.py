@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
+import ctypes.util
 import re
 import resource
 import shutil
@@ -66,7 +68,37 @@ async def drive(ledger: Ledger, workers: int, claim_size: int, limit: int) -> tu
     return writer.committed, time.perf_counter() - t0
 
 
-def ingest(run: Path, n: int, no_tallies: bool) -> tuple[int, float]:
+class CacheStats:
+    """SQLite's page-cache counters of one connection (``sqlite3_db_status`` CACHE_HIT, CACHE_MISS,
+    CACHE_WRITE), read through ctypes: CPython's Connection object holds its ``sqlite3 *`` right
+    after the object header. A measuring aid for this benchmark only."""
+
+    HIT, MISS, WRITE = 7, 8, 9
+
+    def __init__(self, conn: object):
+        self._lib = ctypes.CDLL(ctypes.util.find_library("sqlite3"))
+        self._db = ctypes.c_void_p.from_address(id(conn) + object.__basicsize__).value
+        self._last = self.read()
+
+    def read(self) -> tuple[int, int, int]:
+        out = []
+        for op in (self.HIT, self.MISS, self.WRITE):
+            cur, high = ctypes.c_int(), ctypes.c_int()
+            self._lib.sqlite3_db_status(ctypes.c_void_p(self._db), op, ctypes.byref(cur),
+                                        ctypes.byref(high), 0)
+            out.append(cur.value)
+        return out[0], out[1], out[2]
+
+    def since_last(self, items: int) -> str:
+        now = self.read()
+        hit, miss, write = (a - b for a, b in zip(now, self._last))
+        self._last = now
+        per = max(items, 1)
+        return (f"  cache: {miss / per:.2f} misses, {write / per:.2f} page writes per item"
+                f" ({hit / max(hit + miss, 1):.1%} hits)")
+
+
+def ingest(run: Path, n: int, no_tallies: bool, cache_stats: bool = False) -> tuple[int, float]:
     """Ingest ``n`` items batch by batch, printing the rate of each tenth; (unique items, seconds)."""
     t0 = last = time.perf_counter()
     tenth = max(n // 10, 10_000)
@@ -77,12 +109,14 @@ def ingest(run: Path, n: int, no_tallies: bool) -> tuple[int, float]:
                             "results_tally_insert", "results_tally_delete"):
                 ledger.conn.execute(f"DROP TRIGGER {trigger}")
         records = synthetic(n)
+        stats = CacheStats(ledger.conn) if cache_stats else None
         while True:
             report = ledger.commit_ingest(prepare_ingest(records))
             if report.total_rows >= mark or (report.complete and report.total_rows > last_rows):
                 now = time.perf_counter()
                 rate = (report.total_rows - last_rows) / (now - last)
-                print(f"  ingest   {report.total_rows:>11,}: {rate:9,.0f} items/s", flush=True)
+                print(f"  ingest   {report.total_rows:>11,}: {rate:9,.0f} items/s"
+                      + (stats.since_last(report.total_rows - last_rows) if stats else ""), flush=True)
                 last, last_rows, mark = now, report.total_rows, mark + tenth
             if report.complete:
                 return report.unique, time.perf_counter() - t0
@@ -109,7 +143,7 @@ def one_size(args: argparse.Namespace, n: int) -> int:
         shutil.rmtree(run)
     try:
         print(f"items {n:,}  (RSS at start {rss_mib():.0f} MiB)", flush=True)
-        unique, t_ingest = ingest(run, n, args.no_tallies)
+        unique, t_ingest = ingest(run, n, args.no_tallies, args.cache_stats)
         rate = unique / t_ingest
         print(f"ingest      {unique:,} items in {t_ingest:.1f} s = {rate:,.0f} items/s"
               f"  (peak RSS {rss_mib():.0f} MiB)", flush=True)
@@ -176,6 +210,8 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--claim", type=int, default=1024)
     ap.add_argument("--no-tallies", action="store_true", help="drop the tally triggers (cost measurement)")
+    ap.add_argument("--cache-stats", action="store_true",
+                    help="print SQLite page-cache misses and page writes per ingested item, per tenth")
     args = ap.parse_args()
     sizes = [int(x) for x in args.items.split(",")]
     if len(sizes) == 1:
@@ -184,7 +220,7 @@ def main() -> int:
     for n in sizes:
         argv = [sys.executable, __file__, "--items", str(n), "--workers", str(args.workers),
                 "--claim", str(args.claim)] + (["--dir", str(args.dir)] if args.dir else []) + (
-                ["--no-tallies"] if args.no_tallies else [])
+                ["--no-tallies"] if args.no_tallies else []) + (["--cache-stats"] if args.cache_stats else [])
         lines = []
         with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as proc:
             assert proc.stdout is not None

@@ -161,6 +161,19 @@ def harvest_argv(job: Path, profile: Path | None = None) -> list[str]:
     return [sys.executable, "-m", "harvest", "run", str(job), "--no-live"]
 
 
+def ingest_complete(run_dir: Path) -> bool:
+    """True once the ledger holds the whole dataset."""
+    try:
+        conn = sqlite3.connect(f"file:{run_dir / 'ledger.sqlite'}?mode=ro", uri=True, timeout=5)
+        try:
+            row = conn.execute("SELECT value FROM meta WHERE key = 'ingest'").fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return False
+    return bool(row and json.loads(row[0])["complete"])
+
+
 def ingested_rows(run_dir: Path) -> int:
     """Rows the ledger has committed from the dataset so far (0 before the ledger exists)."""
     if not (run_dir / "ledger.sqlite").exists():
@@ -176,6 +189,38 @@ def ingested_rows(run_dir: Path) -> int:
     return json.loads(row[0])["rows"] if row else 0
 
 
+def fill_by_sql(run_dir: Path, items: int) -> tuple[int, float]:
+    """Write the rest of the dataset's rows straight into the ledger the killed first session left,
+    as its ingest would have (same ids, source lines and stored input; the tally triggers count
+    them), and mark the ingest complete. Returns (rows written, seconds)."""
+    t0 = time.monotonic()
+    conn = sqlite3.connect(run_dir / "ledger.sqlite", timeout=30, isolation_level=None)
+    try:
+        conn.execute("PRAGMA cache_size=-1048576")
+        conn.execute("BEGIN IMMEDIATE")
+        state = json.loads(conn.execute("SELECT value FROM meta WHERE key = 'ingest'").fetchone()[0])
+        start = state["rows"]
+        source, template = conn.execute(
+            "SELECT i.source, n.input FROM items AS i JOIN inputs AS n ON n.item = i.seq"
+            " WHERE i.id = 'item-0'"
+        ).fetchone()
+        before = conn.execute("SELECT max(seq) FROM items").fetchone()[0]
+        conn.execute(
+            "WITH RECURSIVE k(i) AS (SELECT ? UNION ALL SELECT i + 1 FROM k WHERE i + 1 < ?)"
+            " INSERT INTO items(id, status, source, source_line, updated_at)"
+            " SELECT 'item-' || i, 'pending', ?, i + 1, ? FROM k", (start, items, source, time.time()))
+        conn.execute(
+            "INSERT INTO inputs(item, input) SELECT seq,"
+            " replace(replace(?, '\"item-0\"', '\"' || id || '\"'), 'number 0:',"
+            " 'number ' || (source_line - 1) || ':') FROM items WHERE seq > ?", (template, before))
+        state.update(rows=items, complete=True)
+        conn.execute("UPDATE meta SET value = ? WHERE key = 'ingest'", (json.dumps(state),))
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+    return items - start, time.monotonic() - t0
+
+
 def killed_during_ingest(rec: Recorder, job: Path, run_dir: Path, log: Path,
                          args: argparse.Namespace) -> tuple[int, float | None]:
     """Start the job and SIGKILL it once about half the dataset is ingested. Returns the rows in
@@ -186,7 +231,7 @@ def killed_during_ingest(rec: Recorder, job: Path, run_dir: Path, log: Path,
         proc = subprocess.Popen(harvest_argv(job), stdout=fh, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + args.timeout
-        while ingested_rows(run_dir) < args.items // 2:
+        while ingested_rows(run_dir) < (args.fill_by_sql or args.items // 2):
             if proc.poll() is not None:
                 raise RuntimeError(f"the first session ended during ingest (exit {proc.returncode}); see {log}")
             if time.monotonic() > deadline:
@@ -197,7 +242,8 @@ def killed_during_ingest(rec: Recorder, job: Path, run_dir: Path, log: Path,
     return ingested_rows(run_dir), (rec.first - t0 if rec.first is not None else None)
 
 
-def crash_mid_flight(rec: Recorder, job: Path, log: Path, args: argparse.Namespace) -> tuple[float, float]:
+def crash_mid_flight(rec: Recorder, job: Path, run_dir: Path, log: Path,
+                     args: argparse.Namespace) -> tuple[float, float]:
     """Start (or resume) the job, time its first dispatch, let it serve ``--done-first`` requests,
     then SIGKILL it with requests in flight. Returns (seconds to first dispatch, seconds in all)."""
     rec.arm()
@@ -215,6 +261,14 @@ def crash_mid_flight(rec: Recorder, job: Path, log: Path, args: argparse.Namespa
             if proc.poll() is not None:
                 raise RuntimeError(f"the session ended early (exit {proc.returncode}); see {log}")
             time.sleep(0.2)
+        # --finish-ingest: keep it running until the whole dataset is in the ledger, so the rounds
+        # below resume a finished ingest (at 10^7 rows it outlasts --done-first requests).
+        while args.finish_ingest and not ingest_complete(run_dir):
+            if proc.poll() is not None:
+                raise RuntimeError(f"the session ended early (exit {proc.returncode}); see {log}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the ingest did not finish within {args.timeout:g} s; see {log}")
+            time.sleep(1.0)
     finally:
         stop_process(proc, signal.SIGKILL, 10)
     print(f"  (mid-ingest resume {to_first:.3f} s to first dispatch; {load_before} -> {load()})", flush=True)
@@ -260,6 +314,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--done-first", type=int, default=20_000,
                     help="requests the second session serves before it is killed")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds any one step may take")
+    ap.add_argument("--fill-by-sql", type=int, default=0, metavar="ROWS",
+                    help="kill the first session once ROWS rows are in, then write the rest of the"
+                         " dataset into the ledger by SQL (for 10^7 rows on a slow machine)")
+    ap.add_argument("--finish-ingest", action="store_true",
+                    help="the second session runs until the whole dataset is ingested before its SIGKILL")
     ap.add_argument("--dir", type=Path, help="work folder, kept (default: a temporary one, removed)")
     ap.add_argument("--profile", type=Path, help="write a pyinstrument text profile of one extra resume here")
     args = ap.parse_args(argv)
@@ -287,7 +346,11 @@ def main(argv: list[str] | None = None) -> int:
         fresh_text = f"{fresh:.3f} s" if fresh is not None else "none before the kill"
         print(f"first session (a fresh job): start -> first dispatch {fresh_text}; SIGKILL during ingest, "
               f"{half:,} of {args.items:,} rows in the ledger", flush=True)
-        mid, took = crash_mid_flight(rec, job, work / "second.log", args)
+        if args.fill_by_sql:
+            filled, secs = fill_by_sql(run_dir, args.items)
+            print(f"filled the other {filled:,} rows into the ledger by SQL in {secs:.0f} s (--fill-by-sql);"
+                  " the second session resumes a complete ingest", flush=True)
+        mid, took = crash_mid_flight(rec, job, run_dir, work / "second.log", args)
         counts = ledger_counts(run_dir)
         print(f"second session: resumed the ingest (read past the {half:,} rows in, ingested the other "
               f"{args.items - half:,}), first dispatch after {mid:.3f} s; SIGKILL after {took:.1f} s with "

@@ -9,9 +9,14 @@ One file, ``ledger.sqlite``, in the run folder:
     inputs   the normalized input (JSON) of each item, by item seq
     results  at most one row per item (the item's seq is the primary key): the output, the
              settings hash it came from, finish reason, token usage
+    tallies  name -> count: items per status (one row per status name) and ``results`` (rows in
+             results), kept by triggers (schema version 2)
 
-Invariant kept by every write (each in one transaction): an item has a row in ``results`` if and
-only if its status is done or truncated.
+Invariants kept by every write (each in one transaction): an item has a row in ``results`` if and
+only if its status is done or truncated; ``tallies`` equals a full count of ``items`` by status and
+of ``results``. The triggers fire inside the statement that changes a status, so any statement
+(an ingest, a claim, a requeue a later version adds) keeps the tallies exact without knowing of
+them, and ``counts()`` reads a handful of rows instead of scanning 10^7 index entries.
 
 This module only defines SQL and opens connections; it never decides what a run does.
 """
@@ -23,7 +28,9 @@ from pathlib import Path
 
 from harvest.errors import LedgerError
 
-SCHEMA_VERSION = 1
+#: 2 added ``tallies`` and its triggers; a version-1 ledger is migrated when opened for writing
+#: (tallies built once by a full count) and read with full counts when opened read-only.
+SCHEMA_VERSION = 2
 LEDGER_FILE = "ledger.sqlite"
 LOCK_FILE = "ledger.lock"
 
@@ -72,8 +79,47 @@ CREATE TABLE IF NOT EXISTS results (
     completion_tokens INTEGER,
     created_at        REAL NOT NULL
 );
+-- Items per status and results in all, kept in the transaction of every change (schema version 2).
+CREATE TABLE IF NOT EXISTS tallies (
+    name TEXT PRIMARY KEY,
+    n    INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TRIGGER IF NOT EXISTS items_tally_insert AFTER INSERT ON items BEGIN
+    INSERT INTO tallies(name, n) VALUES (new.status, 1) ON CONFLICT(name) DO UPDATE SET n = n + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS items_tally_update AFTER UPDATE OF status ON items
+WHEN old.status IS NOT new.status BEGIN
+    UPDATE tallies SET n = n - 1 WHERE name = old.status;
+    INSERT INTO tallies(name, n) VALUES (new.status, 1) ON CONFLICT(name) DO UPDATE SET n = n + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS items_tally_delete AFTER DELETE ON items BEGIN
+    UPDATE tallies SET n = n - 1 WHERE name = old.status;
+END;
+CREATE TRIGGER IF NOT EXISTS results_tally_insert AFTER INSERT ON results BEGIN
+    INSERT INTO tallies(name, n) VALUES ('results', 1) ON CONFLICT(name) DO UPDATE SET n = n + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS results_tally_delete AFTER DELETE ON results BEGIN
+    UPDATE tallies SET n = n - 1 WHERE name = 'results';
+END;
 COMMIT;
 """
+
+#: Rebuild the tallies from full counts (the version 1 -> 2 migration; inside a write transaction).
+RETALLY = (
+    "DELETE FROM tallies",
+    "INSERT INTO tallies(name, n) SELECT status, COUNT(*) FROM items GROUP BY status",
+    "INSERT INTO tallies(name, n) SELECT 'results', COUNT(*) FROM results",
+)
+
+
+#: SQLite's page cache per connection, KiB. The ingest's random id-index pages need it most: one
+#: batch of 10,000 new ids dirties about 10,000 index leaves at 10^7 items (40 MiB), which must stay
+#: in the cache until the commit; the rest of the index is read through the OS cache (a miss costs a
+#: pread, measured to be minor next to the writes). Larger caches or mmap count in the process's
+#: RSS (target <= 300 MB at 10^7) without cutting the writes: see BENCHMARKS.md, P3 at 10^7.
+CACHE_KIB = 65536
+#: WAL pages before an automatic checkpoint (SQLite's default is 1,000: every ingest batch).
+WAL_CHECKPOINT_PAGES = 16384
 
 
 def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
@@ -99,7 +145,12 @@ def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
             raise LedgerError(f"{path}: cannot switch the ledger to WAL mode (got {mode!r})")
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("PRAGMA busy_timeout=30000")
-        conn.execute("PRAGMA cache_size=-65536")  # 64 MiB page cache: id lookups hit random pages
+        conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
+        # A larger WAL between checkpoints: an id-index page dirtied by several ingest batches is
+        # copied into the database once per checkpoint, not once per batch; the WAL file is cut
+        # back to the same size after a checkpoint.
+        conn.execute(f"PRAGMA wal_autocheckpoint={WAL_CHECKPOINT_PAGES}")
+        conn.execute(f"PRAGMA journal_size_limit={WAL_CHECKPOINT_PAGES * 4096}")
         conn.execute("PRAGMA temp_store=FILE")
         if readonly:
             conn.execute("PRAGMA query_only=ON")
@@ -108,4 +159,4 @@ def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
     return conn
 
 
-__all__ = ["DDL", "LEDGER_FILE", "LOCK_FILE", "MIN_SQLITE", "SCHEMA_VERSION", "connect"]
+__all__ = ["DDL", "LEDGER_FILE", "LOCK_FILE", "MIN_SQLITE", "RETALLY", "SCHEMA_VERSION", "connect"]

@@ -18,6 +18,9 @@ Guarantees:
   crashed process back to ``pending`` (one indexed UPDATE; ``recovered`` says how many).
 - One writer: ``ledger.lock`` (an ``flock``) makes a second process opening the same run for writing
   fail at once, instead of resetting the first one's running rows. ``open_readonly`` takes no lock.
+- Counts in constant time: items per status and results are kept in ``tallies`` by triggers that
+  fire inside every statement changing them (schema.py), so ``counts()`` and ``check_totals()``
+  never scan; ``recount()`` is the full count they always equal.
 - Memory stays flat: ids are never loaded into Python in bulk (only those of claimed, unsettled
   items, which the runner holds anyway); duplicates are counted by the id's unique index.
 - Files: ``ledger.sqlite`` is created 0600 (its -wal/-shm files inherit that); a run folder the
@@ -57,7 +60,11 @@ from harvest.ledger.records import (
     Status,
     Totals,
 )
-from harvest.ledger.schema import DDL, LEDGER_FILE, LOCK_FILE, SCHEMA_VERSION, connect
+from harvest.ledger.schema import DDL, LEDGER_FILE, LOCK_FILE, RETALLY, SCHEMA_VERSION, connect
+
+#: Schema versions this harvest opens: older ones are migrated on a writable open (see ``_migrate``)
+#: and read with full counts on a read-only one.
+_READABLE_VERSIONS = (1, SCHEMA_VERSION)
 
 #: Meta keys the ledger owns; callers cannot set them through ``meta``.
 RESERVED_META = frozenset({"schema_version", "harvest_version", "settings_hash", "settings_hashes",
@@ -107,6 +114,14 @@ def _dumps(value: Any) -> str:
     return _ENCODER.encode(value)
 
 
+def _changed(conn: sqlite3.Connection, sql: str, params: list[tuple[Any, ...]]) -> int:
+    """Run ``sql`` for each parameter row; the rows it changed. (``rowcount`` leaves out the rows the
+    tally triggers change, which ``total_changes`` would count.)"""
+    if not params:
+        return 0
+    return max(conn.executemany(sql, params).rowcount, 0)
+
+
 def _input_hash(text: str) -> int:
     """64-bit hash of an item's stored input, to tell a true duplicate from an id collision."""
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "big", signed=True)
@@ -153,8 +168,11 @@ class Ledger:
     """A run's ledger file. Create or resume with :meth:`open`; inspect with :meth:`open_readonly`."""
 
     def __init__(self, conn: sqlite3.Connection, path: Path, *, settings_hash: str | None,
-                 readonly: bool, lock_fd: int | None, created: bool, recovered: int):
+                 readonly: bool, lock_fd: int | None, created: bool, recovered: int,
+                 tallied: bool = True):
         self._conn = conn
+        # False only for a version-1 ledger opened read-only: no tallies, so counts are full counts.
+        self._tallied = tallied
         self._lock_fd = lock_fd
         #: The ledger file.
         self.path = path
@@ -231,11 +249,13 @@ class Ledger:
         except sqlite3.Error as exc:
             conn.close()
             raise LedgerError(f"{path}: not a harvest ledger: {exc}") from exc
-        if version != SCHEMA_VERSION:
+        if version not in _READABLE_VERSIONS:
             conn.close()
             raise LedgerError(
-                f"{path}: ledger schema version {version!r}, this harvest reads {SCHEMA_VERSION}")
-        return cls(conn, path, settings_hash=None, readonly=True, lock_fd=None, created=False, recovered=0)
+                f"{path}: ledger schema version {version!r}, this harvest reads versions"
+                f" {', '.join(map(str, _READABLE_VERSIONS))}; open it with the harvest that wrote it")
+        return cls(conn, path, settings_hash=None, readonly=True, lock_fd=None, created=False, recovered=0,
+                   tallied=version == SCHEMA_VERSION)
 
     @staticmethod
     def _lock(run_dir: Path) -> int:
@@ -270,10 +290,11 @@ class Ledger:
                 stored = {"schema_version": SCHEMA_VERSION, "created_at": now, "settings_hash": settings_hash,
                           "settings_hashes": [settings_hash],
                           "ingest": {"rows": 0, "duplicates": 0, "skipped": 0, "complete": False}}
-            elif stored.get("schema_version") != SCHEMA_VERSION:
+            elif stored.get("schema_version") not in _READABLE_VERSIONS:
                 raise LedgerError(f"{path}: ledger schema version {stored.get('schema_version')!r},"
-                                  f" this harvest writes {SCHEMA_VERSION}")
-            elif stored.get("settings_hash") != settings_hash:
+                                  f" this harvest writes {SCHEMA_VERSION} (and migrates 1); open it"
+                                  " with the harvest that wrote it, or start a new run folder")
+            if stored.get("settings_hash") != settings_hash:
                 if not allow_mixed:
                     raise LedgerError(
                         f"{path} holds results made with settings {stored.get('settings_hash')}; the"
@@ -284,6 +305,9 @@ class Ledger:
                 stored["settings_hash"] = settings_hash
                 if settings_hash not in stored["settings_hashes"]:
                     stored["settings_hashes"].append(settings_hash)
+            if stored["schema_version"] != SCHEMA_VERSION:
+                cls._migrate(conn)
+                stored["schema_version"] = SCHEMA_VERSION
             stored.update(meta)
             stored["harvest_version"] = __version__
             conn.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
@@ -297,6 +321,14 @@ class Ledger:
                 conn.execute("ROLLBACK")
             raise
         return recovered
+
+    @staticmethod
+    def _migrate(conn: sqlite3.Connection) -> None:
+        """Version 1 -> 2, inside the open's write transaction: the DDL (run just before, its own
+        transaction) added ``tallies`` and its triggers; count once what they will keep from now on.
+        Rebuilt from scratch, so a migration interrupted after the DDL is simply done again."""
+        for sql in RETALLY:
+            conn.execute(sql)
 
     def close(self) -> None:
         """Close the database and release the run folder's lock. Idempotent."""
@@ -486,21 +518,19 @@ class Ledger:
             now = time.time()
             for kind, group in itertools.groupby(ops, key=lambda op: op[0]):
                 payloads = [op[1] for op in group]
-                before = conn.total_changes
                 if kind == "complete":
                     known = [(c, seq) for c in payloads if (seq := self._seq(conn, c.item_id)) is not None]
-                    conn.executemany(_SQL_RESULT, [
+                    new = _changed(conn, _SQL_RESULT, [
                         (c.status.value, _dumps(c.output), settings_hash, c.finish_reason,
                          c.prompt_tokens, c.completion_tokens, now, seq) for c, seq in known])
-                    new = conn.total_changes - before
                     conn.executemany(_SQL_DONE, [(c.status.value, now, seq) for c, seq in known])
                     counts["committed"] += new
                     counts["ignored"] += len(payloads) - new
                     settled.extend(c.item_id for c in payloads)
                 elif kind == "fail":
-                    conn.executemany(_SQL_FAIL, [(f.error, f.error_class, now, seq) for f in payloads
-                                                 if (seq := self._seq(conn, f.item_id)) is not None])
-                    counts["failed"] += conn.total_changes - before
+                    counts["failed"] += _changed(conn, _SQL_FAIL, [
+                        (f.error, f.error_class, now, seq) for f in payloads
+                        if (seq := self._seq(conn, f.item_id)) is not None])
                     settled.extend(f.item_id for f in payloads)
                 elif kind == "skip":
                     conn.executemany(_SQL_SKIP, [(f.error, f.error_class, now, seq) for f in payloads
@@ -508,14 +538,12 @@ class Ledger:
                     counts["skipped"] += conn.total_changes - before
                     settled.extend(f.item_id for f in payloads)
                 elif kind == "release":
-                    conn.executemany(_SQL_RELEASE, [(now, seq) for i in payloads
-                                                    if (seq := self._seq(conn, i)) is not None])
-                    counts["released"] += conn.total_changes - before
+                    counts["released"] += _changed(conn, _SQL_RELEASE, [
+                        (now, seq) for i in payloads if (seq := self._seq(conn, i)) is not None])
                     settled.extend(payloads)
                 elif kind == "charge":
-                    conn.executemany(_SQL_CHARGE, [(seq,) for i in payloads
-                                                   if (seq := self._seq(conn, i)) is not None])
-                    counts["charged"] += conn.total_changes - before
+                    counts["charged"] += _changed(conn, _SQL_CHARGE, [
+                        (seq,) for i in payloads if (seq := self._seq(conn, i)) is not None])
                 else:
                     raise LedgerError(f"unknown ledger operation {kind!r}")
         for item_id in settled:
@@ -569,15 +597,32 @@ class Ledger:
     # ---------------------------------------------------------------- reading
 
     def counts(self) -> dict[Status, int]:
-        """Items per status (every status present, zeros included). Reads the status index."""
-        found = dict(self.conn.execute("SELECT status, COUNT(*) FROM items GROUP BY status"))
+        """Items per status (every status present, zeros included). Reads the tallies the triggers
+        keep (a few rows, whatever the ledger's size); see :meth:`recount` for a full count."""
+        if not self._tallied:
+            return self.recount()[0]
+        found = dict(self.conn.execute("SELECT name, n FROM tallies"))
         return {s: found.get(s.value, 0) for s in Status}
 
+    def recount(self) -> tuple[dict[Status, int], int]:
+        """Items per status and results, counted in full (scans: seconds at 10^7 items). What the
+        tallies must always equal; for checks and version-1 ledgers opened read-only."""
+        found = dict(self.conn.execute("SELECT status, COUNT(*) FROM items GROUP BY status"))
+        results = self.conn.execute("SELECT COUNT(*) FROM results").fetchone()[0]
+        return {s: found.get(s.value, 0) for s in Status}, results
+
+    def _result_count(self) -> int:
+        if not self._tallied:
+            return self.recount()[1]
+        row = self.conn.execute("SELECT n FROM tallies WHERE name = 'results'").fetchone()
+        return row[0] if row else 0
+
     def check_totals(self) -> Totals:
-        """Check that every unique input item ended in a final status and results match statuses."""
+        """Check that every unique input item ended in a final status and results match statuses.
+        Reads the tallies (constant time)."""
         counts = self.counts()
         unique = sum(counts.values())
-        results = self.conn.execute("SELECT COUNT(*) FROM results").fetchone()[0]
+        results = self._result_count()
         state = self.meta()["ingest"]
         problems = []
         if not state["complete"]:

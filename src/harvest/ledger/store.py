@@ -533,9 +533,9 @@ class Ledger:
                         if (seq := self._seq(conn, f.item_id)) is not None])
                     settled.extend(f.item_id for f in payloads)
                 elif kind == "skip":
-                    conn.executemany(_SQL_SKIP, [(f.error, f.error_class, now, seq) for f in payloads
-                                                 if (seq := self._seq(conn, f.item_id)) is not None])
-                    counts["skipped"] += conn.total_changes - before
+                    counts["skipped"] += _changed(conn, _SQL_SKIP, [
+                        (f.error, f.error_class, now, seq) for f in payloads
+                        if (seq := self._seq(conn, f.item_id)) is not None])
                     settled.extend(f.item_id for f in payloads)
                 elif kind == "release":
                     counts["released"] += _changed(conn, _SQL_RELEASE, [

@@ -176,7 +176,7 @@ class AutoConcurrency:
             self._mark(now, gauges)
             return None
         elapsed = now - self._since
-        if elapsed < s.interval_s * 0.999:
+        if elapsed < s.interval_s * 0.9:
             return None
         if self._warming:  # the step after a change: the new requests are still in prefill
             self._warming = False

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 from typing import Any
 
 import click
 
+from harvest import aio
 from harvest.campaign.run import RunReport, run_campaign
 from harvest.config import load_config
 from harvest.errors import LaunchError, LedgerError, PreflightFailed
@@ -55,8 +55,8 @@ def run(job: str, allow_mixed: bool, force: bool, live: bool | None) -> None:
     setup_logging()
     config = load_config(job)
     try:
-        report = asyncio.run(run_campaign(config, allow_mixed=allow_mixed, force=force, live=live,
-                                          on_preflight=show_preflight))
+        report = aio.run(run_campaign(config, allow_mixed=allow_mixed, force=force, live=live,
+                                      on_preflight=show_preflight))  # uvloop when installed
     except PreflightFailed as exc:
         for r in exc.results:
             if not getattr(r, "passed", True):

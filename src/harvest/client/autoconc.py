@@ -38,6 +38,8 @@ KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:tok
             "llamacpp:kv_cache_usage_ratio")
 PREEMPTIONS = ("vllm:num_preemptions_total", "sglang:num_retracted_reqs_total")
 GENERATED = ("vllm:generation_tokens_total", "sglang:generation_tokens_total", "llamacpp:tokens_predicted_total")
+#: Every name the controller reads (the scrape parses only these lines).
+GAUGE_NAMES = frozenset(RUNNING + WAITING + KV_USAGE + PREEMPTIONS + GENERATED)
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,8 @@ class AutoSettings:
     interval_s: float = 2.0
     #: Relative tok/s growth that counts as "it grew" (below: noise).
     gain: float = 0.08
+    #: Settle on the smallest level whose tok/s is within this share of the best seen.
+    settle_within: float = 0.03
     #: Growth factor of a step while starting.
     increase: float = 2.0
     #: Factor of a probe upwards once settled.
@@ -232,8 +236,8 @@ class AutoConcurrency:
             target = self.target * s.decrease
             if pressure == "queue" and g is not None and g.running:
                 target = min(target, g.running + max(1.0, math.ceil(s.queue_slack * g.running)))
-            elif pressure == "latency" and self._levels:
-                target = min(target, self._best_level())
+            elif pressure == "latency" and self._accepted is not None and self._accepted < self.target:
+                target = self._accepted  # latency rose without tok/s: back to the last level that paid
             self._level_tok_s = self._ref_tpot = None
             return target, "backoff", pressure
         if tok_s is None:
@@ -246,20 +250,26 @@ class AutoConcurrency:
         return self._steady(tok_s)
 
     def _grow(self, tok_s: float) -> tuple[float, str, str]:
-        """Starting: double while tok/s grows; at the first step without gain, settle."""
+        """Starting: double while tok/s grows (one flat step within noise is given the benefit of the
+        doubt); at a drop or a second flat step, settle on the best level."""
         s = self.settings
         previous = self._level_tok_s
-        if previous is None or tok_s >= previous * (1 + s.gain):
-            self._level_tok_s = tok_s
+        grew = previous is None or tok_s >= previous * (1 + s.gain)
+        flat = not grew and previous is not None and tok_s >= previous * (1 - s.gain) and self._flat < 1
+        if grew or flat:
+            self._flat = 0 if grew else self._flat + 1
+            self._level_tok_s = tok_s if previous is None else max(tok_s, previous)
             self._ref_tpot = self._tpots.get(self.target, self._ref_tpot)
+            self._accepted = self.target
             if self.target >= s.max_concurrency:
                 self._settled = True
                 return self.target, "settled", "at max_concurrency"
-            return self.target * s.increase, "start", "tok/s grew"
+            return self.target * s.increase, "start", "tok/s grew" if grew else "tok/s held"
         self._settled = True
         best = self._best_level()
         self._level_tok_s = self._levels[best]
         self._ref_tpot = self._tpots.get(best, self._ref_tpot)
+        self._accepted = best
         return best, "settled", "no gain"
 
     def _steady(self, tok_s: float) -> tuple[float, str, str]:
@@ -271,6 +281,7 @@ class AutoConcurrency:
             if tok_s >= base_tok_s * (1 + s.gain):
                 self._level_tok_s = tok_s
                 self._ref_tpot = self._tpots.get(self.target, self._ref_tpot)
+                self._accepted = self.target
                 return self.target, "settled", "probe gained"
             self._level_tok_s = base_tok_s
             return base, "settled", "probe gave nothing"
@@ -296,9 +307,10 @@ class AutoConcurrency:
     # --- helpers --------------------------------------------------------------------------------
 
     def _best_level(self) -> int:
-        """The smallest level within ``gain`` of the best tok/s seen (lower latency, same work)."""
+        """The smallest level within ``settle_within`` of the best tok/s seen (less latency, same work)."""
         best = max(self._levels.values())
-        return min(level for level, value in self._levels.items() if value >= best / (1 + self.settings.gain))
+        return min(level for level, value in self._levels.items()
+                   if value >= best * (1 - self.settings.settle_within))
 
     def _mark(self, now: float, gauges: Gauges | None) -> None:
         """Start a measuring window at ``now``."""
@@ -320,6 +332,9 @@ class AutoConcurrency:
         self._probing: tuple[int, float] | None = None
         self._ceiling: int | None = None
         self._warming = False
+        self._flat = 0
+        #: The last level whose tok/s paid for its latency (where a latency back-off returns to).
+        self._accepted: int | None = None
         #: Latency per output token of the accepted level (what a rise is measured against).
         self._ref_tpot: float | None = None
 
@@ -328,4 +343,4 @@ def _went_back(before: float | None, after: float | None) -> bool:
     return before is not None and after is not None and after < before
 
 
-__all__ = ["AutoConcurrency", "AutoSettings", "Decision", "Gauges"]
+__all__ = ["GAUGE_NAMES", "AutoConcurrency", "AutoSettings", "Decision", "Gauges"]

@@ -43,7 +43,7 @@ from typing import Any
 from pydantic import SecretStr
 
 from harvest.client import protocol
-from harvest.client.autoconc import AutoSettings
+from harvest.client.autoconc import GAUGE_NAMES, AutoSettings
 from harvest.client.endpoints import Endpoint, EndpointPool
 from harvest.client.metrics import scrape_metrics
 from harvest.client.policy import backoff_delay, classify_status, error_message, parse_retry_after, redact
@@ -152,7 +152,7 @@ class Client:
         self._steer: Steering | None = None
         if self.config.auto:
             settings = auto or AutoSettings(start=self.config.auto_start, max_concurrency=self.config.max_concurrency)
-            self._steer = Steering(self._pool, settings, self._scrape_one, clock, sleep)
+            self._steer = Steering(self._pool, settings, self._scrape_gauges, clock, sleep)
         self._in_flight = self._held = self._completed = self._retries = 0
         self._errors: Counter[str] = Counter()
         self._closed = False
@@ -263,6 +263,11 @@ class Client:
 
     async def _scrape_one(self, url: str, timeout: float) -> dict[str, float]:
         return await scrape_metrics(url, transport=self._transport, headers=self._headers, timeout=timeout)
+
+    async def _scrape_gauges(self, url: str, timeout: float) -> dict[str, float]:
+        """Only the lines the auto-concurrency controller reads, parsed."""
+        return await scrape_metrics(url, transport=self._transport, headers=self._headers, timeout=timeout,
+                                    only=GAUGE_NAMES)
 
     async def check_health(self) -> dict[str, bool]:
         """Probe every endpoint now; a DOWN or SICK endpoint that answers goes back into rotation."""

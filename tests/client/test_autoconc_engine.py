@@ -1,0 +1,77 @@
+"""``concurrency = "auto"`` on a real vLLM CPU server: the target rises from its start and settles.
+
+Shape only: the controller is fed by the engine's own /metrics and answers; the test keeps the
+client busy until the controller leaves its starting phase (bounded by a generous deadline that is
+a guard, not a measurement) and asserts what the targets did, never how long it took.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from harvest.client import Client
+from harvest.client.autoconc import AutoSettings
+from harvest.config import ClientConfig, SamplingConfig
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+START = 2
+#: Steps to watch after the controller settled.
+AFTER = 4
+#: A guard against a hang, not a timing assertion.
+DEADLINE_S = 600.0
+
+
+async def test_auto_target_rises_from_start_and_settles_on_vllm(vllm_server):
+    config = ClientConfig(concurrency="auto", auto_start=START, max_concurrency=64, request_timeout=300)
+    sampling = SamplingConfig(max_tokens=16, temperature=0.0, extra_body={"ignore_eos": True})
+    auto = AutoSettings(start=START, max_concurrency=64, interval_s=1.0)
+    decisions = []
+    failures: list[BaseException] = []
+    async with Client([vllm_server.url], config, sampling, model=vllm_server.model, auto=auto) as client:
+        stop = asyncio.Event()
+
+        async def one(i: int) -> None:
+            try:
+                await client.chat([{"role": "user", "content": f"Tell me about the number {i}."}])
+            except Exception as exc:  # noqa: BLE001 - collected and asserted below
+                failures.append(exc)
+
+        async def feed() -> None:
+            """Keep twice the current capacity of requests waiting, as the campaign does."""
+            pending: set[asyncio.Task[None]] = set()
+            i = 0
+            while not stop.is_set():
+                while len(pending) < 2 * client.capacity():
+                    pending.add(asyncio.create_task(one(i)))
+                    i += 1
+                done, pending = await asyncio.wait(pending, timeout=0.2, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.gather(*pending)
+
+        feeder = asyncio.create_task(feed())
+        deadline = time.monotonic() + DEADLINE_S
+        settled_at = None
+        try:
+            while time.monotonic() < deadline and not feeder.done():
+                await asyncio.sleep(0.5)
+                (target,) = client.concurrency_targets()
+                if not decisions or decisions[-1] != (target.target, target.phase, target.reason):
+                    decisions.append((target.target, target.phase, target.reason))
+                if settled_at is None and target.phase != "start":
+                    settled_at = len(decisions)
+                if settled_at is not None and len(decisions) >= settled_at + AFTER:
+                    break
+        finally:
+            stop.set()
+            await asyncio.wait_for(feeder, 300)
+        gauges_fed = client.concurrency_targets()[0].gauges
+    assert not failures, failures[:3]
+    targets = [d[0] for d in decisions]
+    assert targets[0] == START, decisions
+    assert max(targets) > START, decisions  # it rose from the start value
+    assert settled_at is not None, f"the controller never left its starting phase: {decisions}"
+    assert all(1 <= t <= 64 for t in targets), decisions
+    assert gauges_fed, "vLLM's /metrics should feed the controller"

@@ -1,17 +1,22 @@
-"""/metrics parsing: ``prometheus_client``'s parser against harvest's hand-written one, on engines' real output.
+"""/metrics parsing cost on engines' real output: a whole exposition, and the steering loop's share.
 
-    python bench/metrics_parse.py FILE_OR_URL [...] [--repeat 200]
+    python bench/metrics_parse.py FILE_OR_URL [...] [--repeat 200] [--hand-written FILE]
 
 Each argument is a saved ``/metrics`` answer (a file) or a live engine's base URL (``/metrics`` is
-fetched once and can be saved with ``--save DIR``). For each, both parsers run ``--repeat`` times
-on the same text, alternating; printed: microseconds per parse (median of 5 batches), and whether
-the two agree on every sample summed by name (what harvest uses). Prints one ``BENCH`` line each.
+fetched once and can be saved with ``--save DIR``). For each, ``--repeat`` parses, alternating, of:
+
+    full          harvest's ``parse_prometheus_text`` (``prometheus_client``'s parser) on the whole text
+    steering      ``keep_only`` the controller's gauges, then the same parser (what auto concurrency pays)
+    hand-written  with ``--hand-written FILE``: the parser harvest had before (a ``metrics.py`` saved
+                  from git, e.g. ``git show 81b67cc:src/harvest/client/metrics.py > /tmp/old.py``)
+
+Printed: microseconds per parse (median of 5 batches) and whether full and hand-written agree on
+every sample summed by name (what harvest uses). Prints one ``BENCH`` line per source.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 import time
@@ -20,23 +25,27 @@ from pathlib import Path
 
 from benchutil import load  # bench/benchutil.py
 
-from harvest.client.metrics import parse_prometheus_text, sum_by_name
+from harvest.client.autoconc import GAUGE_NAMES
+from harvest.client.metrics import keep_only, parse_prometheus_text, sum_by_name
 
 
-def by_prometheus_client(text: str) -> dict[str, float]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    totals: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if math.isnan(sample.value):
-                continue
-            totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
-    return totals
-
-
-def by_harvest(text: str) -> dict[str, float]:
+def full(text: str) -> dict[str, float]:
     return sum_by_name(parse_prometheus_text(text))
+
+
+def steering(text: str) -> dict[str, float]:
+    return sum_by_name(parse_prometheus_text(keep_only(text, GAUGE_NAMES)))
+
+
+def load_hand_written(path: Path):
+    """``sum_by_name(parse_prometheus_text(...))`` of a saved older metrics.py."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("old_metrics", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["old_metrics"] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return lambda text: module.sum_by_name(module.parse_prometheus_text(text))
 
 
 def timed(fn, text: str, repeat: int) -> float:
@@ -51,7 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("sources", nargs="+", help="a saved /metrics file or an engine base URL")
     ap.add_argument("--repeat", type=int, default=200)
     ap.add_argument("--save", type=Path, help="save fetched /metrics texts in this folder")
+    ap.add_argument("--hand-written", type=Path, help="an older metrics.py with the hand-written parser")
     args = ap.parse_args(argv)
+    parsers = {"full": full, "steering": steering}
+    if args.hand_written:
+        parsers["hand-written"] = load_hand_written(args.hand_written)
     for source in args.sources:
         if source.startswith("http"):
             with urllib.request.urlopen(source.rstrip("/") + "/metrics", timeout=30) as response:
@@ -61,20 +74,21 @@ def main(argv: list[str] | None = None) -> int:
                 (args.save / (source.split("//", 1)[1].replace(":", "_").replace("/", "_") + ".txt")).write_text(text)
         else:
             text = Path(source).read_text(encoding="utf-8")
-        ours, theirs = by_harvest(text), by_prometheus_client(text)
-        differ = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k))
-        batches = {"harvest": [], "prometheus_client": []}
+        ours = full(text)
+        other = parsers.get("hand-written")
+        differ = sorted(k for k in set(ours) | set(other(text)) if ours.get(k) != other(text).get(k)) if other else []
+        batches: dict[str, list[float]] = {name: [] for name in parsers}
         for _ in range(5):
-            batches["harvest"].append(timed(by_harvest, text, args.repeat))
-            batches["prometheus_client"].append(timed(by_prometheus_client, text, args.repeat))
-        h = statistics.median(batches["harvest"])
-        p = statistics.median(batches["prometheus_client"])
+            for name, fn in parsers.items():
+                batches[name].append(timed(fn, text, args.repeat))
+        us = {name: statistics.median(b) for name, b in batches.items()}
         lines = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
-        print(f"{source}: {len(text)} bytes, {lines} samples; harvest {h:.0f} us, prometheus_client {p:.0f} us "
-              f"per parse (x{p / h:.2f}); sums by name {'agree' if not differ else 'DIFFER on ' + ', '.join(differ[:5])}"
-              f" ({load()})")
-        print(f"BENCH metrics_parse source={Path(source).name} bytes={len(text)} harvest_us={h:.1f} "
-              f"prometheus_client_us={p:.1f} ratio={p / h:.3f} agree={int(not differ)}")
+        shown = ", ".join(f"{name} {v:.0f} us" for name, v in us.items())
+        agree = "" if other is None else (" sums by name agree" if not differ else " DIFFER on " + ", ".join(differ[:5]))
+        print(f"{source}: {len(text)} bytes, {lines} samples; per parse: {shown};{agree} ({load()})")
+        print(f"BENCH metrics_parse source={Path(source).name} bytes={len(text)} "
+              + " ".join(f"{name.replace('-', '_')}_us={v:.1f}" for name, v in us.items())
+              + (f" ratio_full_vs_hand={us['full'] / us['hand-written']:.3f} agree={int(not differ)}" if other else ""))
     return 0
 
 

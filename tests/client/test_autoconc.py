@@ -9,8 +9,9 @@ settles, backs off, starts again), never seconds.
 
 from __future__ import annotations
 
+import random
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -29,8 +30,11 @@ class Engine:
     max_seqs: int = 256
     kv_seqs: int = 10_000
     metrics: bool = True
+    #: Each step's tok/s and latency move by up to this share at random (a shared, loaded machine).
+    jitter: float = 0.0
     generated: float = 0.0
     preemptions: float = 0.0
+    rng: random.Random = field(default_factory=lambda: random.Random(16))
 
     def tick(self, target: int, dt: float, ctl: AutoConcurrency) -> Gauges | None:
         running = min(target, self.max_seqs)
@@ -41,10 +45,14 @@ class Engine:
             self.preemptions += (running - self.kv_seqs) * dt
             tok_s *= self.kv_seqs / running * 0.8
             kv = 1.0
+        if self.jitter:
+            tok_s *= 1 + self.jitter * (2 * self.rng.random() - 1)
         self.generated += tok_s * dt
         per_seq = tok_s / running
         # an answer waits in the queue (waiting/running rounds of OUT_TOKENS) then generates
         latency = OUT_TOKENS / per_seq * (1 + waiting / max(running, 1))
+        if self.jitter:
+            latency *= 1 + 2 * self.jitter * self.rng.random()
         answers = tok_s * dt / OUT_TOKENS
         whole = int(answers)
         for _ in range(whole):
@@ -88,8 +96,9 @@ def test_rising_engine_target_grows_from_start_and_settles_near_the_knee_of_the_
     targets = [t for t, _ in trace]
     assert max(targets[:20]) >= 64, targets  # it grew from 8
     tail = targets[40:]
-    # settled: a narrow band (probes up and back down), well below max_concurrency
-    assert 32 <= statistics.median(tail) <= 256, tail
+    # settled: a narrow band (probes up and back down), below max_concurrency and near what the
+    # engine runs at once (256) or below
+    assert 32 <= statistics.median(tail) <= 300, tail
     assert max(tail) <= 2 * min(tail) + 1, tail
 
 
@@ -149,7 +158,7 @@ def test_engine_without_metrics_steers_on_answers_alone():
     assert max(targets) >= 64, targets
     assert not ctl.last.gauges
     tail = targets[120:]
-    assert 32 <= statistics.median(tail) <= 256, tail
+    assert 32 <= statistics.median(tail) <= 300, tail
 
 
 def test_engine_without_metrics_and_a_small_batch_backs_off_on_latency():
@@ -186,3 +195,16 @@ def test_settings_are_checked():
         AutoSettings(start=600, max_concurrency=512)
     with pytest.raises(ValueError):
         AutoSettings(decrease=1.5)
+
+
+@pytest.mark.parametrize("metrics", [True, False])
+def test_noisy_engine_target_does_not_ratchet_down(metrics):
+    """Tok/s and latency that jump by tens of percent from step to step (a loaded machine) must not
+    walk the target down to nothing: the target stays within reach of the engine's knee."""
+    engine = Engine(jitter=0.3, metrics=metrics)
+    ctl = AutoConcurrency(AutoSettings(start=8, max_concurrency=512))
+    trace = drive(engine, ctl, 200)
+    targets = [t for t, _ in trace]
+    tail = targets[100:]
+    assert statistics.median(tail) >= 16, targets
+    assert min(tail) >= 8, targets

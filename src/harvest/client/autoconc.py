@@ -80,7 +80,7 @@ class AutoSettings:
     #: Seconds between control steps.
     interval_s: float = 2.0
     #: Relative tok/s growth that counts as "it grew" (below: noise).
-    gain: float = 0.08
+    gain: float = 0.05
     #: Settle on the smallest level whose tok/s is within this share of the best seen.
     settle_within: float = 0.03
     #: Growth factor of a step while starting.
@@ -176,6 +176,10 @@ class AutoConcurrency:
     def _measure(self, now: float, gauges: Gauges | None) -> _Observation | None:
         """This step's tok/s and latency per token; None while the step is not over (or no data)."""
         s = self.settings
+        seen, self._seen = self._seen, gauges if gauges is not None else self._seen
+        if gauges is not None and seen is not None and (
+                _went_back(seen.generated, gauges.generated) or _went_back(seen.preemptions, gauges.preemptions)):
+            return _Observation(None, None, gauges, False, True)  # seen at any step, not only a window's end
         if self._since is None:
             self._mark(now, gauges)
             return None
@@ -221,7 +225,13 @@ class AutoConcurrency:
         if obs.tpot is not None and self._ref_tpot is not None:
             grew = obs.tok_s is not None and self._level_tok_s is not None and \
                 obs.tok_s >= self._level_tok_s * (1 + s.gain)
-            if obs.tpot > s.latency_rise * self._ref_tpot and not grew and self.target > 1:
+            rose = obs.tpot > s.latency_rise * self._ref_tpot and not grew and self.target > 1
+            self._latency_strikes = self._latency_strikes + 1 if rose else 0
+            # While growing one rise ends the growth. Once settled, a rise alone is noise on a shared
+            # machine unless it lasts: two steps in a row, and only where no queue gauge speaks.
+            queue_known = g is not None and g.waiting is not None
+            if rose and (not self._settled or (not queue_known and self._latency_strikes >= 2)):
+                self._latency_strikes = 0
                 return "latency"
         return None
 
@@ -333,6 +343,9 @@ class AutoConcurrency:
         self._ceiling: int | None = None
         self._warming = False
         self._flat = 0
+        #: The last scrape seen at any step (a restart shows as a counter that went back).
+        self._seen: Gauges | None = getattr(self, "_seen", None)
+        self._latency_strikes = 0
         #: The last level whose tok/s paid for its latency (where a latency back-off returns to).
         self._accepted: int | None = None
         #: Latency per output token of the accepted level (what a rise is measured against).

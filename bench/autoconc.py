@@ -59,6 +59,7 @@ async def drive(urls: list[str], concurrency: int | str, requests: int, max_toke
     latencies: list[float] = []
     tokens = failed = 0
     trace: list[tuple[float, dict[str, int], dict[str, float | None]]] = []
+    decisions: dict[str, list[tuple[float, int, str, str]]] = {}
     async with Client(urls, config, sampling, model=model, auto=auto) as client:
         t0 = time.monotonic()
 
@@ -79,7 +80,12 @@ async def drive(urls: list[str], concurrency: int | str, requests: int, max_toke
                 if client.concurrency_targets():
                     metrics = await client.scrape_metrics()
                     waiting = {u: m.get("vllm:num_requests_waiting") for u, m in metrics.items()}
-                trace.append((time.monotonic() - t0, {t.url: t.target for t in client.concurrency_targets()}, waiting))
+                targets = client.concurrency_targets()
+                trace.append((time.monotonic() - t0, {t.url: t.target for t in targets}, waiting))
+                for t in targets:
+                    if not decisions.get(t.url) or decisions[t.url][-1][1:] != (t.target, t.phase, t.reason):
+                        decisions.setdefault(t.url, []).append((round(time.monotonic() - t0, 1), t.target,
+                                                                t.phase, t.reason))
 
         watch = asyncio.create_task(sampler())
         try:
@@ -90,7 +96,7 @@ async def drive(urls: list[str], concurrency: int | str, requests: int, max_toke
             await asyncio.gather(watch, return_exceptions=True)
         window = time.monotonic() - t0
     return {"concurrency": concurrency, "tok_s": tokens / window, "window_s": window, "tokens": tokens,
-            "failed": failed, "p50": _pct(latencies, 50), "p90": _pct(latencies, 90), "trace": trace,
+            "failed": failed, "p50": _pct(latencies, 50), "p90": _pct(latencies, 90), "trace": trace, "decisions": decisions,
             "load": load()}
 
 
@@ -117,7 +123,9 @@ def targets_over_time(r: dict[str, Any], points: int = 12) -> str:
         parts = [f"{targets.get(u, '-')}" + (f"/q{waiting[u]:.0f}" if waiting.get(u) is not None else "")
                  for u in targets]
         out.append(f"{t:5.1f}s " + "+".join(parts))
-    return "  targets (target/queue): " + ", ".join(out)
+    moves = "; ".join(f"{url.rsplit(':', 1)[-1]}: " + ", ".join(f"{t}s {n} {phase} ({why})" for t, n, phase, why in d)
+                      for url, d in r.get("decisions", {}).items())
+    return "  targets (target/queue): " + ", ".join(out) + "\n  decisions: " + moves
 
 
 def settled(r: dict[str, Any]) -> tuple[dict[str, float], dict[str, float]]:

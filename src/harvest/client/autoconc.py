@@ -227,10 +227,11 @@ class AutoConcurrency:
                 obs.tok_s >= self._level_tok_s * (1 + s.gain)
             rose = obs.tpot > s.latency_rise * self._ref_tpot and not grew and self.target > 1
             self._latency_strikes = self._latency_strikes + 1 if rose else 0
-            # While growing one rise ends the growth. Once settled, a rise alone is noise on a shared
-            # machine unless it lasts: two steps in a row, and only where no queue gauge speaks.
+            # Only where no queue gauge speaks (an engine without /metrics): there, while growing, one
+            # rise ends the growth; once settled, a rise is noise on a shared machine unless it lasts
+            # two steps. With gauges, the queue, KV use and preemptions say it directly.
             queue_known = g is not None and g.waiting is not None
-            if rose and (not self._settled or (not queue_known and self._latency_strikes >= 2)):
+            if rose and not queue_known and (not self._settled or self._latency_strikes >= 2):
                 self._latency_strikes = 0
                 return "latency"
         return None

@@ -7,14 +7,16 @@ it once per control step, in four named steps:
               otherwise the tokens of the answers that came back), latency per output token of
               those answers, and the engine's gauges: running, waiting, KV-cache use, preemptions
     pressure  is the engine past what it can take?  preemptions appeared; KV use >= ``kv_high``;
-              the queue is longer than ``queue_slack`` (and the engine runs fewer than we send);
-              or latency per output token rose ``latency_rise`` x above the best seen without
-              tok/s growing with it (the only signal of an engine without /metrics besides tok/s)
+              the queue is longer than ``queue_slack`` x running; or, for an engine without queue
+              gauges only (no /metrics), latency per output token rose ``latency_rise`` x above
+              the accepted level's without tok/s growing with it (while growing: once; settled:
+              two steps in a row, since one is noise on a loaded machine)
     decide    under pressure: back off (to what the engine runs plus a little headroom when its
-              queue is the reason, else x ``decrease``) and remember the level as a ceiling;
-              otherwise, while starting: double while tok/s grows by ``gain``; once it stops
-              growing, settle on the smallest level that gave (nearly) the best tok/s; when settled:
-              now and then probe one step up and keep it only if tok/s grew
+              queue is the reason, to the last level that paid when latency is, else
+              x ``decrease``) and remember the level as a ceiling; otherwise, while starting:
+              double while tok/s grows by ``gain`` (one flat step is given the benefit of the
+              doubt); then settle on the smallest level within ``settle_within`` of the best tok/s;
+              when settled: every ``probe_every`` steps probe one step up, kept only if tok/s grew
     bound     clamp to [1, ``max_concurrency``]
 
 A counter that went backwards (generation tokens, preemptions) means the engine restarted: the

@@ -14,8 +14,8 @@ it once per control step, in four named steps:
     decide    under pressure: back off (to what the engine runs plus a little headroom when its
               queue is the reason, to the last level that paid when latency is, else
               x ``decrease``) and remember the level as a ceiling; otherwise, while starting:
-              double while tok/s grows by ``gain`` (one flat step is given the benefit of the
-              doubt); then settle on the smallest level within ``settle_within`` of the best tok/s;
+              double while tok/s grows by ``gain`` (one step without growth is given the benefit
+              of the doubt); then settle on the smallest level within ``settle_within`` of the best tok/s;
               when settled: every ``probe_every`` steps probe one step up, kept only if tok/s grew
     bound     clamp to [1, ``max_concurrency``]
 
@@ -263,12 +263,14 @@ class AutoConcurrency:
         return self._steady(tok_s)
 
     def _grow(self, tok_s: float) -> tuple[float, str, str]:
-        """Starting: double while tok/s grows (one flat step within noise is given the benefit of the
-        doubt); at a drop or a second flat step, settle on the best level."""
+        """Starting: double while tok/s grows (one step without growth is given the benefit of the
+        doubt); at a second such step in a row, settle on the best level."""
         s = self.settings
         previous = self._level_tok_s
         grew = previous is None or tok_s >= previous * (1 + s.gain)
-        flat = not grew and previous is not None and tok_s >= previous * (1 - s.gain) and self._flat < 1
+        # One step without growth (flat, or even lower: one step of a loaded machine can read 20 %
+        # low) is given the benefit of the doubt; the second in a row settles.
+        flat = not grew and self._flat < 1
         if grew or flat:
             self._flat = 0 if grew else self._flat + 1
             self._level_tok_s = tok_s if previous is None else max(tok_s, previous)

@@ -6,6 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+from pydantic import ValidationError
+
 from harvest.client import Client, MockTransport, RawResponse
 from harvest.client.autoconc import AutoSettings
 from harvest.client.endpoints import EndpointPool
@@ -121,3 +124,16 @@ async def test_room_waiters_wake_first_come_first_served():
     pool.set_limit(endpoint, 3)  # a raised limit wakes the rest
     assert await asyncio.wait_for(second, 1) is True
     assert await pool.wait_room(0.01) is False
+
+
+@pytest.mark.parametrize("fields, ok", [
+    ({"concurrency": "auto"}, True), ({"concurrency": 12}, True), ({"concurrency": 0}, False),
+    ({"concurrency": "fast"}, False), ({"concurrency": "auto", "auto_start": 600}, False),
+])
+def test_client_config_concurrency_is_a_number_or_auto(fields, ok):
+    if ok:
+        config = ClientConfig(**fields)
+        assert config.auto == (fields["concurrency"] == "auto")
+    else:
+        with pytest.raises(ValidationError):
+            ClientConfig(**fields)

@@ -6,6 +6,8 @@ seconds per 1000 requests (user + system of the client process, all its threads)
 harvest's requests per CPU second against the baselines measured in the same run:
 
     harvest          harvest.client.Client (aiohttp transport)
+    harvest-uvloop   the same client on uvloop's event loop (``pip install -e .[fast]``; how
+                     ``harvest run`` runs when uvloop is installed); not in the default set
     openai-async     a plain ``AsyncOpenAI`` + ``asyncio.Semaphore`` loop
     openai-threads   a thread pool of synchronous ``openai.OpenAI`` clients (one per thread)
     raw-aiohttp      a bare aiohttp loop: the floor for an aiohttp-based client
@@ -129,8 +131,14 @@ def worker(kind: str, base: str, n: int, warmup: int, concurrency: int, server_p
     server's) of the ``n`` only."""
     server = psutil.Process(server_pid)
     runners = {"harvest": _harvest, "openai-async": _openai_async, "raw-aiohttp": _raw_aiohttp,
-               "raw-httpx": _raw_httpx}
-    if kind == "openai-threads":
+               "raw-httpx": _raw_httpx, "harvest-uvloop": _harvest}
+    if kind == "harvest-uvloop":
+        import uvloop  # the ``fast`` extra
+
+        uvloop.run(_harvest(base, warmup, concurrency))
+        wall0, cpu0, server0 = time.perf_counter(), time.process_time(), _cpu(server)
+        uvloop.run(_harvest(base, n, concurrency))
+    elif kind == "openai-threads":
         _openai_threads(base, warmup, concurrency)
         wall0, cpu0, server0 = time.perf_counter(), time.process_time(), _cpu(server)
         _openai_threads(base, n, concurrency)
@@ -251,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     kinds = [k.strip() for k in args.clients.split(",") if k.strip()]
-    unknown = sorted(set(kinds) - set(ALL_CLIENTS))
+    unknown = sorted(set(kinds) - set(ALL_CLIENTS) - {"harvest-uvloop"})
     if unknown:
         parser.error(f"unknown clients: {', '.join(unknown)}")
     proc, base = start_null_server()
@@ -322,6 +330,11 @@ def main(argv: list[str] | None = None) -> int:
             if "raw-aiohttp" in results:
                 r = results["raw-aiohttp"]
                 print(f"  (bare aiohttp loop / wrk: requests/s x{(r['requests'] / r['wall_s']) / wrk['req_s']:.2f})")
+        if "harvest-uvloop" in results:
+            u = results["harvest-uvloop"]
+            ratio = (u["requests"] / u["cpu_s"]) / h_eff
+            print(f"  harvest on uvloop / on asyncio: requests per CPU s x{ratio:.2f}")
+            bench += f" uvloop_req_per_cpu_s={u['requests'] / u['cpu_s']:.0f} ratio_uvloop={ratio:.2f}"
         print(bench + f" load1={os.getloadavg()[0]:.2f}")
     return 0
 

@@ -270,11 +270,38 @@ class SamplingConfig(_Model):
 class ClientConfig(_Model):
     """How the client talks to the server(s)."""
 
-    concurrency: int = Field(64, ge=1)
+    #: Requests in flight, all endpoints together; "auto": a controller per endpoint finds what each
+    #: can take from its gauges and answers (see harvest.client.autoconc), up to ``max_concurrency``.
+    concurrency: int | Literal["auto"] = Field(64)
+    #: Upper bound per endpoint of ``concurrency = "auto"``, and its starting value ``auto_start``.
+    max_concurrency: int = Field(512, ge=1)
+    auto_start: int = Field(8, ge=1)
     request_timeout: float = Field(600.0, gt=0)
     max_retries: int = Field(3, ge=0)
     endpoints: list[str] = Field(default_factory=list, description="extra base URLs served by the same model")
     health_deadline: float = Field(600.0, gt=0, description="seconds a sick server may take to recover")
+
+    @field_validator("concurrency")
+    @classmethod
+    def _concurrency(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError('must be >= 1 or "auto"')
+        return value
+
+    @model_validator(mode="after")
+    def _auto_bounds(self) -> ClientConfig:
+        if self.auto_start > self.max_concurrency:
+            raise ValueError(f"auto_start {self.auto_start} is above max_concurrency {self.max_concurrency}")
+        return self
+
+    @property
+    def auto(self) -> bool:
+        """True for ``concurrency = "auto"``."""
+        return self.concurrency == "auto"
+
+    def fixed_or_max(self) -> int:
+        """The fixed concurrency, or ``max_concurrency`` per endpoint bound for "auto"."""
+        return self.max_concurrency if self.concurrency == "auto" else int(self.concurrency)
 
 
 class RunConfig(_Model):

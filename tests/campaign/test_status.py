@@ -210,3 +210,17 @@ def test_an_interrupted_ingest_is_said(tmp_path):
     assert not st.totals.ingest_complete and st.totals.unique == 2 and st.counts[Status.PENDING] == 2
     assert st.eta_s != 0.0  # more input may come: not "nothing left"
     assert any("not fully ingested" in n for n in st.notes)
+
+
+def test_auto_concurrency_targets_pass_from_progress_json_to_status_json(running_run):
+    from harvest.cli.status import status_payload
+
+    run_dir, _ = running_run
+    write_progress(run_dir, concurrency_targets={"http://127.0.0.1:8000": 24, "http://127.0.0.1:8001": 4})
+    st = run_status(run_dir)
+    assert st.progress is not None
+    assert dict(st.progress.concurrency_targets) == {"http://127.0.0.1:8000": 24, "http://127.0.0.1:8001": 4}
+    assert status_payload(st)["progress"]["concurrency_targets"] == {"http://127.0.0.1:8000": 24,
+                                                                    "http://127.0.0.1:8001": 4}
+    write_progress(run_dir)  # a fixed concurrency writes none
+    assert status_payload(run_status(run_dir))["progress"]["concurrency_targets"] == {}

@@ -49,6 +49,8 @@ class Progress:
         self.errors: Counter[str] = Counter()
         self.statuses: Counter[str] = Counter()
         self.server: dict[str, float | None] = {"running": None, "waiting": None}
+        #: ``concurrency = "auto"``: each endpoint's current target (url -> requests); {} when fixed.
+        self.concurrency: dict[str, int] = {}
         self.state = "running"
         self.note: str | None = None
         #: True while the dataset is still being ingested (``total`` grows with it).
@@ -102,7 +104,8 @@ class Progress:
             "final_before_session": self.already_final,
             "done_this_session": self.done, "in_flight": self.in_flight, "eta_s": eta,
             "statuses_this_session": dict(self.statuses), "errors_by_class": dict(self.errors),
-            "server": dict(self.server), **{k: round(v, 3) for k, v in rates.items()},
+            "server": dict(self.server), "concurrency_targets": dict(self.concurrency),
+            **{k: round(v, 3) for k, v in rates.items()},
         }
 
     # --- output ----------------------------------------------------------------------------------
@@ -134,7 +137,7 @@ class Progress:
         more = "+ (ingesting)" if snap.get("ingesting") else ""
         return (f"[harvest] {final}/{snap['total']}{more} items, {snap['items_per_s']:.1f} items/s, "
                 f"gen {snap['gen_tokens_per_s']:.0f} tok/s, prompt {snap['prompt_tokens_per_s']:.0f} tok/s, "
-                f"in flight {snap['in_flight']}{queue}, ETA {_duration(eta)}{errors}")
+                f"in flight {snap['in_flight']}{_targets(snap)}{queue}, ETA {_duration(eta)}{errors}")
 
     def _table(self, snap: dict[str, Any]) -> Table:
         table = Table(title=f"harvest run: {self.run_dir}", show_header=False, expand=False)
@@ -143,7 +146,7 @@ class Progress:
         table.add_row("items", f"{final} / {snap['total']}{more}  ({snap['done_this_session']} this session)")
         table.add_row("rate", f"{snap['items_per_s']:.1f} items/s   gen {snap['gen_tokens_per_s']:.0f} tok/s   "
                               f"prompt {snap['prompt_tokens_per_s']:.0f} tok/s")
-        table.add_row("in flight", str(snap["in_flight"]))
+        table.add_row("in flight", str(snap["in_flight"]) + _targets(snap))
         server = snap["server"]
         if server.get("running") is not None:
             table.add_row("server", f"running {server['running']:.0f}   waiting {server.get('waiting') or 0:.0f}")
@@ -164,6 +167,17 @@ class Progress:
         if self._live is not None:
             self._live.__exit__(None, None, None)
             self._live = None
+
+
+def _targets(snap: dict[str, Any]) -> str:
+    """`` (auto target 48)``, or ``(auto targets 8+40)`` over several endpoints; "" when fixed."""
+    targets = snap.get("concurrency_targets") or {}
+    if not targets:
+        return ""
+    values = list(targets.values())
+    if len(values) == 1:
+        return f" (auto target {values[0]})"
+    return f" (auto targets {'+'.join(str(v) for v in values)})"
 
 
 def _duration(seconds: float | None) -> str:

@@ -363,7 +363,7 @@ class _Campaign:
     async def _dispatch(self, writer: LedgerWriter, client: Client, progress: Progress,
                         tasks: dict[asyncio.Task[Any], str]) -> None:
         cfg = self.config
-        target = cfg.client.concurrency * CLAIM_FACTOR
+        target = client.capacity() * CLAIM_FACTOR
         exhausted = False
         last_update = 0.0
         server_down = False
@@ -396,6 +396,7 @@ class _Campaign:
             progress.record(gen.status.value, gen.prompt_tokens, gen.completion_tokens, time.monotonic() - t0)
 
         while True:
+            target = client.capacity() * CLAIM_FACTOR  # moves with concurrency = "auto"
             if not self.stop_requested.is_set() and not server_down and not exhausted and len(tasks) < target:
                 # Asked before the claim: an ingest that ended before it committed before it.
                 ingesting = self._ingesting()
@@ -462,6 +463,7 @@ class _Campaign:
                 # last scrape that finished.
                 if self._scrape_task is None or self._scrape_task.done():
                     self._scrape_task = asyncio.create_task(self._scrape(client, progress))
+                progress.concurrency = {t.url: t.target for t in client.concurrency_targets()}
                 progress.update()
         if self.stop_requested.is_set() and self.outcome == "finished":
             self.outcome = "interrupted"

@@ -72,6 +72,8 @@ class Progress:
     server_running: float | None = None
     server_waiting: float | None = None
     note: str | None = None
+    #: ``concurrency = "auto"``: each endpoint's target when progress.json was written ({} when fixed).
+    concurrency_targets: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -191,13 +193,15 @@ def read_progress(run_dir: str | Path) -> tuple[Progress | None, str | None]:
     server = data.get("server") if isinstance(data.get("server"), dict) else {}
     state = data.get("state") if isinstance(data.get("state"), str) else None
     note = data.get("note") if isinstance(data.get("note"), str) else None
+    targets = data.get("concurrency_targets") if isinstance(data.get("concurrency_targets"), dict) else {}
+    targets = {str(k): int(v) for k, v in targets.items() if isinstance(v, int) and not isinstance(v, bool)}
     return Progress(
         started_at=_num(data, "started_at", float), updated_at=_num(data, "updated_at", float),
         pid=_num(data, "pid", int), state=state, done_this_session=_num(data, "done_this_session", int),
         items_per_s=_num(data, "items_per_s", float), gen_tokens_per_s=_num(data, "gen_tokens_per_s", float),
         prompt_tokens_per_s=_num(data, "prompt_tokens_per_s", float), in_flight=_num(data, "in_flight", int),
         errors_by_class=errors, server_running=_num(server, "running", float),
-        server_waiting=_num(server, "waiting", float), note=note,
+        server_waiting=_num(server, "waiting", float), note=note, concurrency_targets=targets,
     ), None
 
 

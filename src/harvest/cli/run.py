@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 import sys
@@ -10,6 +9,7 @@ from typing import Any
 
 import click
 
+from harvest import aio
 from harvest.campaign.run import RunReport, run_campaign
 from harvest.config import load_config
 from harvest.errors import LaunchError, LedgerError, PreflightFailed
@@ -76,8 +76,8 @@ def run(job: str, allow_mixed: bool, force: bool, live: bool | None, retry: tupl
     setup_logging()
     config = load_config(job)
     try:
-        report = asyncio.run(run_campaign(config, allow_mixed=allow_mixed, force=force, live=live,
-                                          on_preflight=show_preflight, retry=retry))
+        report = aio.run(run_campaign(config, allow_mixed=allow_mixed, force=force, live=live,
+                                      on_preflight=show_preflight, retry=retry))  # uvloop when installed
     except PreflightFailed as exc:
         for r in exc.results:
             if not getattr(r, "passed", True):

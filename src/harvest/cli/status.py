@@ -61,6 +61,7 @@ def status_payload(st: RunStatus) -> dict[str, Any]:
             "done_this_session": p.done_this_session, "in_flight": p.in_flight,
             "errors_by_class": dict(p.errors_by_class),
             "server": {"running": p.server_running, "waiting": p.server_waiting}, "note": p.note,
+            "concurrency_targets": dict(p.concurrency_targets),
         },
         "failed_by_class": dict(st.failed_by_class),
         "last_errors": [{"id": e.item_id, "error_class": e.error_class, "message": e.message,

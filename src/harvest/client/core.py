@@ -2,7 +2,9 @@
 
 One :class:`Client` per process holds one long-lived HTTP session. Every request goes through the
 same path: wait for a concurrency slot and a healthy endpoint (least outstanding requests), send,
-then judge the outcome:
+then judge the outcome (with ``concurrency = "auto"`` the slot is per endpoint: each endpoint's
+controller in ``steer`` / ``autoconc`` sets how many requests it may hold, and a request waits
+only until *some* healthy endpoint has room):
 
     2xx with a completion             -> :class:`Completion`; the endpoint's failure run ends
     other 4xx (not 408/409/425/429)   -> :class:`RequestError` at once, with the server's message
@@ -41,10 +43,12 @@ from typing import Any
 from pydantic import SecretStr
 
 from harvest.client import protocol
+from harvest.client.autoconc import GAUGE_NAMES, AutoSettings
 from harvest.client.endpoints import Endpoint, EndpointPool
 from harvest.client.metrics import scrape_metrics
 from harvest.client.policy import backoff_delay, classify_status, error_message, parse_retry_after, redact
 from harvest.client.records import ClientStats, Completion, EndpointState, FailureKind
+from harvest.client.steer import Steering, Target
 from harvest.client.transport import (
     AiohttpTransport,
     Interrupted,
@@ -105,7 +109,8 @@ class Client:
 
     ``model``: the name sent in every request; None asks the first endpoint's ``/v1/models``
     (and sends no name if it lists none). ``transport``: the HTTP seam (default: aiohttp); the
-    client owns it and closes it. ``clock`` / ``sleep``: time seams for tests.
+    client owns it and closes it. ``auto``: the controller's knobs for ``concurrency = "auto"``
+    (default: start and bound from the config). ``clock`` / ``sleep``: time seams for tests.
     """
 
     def __init__(
@@ -118,6 +123,7 @@ class Client:
         model: str | None = None,
         transport: Transport | None = None,
         retry: RetryPolicy | None = None,
+        auto: AutoSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
         rng: random.Random | None = None,
@@ -126,8 +132,10 @@ class Client:
         self.sampling = sampling or SamplingConfig()
         self.retry = retry or RetryPolicy()
         self._pool = EndpointPool(endpoints)
+        count = len(self._pool.endpoints)
+        bound = self.config.fixed_or_max() * (count if self.config.auto else 1)
         self._transport: Transport = transport or AiohttpTransport(
-            max_connections=self.config.concurrency + 2 * len(self._pool.endpoints),
+            max_connections=bound + 2 * count,
             connect_timeout=min(10.0, self.config.request_timeout))
         self._secret = api_key.get_secret_value() if isinstance(api_key, SecretStr) else api_key
         self._headers = {"Content-Type": "application/json", "Accept": "application/json"}
@@ -139,7 +147,12 @@ class Client:
         self._base = protocol.base_body(self.sampling, model)
         self._clock, self._sleep = clock, sleep
         self._rng = rng or random.Random()
-        self._slots = asyncio.Semaphore(self.config.concurrency)
+        self._slots = asyncio.Semaphore(bound)
+        #: ``concurrency = "auto"``: the per-endpoint controllers that set each endpoint's limit.
+        self._steer: Steering | None = None
+        if self.config.auto:
+            settings = auto or AutoSettings(start=self.config.auto_start, max_concurrency=self.config.max_concurrency)
+            self._steer = Steering(self._pool, settings, self._scrape_gauges, clock, sleep)
         self._in_flight = self._held = self._completed = self._retries = 0
         self._errors: Counter[str] = Counter()
         self._closed = False
@@ -160,7 +173,7 @@ class Client:
         return cls(urls, config.client, config.sampling, **kwargs)
 
     def __repr__(self) -> str:
-        return f"Client(endpoints={[e.url for e in self._pool.endpoints]!r}, concurrency={self.config.concurrency})"
+        return f"Client(endpoints={[e.url for e in self._pool.endpoints]!r}, concurrency={self.config.concurrency!r})"
 
     async def __aenter__(self) -> Client:
         return self
@@ -173,6 +186,8 @@ class Client:
         if self._closed:
             return
         self._closed = True
+        if self._steer is not None:
+            await self._steer.aclose()
         tasks = [t for e in self._pool.endpoints for t in (e.recovery, e.probe) if t is not None and not t.done()]
         for task in tasks:
             task.cancel()
@@ -213,6 +228,18 @@ class Client:
         return ClientStats(in_flight=self._in_flight, held=self._held, completed=self._completed,
                            retries=self._retries, errors=dict(self._errors), endpoints=self._pool.stats())
 
+    def capacity(self) -> int:
+        """Requests the client sends at once now: the fixed concurrency, or the sum of the healthy
+        endpoints' current targets under ``concurrency = "auto"`` (at least 1)."""
+        if self._steer is None:
+            return int(self.config.concurrency)
+        return max(1, sum(e.limit or 0 for e in self._pool.endpoints if e.state is EndpointState.HEALTHY))
+
+    def concurrency_targets(self) -> tuple[Target, ...]:
+        """Each endpoint's auto-concurrency target and the controller's last decision; () when the
+        concurrency is fixed."""
+        return () if self._steer is None else self._steer.targets()
+
     @property
     def endpoints(self) -> tuple[str, ...]:
         return tuple(e.url for e in self._pool.endpoints)
@@ -228,8 +255,7 @@ class Client:
         out: dict[str, dict[str, float]] = {}
         for endpoint in self._pool.endpoints:
             try:
-                out[endpoint.url] = await scrape_metrics(endpoint.url, transport=self._transport,
-                                                         headers=self._headers, timeout=self.retry.probe_timeout)
+                out[endpoint.url] = await self._scrape_one(endpoint.url, self.retry.probe_timeout)
             except HarvestError as exc:
                 log.debug("metrics of %s not read: %s", endpoint.url, self._redact(str(exc)))
                 out[endpoint.url] = {}
@@ -255,6 +281,14 @@ class Client:
             return response.status, json.loads(response.body)
         except (ValueError, UnicodeDecodeError):
             return response.status, None
+
+    async def _scrape_one(self, url: str, timeout: float) -> dict[str, float]:
+        return await scrape_metrics(url, transport=self._transport, headers=self._headers, timeout=timeout)
+
+    async def _scrape_gauges(self, url: str, timeout: float) -> dict[str, float]:
+        """Only the lines the auto-concurrency controller reads, parsed."""
+        return await scrape_metrics(url, transport=self._transport, headers=self._headers, timeout=timeout,
+                                    only=GAUGE_NAMES)
 
     async def check_health(self) -> dict[str, bool]:
         """Probe every endpoint now; a DOWN or SICK endpoint that answers goes back into rotation."""
@@ -291,7 +325,7 @@ class Client:
             except Interrupted as exc:
                 kind, detail = FailureKind.INTERRUPTED, str(exc)
             finally:
-                endpoint.outstanding -= 1
+                self._pool.release(endpoint)
                 self._in_flight -= 1
                 self._slots.release()
 
@@ -309,6 +343,8 @@ class Client:
                         endpoint.answered()
                         endpoint.completed += 1
                         self._completed += 1
+                        if self._steer is not None:
+                            self._steer.record(endpoint, completion.completion_tokens, completion.latency_s)
                         return completion
                 elif kind is FailureKind.REJECTED:
                     endpoint.answered()
@@ -343,6 +379,8 @@ class Client:
     async def _acquire(self) -> Endpoint:
         """A concurrency slot and a healthy endpoint, its outstanding count taken; waits while none is."""
         deadline = None
+        if self._steer is not None:
+            self._steer.ensure_started()
         while True:
             await self._slots.acquire()
             endpoint = self._pool.choose()
@@ -353,6 +391,11 @@ class Client:
             self._slots.release()
             if self._closed:
                 raise RuntimeError("client is closed")
+            if self._steer is not None and self._pool.any_healthy():
+                # Every healthy endpoint holds its target: wait for one of them to have room, so a
+                # slow endpoint's queue never holds up the fast ones (the wait is bounded; then retry).
+                await self._pool.wait_room(self.config.request_timeout)
+                continue
             if self._pool.all_down():
                 raise self._sick_error()
             # The recovery tasks end every sickness within the health deadline; this bound only
@@ -475,7 +518,7 @@ class Client:
                 except TransportError:
                     response = None
                 finally:
-                    endpoint.outstanding -= 1
+                    self._pool.release(endpoint)
                     self._in_flight -= 1
                     self._slots.release()
                 model = None

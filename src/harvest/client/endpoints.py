@@ -8,6 +8,8 @@ probes) and deciding it (failure runs, deadlines) are the client's job. It never
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections import deque
 from collections.abc import Sequence
 
 from harvest.client.records import EndpointState, EndpointStats
@@ -29,7 +31,7 @@ class Endpoint:
     """Mutable state of one endpoint, owned by one client (never shared between clients)."""
 
     __slots__ = ("url", "state", "outstanding", "completed", "run", "failing_since", "seen_down",
-                 "last_error", "last_status", "recovery", "probe")
+                 "last_error", "last_status", "recovery", "probe", "limit")
 
     def __init__(self, url: str):
         self.url = url
@@ -46,6 +48,11 @@ class Endpoint:
         self.last_status: int | None = None
         self.recovery: asyncio.Task[None] | None = None
         self.probe: asyncio.Task[bool] | None = None
+        #: Requests it may hold at once (``concurrency = "auto"`` sets it); None: no bound of its own.
+        self.limit: int | None = None
+
+    def has_room(self) -> bool:
+        return self.limit is None or self.outstanding < self.limit
 
     def answered(self) -> None:
         """The server answered (a success or the item's own 4xx): the failure run is over."""
@@ -64,11 +71,16 @@ class Endpoint:
     def stats(self) -> EndpointStats:
         return EndpointStats(url=self.url, state=self.state, outstanding=self.outstanding,
                              completed=self.completed, consecutive_failures=self.run,
-                             last_error=self.last_error)
+                             last_error=self.last_error, target=self.limit)
 
 
 class EndpointPool:
-    """The endpoints of one client, the least-outstanding choice and a "something changed" signal."""
+    """The endpoints of one client, the least-outstanding choice and a "something changed" signal.
+
+    With per-endpoint limits (``concurrency = "auto"``) an endpoint at its limit is passed over, the
+    choice goes to the lowest outstanding/limit, and callers that found every healthy endpoint full
+    queue in :meth:`wait_room` (first come, first woken) until a request ends or a limit rises.
+    """
 
     def __init__(self, urls: Sequence[str]):
         if not urls:
@@ -80,22 +92,65 @@ class EndpointPool:
         self.endpoints = tuple(Endpoint(u) for u in normalized)
         self._next = 0
         self._changed = asyncio.Event()
+        self._room: deque[asyncio.Future[None]] = deque()
 
     def choose(self) -> Endpoint | None:
-        """The healthy endpoint with the fewest outstanding requests; None when none is healthy."""
+        """The healthy endpoint with the fewest outstanding requests (relative to its limit, when it
+        has one); None when none is healthy or every healthy one is at its limit."""
         endpoints = self.endpoints
         count = len(endpoints)
         if count == 1:
             only = endpoints[0]
-            return only if only.state is EndpointState.HEALTHY else None
+            return only if only.state is EndpointState.HEALTHY and only.has_room() else None
         start = self._next
         self._next = (start + 1) % count
         best: Endpoint | None = None
+        best_load = 0.0
         for i in range(count):
             candidate = endpoints[(start + i) % count]
-            if candidate.state is EndpointState.HEALTHY and (best is None or candidate.outstanding < best.outstanding):
-                best = candidate
+            if candidate.state is not EndpointState.HEALTHY or not candidate.has_room():
+                continue
+            load = candidate.outstanding / candidate.limit if candidate.limit else float(candidate.outstanding)
+            if best is None or load < best_load:
+                best, best_load = candidate, load
         return best
+
+    def any_healthy(self) -> bool:
+        return any(e.state is EndpointState.HEALTHY for e in self.endpoints)
+
+    def release(self, endpoint: Endpoint) -> None:
+        """A request to ``endpoint`` ended: one less outstanding; wake the first caller waiting for room."""
+        endpoint.outstanding -= 1
+        if endpoint.limit is not None:
+            self._wake(1)
+
+    def set_limit(self, endpoint: Endpoint, limit: int | None) -> None:
+        """Set ``endpoint``'s own bound; waiters are woken when it rose."""
+        before, endpoint.limit = endpoint.limit, limit
+        if limit is None or before is None or limit > before:
+            self._wake(len(self._room) if limit is None or before is None else limit - before)
+
+    async def wait_room(self, timeout: float) -> bool:
+        """Wait until a request ends, a limit rises or a state changes; False after ``timeout`` s."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._room.append(waiter)
+        try:
+            await asyncio.wait_for(waiter, timeout)
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            if not waiter.done():
+                waiter.cancel()
+            with contextlib.suppress(ValueError):
+                self._room.remove(waiter)
+        return True
+
+    def _wake(self, count: int) -> None:
+        while count > 0 and self._room:
+            waiter = self._room.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                count -= 1
 
     def all_down(self) -> bool:
         return all(e.state is EndpointState.DOWN for e in self.endpoints)
@@ -107,6 +162,7 @@ class EndpointPool:
         endpoint.state = state
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
+        self._wake(len(self._room))
         return True
 
     async def wait_changed(self, timeout: float) -> bool:

@@ -90,6 +90,9 @@ class EndpointStats:
     consecutive_failures: int
     #: The last failure it produced, as text without secrets; None if none yet.
     last_error: str | None = None
+    #: Its own bound of requests in flight (``concurrency = "auto"``'s current target); None when
+    #: the client's one fixed concurrency bounds all endpoints together.
+    target: int | None = None
 
 
 @dataclass(frozen=True)

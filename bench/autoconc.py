@@ -1,0 +1,317 @@
+"""`concurrency = "auto"` against a sweep of fixed values, same servers, same run (vLLM CPU).
+
+    python bench/autoconc.py [--scenarios sweep,small-batch,two-speeds] [--requests 256]
+                             [--max-tokens 32] [--fixed 4,16,64,256,512]
+
+Every run sends the same ``--requests`` chat requests (``ignore_eos``: each generates exactly
+``--max-tokens``) through harvest's :class:`~harvest.client.Client` at one concurrency setting,
+then reports generation tok/s (completion tokens / first request sent to last answer), the p50 and
+p90 latency of the answers (send to full body; the wait for a client slot is not in it), and for
+``auto`` the target of each endpoint over time and the engine's queue (``num_requests_waiting``).
+
+Scenarios (each launches its servers through harvest's supervised ``Server``, verified stop after):
+
+    sweep        one vLLM CPU server (tiny model): fixed values then auto, alternating order per round
+    small-batch  one server with ``--max-num-seqs 8``: auto's settled target and the queue it left,
+                 beside fixed 64
+    two-speeds   two servers, ``--max-num-seqs 4`` and ``32``, as two endpoints of one client: the
+                 fixed values (least-outstanding over both) then auto
+
+The machine's load average is printed beside every figure. Prints one ``BENCH`` line per scenario.
+The functions :func:`drive` and :func:`summarize` are reused by ``autoconc_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchutil import exit_on_sigterm, load  # bench/benchutil.py
+from saturation import SERVED_NAME, TOPICS, VLLM_ENV, engine_python
+
+from harvest.client import Client
+from harvest.client.autoconc import AutoSettings
+from harvest.config import ClientConfig, SamplingConfig
+from harvest.errors import RequestError
+
+
+def prompts(n: int) -> list[str]:
+    return [f"Question {i}: explain how {TOPICS[i % len(TOPICS)]} works and when you would choose something else."
+            for i in range(n)]
+
+
+async def drive(urls: list[str], concurrency: int | str, requests: int, max_tokens: int, *, model: str,
+                extra_body: dict[str, Any] | None = None, auto: AutoSettings | None = None,
+                max_concurrency: int = 512, sample_s: float = 1.0, timeout: float = 600.0) -> dict[str, Any]:
+    """Send ``requests`` chat requests through one Client; tok/s, latencies and (auto) the targets."""
+    config = ClientConfig(concurrency=concurrency, max_concurrency=max_concurrency, max_retries=2,
+                          request_timeout=timeout, health_deadline=60.0,
+                          auto_start=auto.start if auto else 8)
+    sampling = SamplingConfig(max_tokens=max_tokens, temperature=0.0, extra_body=extra_body or {})
+    latencies: list[float] = []
+    tokens = failed = 0
+    trace: list[tuple[float, dict[str, int], dict[str, float | None]]] = []
+    decisions: dict[str, list[tuple[float, int, str, str]]] = {}
+    async with Client(urls, config, sampling, model=model, auto=auto) as client:
+        t0 = time.monotonic()
+
+        async def one(text: str) -> None:
+            nonlocal tokens, failed
+            try:
+                done = await client.chat([{"role": "user", "content": text}])
+            except RequestError:
+                failed += 1
+                return
+            tokens += done.completion_tokens or 0
+            latencies.append(done.latency_s)
+
+        async def sampler() -> None:
+            while True:
+                await asyncio.sleep(sample_s)
+                waiting: dict[str, float | None] = {}
+                if client.concurrency_targets():
+                    metrics = await client.scrape_metrics()
+                    waiting = {u: m.get("vllm:num_requests_waiting") for u, m in metrics.items()}
+                targets = client.concurrency_targets()
+                trace.append((time.monotonic() - t0, {t.url: t.target for t in targets}, waiting))
+                for t in targets:
+                    if not decisions.get(t.url) or decisions[t.url][-1][1:] != (t.target, t.phase, t.reason):
+                        decisions.setdefault(t.url, []).append((round(time.monotonic() - t0, 1), t.target,
+                                                                t.phase, t.reason))
+
+        watch = asyncio.create_task(sampler())
+        try:
+            # The campaign's own dispatch claims 2 x capacity ahead; here every request waits in the client.
+            await asyncio.wait_for(asyncio.gather(*(one(p) for p in prompts(requests))), timeout * 4)
+        finally:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+        window = time.monotonic() - t0
+    return {"concurrency": concurrency, "tok_s": tokens / window, "window_s": window, "tokens": tokens,
+            "failed": failed, "p50": _pct(latencies, 50), "p90": _pct(latencies, 90), "trace": trace, "decisions": decisions,
+            "load": load()}
+
+
+def _pct(values: list[float], p: int) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * p / 100))]
+
+
+def describe(r: dict[str, Any]) -> str:
+    return (f"{str(r['concurrency']):>5}: {r['tok_s']:8.1f} tok/s  p50 {r['p50']:6.2f} s  p90 {r['p90']:6.2f} s  "
+            f"({r['tokens']} tokens in {r['window_s']:.1f} s, {r['failed']} failed; {r['load']})")
+
+
+def targets_over_time(r: dict[str, Any], points: int = 12) -> str:
+    """The auto targets (and the engine queue) at a dozen moments of the run."""
+    trace = r["trace"]
+    if not trace:
+        return "  (no samples)"
+    step = max(1, len(trace) // points)
+    out = []
+    for t, targets, waiting in trace[::step]:
+        parts = [f"{targets.get(u, '-')}" + (f"/q{waiting[u]:.0f}" if waiting.get(u) is not None else "")
+                 for u in targets]
+        out.append(f"{t:5.1f}s " + "+".join(parts))
+    moves = "; ".join(f"{url.rsplit(':', 1)[-1]}: " + ", ".join(f"{t}s {n} {phase} ({why})" for t, n, phase, why in d)
+                      for url, d in r.get("decisions", {}).items())
+    return "  targets (target/queue): " + ", ".join(out) + "\n  decisions: " + moves
+
+
+def settled(r: dict[str, Any]) -> tuple[dict[str, float], dict[str, float]]:
+    """Median target and mean queue of each endpoint over the second half of the run."""
+    half = r["trace"][len(r["trace"]) // 2:]
+    urls = half[-1][1].keys() if half else ()
+    targets = {u: statistics.median(s[1][u] for s in half) for u in urls}
+    queues = {u: statistics.mean(s[2][u] for s in half if s[2].get(u) is not None)
+              for u in urls if any(s[2].get(u) is not None for s in half)}
+    return targets, queues
+
+
+def summarize(results: dict[str, list[dict[str, Any]]], label: str) -> dict[str, float]:
+    """Median tok/s and p50 per setting; auto against the best fixed one and against fixed 64."""
+    med = {k: {"tok_s": statistics.median(r["tok_s"] for r in rs), "p50": statistics.median(r["p50"] for r in rs)}
+           for k, rs in results.items()}
+    fixed = {k: v for k, v in med.items() if k != "auto"}
+    best = max(fixed, key=lambda k: fixed[k]["tok_s"])
+    a = med["auto"]
+    out = {"auto_tok_s": a["tok_s"], "auto_p50": a["p50"], "best_fixed": float(best),
+           "best_tok_s": fixed[best]["tok_s"], "best_p50": fixed[best]["p50"],
+           "ratio_tok_s": a["tok_s"] / fixed[best]["tok_s"], "ratio_p50": a["p50"] / fixed[best]["p50"]}
+    print(f"\n{label}: medians over rounds")
+    for k, v in med.items():
+        print(f"  {k:>5}: {v['tok_s']:8.1f} tok/s  p50 {v['p50']:6.2f} s")
+    print(f"  auto / best fixed ({best}): tok/s x{out['ratio_tok_s']:.3f}, p50 x{out['ratio_p50']:.3f}")
+    if "64" in fixed:
+        out["ratio_vs_64"] = a["tok_s"] / fixed["64"]["tok_s"]
+        print(f"  auto / fixed 64 (the old default): tok/s x{out['ratio_vs_64']:.3f}")
+    return out
+
+
+# ----------------------------------------------------------------------------------------- servers
+
+def start_vllm(py: str, model: str, work: Path, name: str, max_num_seqs: int | None):
+    import socket
+
+    from harvest.config import PreflightConfig, ServerConfig
+    from harvest.errors import LaunchError
+    from harvest.server import Server
+
+    extra = ["--max-model-len", "1024"] + (["--max-num-seqs", str(max_num_seqs)] if max_num_seqs else [])
+    last: Exception | None = None
+    for attempt in range(3):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        cfg = ServerConfig(engine="vllm", model=model, python=py, port=port, served_model_name=SERVED_NAME,
+                           env=dict(VLLM_ENV), extra_args=extra, ready_timeout=600.0, stop_grace=20.0,
+                           stop_deadline=60.0)
+        server = Server(cfg, run_dir=work / f"{name}-{attempt}",
+                        preflight=PreflightConfig(min_disk_free_gib=1, ram_reserve_gib=1))
+        try:
+            return server.launch()
+        except LaunchError as exc:
+            last = exc
+            if "address already in use" not in str(exc).lower():
+                raise
+    raise RuntimeError(f"could not start vLLM: {last}")
+
+
+def stop_all(servers: list[Any]) -> None:
+    for server in servers:
+        report = server.shutdown()
+        if report is not None:
+            print(f"server stop: {report.verdict} in {report.total_s:.2f} s", flush=True)
+
+
+# ----------------------------------------------------------------------------------------- scenarios
+
+def run_series(args: argparse.Namespace, urls: list[str], settings: list[str], label: str,
+               auto: AutoSettings) -> dict[str, list[dict[str, Any]]]:
+    return run_series_model(args, urls, settings, label, auto, model=SERVED_NAME, extra_body={"ignore_eos": True})
+
+
+def run_series_model(args: argparse.Namespace, urls: list[str], settings: list[str], label: str,
+                     auto: AutoSettings, *, model: str, extra_body: dict[str, Any],
+                     warm_up: bool = False) -> dict[str, list[dict[str, Any]]]:
+    """Every setting once per round (order reversed every other round); ``warm_up``: one untimed
+    pass at the real size first, at the middle fixed value."""
+    if warm_up:
+        fixed = [int(s) for s in settings if s != "auto"]
+        w = asyncio.run(drive(urls, fixed[len(fixed) // 2], args.requests, args.max_tokens, model=model,
+                              extra_body=extra_body))
+        print(f"  warm-up: {describe(w)}", flush=True)
+    results: dict[str, list[dict[str, Any]]] = {s: [] for s in settings}
+    for k in range(args.rounds):
+        order = settings if k % 2 == 0 else settings[::-1]
+        for s in order:
+            conc: int | str = s if s == "auto" else int(s)
+            r = asyncio.run(drive(urls, conc, args.requests, args.max_tokens, model=model,
+                                  extra_body=extra_body, auto=auto, max_concurrency=args.max_concurrency))
+            results[s].append(r)
+            print(f"  {label} round {k} {describe(r)}", flush=True)
+            if s == "auto":
+                print(targets_over_time(r), flush=True)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scenarios", default="sweep,small-batch,two-speeds")
+    ap.add_argument("--requests", type=int, default=256)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--fixed", default="4,16,64,256,512", help="fixed concurrency values of the sweep")
+    ap.add_argument("--two-speed-fixed", default="8,32,64,128", help="fixed values of the two-speeds scenario")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--max-concurrency", type=int, default=512)
+    ap.add_argument("--interval", type=float, default=1.0, help="seconds per control step of auto")
+    ap.add_argument("--engine-python", help="Python of vLLM's CPU build (default: scripts/install-engines vllm)")
+    ap.add_argument("--model", help="model folder (default: harvest's tiny model, built when missing)")
+    ap.add_argument("--keep", type=Path, help="keep server logs in this folder")
+    args = ap.parse_args(argv)
+    scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    unknown = set(scenarios) - {"sweep", "small-batch", "two-speeds"}
+    if unknown:
+        ap.error(f"--scenarios: unknown {', '.join(sorted(unknown))}")
+
+    exit_on_sigterm()
+    py = engine_python(args.engine_python)
+    if args.model:
+        model = str(Path(args.model).resolve())
+    else:
+        from harvest.campaign.demo import ensure_tiny_model
+
+        model = str(ensure_tiny_model(py))
+    work = args.keep or Path(tempfile.mkdtemp(prefix="harvest-autoconc-"))
+    work.mkdir(parents=True, exist_ok=True)
+    auto = AutoSettings(start=8, max_concurrency=args.max_concurrency, interval_s=args.interval)
+    print(f"auto concurrency: {args.requests} requests x {args.max_tokens} tokens (ignore_eos), "
+          f"{args.rounds} round(s); vLLM CPU, tiny model; auto start {auto.start}, interval {auto.interval_s} s", flush=True)
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+          f"{time.strftime('%Y-%m-%d %H:%M')}; {load()}", flush=True)
+    fixed = [s.strip() for s in args.fixed.split(",") if s.strip()]
+
+    if "sweep" in scenarios:
+        servers = [start_vllm(py, model, work, "sweep", None)]
+        try:
+            url = servers[0].url
+            asyncio.run(drive([url], 16, 32, 8, model=SERVED_NAME, extra_body={"ignore_eos": True}))  # warm-up
+            res = run_series(args, [url], fixed + ["auto"], "sweep", auto)
+        finally:
+            stop_all(servers)
+        out = summarize(res, "sweep (one server)")
+        ok = out["ratio_tok_s"] >= 0.98 and out["ratio_p50"] <= 1.2
+        print(f"  target: auto >= x0.98 best fixed tok/s with p50 <= x1.2: {'met' if ok else 'MISSED'}")
+        print("BENCH autoconc_sweep " + " ".join(f"{k}={v:.3f}" for k, v in out.items())
+              + f" met={int(ok)} load1={os.getloadavg()[0]:.2f}", flush=True)
+
+    if "small-batch" in scenarios:
+        servers = [start_vllm(py, model, work, "seqs8", 8)]
+        try:
+            url = servers[0].url
+            asyncio.run(drive([url], 8, 16, 8, model=SERVED_NAME, extra_body={"ignore_eos": True}))
+            res = run_series(args, [url], ["64", "auto"], "max-num-seqs 8", auto)
+        finally:
+            stop_all(servers)
+        targets, queues = settled(res["auto"][-1])
+        t, q = next(iter(targets.values())), next(iter(queues.values()), float("nan"))
+        print(f"\nmax-num-seqs 8: auto settled at target {t:.0f} with the engine queue at {q:.1f} on average "
+              f"(second half of the run); fixed 64: p50 {res['64'][-1]['p50']:.2f} s vs auto "
+              f"{res['auto'][-1]['p50']:.2f} s")
+        print(f"BENCH autoconc_small_batch settled_target={t:.1f} mean_queue={q:.2f} "
+              f"auto_tok_s={res['auto'][-1]['tok_s']:.1f} fixed64_tok_s={res['64'][-1]['tok_s']:.1f} "
+              f"auto_p50={res['auto'][-1]['p50']:.3f} fixed64_p50={res['64'][-1]['p50']:.3f} "
+              f"load1={os.getloadavg()[0]:.2f}", flush=True)
+
+    if "two-speeds" in scenarios:
+        servers = []
+        try:
+            servers.append(start_vllm(py, model, work, "seqs4", 4))
+            servers.append(start_vllm(py, model, work, "seqs32", 32))
+            urls = [s.url for s in servers]
+            for url in urls:
+                asyncio.run(drive([url], 8, 16, 8, model=SERVED_NAME, extra_body={"ignore_eos": True}))
+            two = [s.strip() for s in args.two_speed_fixed.split(",") if s.strip()]
+            res = run_series(args, urls, two + ["auto"], "two speeds", auto)
+        finally:
+            stop_all(servers)
+        out = summarize(res, "two endpoints (max-num-seqs 4 and 32)")
+        ok = out["ratio_tok_s"] >= 1.2
+        print(f"  target: auto >= x1.2 the best fixed tok/s: {'met' if ok else 'MISSED'}")
+        print("BENCH autoconc_two_speeds " + " ".join(f"{k}={v:.3f}" for k, v in out.items())
+              + f" met={int(ok)} load1={os.getloadavg()[0]:.2f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

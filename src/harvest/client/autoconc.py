@@ -1,0 +1,364 @@
+"""``concurrency = "auto"``: one controller per endpoint that finds how many requests it can take.
+
+A controller owns one number, the endpoint's *target* (requests in flight it may hold), and moves
+it once per control step, in four named steps:
+
+    measure   generation tok/s over the step (the engine's token counter when /metrics has one,
+              otherwise the tokens of the answers that came back), latency per output token of
+              those answers, and the engine's gauges: running, waiting, KV-cache use, preemptions
+    pressure  is the engine past what it can take?  preemptions appeared; KV use >= ``kv_high``;
+              the queue is longer than ``queue_slack`` x running; or, for an engine without queue
+              gauges only (no /metrics), latency per output token rose ``latency_rise`` x above
+              the accepted level's without tok/s growing with it (while growing: once; settled:
+              two steps in a row, since one is noise on a loaded machine)
+    decide    under pressure: back off (to what the engine runs plus a little headroom when its
+              queue is the reason, to the last level that paid when latency is, else
+              x ``decrease``) and remember the level as a ceiling; otherwise, while starting:
+              double while tok/s grows by ``gain`` (one step without growth is given the benefit
+              of the doubt); then settle on the smallest level within ``settle_within`` of the best tok/s;
+              when settled: every ``probe_every`` steps probe one step up, kept only if tok/s grew
+    bound     clamp to [1, ``max_concurrency``]
+
+A counter that went backwards (generation tokens, preemptions) means the engine restarted: the
+controller forgets what it learnt and starts again from ``start``.
+
+It never does I/O and never reads a clock: the client feeds it answers (:meth:`record`) and,
+once per step, the gauges it scraped with the time (:meth:`step`). So a test drives it with a
+trace, and the client decides where the numbers come from.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+#: Metric names by meaning, first present wins (vLLM, SGLang, llama-server).
+RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs", "llamacpp:requests_processing")
+WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred")
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage",
+            "llamacpp:kv_cache_usage_ratio")
+PREEMPTIONS = ("vllm:num_preemptions_total", "sglang:num_retracted_reqs_total")
+GENERATED = ("vllm:generation_tokens_total", "sglang:generation_tokens_total", "llamacpp:tokens_predicted_total")
+#: Every name the controller reads (the scrape parses only these lines).
+GAUGE_NAMES = frozenset(RUNNING + WAITING + KV_USAGE + PREEMPTIONS + GENERATED)
+
+
+@dataclass(frozen=True)
+class Gauges:
+    """One scrape of an engine's /metrics, by meaning; None where the engine has no such metric."""
+
+    running: float | None = None
+    waiting: float | None = None
+    #: KV-cache use, 0..1.
+    kv_usage: float | None = None
+    #: Cumulative preemptions (a counter).
+    preemptions: float | None = None
+    #: Cumulative generated tokens (a counter).
+    generated: float | None = None
+
+    @classmethod
+    def from_metrics(cls, metrics: Mapping[str, float]) -> Gauges | None:
+        """The gauges in a scrape summed by name (:func:`~harvest.client.metrics.scrape_metrics`);
+        None when the scrape is empty (no /metrics) or names none of them."""
+
+        def first(names: tuple[str, ...]) -> float | None:
+            for name in names:
+                value = metrics.get(name)
+                if value is not None and not math.isnan(value):
+                    return value
+            return None
+
+        gauges = cls(first(RUNNING), first(WAITING), first(KV_USAGE), first(PREEMPTIONS), first(GENERATED))
+        return None if gauges == cls() else gauges
+
+
+@dataclass(frozen=True)
+class AutoSettings:
+    """The controller's knobs. ``start`` and ``max_concurrency`` come from ``[client]``."""
+
+    start: int = 8
+    max_concurrency: int = 512
+    #: Seconds between control steps.
+    interval_s: float = 2.0
+    #: Relative tok/s growth that counts as "it grew" (below: noise).
+    gain: float = 0.05
+    #: Settle on the smallest level whose tok/s is within this share of the best seen.
+    settle_within: float = 0.03
+    #: Growth factor of a step while starting.
+    increase: float = 2.0
+    #: Factor of a probe upwards once settled.
+    probe: float = 1.25
+    #: Steps between two probes once settled.
+    probe_every: int = 8
+    #: Factor of a back-off without a measured capacity.
+    decrease: float = 0.7
+    #: KV-cache use at which the engine counts as full.
+    kv_high: float = 0.95
+    #: Queued requests tolerated: max(2, this x running).
+    queue_slack: float = 0.125
+    #: Latency per output token this many times the accepted level's counts as a rise.
+    latency_rise: float = 1.5
+    #: Without a token counter, a step lasts until ``max(4, target / 2)`` answers came back, or
+    #: this many intervals.
+    max_wait_steps: int = 10
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.start <= self.max_concurrency:
+            raise ValueError(f"start {self.start} must be between 1 and max_concurrency {self.max_concurrency}")
+        if self.interval_s <= 0 or self.gain <= 0 or self.increase <= 1 or self.probe <= 1:
+            raise ValueError("interval_s and gain must be > 0, increase and probe > 1")
+        if not 0 < self.decrease < 1 or not 0 < self.kv_high <= 1:
+            raise ValueError("decrease must be in (0, 1), kv_high in (0, 1]")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What one control step decided, for the display, status --json and tests."""
+
+    target: int
+    #: "start" (growing), "settled", "probe", "backoff" or "restart".
+    phase: str
+    #: Why it moved (or "hold"): "tok/s grew", "no gain", "queue", "kv full", "preemption", "latency", ...
+    reason: str
+    #: Generation tok/s measured over the step; None when nothing was measured.
+    tok_s: float | None = None
+    #: Whether the engine's /metrics fed the step.
+    gauges: bool = False
+
+
+@dataclass(frozen=True)
+class _Observation:
+    tok_s: float | None
+    tpot: float | None
+    gauges: Gauges | None
+    preempted: bool
+    restarted: bool
+
+
+class AutoConcurrency:
+    """The controller of one endpoint: see the module docstring."""
+
+    def __init__(self, settings: AutoSettings | None = None):
+        self.settings = settings or AutoSettings()
+        self._reset(self.settings.start)
+        self._last_gauges: Gauges | None = None
+        self.last = Decision(self.target, "start", "initial")
+
+    # --- feeding --------------------------------------------------------------------------------
+
+    def record(self, completion_tokens: int | None, latency_s: float) -> None:
+        """One answer from this endpoint: its generated tokens and its latency."""
+        tokens = max(int(completion_tokens or 0), 0)
+        self._tokens += tokens
+        self._answers += 1
+        if tokens > 0 and latency_s > 0:
+            self._tpot_sum += latency_s / tokens
+            self._tpot_n += 1
+
+    def step(self, now: float, gauges: Gauges | None = None) -> Decision:
+        """One control step at clock time ``now`` with this step's scrape (None: no /metrics)."""
+        obs = self._measure(now, gauges)
+        if obs is None:
+            return self.last
+        if obs.restarted:
+            self._reset(min(self.target, self.settings.start))
+            self._mark(now, gauges)
+            self.last = Decision(self.target, "restart", "engine counters reset", None, True)
+            return self.last
+        pressure = self._pressure(obs)
+        target, phase, reason = self._decide(obs, pressure)
+        before, self.target = self.target, self._bound(target)
+        self._warming = self.target != before
+        self.last = Decision(self.target, phase, reason, obs.tok_s, obs.gauges is not None)
+        return self.last
+
+    # --- the steps ------------------------------------------------------------------------------
+
+    def _measure(self, now: float, gauges: Gauges | None) -> _Observation | None:
+        """This step's tok/s and latency per token; None while the step is not over (or no data)."""
+        s = self.settings
+        seen, self._seen = self._seen, gauges if gauges is not None else self._seen
+        if gauges is not None and seen is not None and (
+                _went_back(seen.generated, gauges.generated) or _went_back(seen.preemptions, gauges.preemptions)):
+            return _Observation(None, None, gauges, False, True)  # seen at any step, not only a window's end
+        if self._since is None:
+            self._mark(now, gauges)
+            return None
+        elapsed = now - self._since
+        if elapsed < s.interval_s * 0.9:
+            return None
+        if self._warming:  # the step after a change: the new requests are still in prefill
+            self._warming = False
+            self._mark(now, gauges)
+            return None
+        has_tokens = gauges is not None and gauges.generated is not None
+        if not has_tokens and self._answers < max(4, self.target // 2) and elapsed < s.interval_s * s.max_wait_steps:
+            return None  # measured by answers alone: wait for enough of them
+        previous, self._last_gauges = self._last_gauges, gauges
+        restarted = preempted = False
+        tok_s = None
+        if gauges is not None and previous is not None:
+            restarted = _went_back(previous.generated, gauges.generated) or \
+                _went_back(previous.preemptions, gauges.preemptions)
+            if gauges.generated is not None and previous.generated is not None and not restarted:
+                tok_s = (gauges.generated - previous.generated) / elapsed
+            if gauges.preemptions is not None and previous.preemptions is not None:
+                preempted = gauges.preemptions > previous.preemptions
+        if tok_s is None and self._answers:
+            tok_s = self._tokens / elapsed
+        tpot = self._tpot_sum / self._tpot_n if self._tpot_n >= 3 else None
+        self._mark(now, gauges)
+        if tok_s is None and gauges is None:
+            return None  # nothing came back yet: no verdict on this level
+        return _Observation(tok_s, tpot, gauges, preempted, restarted)
+
+    def _pressure(self, obs: _Observation) -> str | None:
+        """The reason the engine is past what it can take, or None."""
+        s = self.settings
+        g = obs.gauges
+        if obs.preempted:
+            return "preemption"
+        if g is not None and g.kv_usage is not None and g.kv_usage >= s.kv_high:
+            return "kv full"
+        if g is not None and g.waiting is not None and g.running is not None:
+            if g.waiting > max(2.0, s.queue_slack * g.running):
+                return "queue"
+        if obs.tpot is not None and self._ref_tpot is not None:
+            grew = obs.tok_s is not None and self._level_tok_s is not None and \
+                obs.tok_s >= self._level_tok_s * (1 + s.gain)
+            rose = obs.tpot > s.latency_rise * self._ref_tpot and not grew and self.target > 1
+            self._latency_strikes = self._latency_strikes + 1 if rose else 0
+            # Only where no queue gauge speaks (an engine without /metrics): there, while growing, one
+            # rise ends the growth; once settled, a rise is noise on a shared machine unless it lasts
+            # two steps. With gauges, the queue, KV use and preemptions say it directly.
+            queue_known = g is not None and g.waiting is not None
+            if rose and not queue_known and (not self._settled or self._latency_strikes >= 2):
+                self._latency_strikes = 0
+                return "latency"
+        return None
+
+    def _decide(self, obs: _Observation, pressure: str | None) -> tuple[float, str, str]:
+        """The next target from this step's observation (see the module docstring)."""
+        s = self.settings
+        tok_s = obs.tok_s
+        if pressure is not None:
+            self._ceiling = self.target
+            self._settled, self._since_probe = True, 0
+            g = obs.gauges
+            target = self.target * s.decrease
+            if pressure == "queue" and g is not None and g.running:
+                target = min(target, g.running + max(1.0, math.ceil(s.queue_slack * g.running)))
+            elif pressure == "latency" and self._accepted is not None and self._accepted < self.target:
+                target = self._accepted  # latency rose without tok/s: back to the last level that paid
+            self._level_tok_s = self._ref_tpot = None
+            return target, "backoff", pressure
+        if tok_s is None:
+            return self.target, self.last.phase, "hold"
+        self._levels[self.target] = tok_s
+        if obs.tpot is not None:
+            self._tpots[self.target] = obs.tpot
+        if not self._settled:
+            return self._grow(tok_s)
+        return self._steady(tok_s)
+
+    def _grow(self, tok_s: float) -> tuple[float, str, str]:
+        """Starting: double while tok/s grows (one step without growth is given the benefit of the
+        doubt); at a second such step in a row, settle on the best level."""
+        s = self.settings
+        previous = self._level_tok_s
+        grew = previous is None or tok_s >= previous * (1 + s.gain)
+        # One step without growth (flat, or even lower: one step of a loaded machine can read 20 %
+        # low) is given the benefit of the doubt; the second in a row settles.
+        flat = not grew and self._flat < 1
+        if grew or flat:
+            self._flat = 0 if grew else self._flat + 1
+            self._level_tok_s = tok_s if previous is None else max(tok_s, previous)
+            self._ref_tpot = self._tpots.get(self.target, self._ref_tpot)
+            self._accepted = self.target
+            if self.target >= s.max_concurrency:
+                self._settled = True
+                return self.target, "settled", "at max_concurrency"
+            return self.target * s.increase, "start", "tok/s grew" if grew else "tok/s held"
+        self._settled = True
+        best = self._best_level()
+        self._level_tok_s = self._levels[best]
+        self._ref_tpot = self._tpots.get(best, self._ref_tpot)
+        self._accepted = best
+        return best, "settled", "no gain"
+
+    def _steady(self, tok_s: float) -> tuple[float, str, str]:
+        """Settled: hold; every ``probe_every`` steps try one step up and keep it if tok/s grew."""
+        s = self.settings
+        if self._probing is not None:
+            base, base_tok_s = self._probing
+            self._probing = None
+            if tok_s >= base_tok_s * (1 + s.gain):
+                self._level_tok_s = tok_s
+                self._ref_tpot = self._tpots.get(self.target, self._ref_tpot)
+                self._accepted = self.target
+                return self.target, "settled", "probe gained"
+            self._level_tok_s = base_tok_s
+            return base, "settled", "probe gave nothing"
+        self._level_tok_s = tok_s if self._level_tok_s is None else 0.5 * (self._level_tok_s + tok_s)
+        tpot = self._tpots.get(self.target)
+        if tpot is not None:
+            self._ref_tpot = tpot if self._ref_tpot is None else 0.5 * (self._ref_tpot + tpot)
+        self._since_probe += 1
+        ceiling = self._ceiling
+        if self._since_probe >= s.probe_every and self.target < s.max_concurrency:
+            self._since_probe = 0
+            up = max(self.target + 1, self.target * s.probe)
+            if ceiling is not None and up >= ceiling:
+                self._ceiling = None  # the pressure that set it is old news: one look, then forget
+                up = max(self.target + 1, min(up, ceiling))
+            self._probing = (self.target, self._level_tok_s)
+            return up, "probe", "probe"
+        return self.target, "settled", "hold"
+
+    def _bound(self, target: float) -> int:
+        return int(min(max(round(target), 1), self.settings.max_concurrency))
+
+    # --- helpers --------------------------------------------------------------------------------
+
+    def _best_level(self) -> int:
+        """The smallest level within ``settle_within`` of the best tok/s seen (less latency, same work)."""
+        best = max(self._levels.values())
+        return min(level for level, value in self._levels.items()
+                   if value >= best * (1 - self.settings.settle_within))
+
+    def _mark(self, now: float, gauges: Gauges | None) -> None:
+        """Start a measuring window at ``now``."""
+        self._since = now
+        self._last_gauges = gauges
+        self._tokens = self._answers = self._tpot_n = 0
+        self._tpot_sum = 0.0
+
+    def _reset(self, target: int) -> None:
+        self.target = max(1, target)
+        self._since: float | None = None
+        self._tokens = self._answers = self._tpot_n = 0
+        self._tpot_sum = 0.0
+        self._level_tok_s: float | None = None
+        self._levels: dict[int, float] = {}
+        self._tpots: dict[int, float] = {}
+        self._settled = False
+        self._since_probe = 0
+        self._probing: tuple[int, float] | None = None
+        self._ceiling: int | None = None
+        self._warming = False
+        self._flat = 0
+        #: The last scrape seen at any step (a restart shows as a counter that went back).
+        self._seen: Gauges | None = getattr(self, "_seen", None)
+        self._latency_strikes = 0
+        #: The last level whose tok/s paid for its latency (where a latency back-off returns to).
+        self._accepted: int | None = None
+        #: Latency per output token of the accepted level (what a rise is measured against).
+        self._ref_tpot: float | None = None
+
+
+def _went_back(before: float | None, after: float | None) -> bool:
+    return before is not None and after is not None and after < before
+
+
+__all__ = ["GAUGE_NAMES", "AutoConcurrency", "AutoSettings", "Decision", "Gauges"]

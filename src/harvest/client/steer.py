@@ -1,0 +1,125 @@
+"""The loop that steers ``concurrency = "auto"``: one controller per endpoint, fed once per step.
+
+Every ``interval_s`` it scrapes each healthy endpoint's ``/metrics`` (all at once, each bounded by
+the step's length), hands the gauges and the time to that endpoint's
+:class:`~harvest.client.autoconc.AutoConcurrency`, and writes the new target into the pool, which
+gates dispatch per endpoint. An endpoint whose /metrics is missing (404) or unreadable steers on
+its answers alone; a missing one is asked again only every ``rescrape_every`` steps. The loop never
+raises into the client: a failed step is logged and the targets stay where they were.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+
+from harvest.client.autoconc import AutoConcurrency, AutoSettings, Decision, Gauges
+from harvest.client.endpoints import Endpoint, EndpointPool
+from harvest.client.records import EndpointState
+
+log = logging.getLogger("harvest.client")
+
+#: ``scrape(endpoint_url, timeout)`` -> metrics summed by name ({} when the engine has none).
+Scrape = Callable[[str, float], Awaitable[Mapping[str, float]]]
+
+
+@dataclass(frozen=True)
+class Target:
+    """The auto-concurrency target of one endpoint at one moment (for displays and status)."""
+
+    url: str
+    target: int
+    phase: str
+    reason: str
+    tok_s: float | None
+    #: True when the engine's /metrics fed the last step.
+    gauges: bool
+
+
+class Steering:
+    """The controllers of one client's endpoints and the task that feeds them."""
+
+    def __init__(self, pool: EndpointPool, settings: AutoSettings, scrape: Scrape,
+                 clock: Callable[[], float], sleep: Callable[[float], Awaitable[object]],
+                 rescrape_every: int = 15):
+        self._pool = pool
+        self.settings = settings
+        self._scrape = scrape
+        self._clock, self._sleep = clock, sleep
+        self._rescrape_every = rescrape_every
+        self._controllers = {e.url: AutoConcurrency(settings) for e in pool.endpoints}
+        self._no_metrics: dict[str, int] = {}
+        self._task: asyncio.Task[None] | None = None
+        for endpoint in pool.endpoints:
+            pool.set_limit(endpoint, settings.start)
+
+    def record(self, endpoint: Endpoint, completion_tokens: int | None, latency_s: float) -> None:
+        """One answer from ``endpoint``."""
+        self._controllers[endpoint.url].record(completion_tokens, latency_s)
+
+    def targets(self) -> tuple[Target, ...]:
+        """Each endpoint's current target and the last decision about it."""
+        out = []
+        for endpoint in self._pool.endpoints:
+            last: Decision = self._controllers[endpoint.url].last
+            out.append(Target(endpoint.url, self._controllers[endpoint.url].target, last.phase, last.reason,
+                              last.tok_s, last.gauges))
+        return tuple(out)
+
+    def ensure_started(self) -> None:
+        """Start the steering task (from inside the event loop); a no-op once it runs."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def aclose(self) -> None:
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait([task], timeout=5.0)
+
+    async def _run(self) -> None:
+        while True:
+            await self._sleep(self.settings.interval_s)
+            try:
+                await self.step()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # steering is an optimisation: never let it end the client
+                log.exception("auto concurrency step failed; targets unchanged")
+
+    async def step(self) -> None:
+        """One round: scrape every healthy endpoint, step its controller, apply its target."""
+        endpoints = [e for e in self._pool.endpoints if e.state is EndpointState.HEALTHY]
+        gauges = await asyncio.gather(*(self._read(e) for e in endpoints))
+        now = self._clock()
+        for endpoint, reading in zip(endpoints, gauges):
+            controller = self._controllers[endpoint.url]
+            before = controller.target
+            decision = controller.step(now, reading)
+            if decision.target != before:
+                log.debug("auto concurrency %s: %d -> %d (%s, %s)", endpoint.url, before, decision.target,
+                          decision.phase, decision.reason)
+            self._pool.set_limit(endpoint, decision.target)
+
+    async def _read(self, endpoint: Endpoint) -> Gauges | None:
+        skipped = self._no_metrics.get(endpoint.url)
+        if skipped is not None and skipped < self._rescrape_every:
+            self._no_metrics[endpoint.url] = skipped + 1
+            return None
+        timeout = max(self.settings.interval_s, 1.0)
+        try:
+            metrics = await asyncio.wait_for(self._scrape(endpoint.url, timeout), timeout + 1.0)
+        except (asyncio.TimeoutError, Exception) as exc:  # a busy engine may answer /metrics late
+            log.debug("auto concurrency: /metrics of %s not read this step: %r", endpoint.url, exc)
+            return None
+        gauges = Gauges.from_metrics(metrics)
+        if gauges is None:
+            self._no_metrics[endpoint.url] = 0
+        else:
+            self._no_metrics.pop(endpoint.url, None)
+        return gauges
+
+
+__all__ = ["Steering", "Target"]

@@ -1,0 +1,210 @@
+"""The auto-concurrency controller on gauge traces of modelled engines.
+
+Each engine below answers a controller's target with what a real engine's /metrics would show
+over one control step: running and waiting requests, KV use, the generation-token and preemption
+counters, and the answers that came back with their latency. The controller only sees those
+traces, so the tests assert the shape of its target over steps (rises from the start value,
+settles, backs off, starts again), never seconds.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from dataclasses import dataclass, field
+
+import pytest
+
+from harvest.client.autoconc import AutoConcurrency, AutoSettings, Gauges
+
+OUT_TOKENS = 64
+
+
+@dataclass
+class Engine:
+    """A continuous-batching engine: tok/s saturates with the batch, the batch is capped, and past
+    ``kv_seqs`` sequences the KV cache thrashes (preemptions, lost work)."""
+
+    peak: float = 2000.0  # tok/s with an infinite batch
+    knee: float = 16.0  # batch at which half the peak is reached
+    max_seqs: int = 256
+    kv_seqs: int = 10_000
+    metrics: bool = True
+    #: Each step's tok/s and latency move by up to this share at random (a shared, loaded machine).
+    jitter: float = 0.0
+    generated: float = 0.0
+    preemptions: float = 0.0
+    rng: random.Random = field(default_factory=lambda: random.Random(16))
+
+    def tick(self, target: int, dt: float, ctl: AutoConcurrency) -> Gauges | None:
+        running = min(target, self.max_seqs)
+        waiting = target - running
+        tok_s = self.peak * running / (running + self.knee)
+        kv = running / self.kv_seqs
+        if kv > 1.0:  # thrashing: preempted sequences redo their prefill
+            self.preemptions += (running - self.kv_seqs) * dt
+            tok_s *= self.kv_seqs / running * 0.8
+            kv = 1.0
+        if self.jitter:
+            tok_s *= 1 + self.jitter * (2 * self.rng.random() - 1)
+        self.generated += tok_s * dt
+        per_seq = tok_s / running
+        # an answer waits in the queue (waiting/running rounds of OUT_TOKENS) then generates
+        latency = OUT_TOKENS / per_seq * (1 + waiting / max(running, 1))
+        if self.jitter:
+            latency *= 1 + 2 * self.jitter * self.rng.random()
+        answers = tok_s * dt / OUT_TOKENS
+        whole = int(answers)
+        for _ in range(whole):
+            ctl.record(OUT_TOKENS, latency)
+        if not self.metrics:
+            return None
+        return Gauges(running=float(running), waiting=float(waiting), kv_usage=kv,
+                      preemptions=self.preemptions, generated=self.generated)
+
+
+def drive(engine: Engine, ctl: AutoConcurrency, steps: int, *, restart_at: int | None = None) -> list[tuple[int, Gauges | None]]:
+    """Run ``steps`` control steps; returns (target, gauges) per step."""
+    out = []
+    dt = ctl.settings.interval_s
+    now = 0.0
+    for i in range(steps):
+        if restart_at is not None and i == restart_at:
+            engine.generated = engine.preemptions = 0.0
+        gauges = engine.tick(ctl.target, dt, ctl)
+        now += dt
+        ctl.step(now, gauges)
+        out.append((ctl.target, gauges))
+    return out
+
+
+def rises_then_holds(targets: list[int], start: int) -> int:
+    """Index of the first step below the running maximum (where rising ended); asserts that the
+    target rose from ``start`` before it."""
+    assert targets[0] >= start
+    peak = start
+    for i, t in enumerate(targets):
+        if t < peak:
+            return i
+        peak = t
+    return len(targets)
+
+
+def test_rising_engine_target_grows_from_start_and_settles_near_the_knee_of_the_curve():
+    ctl = AutoConcurrency(AutoSettings(start=8, max_concurrency=512))
+    trace = drive(Engine(), ctl, 80)
+    targets = [t for t, _ in trace]
+    assert max(targets[:20]) >= 64, targets  # it grew from 8
+    tail = targets[40:]
+    # settled: a narrow band (probes up and back down), below max_concurrency and near what the
+    # engine runs at once (256) or below
+    assert 32 <= statistics.median(tail) <= 300, tail
+    assert max(tail) <= 2 * min(tail) + 1, tail
+
+
+def test_tok_s_at_settled_target_is_near_the_engine_peak():
+    engine = Engine()
+    ctl = AutoConcurrency(AutoSettings(start=4, max_concurrency=512))
+    drive(engine, ctl, 60)
+    fixed = {c: engine.peak * min(c, engine.max_seqs) / (min(c, engine.max_seqs) + engine.knee) for c in (4, 64, 512)}
+    settled = ctl.target
+    reached = engine.peak * settled / (settled + engine.knee)
+    assert reached >= 0.85 * max(fixed.values()), (settled, reached, fixed)
+
+
+def test_small_batch_engine_target_settles_at_what_it_runs_and_the_queue_stays_short():
+    engine = Engine(max_seqs=8)
+    ctl = AutoConcurrency(AutoSettings(start=4, max_concurrency=512))
+    trace = drive(engine, ctl, 80)
+    targets = [t for t, _ in trace]
+    assert max(targets) > 4  # it looked above the start
+    tail = trace[30:]
+    assert all(t <= 16 for t, _ in tail), targets
+    assert 8 <= statistics.median(t for t, _ in tail) <= 10
+    waiting = [g.waiting for _, g in tail if g is not None]
+    assert statistics.mean(waiting) <= 2.0, waiting
+
+
+def test_thrashing_engine_target_backs_off_below_the_kv_limit():
+    engine = Engine(peak=3000, knee=16, kv_seqs=40)
+    ctl = AutoConcurrency(AutoSettings(start=8, max_concurrency=512))
+    trace = drive(engine, ctl, 100)
+    targets = [t for t, _ in trace]
+    assert max(targets) > 40  # it went past the limit once...
+    tail = targets[40:]
+    assert statistics.median(tail) <= 40, targets  # ...and came back below it
+    over = sum(1 for t in tail if t > 40)
+    assert over <= len(tail) // 4, targets  # only the occasional probe goes over
+
+
+def test_engine_restart_resets_the_target_to_start_and_it_rises_again():
+    engine = Engine()
+    ctl = AutoConcurrency(AutoSettings(start=8, max_concurrency=512))
+    trace = drive(engine, ctl, 90, restart_at=40)
+    targets = [t for t, _ in trace]
+    before = targets[39]
+    assert before >= 32
+    assert targets[40] == 8, targets[35:50]  # the step that saw the counters go back
+    assert ctl.last.phase != "restart"
+    assert max(targets[41:]) >= before // 2, targets[40:]  # it found its way up again
+    assert min(targets[41:48]) <= 16, targets[40:]  # from the bottom, not from where it was
+
+
+def test_engine_without_metrics_steers_on_answers_alone():
+    engine = Engine(metrics=False)
+    ctl = AutoConcurrency(AutoSettings(start=8, max_concurrency=512))
+    trace = drive(engine, ctl, 200)
+    targets = [t for t, _ in trace]
+    assert max(targets) >= 64, targets
+    assert not ctl.last.gauges
+    tail = targets[120:]
+    assert 32 <= statistics.median(tail) <= 300, tail
+
+
+def test_engine_without_metrics_and_a_small_batch_backs_off_on_latency():
+    engine = Engine(metrics=False, max_seqs=8, knee=4)
+    ctl = AutoConcurrency(AutoSettings(start=4, max_concurrency=512))
+    trace = drive(engine, ctl, 200)
+    targets = [t for t, _ in trace]
+    tail = targets[100:]
+    assert statistics.median(tail) <= 16, targets  # not the 512 a queue without gauges would allow
+
+
+def test_target_never_leaves_its_bounds():
+    ctl = AutoConcurrency(AutoSettings(start=8, max_concurrency=24))
+    trace = drive(Engine(peak=10_000, knee=1000), ctl, 60)
+    targets = [t for t, _ in trace]
+    assert max(targets) == 24
+    assert min(targets) >= 1
+
+
+def test_gauges_from_engine_metric_names():
+    vllm = Gauges.from_metrics({"vllm:num_requests_running": 3.0, "vllm:num_requests_waiting": 1.0,
+                                "vllm:kv_cache_usage_perc": 0.5, "vllm:num_preemptions_total": 2.0,
+                                "vllm:generation_tokens_total": 1000.0})
+    assert vllm == Gauges(3.0, 1.0, 0.5, 2.0, 1000.0)
+    llama = Gauges.from_metrics({"llamacpp:requests_processing": 4.0, "llamacpp:requests_deferred": 0.0,
+                                 "llamacpp:tokens_predicted_total": 10.0})
+    assert llama == Gauges(4.0, 0.0, None, None, 10.0)
+    assert Gauges.from_metrics({}) is None
+    assert Gauges.from_metrics({"process_cpu_seconds_total": 1.0}) is None
+
+
+def test_settings_are_checked():
+    with pytest.raises(ValueError, match="start"):
+        AutoSettings(start=600, max_concurrency=512)
+    with pytest.raises(ValueError):
+        AutoSettings(decrease=1.5)
+
+
+@pytest.mark.parametrize("metrics", [True, False])
+def test_noisy_engine_target_does_not_ratchet_down(metrics):
+    """Tok/s and latency that jump by tens of percent from step to step (a loaded machine) must not
+    walk the target down to nothing: the target stays within reach of the engine's knee."""
+    engine = Engine(jitter=0.3, metrics=metrics)
+    ctl = AutoConcurrency(AutoSettings(start=8, max_concurrency=512))
+    trace = drive(engine, ctl, 200)
+    targets = [t for t, _ in trace]
+    tail = targets[100:]
+    assert statistics.median(tail) >= 16, targets
+    assert min(tail) >= 8, targets

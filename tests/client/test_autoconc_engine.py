@@ -1,0 +1,110 @@
+"""``concurrency = "auto"`` on a real vLLM CPU server: the target rises from its start and settles.
+
+Shape only: the controller is fed by the engine's own /metrics and answers; the test keeps the
+client busy until the controller leaves its starting phase (bounded by a generous deadline that is
+a guard, not a measurement) and asserts what the targets did, never how long it took.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from harvest.client import Client
+from harvest.client.autoconc import AutoSettings
+from harvest.config import ClientConfig, SamplingConfig
+from tests import engines
+
+# The server's start (up to its 900 s readiness bound on a loaded machine) counts against the test.
+pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(1800)]
+
+START = 2
+#: Polls (0.5 s apart) to watch after the controller left its starting phase.
+AFTER = 10
+#: A guard against a hang, not a timing assertion.
+DEADLINE_S = 300.0
+
+
+@pytest.fixture(scope="module")
+def vllm_auto_server(vllm_python: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory):
+    """A vLLM CPU server of this module's own, with a readiness bound that survives a loaded
+    machine (its compile warm-up took over 240 s at load 30 on 2 cores)."""
+    log_dir = tmp_path_factory.mktemp("vllm-auto")
+    last: Exception | None = None
+    for _ in range(3):  # a port taken between choosing and binding: choose again
+        port = engines.free_port()
+        try:
+            server = engines.start_engine(
+                engines.vllm_argv(vllm_python, str(tiny_model), port, "--max-model-len", "1024"),
+                port=port, model=str(tiny_model), log_path=log_dir / "server.log", health="/health",
+                env=engines.VLLM_ENV, timeout=900.0)
+        except RuntimeError as exc:
+            last = exc
+            if "address already in use" in str(exc).lower():
+                continue
+            raise
+        try:
+            yield server
+        finally:
+            server.stop()
+        return
+    raise RuntimeError(f"could not start vLLM: {last}")
+
+
+async def test_auto_target_rises_from_start_and_settles_on_vllm(vllm_auto_server):
+    vllm_server = vllm_auto_server
+    config = ClientConfig(concurrency="auto", auto_start=START, max_concurrency=64, request_timeout=300)
+    sampling = SamplingConfig(max_tokens=16, temperature=0.0, extra_body={"ignore_eos": True})
+    auto = AutoSettings(start=START, max_concurrency=64, interval_s=1.0)
+    decisions = []
+    failures: list[BaseException] = []
+    async with Client([vllm_server.url], config, sampling, model=vllm_server.model, auto=auto) as client:
+        stop = asyncio.Event()
+
+        async def one(i: int) -> None:
+            try:
+                await client.chat([{"role": "user", "content": f"Tell me about the number {i}."}])
+            except Exception as exc:  # noqa: BLE001 - collected and asserted below
+                failures.append(exc)
+
+        async def feed() -> None:
+            """Keep twice the current capacity of requests waiting, as the campaign does."""
+            pending: set[asyncio.Task[None]] = set()
+            i = 0
+            while not stop.is_set():
+                while len(pending) < 2 * client.capacity():
+                    pending.add(asyncio.create_task(one(i)))
+                    i += 1
+                done, pending = await asyncio.wait(pending, timeout=0.2, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.gather(*pending)
+
+        feeder = asyncio.create_task(feed())
+        deadline = time.monotonic() + DEADLINE_S
+        settled_at = None
+        polls = 0
+        try:
+            while time.monotonic() < deadline and not feeder.done():
+                await asyncio.sleep(0.5)
+                polls += 1
+                (target,) = client.concurrency_targets()
+                if not decisions or decisions[-1] != (target.target, target.phase, target.reason):
+                    decisions.append((target.target, target.phase, target.reason))
+                if settled_at is None and target.phase != "start":
+                    settled_at = polls
+                if settled_at is not None and polls >= settled_at + AFTER:
+                    break
+        finally:
+            stop.set()
+            await asyncio.wait_for(feeder, 300)
+        gauges_fed = client.concurrency_targets()[0].gauges
+    assert not failures, failures[:3]
+    targets = [d[0] for d in decisions]
+    assert targets[0] == START, decisions
+    assert max(targets) > START, decisions  # it rose from the start value
+    assert settled_at is not None, f"the controller never left its starting phase: {decisions}"
+    assert decisions[-1][1] in ("settled", "probe", "backoff"), decisions
+    assert all(1 <= t <= 64 for t in targets), decisions
+    assert gauges_fed, "vLLM's /metrics should feed the controller"

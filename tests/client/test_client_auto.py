@@ -1,0 +1,139 @@
+"""``concurrency = "auto"`` inside the client: per-endpoint limits gate dispatch, the steering loop
+moves them from the engines' /metrics, and the targets show in stats."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from harvest.client import Client, MockTransport, RawResponse
+from harvest.client.autoconc import AutoSettings
+from harvest.client.endpoints import EndpointPool
+from harvest.config import ClientConfig
+
+A, B = "http://a:1", "http://b:1"
+
+
+def answer(tokens: int = 8) -> RawResponse:
+    body = {"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "x"}}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": tokens}}
+    return RawResponse(200, json.dumps(body).encode())
+
+
+class TwoSpeeds:
+    """A slow endpoint (A, each request waits for a release) and a fast one (B, answers at once);
+    records the most requests each held at once."""
+
+    def __init__(self) -> None:
+        self.release_a = asyncio.Event()
+        self.now = {A: 0, B: 0}
+        self.most = {A: 0, B: 0}
+        self.done = {A: 0, B: 0}
+
+    async def handler(self, method: str, url: str, body: bytes | None, headers: dict[str, str]) -> RawResponse:
+        base = url.split("/v1/")[0].split("/metrics")[0]
+        if url.endswith("/metrics"):
+            return RawResponse(404, b"")
+        self.now[base] += 1
+        self.most[base] = max(self.most[base], self.now[base])
+        try:
+            if base == A:
+                await self.release_a.wait()
+            else:
+                await asyncio.sleep(0)
+        finally:
+            self.now[base] -= 1
+        self.done[base] += 1
+        return answer()
+
+
+async def test_a_full_slow_endpoint_does_not_hold_up_the_fast_one():
+    server = TwoSpeeds()
+    config = ClientConfig(concurrency="auto", auto_start=2, max_concurrency=4)
+    async with Client([A, B], config, model="m", transport=MockTransport(server.handler),
+                      auto=AutoSettings(start=2, max_concurrency=4, interval_s=3600)) as client:
+        tasks = [asyncio.create_task(client.chat([{"role": "user", "content": str(i)}])) for i in range(40)]
+        # A holds its 2 and never answers until released; all the others go through B meanwhile.
+        while server.done[B] < 38:
+            await asyncio.wait(tasks, timeout=0.05)
+        assert server.now[A] == 2 and server.most[A] == 2
+        assert server.most[B] <= 2
+        stats = client.stats()
+        assert {e.url: e.target for e in stats.endpoints} == {A: 2, B: 2}
+        assert [t.target for t in client.concurrency_targets()] == [2, 2]
+        assert client.capacity() == 4
+        server.release_a.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    assert server.done == {A: 2, B: 38}
+
+
+async def test_fixed_concurrency_has_no_per_endpoint_target():
+    server = TwoSpeeds()
+    server.release_a.set()
+    async with Client([A, B], ClientConfig(concurrency=3), model="m", transport=MockTransport(server.handler)) as client:
+        await asyncio.gather(*(client.chat([{"role": "user", "content": "q"}]) for _ in range(6)))
+        assert client.concurrency_targets() == ()
+        assert client.capacity() == 3
+        assert all(e.target is None for e in client.stats().endpoints)
+
+
+async def test_steering_raises_the_target_while_the_engine_counter_grows():
+    generated = 0.0
+
+    async def handler(method, url, body, headers):
+        nonlocal generated
+        if url.endswith("/metrics"):
+            return RawResponse(200, (f"vllm:num_requests_running 2\nvllm:num_requests_waiting 0\n"
+                                     f"vllm:generation_tokens_total {generated}\n").encode())
+        return answer()
+
+    config = ClientConfig(concurrency="auto", auto_start=2, max_concurrency=64)
+    async with Client([A], config, model="m", transport=MockTransport(handler),
+                      auto=AutoSettings(start=2, max_concurrency=64, interval_s=1.0)) as client:
+        steer = client._steer
+        assert steer is not None
+        seen = []
+        clock = 0.0
+        steer._clock = lambda: clock
+        for _ in range(8):  # the engine's tok/s doubles with every doubling of the target
+            generated += 100.0 * client.concurrency_targets()[0].target
+            clock += 1.0
+            await steer.step()
+            seen.append(client.concurrency_targets()[0].target)
+        assert seen[0] == 2 and seen[-1] > 8, seen
+        assert seen == sorted(seen), seen
+        assert client.stats().endpoints[0].target == seen[-1]
+
+
+async def test_room_waiters_wake_first_come_first_served():
+    pool = EndpointPool([A])
+    endpoint = pool.endpoints[0]
+    pool.set_limit(endpoint, 1)
+    endpoint.outstanding = 1
+    assert pool.choose() is None and pool.any_healthy()
+    first = asyncio.create_task(pool.wait_room(5))
+    second = asyncio.create_task(pool.wait_room(5))
+    await asyncio.sleep(0)
+    pool.release(endpoint)
+    assert await asyncio.wait_for(first, 1) is True
+    await asyncio.sleep(0)
+    assert not second.done()
+    pool.set_limit(endpoint, 3)  # a raised limit wakes the rest
+    assert await asyncio.wait_for(second, 1) is True
+    assert await pool.wait_room(0.01) is False
+
+
+@pytest.mark.parametrize("fields, ok", [
+    ({"concurrency": "auto"}, True), ({"concurrency": 12}, True), ({"concurrency": 0}, False),
+    ({"concurrency": "fast"}, False), ({"concurrency": "auto", "auto_start": 600}, False),
+])
+def test_client_config_concurrency_is_a_number_or_auto(fields, ok):
+    if ok:
+        config = ClientConfig(**fields)
+        assert config.auto == (fields["concurrency"] == "auto")
+    else:
+        with pytest.raises(ValidationError):
+            ClientConfig(**fields)

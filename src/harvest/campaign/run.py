@@ -122,7 +122,7 @@ class _Campaign:
     """One session of a run. Not reusable."""
 
     def __init__(self, config: HarvestConfig, *, allow_mixed: bool, force: bool, live: bool | None,
-                 server_factory: Any = Server, on_preflight: Any = None):
+                 server_factory: Any = Server, on_preflight: Any = None, console: Any = None):
         if config.data is None:
             raise ConfigError(config.source, [(f"{config.source} [data]", "`harvest run` needs a [data] table")])
         if config.server is None and not config.client.endpoints:
@@ -135,6 +135,8 @@ class _Campaign:
         self.live = live
         self.server_factory = server_factory
         self.on_preflight = on_preflight
+        self.console = console  # the display's console (lines printed through it go above the panel)
+        self.on_event: Any = None  # the display's phase listener, once it exists (harvest.events)
         self.settings_hash = hash_settings(output_settings(config))
         self.stop_requested = asyncio.Event()
         self.server: Server | None = None
@@ -147,6 +149,7 @@ class _Campaign:
         self._ingest_task: asyncio.Task[None] | None = None
         self._ingested = asyncio.Event()
         self._ingest_stop = False
+        self._first_rows: int | None = None  # input rows read before the display started (this session)
 
     # --- ledger and dataset --------------------------------------------------------------------
 
@@ -177,6 +180,7 @@ class _Campaign:
             try:
                 first = prepare_ingest(self._records, INGEST_BATCH)
                 report = ledger.commit_ingest(first, resumed_from=state["rows"])
+                self._first_rows = report.total_rows
             except BaseException:
                 self._close_records()
                 ledger.close()
@@ -209,6 +213,7 @@ class _Campaign:
                 if self._ingest_stop:
                     return  # not committed: the next session reads it again
                 report = await writer.ingest(batch)
+                progress.rows_read = report.total_rows
                 progress.total = report.unique
                 progress.already_final += report.new_skipped  # final without any work
                 self._ingested.set()
@@ -258,7 +263,7 @@ class _Campaign:
         if cfg is None or not cfg.launched:
             return
         server = self.server_factory(cfg, run_dir=self.run_dir / SERVER_DIR, preflight=self.config.preflight,
-                                     force=self.force, on_preflight=self.on_preflight)
+                                     force=self.force, on_preflight=self.on_preflight, on_event=self.on_event)
         self.server = server
         await server.start()
 
@@ -427,13 +432,19 @@ class _Campaign:
         except (asyncio.TimeoutError, Exception):  # metrics are informative only
             return
         running = waiting = None
-        for values in metrics.values():
+        per_endpoint: dict[str, dict[str, float | None]] = {}
+        for url, values in metrics.items():
+            mine: dict[str, float | None] = {"running": None, "waiting": None}
             for name, value in values.items():
                 if name in ("vllm:num_requests_running", "sglang:num_running_reqs", "llamacpp:requests_processing"):
                     running = (running or 0) + value
+                    mine["running"] = (mine["running"] or 0) + value
                 elif name in ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred"):
                     waiting = (waiting or 0) + value
+                    mine["waiting"] = (mine["waiting"] or 0) + value
+            per_endpoint[url] = mine
         progress.server = {"running": running, "waiting": waiting}
+        progress.server_endpoints = per_endpoint
 
     # --- the whole session ----------------------------------------------------------------------
 
@@ -450,7 +461,12 @@ class _Campaign:
             counts = ledger.counts()
             total = sum(counts.values())
             final_before = sum(counts[s] for s in (Status.DONE, Status.TRUNCATED, Status.FAILED, Status.SKIPPED))
-            progress = Progress(self.run_dir, total=total, already_final=final_before, live=self.live)
+            progress = Progress(self.run_dir, total=total, already_final=final_before, live=self.live,
+                                console=self.console, data_path=self.config.data.path if self.config.data else None,
+                                before={s.value: counts[s] for s in (Status.DONE, Status.TRUNCATED, Status.FAILED,
+                                                                     Status.SKIPPED)})
+            self.on_event = progress.on_event
+            progress.ingest_began(t0, self._first_rows, ongoing=self._records is not None)
             with progress:
                 await asyncio.to_thread(self.stop_leftover)  # also when nothing is left to generate
                 if counts[Status.PENDING] or counts[Status.RUNNING] or self._records is not None:
@@ -462,6 +478,7 @@ class _Campaign:
                                     self._ingest_task = asyncio.create_task(self._ingest_rest(writer, progress))
                                 await self.start_server()
                                 async with Client.from_config(self.config) as client:
+                                    progress.begin("generating")
                                     await self.dispatch(writer, client, progress)
                             finally:
                                 await self._finish_ingest()
@@ -489,13 +506,14 @@ class _Campaign:
 
 async def run_campaign(config: HarvestConfig, *, allow_mixed: bool = False, force: bool = False,
                        live: bool | None = None, server_factory: Any = Server,
-                       on_preflight: Any = None) -> RunReport:
+                       on_preflight: Any = None, console: Any = None) -> RunReport:
     """Run (or resume) the campaign described by ``config``; see the module docstring.
 
     ``on_preflight(report)`` is called with the launch's preflight report before the launch.
+    ``console`` (a rich Console) is the one the live display draws on; print through it meanwhile.
     """
     return await _Campaign(config, allow_mixed=allow_mixed, force=force, live=live,
-                           server_factory=server_factory, on_preflight=on_preflight).run()
+                           server_factory=server_factory, on_preflight=on_preflight, console=console).run()
 
 
 __all__ = ["RunReport", "dataset_fingerprint", "output_settings", "run_campaign"]

@@ -20,13 +20,14 @@ def setup_logging() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def show_preflight(report: Any) -> None:
-    """Print every preflight rule of a launch, one line each."""
+def show_preflight(report: Any, console: Any = None) -> None:
+    """Print every preflight rule of a launch, one line each (through ``console`` when given: the
+    one a live display draws on, so the rules land above its panel)."""
     from rich.console import Console
 
     from harvest.cli.render import rule_line
 
-    console = Console(stderr=True, soft_wrap=True)
+    console = console or Console(stderr=True, soft_wrap=True)
     console.print(f"preflight: {'PASS' if report.passed else 'FAIL'}", markup=False)
     for result in report.results:
         console.print(rule_line(result))
@@ -52,11 +53,14 @@ def print_report(report: RunReport) -> None:
 @click.option("--live/--no-live", default=None, help="Live display (default: when on a terminal).")
 def run(job: str, allow_mixed: bool, force: bool, live: bool | None) -> None:
     """Run or resume the campaign of JOB.toml: dataset -> ledger -> server -> results."""
-    setup_logging()
+    from harvest.cli.live import live_console, setup_console_logging
+
+    console = live_console()  # the panel, the log lines and the preflight rules share it
+    setup_console_logging(console)
     config = load_config(job)
     try:
         report = asyncio.run(run_campaign(config, allow_mixed=allow_mixed, force=force, live=live,
-                                          on_preflight=show_preflight))
+                                          on_preflight=lambda r: show_preflight(r, console), console=console))
     except PreflightFailed as exc:
         for r in exc.results:
             if not getattr(r, "passed", True):

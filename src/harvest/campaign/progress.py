@@ -206,7 +206,7 @@ class Progress:
         if self._live is not None:
             self._live.refresh()
         elif not self._live_enabled:
-            self._console.print(self.line(snap), highlight=False)
+            self._console.print(self.line(snap), highlight=False, markup=False)
         return snap
 
     def line(self, snap: dict[str, Any]) -> str:

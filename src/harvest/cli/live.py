@@ -76,8 +76,9 @@ class PhaseDisplay:
     any thread. :meth:`print` prints above the panel.
     """
 
-    def __init__(self, console: Console, title: str, *, live: bool | None = None):
+    def __init__(self, console: Console, title: str, *, live: bool | None = None, phase_lines: bool = True):
         self.console = console
+        self.phase_lines = phase_lines
         self.title = title
         self.board = PhaseBoard()
         self.live_enabled = console.is_terminal if live is None else live
@@ -85,7 +86,7 @@ class PhaseDisplay:
 
     def on_event(self, event: Event) -> None:
         self.board.on_event(event)
-        if not self.live_enabled and (event.kind != "update" or event.phase == "launching"):
+        if self.phase_lines and not self.live_enabled and (event.kind != "update" or event.phase == "launching"):
             row = next((r for r in self.board.rows() if r.name == event.phase), None)
             if row is not None:
                 self.console.print(f"[harvest] {row.name} ({row.elapsed_s:.1f} s): {row.text}", markup=False)

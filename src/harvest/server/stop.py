@@ -112,10 +112,10 @@ class StopReport:
 
 
 class _Steps(list):  # type: ignore[type-arg]
-    """The steps of one stop; tells ``on_step(name, outcome)`` when a step begins (outcome None)
-    and when it ends (its outcome). A listener's error never changes the stop."""
+    """The steps of one stop; tells ``on_step(name, step)`` when a step begins (step None) and
+    when it ends (the finished StopStep). A listener's error never changes the stop."""
 
-    def __init__(self, on_step: Callable[[str, str | None], None] | None):
+    def __init__(self, on_step: Callable[[str, StopStep | None], None] | None):
         super().__init__()
         self.on_step = on_step
 
@@ -124,12 +124,12 @@ class _Steps(list):  # type: ignore[type-arg]
 
     def append(self, step: StopStep) -> None:  # type: ignore[override]
         super().append(step)
-        self._tell(step.name, step.outcome)
+        self._tell(step.name, step)
 
-    def _tell(self, name: str, outcome: str | None) -> None:
+    def _tell(self, name: str, step: StopStep | None) -> None:
         if self.on_step is not None:
             with contextlib.suppress(Exception):
-                self.on_step(name, outcome)
+                self.on_step(name, step)
 
 
 def _begin(steps: list[StopStep], name: str) -> None:
@@ -387,14 +387,14 @@ def stop_run(
     probe: GpuProbe | None = None,
     margin_mib: int = DEFAULT_MARGIN_MIB,
     poll_interval: float = POLL_INTERVAL,
-    on_step: Callable[[str, str | None], None] | None = None,
+    on_step: Callable[[str, StopStep | None], None] | None = None,
 ) -> StopReport:
     """Stop the server recorded in ``run_dir`` and measure that it is gone.
 
     ``deadline``/``grace`` default to the values recorded at launch. ``probe`` measures GPU memory
     (opened and closed here when None and the record lists GPUs). Raises :class:`StopError` only
     when there is no readable launch record; everything else ends up in the report.
-    ``on_step(name, outcome)`` hears each step begin (outcome None) and end, as it happens.
+    ``on_step(name, step)`` hears each step begin (step None) and end (its StopStep), as it happens.
     """
     if poll_interval <= 0 or poll_interval > POLL_INTERVAL:
         raise ValueError(f"poll_interval must be in (0, {POLL_INTERVAL}] s (>= 10 Hz), got {poll_interval}")

@@ -51,7 +51,7 @@ from harvest.server.state import (
     redact_argv,
     register_run,
 )
-from harvest.server.stop import DEFAULT_MARGIN_MIB, StopReport, stop_run
+from harvest.server.stop import DEFAULT_MARGIN_MIB, StopReport, StopStep, stop_run
 
 log = logging.getLogger("harvest.server")
 
@@ -337,8 +337,8 @@ class Server:
             finally:
                 self._close_probe()
 
-    def _stop_step(self, name: str, outcome: str | None) -> None:
-        emit(self.on_event, "stopping", "update", step=name, outcome=outcome)
+    def _stop_step(self, name: str, step: StopStep | None) -> None:
+        emit(self.on_event, "stopping", "update", step=name, outcome=step.outcome if step else None)
 
     def detach(self) -> None:
         """Leave the server running: stop recording here (the caller arranges a watcher) and make

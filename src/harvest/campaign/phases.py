@@ -118,9 +118,9 @@ def _preflight(info: dict[str, Any], active: bool, ok: bool) -> str:
         return "checking GPUs, host memory, swap, port and disk"
     rules, failures = info.get("rules"), info.get("failures") or 0
     if info.get("passed"):
-        return f"PASS ({rules} rules, listed above)"
+        return f"PASS ({rules} rules)"
     forced = "; launching anyway (--force)" if info.get("forced") else ""
-    return f"FAIL ({failures} of {rules} rules, listed above){forced}"
+    return f"FAIL ({failures} of {rules} rules){forced}"
 
 
 def _launching(info: dict[str, Any], active: bool, ok: bool) -> str:

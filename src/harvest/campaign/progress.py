@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from rich.console import Console, Group
+from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.live import Live
 from rich.panel import Panel
 from rich.progress_bar import ProgressBar
@@ -32,6 +32,9 @@ from harvest.campaign.phases import PhaseBoard
 from harvest.events import Event
 
 PROGRESS_FILE = "progress.json"
+#: Widest the live panel is drawn (narrower terminals get their width): a fixed frame, not one
+#: that jumps with the length of its longest line.
+PANEL_WIDTH = 120
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -223,17 +226,20 @@ class Progress:
                 f"gen {snap['gen_tokens_per_s']:.0f} tok/s, prompt {snap['prompt_tokens_per_s']:.0f} tok/s, "
                 f"in flight {snap['in_flight']}{queue}, ETA {_duration(eta)}{errors}")
 
-    def __rich__(self) -> Panel:
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         """The live panel, built from the current state at every refresh."""
+        yield self._fresh_panel(min(options.max_width, PANEL_WIDTH))
+
+    def _fresh_panel(self, width: int) -> Panel:
         with self._lock:
             snap = self.snapshot()
         if self._ingesting and self.data_path is not None:
             position = file_position(self.data_path)
             if position is not None:
                 self.phases.on_event(Event("ingest", "update", {"position": position}))
-        return self.panel(snap)
+        return self.panel(snap, width)
 
-    def panel(self, snap: dict[str, Any]) -> Panel:
+    def panel(self, snap: dict[str, Any], width: int = 0) -> Panel:
         body = Table.grid(padding=(0, 1))
         body.add_column(style="bold", no_wrap=True)
         body.add_column(no_wrap=True, overflow="ellipsis")
@@ -267,7 +273,7 @@ class Progress:
         if snap.get("note"):
             body.add_row("note", str(snap["note"]))
         return Panel(Group(phases, Text(""), body), title=f"harvest run: {self.run_dir}", title_align="left",
-                     expand=False)
+                     expand=bool(width), width=width or None)
 
     def __enter__(self) -> Progress:
         if self._live_enabled:
@@ -284,10 +290,10 @@ class Progress:
 def phase_table(board: PhaseBoard) -> Table:
     """The phases, one row each: a mark (running / done / failed), name, elapsed, what it does."""
     table = Table.grid(padding=(0, 1))
-    table.add_column(no_wrap=True)
-    table.add_column(style="bold", no_wrap=True)
-    table.add_column(justify="right", no_wrap=True)
-    table.add_column(no_wrap=True, overflow="ellipsis", max_width=110)
+    table.add_column(no_wrap=True, min_width=1)
+    table.add_column(style="bold", no_wrap=True, min_width=10)
+    table.add_column(justify="right", no_wrap=True, min_width=7)
+    table.add_column(no_wrap=True, overflow="ellipsis")
     for row in board.rows():
         mark = Text("▶", style="cyan") if row.active else (Text("✓", style="green") if row.ok
                                                             else Text("✗", style="bold red"))

@@ -20,13 +20,13 @@ import sys
 from types import TracebackType
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, RenderResult
 from rich.live import Live
 from rich.panel import Panel
 from rich.text import Text
 
 from harvest.campaign.phases import PhaseBoard
-from harvest.campaign.progress import phase_table
+from harvest.campaign.progress import PANEL_WIDTH, phase_table
 from harvest.events import Event
 
 #: Redraws a second of a live panel (elapsed times tick even when nothing is reported).
@@ -94,8 +94,9 @@ class PhaseDisplay:
     def print(self, *objects: Any, **kwargs: Any) -> None:
         self.console.print(*objects, **kwargs)
 
-    def __rich__(self) -> Panel:
-        return Panel(phase_table(self.board), title=self.title, title_align="left", expand=False)
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield Panel(phase_table(self.board), title=self.title, title_align="left",
+                    width=min(options.max_width, PANEL_WIDTH))
 
     def __enter__(self) -> PhaseDisplay:
         if self.live_enabled:

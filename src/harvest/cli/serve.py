@@ -154,7 +154,9 @@ def serve(config: Path, run_dir: Path | None, detach: bool, force: bool) -> None
                 exited_itself = code
                 err.print(f"the engine exited on its own with code {code}; verifying cleanup", markup=False)
             break
-        with display:  # the stop's steps, live
+        stopping = PhaseDisplay(err, f"harvest serve: stopping {server_cfg.engine} pid {server.pid}")
+        server.on_event = stopping.on_event
+        with stopping:  # the stop's steps, live
             report = server.shutdown()
         if report is not None:
             print_stop_report(report)

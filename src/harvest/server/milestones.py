@@ -94,6 +94,8 @@ def describe_check(check: ReadinessCheck, url: str) -> str:
     if check.kind == "port":
         return f"{check.name}: {url.rsplit(':', 1)[-1]} accepting connections"
     target = check.url or check.path
+    if target.startswith(url):  # the server's own address: the path says it all
+        target = target[len(url):] or "/"
     return f"{check.method} {target}" + ("" if check.name in target else f" ({check.name})")
 
 

@@ -120,3 +120,16 @@ def test_off_a_terminal_each_phase_change_is_one_plain_line(tmp_path):
     assert "ready in 3.2 s" in lines[2]
     assert lines[3].startswith("[harvest] 12/300 items")  # the periodic line, as before
     assert "\x1b[" not in out.getvalue() and "╭" not in out.getvalue()
+
+
+def test_a_sweeps_next_trial_starts_its_phases_afresh():
+    board = PhaseBoard()
+    board.on_event(Event("trial", "start", {"index": 1, "of": 3, "label": "reference"}))
+    board.on_event(Event("launching", "start", {"engine": "vllm", "pid": 1}))
+    board.on_event(Event("stopping", "start"))
+    board.on_event(Event("stopping", "end", {"verdict": "clean", "seconds": 1.0}))
+    board.on_event(Event("trial", "start", {"index": 2, "of": 3, "label": "kv_cache_dtype=fp8"}))
+    board.on_event(Event("trial", "update", {"step": "probing quality and throughput"}))
+    rows = board.rows()
+    assert [r.name for r in rows] == ["trial"]
+    assert rows[0].text == "trial 2 of 3 (kv_cache_dtype=fp8): probing quality and throughput"

@@ -56,6 +56,8 @@ class PhaseBoard:
         with self._lock:
             phase = self._phases.get(event.phase)
             if event.kind == "start":
+                if event.phase == "trial":  # a sweep's next launch: its phases start afresh
+                    self._phases.clear()
                 if event.phase in SEQUENTIAL:
                     for other in self._phases.values():
                         if other.name in SEQUENTIAL and other.ended is None:
@@ -131,10 +133,10 @@ def _launching(info: dict[str, Any], active: bool, ok: bool) -> str:
         kv = info.get("kv_capacity_tokens")
         return f"{who} ready in {info.get('seconds', 0):.1f} s" + (f", KV cache {kv:,} tokens" if kv else "")
     parts = [f"{who}, {info.get('elapsed_s', 0):.0f} s since spawn"]
-    if info.get("line"):
-        parts.append(f"log: {info['line']}")
     if info.get("waiting_on"):
         parts.append(f"waiting on {info['waiting_on']}")
+    if info.get("line"):
+        parts.append(f"log: {info['line']}")
     return " · ".join(parts)
 
 

@@ -93,6 +93,13 @@ class Progress:
     def on_event(self, event: Event) -> None:
         """The listener the runner and the supervisor report phases through (any thread)."""
         self.phases.on_event(event)
+        if event.kind == "start" and event.phase == "generating":
+            with self._lock:  # rates count from here, not from the launch's idle minutes
+                self._window.clear()
+                self._t0 = time.monotonic()
+                self._window.append((self._t0, self.done, self.prompt_tokens, self.completion_tokens))
+        elif event.kind == "start" and event.phase == "stopping":
+            self.server, self.server_endpoints = {"running": None, "waiting": None}, {}
         if not self._live_enabled and (event.kind != "update" or event.phase == "launching"):
             row = next((r for r in self.phases.rows() if r.name == event.phase), None)
             if row is not None:  # off a terminal: a line per phase change, as a log would have it
@@ -268,8 +275,11 @@ class Progress:
         if snap["errors_by_class"]:
             body.add_row("errors", Text(", ".join(f"{k} {v}" for k, v in sorted(snap["errors_by_class"].items())),
                                         style="red"))
-        eta = _duration(snap["eta_s"])
-        body.add_row("ETA", eta + (f"  (rate over the last {self._window_s:.0f} s)" if snap["eta_s"] else ""))
+        if snap["state"] != "running":
+            body.add_row("result", Text(str(snap["state"]), style="green" if snap["state"] == "finished" else "yellow"))
+        else:
+            eta = _duration(snap["eta_s"])
+            body.add_row("ETA", eta + (f"  (rate over the last {self._window_s:.0f} s)" if snap["eta_s"] else ""))
         if snap.get("note"):
             body.add_row("note", str(snap["note"]))
         return Panel(Group(phases, Text(""), body), title=f"harvest run: {self.run_dir}", title_align="left",
@@ -290,10 +300,10 @@ class Progress:
 def phase_table(board: PhaseBoard) -> Table:
     """The phases, one row each: a mark (running / done / failed), name, elapsed, what it does."""
     table = Table.grid(padding=(0, 1))
-    table.add_column(no_wrap=True, min_width=1)
-    table.add_column(style="bold", no_wrap=True, min_width=10)
-    table.add_column(justify="right", no_wrap=True, min_width=7)
-    table.add_column(no_wrap=True, overflow="ellipsis")
+    table.add_column(no_wrap=True, width=1)
+    table.add_column(style="bold", no_wrap=True, width=10)
+    table.add_column(justify="right", no_wrap=True, width=7)
+    table.add_column(no_wrap=True, overflow="ellipsis", ratio=1)
     for row in board.rows():
         mark = Text("▶", style="cyan") if row.active else (Text("✓", style="green") if row.ok
                                                             else Text("✗", style="bold red"))

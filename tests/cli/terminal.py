@@ -116,7 +116,9 @@ class Terminal:
         self.create_time = psutil.Process(self.pid).create_time()
 
     def capture(self) -> Screen:
-        screen = Screen(time.monotonic(), self._tmux("capture-pane", "-p", "-t", "harvest").rstrip("\n"))
+        # -J: a line the terminal wrapped comes back whole (a long path stays one line).
+        raw = self._tmux("capture-pane", "-p", "-J", "-t", "harvest")
+        screen = Screen(time.monotonic(), "\n".join(line.rstrip() for line in raw.splitlines()).rstrip("\n"))
         if not self.screens or self.screens[-1].text != screen.text:
             self.screens.append(screen)
             (self.folder / f"screen-{len(self.screens):03d}.txt").write_text(screen.text + "\n")

@@ -144,14 +144,24 @@ dir = "run"
     finally:
         term.stop()
     docs = Path(__file__).resolve().parents[2] / "docs"
-    _keep_for_docs(screens, docs)
+    _keep_for_docs(screens, docs, tmp_path)
 
 
-def _keep_for_docs(screens: list[Screen], docs: Path) -> None:
+def _neutral(text: str, folder: Path) -> str:
+    """The screen with the test's folder left out of paths (the frame's top border re-fitted)."""
+    lines = text.replace(f"{folder}/", "").splitlines()
+    width = max((len(line) for line in lines if line.startswith("╰")), default=0)
+    return "\n".join(line[:-1].ljust(width - 1, "─") + "╮" if line.startswith("╭") and width else line
+                     for line in lines)
+
+
+def _keep_for_docs(screens: list[Screen], docs: Path, folder: Path) -> None:
     """With HARVEST_UPDATE_DOCS=1, write one screen of the launch and one of the generation to docs/."""
     if os.environ.get("HARVEST_UPDATE_DOCS") != "1":
         return
+    screens = [Screen(s.at, _neutral(s.text, folder)) for s in screens]
     launch = [s for s in screens if (s.phase("launching") or ("",))[0] == "▶"]
+    launch = [s for s in launch if "log:" in s.text] or launch  # one with the engine's step, if any
     gen = [s for s in screens if (s.phase("generating") or ("",))[0] == "▶"]
     parts = []
     if launch:

@@ -299,7 +299,7 @@ class Progress:
 
 def phase_table(board: PhaseBoard) -> Table:
     """The phases, one row each: a mark (running / done / failed), name, elapsed, what it does."""
-    table = Table.grid(padding=(0, 1))
+    table = Table.grid(padding=(0, 1), expand=True)
     table.add_column(no_wrap=True, width=1)
     table.add_column(style="bold", no_wrap=True, width=10)
     table.add_column(justify="right", no_wrap=True, width=7)

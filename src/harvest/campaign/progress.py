@@ -167,7 +167,8 @@ class Progress:
         self.completion_tokens += completion_tokens
 
     def error(self, error_class: str) -> None:
-        self.errors[error_class] += 1
+        with self._lock:  # the display's thread copies the counters under the same lock
+            self.errors[error_class] += 1
 
     # --- rates -----------------------------------------------------------------------------------
 

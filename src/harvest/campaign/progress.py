@@ -293,6 +293,9 @@ class Progress:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._ingesting:  # the session ends before the ingest did: it resumes next time
+            self._ingesting = False
+            self.on_event(Event("ingest", "end", {"rows": self._rows_read}, ok=False))
         if self._live is not None:
             self._live.__exit__(None, None, None)
             self._live = None

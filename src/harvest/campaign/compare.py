@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from harvest.events import Listener
 from harvest.config import HarvestConfig, PreflightConfig, ServerConfig
 from harvest.errors import ConfigError, LaunchError, PreflightFailed, RequestError, ServerSick
 from harvest.gpu.preflight import GPU_MEMORY, HOST_RAM
@@ -101,14 +102,15 @@ class Launch:
 async def launch_and_run(label: str, config: ServerConfig, run_dir: Path,
                          work: Callable[[Server], Awaitable[T]], *,
                          preflight: PreflightConfig | None = None, force: bool = False,
-                         on_preflight: Callable[[object], None] | None = None) -> tuple[T | None, Launch]:
+                         on_preflight: Callable[[object], None] | None = None,
+                         on_event: Listener | None = None) -> tuple[T | None, Launch]:
     """Launch ``config``, run ``work(server)``, then the verified stop -- always, whatever failed.
 
     Launch and server failures are recorded in the returned :class:`Launch`, not raised;
     ``ConfigError`` (the user's configuration, e.g. a task scorer) propagates after the stop.
     """
     server = Server(config, run_dir=run_dir / "server", preflight=preflight, force=force,
-                    on_preflight=on_preflight)
+                    on_preflight=on_preflight, on_event=on_event)
     log.info("%s: launching %s (run dir %s)", label, config.engine, server.run_dir)
     t0 = time.monotonic()
     try:

@@ -1,9 +1,12 @@
-"""Progress of a running campaign: rates, ETA, the server's queue, errors by class.
+"""Progress of a running campaign: phases, rates, ETA, the server's queue, errors by class.
 
-One :class:`Progress` per run. The runner feeds it counts; it renders a rich live panel on a
-terminal, plain periodic log lines elsewhere, and writes ``progress.json`` (atomically) for
-``harvest status`` in another shell. It never reads the ledger and never blocks the event loop on
-anything slower than a small file write.
+One :class:`Progress` per run. The runner feeds it counts and the supervisor its phases (through
+:attr:`Progress.on_event`); it renders a rich live panel on a terminal (the phases with their
+elapsed time, a progress bar, the rates; redrawn a few times a second, so elapsed times grow while
+nothing else moves), plain periodic log lines elsewhere, and writes ``progress.json`` (atomically)
+for ``harvest status`` in another shell. Anything else printed while the panel is up must go
+through :attr:`Progress.console` (it lands above the panel). It never reads the ledger and never
+blocks the event loop on anything slower than a small file write.
 """
 
 from __future__ import annotations
@@ -11,16 +14,27 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from collections import Counter, deque
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.live import Live
+from rich.panel import Panel
+from rich.progress_bar import ProgressBar
 from rich.table import Table
+from rich.text import Text
+
+from harvest.campaign.phases import PhaseBoard
+from harvest.events import Event
 
 PROGRESS_FILE = "progress.json"
+#: Widest the live panel is drawn (narrower terminals get their width): a fixed frame, not one
+#: that jumps with the length of its longest line.
+PANEL_WIDTH = 120
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -36,10 +50,18 @@ class Progress:
     """Counts and rates of one run, with a live display and progress.json."""
 
     def __init__(self, run_dir: Path, *, total: int, already_final: int, stream: TextIO | None = None,
-                 live: bool | None = None, window_s: float = 60.0):
+                 live: bool | None = None, window_s: float = 60.0, console: Console | None = None,
+                 data_path: str | None = None, before: Mapping[str, int] | None = None):
         self.run_dir = run_dir
         self.total = total
-        self.already_final = already_final
+        #: Final items by status before this session's work (rows skipped at ingest join "skipped").
+        self.before: Counter[str] = Counter(before or {})
+        self._final_unknown = 0 if before is not None else already_final
+        self.data_path = data_path
+        self._data_size = _file_size(data_path)
+        #: The phases (ingest, preflight, launching, generating, stopping) as reported.
+        self.phases = PhaseBoard()
+        self._lock = threading.RLock()
         self.started_at = time.time()
         self._t0 = time.monotonic()
         self.done = 0
@@ -51,23 +73,100 @@ class Progress:
         self.server: dict[str, float | None] = {"running": None, "waiting": None}
         #: ``concurrency = "auto"``: each endpoint's current target (url -> requests); {} when fixed.
         self.concurrency: dict[str, int] = {}
+        #: The same per endpoint (URL -> {"running", "waiting"}), shown when there are several.
+        self.server_endpoints: dict[str, dict[str, float | None]] = {}
         self.state = "running"
         self.note: str | None = None
-        #: True while the dataset is still being ingested (``total`` grows with it).
-        self.ingesting = False
+        self._ingesting = False
+        self._rows_read: int | None = None
         self._window: deque[tuple[float, int, int, int]] = deque()
         self._window_s = window_s
-        stream = stream or sys.stderr
-        self._console = Console(file=stream, stderr=stream is sys.stderr, soft_wrap=True)
+        if console is None:
+            stream = stream or sys.stderr
+            console = Console(file=stream, stderr=stream is sys.stderr, soft_wrap=True)
+        #: Print through this while the panel is up: the lines go above it, never into it.
+        self.console = console
+        self._console = console
         self._live_enabled = self._console.is_terminal if live is None else live
         self._live: Live | None = None
         #: The run's timeline recorder (harvest.campaign.timeline), fed beside the counts; optional.
         self.timeline: Any = None
 
+    # --- phases ----------------------------------------------------------------------------------
+
+    def on_event(self, event: Event) -> None:
+        """The listener the runner and the supervisor report phases through (any thread)."""
+        self.phases.on_event(event)
+        if event.kind == "start" and event.phase == "generating":
+            with self._lock:  # rates count from here, not from the launch's idle minutes
+                self._window.clear()
+                self._t0 = time.monotonic()
+                self._window.append((self._t0, self.done, self.prompt_tokens, self.completion_tokens))
+        elif event.kind == "start" and event.phase == "stopping":
+            self.server, self.server_endpoints = {"running": None, "waiting": None}, {}
+        if not self._live_enabled and (event.kind != "update" or event.phase == "launching"):
+            row = next((r for r in self.phases.rows() if r.name == event.phase), None)
+            if row is not None:  # off a terminal: a line per phase change, as a log would have it
+                self._console.print(f"[harvest] {row.name} ({row.elapsed_s:.1f} s): {row.text}",
+                                    markup=False, highlight=False)
+
+    def begin(self, phase: str, **info: Any) -> None:
+        self.on_event(Event(phase, "start", info))
+
+    def ingest_began(self, at: float, rows: int | None, *, ongoing: bool) -> None:
+        """The ingest of this session began at ``at`` (monotonic) and has read ``rows`` so far;
+        ``ongoing`` when it goes on beside the launch. Nothing is shown when it read nothing."""
+        if rows is None:
+            return
+        self._rows_read = rows
+        self.on_event(Event("ingest", "start", {"rows": rows, "size": self._data_size}, at=at))
+        if ongoing:
+            self._ingesting = True
+        else:
+            self.on_event(Event("ingest", "end", {"rows": rows}))
+
+    @property
+    def ingesting(self) -> bool:
+        """True while the dataset is still being ingested (``total`` grows with it)."""
+        return self._ingesting
+
+    @ingesting.setter
+    def ingesting(self, value: bool) -> None:
+        if value and not self._ingesting:
+            self.on_event(Event("ingest", "start", {"rows": self._rows_read, "size": self._data_size}))
+        elif not value and self._ingesting:
+            self.on_event(Event("ingest", "end", {"rows": self._rows_read}))
+        self._ingesting = value
+
+    @property
+    def rows_read(self) -> int | None:
+        """Input rows read so far (all sessions), as the ingest reports them."""
+        return self._rows_read
+
+    @rows_read.setter
+    def rows_read(self, value: int) -> None:
+        self._rows_read = value
+        self.phases.on_event(Event("ingest", "update", {"rows": value}))
+
+    @property
+    def already_final(self) -> int:
+        """Items final before this session's work: earlier sessions' results and skipped rows."""
+        return sum(self.before.values()) + self._final_unknown
+
+    @already_final.setter
+    def already_final(self, value: int) -> None:
+        # Only the ingest adds to it during a session, with the rows it skipped (final unworked).
+        self.before["skipped"] += value - self.already_final
+
     # --- feeding ---------------------------------------------------------------------------------
 
     def record(self, status: str, prompt_tokens: int = 0, completion_tokens: int = 0,
                latency_s: float | None = None) -> None:
+        with self._lock:
+            self._record(status, prompt_tokens, completion_tokens, latency_s)
+
+    def _record(self, status: str, prompt_tokens: int, completion_tokens: int,
+                latency_s: float | None) -> None:
         self.done += 1
         self.statuses[status] += 1
         self.prompt_tokens += prompt_tokens
@@ -76,12 +175,17 @@ class Progress:
             self.timeline.item(status, latency_s, prompt_tokens, completion_tokens)
 
     def error(self, error_class: str) -> None:
-        self.errors[error_class] += 1
+        with self._lock:  # the display's thread copies the counters under the same lock
+            self.errors[error_class] += 1
 
     # --- rates -----------------------------------------------------------------------------------
 
     def rates(self) -> dict[str, float]:
         """Items/s and tokens/s over the last ``window_s`` seconds."""
+        with self._lock:
+            return self._rates()
+
+    def _rates(self) -> dict[str, float]:
         now = time.monotonic()
         self._window.append((now, self.done, self.prompt_tokens, self.completion_tokens))
         while len(self._window) > 2 and now - self._window[0][0] > self._window_s:
@@ -104,7 +208,10 @@ class Progress:
             "final_before_session": self.already_final,
             "done_this_session": self.done, "in_flight": self.in_flight, "eta_s": eta,
             "statuses_this_session": dict(self.statuses), "errors_by_class": dict(self.errors),
-            "server": dict(self.server), "concurrency_targets": dict(self.concurrency),
+            "server": dict(self.server),
+            "concurrency_targets": dict(self.concurrency),
+            "server_endpoints": dict(self.server_endpoints),
+            "phases": [r.name for r in self.phases.rows() if r.active],
             **{k: round(v, 3) for k, v in rates.items()},
         }
 
@@ -120,9 +227,9 @@ class Progress:
         if self.timeline is not None:
             self.timeline.interval(snap)
         if self._live is not None:
-            self._live.update(self._table(snap))
+            self._live.refresh()
         elif not self._live_enabled:
-            self._console.print(self.line(snap), highlight=False)
+            self._console.print(self.line(snap), highlight=False, markup=False)
         return snap
 
     def line(self, snap: dict[str, Any]) -> str:
@@ -139,31 +246,68 @@ class Progress:
                 f"gen {snap['gen_tokens_per_s']:.0f} tok/s, prompt {snap['prompt_tokens_per_s']:.0f} tok/s, "
                 f"in flight {snap['in_flight']}{_targets(snap)}{queue}, ETA {_duration(eta)}{errors}")
 
-    def _table(self, snap: dict[str, Any]) -> Table:
-        table = Table(title=f"harvest run: {self.run_dir}", show_header=False, expand=False)
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        """The live panel, built from the current state at every refresh."""
+        yield self._fresh_panel(min(options.max_width, PANEL_WIDTH))
+
+    def _fresh_panel(self, width: int) -> Panel:
+        with self._lock:
+            snap = self.snapshot()
+        if self._ingesting and self.data_path is not None:
+            position = file_position(self.data_path)
+            if position is not None:
+                self.phases.on_event(Event("ingest", "update", {"position": position}))
+        return self.panel(snap, width)
+
+    def panel(self, snap: dict[str, Any], width: int = 0) -> Panel:
+        body = Table.grid(padding=(0, 1))
+        body.add_column(style="bold", no_wrap=True)
+        body.add_column(no_wrap=True, overflow="ellipsis")
+        phases = phase_table(self.phases)
         final = snap["final_before_session"] + snap["done_this_session"]
-        more = "+ (ingesting)" if snap.get("ingesting") else ""
-        table.add_row("items", f"{final} / {snap['total']}{more}  ({snap['done_this_session']} this session)")
-        table.add_row("rate", f"{snap['items_per_s']:.1f} items/s   gen {snap['gen_tokens_per_s']:.0f} tok/s   "
-                              f"prompt {snap['prompt_tokens_per_s']:.0f} tok/s")
-        table.add_row("in flight", str(snap["in_flight"]) + _targets(snap))
+        total = snap["total"]
+        more = "+" if snap.get("ingesting") else ""
+        bar = Table.grid(padding=(0, 1))
+        bar.add_row(ProgressBar(total=max(total, 1), completed=min(final, max(total, 1)), width=40),
+                    Text(f"{final:,} / {total:,}{more}  {final / total:.0%}" if total else f"{final:,} / -"))
+        body.add_row("items", bar)
+        body.add_row("", status_counts(self.before, snap["statuses_this_session"]))
+        body.add_row("rate", f"{snap['items_per_s']:.1f} items/s   gen {snap['gen_tokens_per_s']:,.0f} tok/s   "
+                             f"prompt {snap['prompt_tokens_per_s']:,.0f} tok/s")
+        load = f"in flight {snap['in_flight']}" + _targets(snap)
         server = snap["server"]
-        if server.get("running") is not None:
-            table.add_row("server", f"running {server['running']:.0f}   waiting {server.get('waiting') or 0:.0f}")
-        table.add_row("ETA", _duration(snap["eta_s"]))
+        endpoints = snap.get("server_endpoints") or {}
+        if len(endpoints) > 1:
+            body.add_row("load", load)
+            for url, q in sorted(endpoints.items()):
+                body.add_row("", f"{url}  running {_count(q.get('running'))}   waiting {_count(q.get('waiting'))}")
+        else:
+            if server.get("running") is not None:
+                load += f"   server running {server['running']:.0f}   waiting {server.get('waiting') or 0:.0f}"
+            body.add_row("load", load)
         if snap["errors_by_class"]:
-            table.add_row("errors", ", ".join(f"{k} {v}" for k, v in sorted(snap["errors_by_class"].items())))
+            body.add_row("errors", Text(", ".join(f"{k} {v}" for k, v in sorted(snap["errors_by_class"].items())),
+                                        style="red"))
+        if snap["state"] != "running":
+            body.add_row("result", Text(str(snap["state"]), style="green" if snap["state"] == "finished" else "yellow"))
+        else:
+            eta = _duration(snap["eta_s"])
+            body.add_row("ETA", eta + (f"  (rate over the last {self._window_s:.0f} s)" if snap["eta_s"] else ""))
         if snap.get("note"):
-            table.add_row("note", str(snap["note"]))
-        return table
+            body.add_row("note", str(snap["note"]))
+        return Panel(Group(phases, Text(""), body), title=f"harvest run: {self.run_dir}", title_align="left",
+                     expand=bool(width), width=width or None)
 
     def __enter__(self) -> Progress:
         if self._live_enabled:
-            self._live = Live(self._table(self.snapshot()), console=self._console, refresh_per_second=2)
+            self._live = Live(self, console=self._console, refresh_per_second=4)
             self._live.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._ingesting:  # the session ends before the ingest did: it resumes next time
+            self._ingesting = False
+            self.on_event(Event("ingest", "end", {"rows": self._rows_read}, ok=False))
         if self._live is not None:
             self._live.__exit__(None, None, None)
             self._live = None
@@ -180,6 +324,75 @@ def _targets(snap: dict[str, Any]) -> str:
     return f" (auto targets {'+'.join(str(v) for v in values)})"
 
 
+def phase_table(board: PhaseBoard) -> Table:
+    """The phases, one row each: a mark (running / done / failed), name, elapsed, what it does."""
+    table = Table.grid(padding=(0, 1), expand=True)
+    table.add_column(no_wrap=True, width=1)
+    table.add_column(style="bold", no_wrap=True, width=10)
+    table.add_column(justify="right", no_wrap=True, width=7)
+    table.add_column(no_wrap=True, overflow="ellipsis", ratio=1)
+    for row in board.rows():
+        mark = Text("▶", style="cyan") if row.active else (Text("✓", style="green") if row.ok
+                                                            else Text("✗", style="bold red"))
+        table.add_row(mark, row.name, _elapsed(row.elapsed_s), Text(row.text, style="" if row.active else "dim"))
+    return table
+
+
+_STATUS_STYLE = (("done", "green"), ("truncated", "yellow"), ("failed", "red"), ("skipped", "magenta"))
+
+
+def status_counts(before: Mapping[str, int], session: Mapping[str, int]) -> Text:
+    """``done 1,200  truncated 30  failed 4  skipped 0``, each in its colour (all sessions)."""
+    text = Text()
+    for status, style in _STATUS_STYLE:
+        if text:
+            text.append("   ")
+        text.append(f"{status} ", style=style)
+        text.append(f"{before.get(status, 0) + session.get(status, 0):,}", style=f"bold {style}")
+    return text
+
+
+def file_position(path: str) -> int | None:
+    """How far this process has read into ``path``: the offset of an open descriptor on it, from
+    /proc/self/fdinfo (Linux); None when none is open or it cannot be seen."""
+    try:
+        target = os.path.realpath(path)
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return None
+    best: int | None = None
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") != target:
+                continue
+            with open(f"/proc/self/fdinfo/{fd}") as fh:
+                for line in fh:
+                    if line.startswith("pos:"):
+                        pos = int(line.split()[1])
+                        best = pos if best is None else max(best, pos)
+        except (OSError, ValueError):
+            continue
+    return best
+
+
+def _file_size(path: str | None) -> int | None:
+    if path is None:
+        return None
+    try:
+        p = Path(path)
+        return p.stat().st_size if p.is_file() else None
+    except OSError:
+        return None
+
+
+def _count(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+def _elapsed(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 60 else _duration(seconds)
+
+
 def _duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
@@ -189,4 +402,4 @@ def _duration(seconds: float | None) -> str:
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
 
 
-__all__ = ["PROGRESS_FILE", "Progress", "write_json_atomic"]
+__all__ = ["PROGRESS_FILE", "Progress", "file_position", "phase_table", "status_counts", "write_json_atomic"]

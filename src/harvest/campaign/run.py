@@ -148,7 +148,8 @@ class _Campaign:
     """One session of a run. Not reusable."""
 
     def __init__(self, config: HarvestConfig, *, allow_mixed: bool, force: bool, live: bool | None,
-                 server_factory: Any = Server, on_preflight: Any = None, retry: tuple[str, ...] = ()):
+                 server_factory: Any = Server, on_preflight: Any = None, retry: tuple[str, ...] = (),
+                 console: Any = None):
         if config.data is None:
             raise ConfigError(config.source, [(f"{config.source} [data]", "`harvest run` needs a [data] table")])
         if config.server is None and not config.client.endpoints:
@@ -161,6 +162,8 @@ class _Campaign:
         self.live = live
         self.server_factory = server_factory
         self.on_preflight = on_preflight
+        self.console = console  # the display's console (lines printed through it go above the panel)
+        self.on_event: Any = None  # the display's phase listener, once it exists (harvest.events)
         self.settings_hash = hash_settings(output_settings(config))
         self.context = ContextGuard(config)  # learns the model's context on its first check
         self.stop_requested = asyncio.Event()
@@ -179,6 +182,7 @@ class _Campaign:
         self._ingest_stop = False
         #: The report's record of this session (timeline.json): intervals, histograms, launches.
         self.timeline: Timeline | None = None
+        self._first_rows: int | None = None  # input rows read before the display started (this session)
 
     # --- ledger and dataset --------------------------------------------------------------------
 
@@ -213,6 +217,7 @@ class _Campaign:
             try:
                 first = prepare_ingest(self._records, INGEST_BATCH)
                 report = ledger.commit_ingest(first, resumed_from=state["rows"])
+                self._first_rows = report.total_rows
             except BaseException:
                 self._close_records()
                 ledger.close()
@@ -244,6 +249,7 @@ class _Campaign:
                 if self._ingest_stop:
                     return  # not committed: the next session reads it again
                 report = await writer.ingest(batch)
+                progress.rows_read = report.total_rows
                 progress.total = report.unique
                 progress.already_final += report.new_skipped  # final without any work
                 self._ingested.set()
@@ -293,7 +299,7 @@ class _Campaign:
         if cfg is None or not cfg.launched:
             return
         server = self.server_factory(cfg, run_dir=self.run_dir / SERVER_DIR, preflight=self.config.preflight,
-                                     force=self.force, on_preflight=self.on_preflight)
+                                     force=self.force, on_preflight=self.on_preflight, on_event=self.on_event)
         self.server = server
         await server.start()
         if self.timeline is not None:
@@ -498,13 +504,19 @@ class _Campaign:
         if self.timeline is not None:
             self.timeline.observe_metrics(metrics)
         running = waiting = None
-        for values in metrics.values():
+        per_endpoint: dict[str, dict[str, float | None]] = {}
+        for url, values in metrics.items():
+            mine: dict[str, float | None] = {"running": None, "waiting": None}
             for name, value in values.items():
                 if name in ("vllm:num_requests_running", "sglang:num_running_reqs", "llamacpp:requests_processing"):
                     running = (running or 0) + value
+                    mine["running"] = (mine["running"] or 0) + value
                 elif name in ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred"):
                     waiting = (waiting or 0) + value
+                    mine["waiting"] = (mine["waiting"] or 0) + value
+            per_endpoint[url] = mine
         progress.server = {"running": running, "waiting": waiting}
+        progress.server_endpoints = per_endpoint
 
     # --- the whole session ----------------------------------------------------------------------
 
@@ -521,7 +533,12 @@ class _Campaign:
             counts = ledger.counts()
             total = sum(counts.values())
             final_before = sum(counts[s] for s in (Status.DONE, Status.TRUNCATED, Status.FAILED, Status.SKIPPED))
-            progress = Progress(self.run_dir, total=total, already_final=final_before, live=self.live)
+            progress = Progress(self.run_dir, total=total, already_final=final_before, live=self.live,
+                                console=self.console, data_path=self.config.data.path if self.config.data else None,
+                                before={s.value: counts[s] for s in (Status.DONE, Status.TRUNCATED, Status.FAILED,
+                                                                     Status.SKIPPED)})
+            self.on_event = progress.on_event
+            progress.ingest_began(t0, self._first_rows, ongoing=self._records is not None)
             progress.timeline = self.timeline = Timeline.open(self.run_dir)
             with progress:
                 await asyncio.to_thread(self.stop_leftover)  # also when nothing is left to generate
@@ -534,6 +551,7 @@ class _Campaign:
                                     self._ingest_task = asyncio.create_task(self._ingest_rest(writer, progress))
                                 await self.start_server()
                                 async with Client.from_config(self.config) as client:
+                                    progress.begin("generating")
                                     await self.dispatch(writer, client, progress)
                             finally:
                                 await self._finish_ingest()
@@ -564,14 +582,16 @@ class _Campaign:
 
 async def run_campaign(config: HarvestConfig, *, allow_mixed: bool = False, force: bool = False,
                        live: bool | None = None, server_factory: Any = Server,
-                       on_preflight: Any = None, retry: tuple[str, ...] = ()) -> RunReport:
+                       on_preflight: Any = None, retry: tuple[str, ...] = (), console: Any = None) -> RunReport:
     """Run (or resume) the campaign described by ``config``; see the module docstring.
 
     ``on_preflight(report)`` is called with the launch's preflight report before the launch.
     ``retry``: what to put back to pending first (``failed``, ``truncated`` or an error class).
+    ``console`` (a rich Console) is the one the live display draws on; print through it meanwhile.
     """
     return await _Campaign(config, allow_mixed=allow_mixed, force=force, live=live,
-                           server_factory=server_factory, on_preflight=on_preflight, retry=retry).run()
+                           server_factory=server_factory, on_preflight=on_preflight, retry=retry,
+                           console=console).run()
 
 
 __all__ = ["RunReport", "dataset_fingerprint", "output_settings", "run_campaign"]

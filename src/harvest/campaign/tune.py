@@ -60,6 +60,7 @@ from harvest.campaign.compare import (
 )
 from harvest.config import HarvestConfig, ServerConfig
 from harvest.errors import ConfigError
+from harvest.events import Listener, emit
 from harvest.quality.evaluate import GateResult, QualityReport
 from harvest.quality.policy import needs_at_least, violations
 from harvest.quality.probe import select_prompts
@@ -333,9 +334,11 @@ class _Sweep:
 
     def __init__(self, job: HarvestConfig, tune_file: TuneFile, out_dir: Path, force: bool,
                  on_preflight: Callable[[object], None] | None,
-                 on_trial: Callable[[TrialResult], None] | None):
+                 on_trial: Callable[[TrialResult], None] | None, on_event: Listener | None = None):
         self.job, self.tf, self.out_dir, self.force = job, tune_file, out_dir, force
-        self.on_preflight, self.on_trial = on_preflight, on_trial
+        self.on_preflight, self.on_trial, self.on_event = on_preflight, on_trial, on_event
+        self.launch_count = 0  # launches of the sweep so far, and how many it plans (for the display)
+        self.launch_total = 0
         self.ref_cfg = reference_config(job, tune_file)
         probe = tune_file.probe
         self.prompts = select_prompts(job.data, n=probe.prompts, seed=probe.seed, extra=probe.file)
@@ -354,8 +357,18 @@ class _Sweep:
                                       kv_capacity=server.kv_capacity_tokens)
 
     async def _launch(self, folder: Path, label: str, cfg: ServerConfig, work: Any) -> tuple[Any, Launch]:
-        result, launch = await launch_and_run(label, cfg, folder, work, preflight=self.job.preflight,
-                                              force=self.force, on_preflight=self.on_preflight)
+        self.launch_count += 1
+        emit(self.on_event, "trial", "start", index=self.launch_count,
+             of=max(self.launch_total, self.launch_count), label=label)
+
+        async def reported(server: Server) -> Any:
+            emit(self.on_event, "trial", "update", step="probing quality and throughput")
+            return await work(server)
+
+        result, launch = await launch_and_run(label, cfg, folder, reported, preflight=self.job.preflight,
+                                              force=self.force, on_preflight=self.on_preflight,
+                                              on_event=self.on_event)
+        emit(self.on_event, "trial", "update", step="done" if result is not None else f"failed: {launch.reason}")
         self.launches.append(launch)
         return result, launch
 
@@ -374,8 +387,10 @@ class _Sweep:
     async def prepare(self, trials: Sequence[Trial]) -> Trial | None:
         """Load or make the reference (and floor); returns the trial the reference launch measured."""
         if self.bench.load():
+            self.launch_total += int(self.bench.needs_floor_launch)
             return None
         ref_trial = next((t for t in trials if t.config == self.ref_cfg), None)
+        self.launch_total += int(ref_trial is None) + int(self.bench.needs_floor_launch)
 
         async def work(server: Server) -> tuple[list[ProbeOutput], ThroughputResult | None]:
             outputs = await self.bench.make_reference(server)
@@ -455,6 +470,9 @@ class _Sweep:
 
     async def run(self) -> TuneReport:
         trials = expand_grid(self.job.require_server(), self.tf)
+        # Launches planned (at most: a trial may be skipped): each not rejected by policy, plus
+        # the reference and its floor as prepare() finds them needed.
+        self.launch_total = len([t for t in trials if not violations(t.config, self.tf.policy)])
         measured = await self.prepare(trials)
         await self.floor()
         self.record_reference_trial()
@@ -474,14 +492,15 @@ class _Sweep:
 
 async def tune(job: HarvestConfig, tune_file: TuneFile, *, out_dir: Path | None = None, force: bool = False,
                on_preflight: Callable[[object], None] | None = None,
-               on_trial: Callable[[TrialResult], None] | None = None) -> TuneReport:
+               on_trial: Callable[[TrialResult], None] | None = None,
+               on_event: Listener | None = None) -> TuneReport:
     """Run the sweep of ``tune_file`` over ``job``'s server (see the module docstring)."""
     if job.server is None or not job.server.launched:
         raise ConfigError(job.source, [(f"{job.source} [server]",
                                         "`harvest tune` needs a [server] it launches")])
     return await _Sweep(job, tune_file, Path(out_dir) if out_dir else default_out_dir(job), force,
                         on_preflight,
-                        on_trial).run()
+                        on_trial, on_event).run()
 
 
 def job_with_server(job: HarvestConfig, server: ServerConfig) -> HarvestConfig:

@@ -25,14 +25,15 @@ def setup_logging() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def show_preflight(report: Any) -> None:
-    """Print every preflight rule of a launch, one line each."""
+def show_preflight(report: Any, console: Any = None) -> None:
+    """Print every preflight rule of a launch, one line each (through ``console`` when given: the
+    one a live display draws on, so the rules land above its panel)."""
     from rich.console import Console
 
     from harvest.cli.preflight import grouped
     from harvest.cli.render import rule_line
 
-    console = Console(stderr=True, soft_wrap=True)
+    console = console or Console(stderr=True, soft_wrap=True)
     console.print(f"preflight: {'PASS' if report.passed else 'FAIL'}", markup=False)
     for result in grouped(report.results):
         console.print(rule_line(result))
@@ -73,11 +74,15 @@ def _check_retry(ctx: click.Context, param: click.Parameter, values: tuple[str, 
                    "'http_400' or 'empty' (repeatable; recorded in the ledger).")
 def run(job: str, allow_mixed: bool, force: bool, live: bool | None, retry: tuple[str, ...]) -> None:
     """Run or resume the campaign of JOB.toml: dataset -> ledger -> server -> results."""
-    setup_logging()
+    from harvest.cli.live import live_console, setup_console_logging
+
+    console = live_console()  # the panel, the log lines and the preflight rules share it
+    setup_console_logging(console)
     config = load_config(job)
     try:
         report = aio.run(run_campaign(config, allow_mixed=allow_mixed, force=force, live=live,
-                                      on_preflight=show_preflight, retry=retry))  # uvloop when installed
+                                      on_preflight=lambda r: show_preflight(r, console), retry=retry,
+                                      console=console))  # uvloop when installed
     except PreflightFailed as exc:
         for r in exc.results:
             if not getattr(r, "passed", True):

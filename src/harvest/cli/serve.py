@@ -25,10 +25,13 @@ from typing import Any
 
 import click
 import psutil
+from rich.console import Console
 
+from harvest.cli.live import PhaseDisplay, setup_console_logging
 from harvest.cli.render import make_console, rule_line
 from harvest.config import load_config
 from harvest.errors import LaunchError, PreflightFailed, StopError
+from harvest.events import Event
 from harvest.server import procs
 from harvest.server.state import (
     IndexEntry,
@@ -39,19 +42,27 @@ from harvest.server.state import (
     default_run_dir,
     list_runs,
 )
-from harvest.server.stop import DEFAULT_MARGIN_MIB, StopReport, stop_run
+from harvest.server.stop import DEFAULT_MARGIN_MIB, StopReport, StopStep, stop_run
 from harvest.server.supervisor import Server
 
 STOP_SCHEMA = "harvest.stop/1"
 PS_SCHEMA = "harvest.ps/1"
 
 
-def print_stop_report(report: StopReport, *, err: bool = False) -> None:
-    console = make_console(stderr=err)
-    console.print(f"stop of {report.run_dir}:", markup=False)
-    for step in report.steps:
-        mark = "" if step.ok else "  <-- incomplete"
-        console.print(f"  {step.name:<8} {step.duration_s:7.3f} s  {step.outcome}{mark}", markup=False)
+def step_line(step: StopStep) -> str:
+    mark = "" if step.ok else "  <-- incomplete"
+    return f"  {step.name:<8} {step.duration_s:7.3f} s  {step.outcome}{mark}"
+
+
+def print_stop_report(report: StopReport, *, err: bool = False, console: Console | None = None,
+                      steps_shown: bool = False) -> None:
+    """The stop's steps, holders, problems and verdict (``steps_shown``: the steps were already
+    printed as they happened, only the rest is left)."""
+    console = console or make_console(stderr=err)
+    if not steps_shown:
+        console.print(f"stop of {report.run_dir}:", markup=False)
+        for step in report.steps:
+            console.print(step_line(step), markup=False)
     for h in report.holders:
         who = "ours" if h.ours else "not ours"
         mib = f"{h.used_mib} MiB" if h.used_mib is not None else "MiB unknown"
@@ -84,6 +95,7 @@ def serve(config: Path, run_dir: Path | None, detach: bool, force: bool) -> None
     cfg = load_config(config)
     server_cfg = cfg.require_server()
     err = make_console(stderr=True)
+    setup_console_logging(err)  # log records print above the live panel, never into it
     if not server_cfg.launched:
         err.print(f"error: engine '{server_cfg.engine}' is a running endpoint; harvest does not launch it",
                   markup=False)
@@ -96,7 +108,9 @@ def serve(config: Path, run_dir: Path | None, detach: bool, force: bool) -> None
             for r in report.failures:
                 err.print(rule_line(r))
 
-    server = Server(server_cfg, run_dir=run_dir, preflight=cfg.preflight, force=force, on_preflight=show_preflight)
+    display = PhaseDisplay(err, f"harvest serve: {server_cfg.engine} on {server_cfg.url}")
+    server = Server(server_cfg, run_dir=run_dir, preflight=cfg.preflight, force=force, on_preflight=show_preflight,
+                    on_event=display.on_event)
     stop_requested = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:
@@ -107,7 +121,8 @@ def serve(config: Path, run_dir: Path | None, detach: bool, force: bool) -> None
     try:
         err.print(f"launching {server_cfg.engine} on {server_cfg.url} (run dir {run_dir})", markup=False)
         try:
-            server.launch()
+            with display:  # the launch phases, live; a failed start-up's stop shows there too
+                server.launch()
         except PreflightFailed as exc:
             err.print("refused to launch: preflight failed (use --force to launch anyway)", markup=False)
             for r in exc.results:
@@ -139,7 +154,10 @@ def serve(config: Path, run_dir: Path | None, detach: bool, force: bool) -> None
                 exited_itself = code
                 err.print(f"the engine exited on its own with code {code}; verifying cleanup", markup=False)
             break
-        report = server.shutdown()
+        stopping = PhaseDisplay(err, f"harvest serve: stopping {server_cfg.engine} pid {server.pid}")
+        server.on_event = stopping.on_event
+        with stopping:  # the stop's steps, live
+            report = server.shutdown()
         if report is not None:
             print_stop_report(report)
         sys.exit(0 if report is not None and report.clean and exited_itself is None else 1)
@@ -190,15 +208,37 @@ def stop(run_dir: Path | None, deadline: float | None, grace: float | None, marg
                           markup=False)
             sys.exit(2)
         run_dir = Path(running[0][0].run_dir)
+    if as_json:
+        try:
+            report = stop_run(run_dir, deadline=deadline, grace=grace, margin_mib=margin_mib)
+        except StopError as exc:
+            err.print(f"error: {exc}", markup=False)
+            sys.exit(2)
+        click.echo(json.dumps({"schema": STOP_SCHEMA, **report.to_dict()}, indent=2))
+        sys.exit(0 if report.clean else 1)
+    out = make_console()
+    # Each step is printed as it ends; on a terminal a panel above the prompt shows the one running.
+    display = PhaseDisplay(out, f"harvest stop: {run_dir}", phase_lines=False)
+    started: list[bool] = []
+
+    def on_step(name: str, step: StopStep | None) -> None:
+        if not started:
+            started.append(True)
+            display.print(f"stop of {run_dir}:", markup=False)
+            display.on_event(Event("stopping", "start"))
+        display.on_event(Event("stopping", "update", {"step": name, "outcome": step.outcome if step else None}))
+        if step is not None:
+            display.print(step_line(step), markup=False)
+
     try:
-        report = stop_run(run_dir, deadline=deadline, grace=grace, margin_mib=margin_mib)
+        with display:
+            report = stop_run(run_dir, deadline=deadline, grace=grace, margin_mib=margin_mib, on_step=on_step)
+            display.on_event(Event("stopping", "end", {"verdict": report.verdict, "seconds": report.total_s},
+                                   ok=report.clean))
     except StopError as exc:
         err.print(f"error: {exc}", markup=False)
         sys.exit(2)
-    if as_json:
-        click.echo(json.dumps({"schema": STOP_SCHEMA, **report.to_dict()}, indent=2))
-    else:
-        print_stop_report(report)
+    print_stop_report(report, console=out, steps_shown=bool(started))
     sys.exit(0 if report.clean else 1)
 
 

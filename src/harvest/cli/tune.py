@@ -18,13 +18,14 @@ import sys
 from pathlib import Path
 
 import click
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from harvest.campaign.run import run_campaign
 from harvest.campaign.tune import TrialResult, TuneReport, job_with_server, load_tune_file, tune
 from harvest.cli.compare import QUALITY_COLUMNS, VERDICT_STYLE, quality_cells, settings_text, wide_console
-from harvest.cli.run import print_report, setup_logging, show_preflight
+from harvest.cli.run import print_report, show_preflight
 from harvest.config import load_config
 
 
@@ -73,12 +74,12 @@ def print_tune(report: TuneReport) -> None:
     console.print(Text(f"results: {report.out_dir / 'tune.csv'}, {report.out_dir / 'tune.json'}"))
 
 
-def _progress(trial: TrialResult) -> None:
+def _progress(trial: TrialResult, console: Console) -> None:
     tp = trial.throughput
     speed = f", {tp.gen_tok_s:.1f} gen tok/s" if tp else ""
     why = f" ({trial.reasons[0]})" if trial.reasons and trial.verdict != "pass" else ""
-    click.echo(f"trial {trial.index}: {settings_text(trial.overrides)}: {trial.verdict}{speed}{why}",
-               err=True)
+    console.print(f"trial {trial.index}: {settings_text(trial.overrides)}: {trial.verdict}{speed}{why}",
+                  markup=False)
 
 
 @click.command("tune")
@@ -92,11 +93,16 @@ def _progress(trial: TrialResult) -> None:
 @click.option("--force", is_flag=True, help="launch even when preflight fails")
 def tune_cmd(job: Path, grid: Path, out_dir: Path | None, then_run: bool, as_json: bool, force: bool) -> None:
     """Sweep the server settings of TUNE.toml for JOB.toml; keep the fastest that passes the gate."""
-    setup_logging()
+    from harvest.cli.live import PhaseDisplay, live_console, setup_console_logging
+
+    console = live_console()  # the panel of the trial's phases; logs and rules print above it
+    setup_console_logging(console)
     job_cfg = load_config(job)
     tune_file = load_tune_file(grid)
-    report = asyncio.run(tune(job_cfg, tune_file, out_dir=out_dir, force=force, on_preflight=show_preflight,
-                              on_trial=_progress))
+    with PhaseDisplay(console, f"harvest tune: {grid}") as display:
+        report = asyncio.run(tune(job_cfg, tune_file, out_dir=out_dir, force=force,
+                                  on_preflight=lambda r: show_preflight(r, console),
+                                  on_trial=lambda t: _progress(t, console), on_event=display.on_event))
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
@@ -110,7 +116,8 @@ def tune_cmd(job: Path, grid: Path, out_dir: Path | None, then_run: bool, as_jso
     if not then_run:
         sys.exit(0)
     click.echo(f"running the campaign with trial {best.index}: {settings_text(best.overrides)}", err=True)
-    run_report = asyncio.run(run_campaign(job_with_server(job_cfg, best.config), on_preflight=show_preflight))
+    run_report = asyncio.run(run_campaign(job_with_server(job_cfg, best.config), console=console,
+                                          on_preflight=lambda r: show_preflight(r, console)))
     if as_json:
         click.echo(f"campaign: {run_report.outcome}; {run_report.totals.describe()}", err=True)
     else:

@@ -151,9 +151,11 @@ def wait_ready(
     cancelled: Callable[[], bool] = lambda: False,
     interval: float = 0.5,
     port_listening: Callable[[str, int, float], bool] | None = None,
+    on_poll: Callable[[ReadinessCheck, str], None] | None = None,
 ) -> Ready:
     """Wait until every check passes, in order. Raises :class:`LaunchError` (with ``reason``) on
-    process exit, a fatal log line, cancellation or the deadline."""
+    process exit, a fatal log line, cancellation or the deadline. ``on_poll(check, new_log_text)``
+    is told, once per poll, which check is waited on and what the log gained (for a display)."""
     if port_listening is None:
         from harvest.hosts.net import port_listening as _pl
 
@@ -193,6 +195,8 @@ def wait_ready(
                 raise fail("start-up was cancelled", "cancelled")
             remaining = end - time.monotonic()
             check = checks[len(passed)]
+            if on_poll is not None:
+                on_poll(check, new if log is not None else "")
             if check_once(check, config, client, max(0.2, min(10.0, remaining)), port_listening):
                 passed.append(check.name)
                 if len(passed) == len(checks):

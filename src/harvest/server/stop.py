@@ -111,6 +111,32 @@ class StopReport:
         return d
 
 
+class _Steps(list):  # type: ignore[type-arg]
+    """The steps of one stop; tells ``on_step(name, step)`` when a step begins (step None) and
+    when it ends (the finished StopStep). A listener's error never changes the stop."""
+
+    def __init__(self, on_step: Callable[[str, StopStep | None], None] | None):
+        super().__init__()
+        self.on_step = on_step
+
+    def begin(self, name: str) -> None:
+        self._tell(name, None)
+
+    def append(self, step: StopStep) -> None:  # type: ignore[override]
+        super().append(step)
+        self._tell(step.name, step)
+
+    def _tell(self, name: str, step: StopStep | None) -> None:
+        if self.on_step is not None:
+            with contextlib.suppress(Exception):
+                self.on_step(name, step)
+
+
+def _begin(steps: list[StopStep], name: str) -> None:
+    if isinstance(steps, _Steps):
+        steps.begin(name)
+
+
 class _Clock:
     def __init__(self, t0: float, deadline_s: float):
         self.t0 = t0
@@ -203,6 +229,7 @@ def _terminate(sf: StateFile, state: RunState, clock: _Clock, grace: float, poll
     steps.append(StopStep("sigterm", clock.since(t), "sent to " + "; ".join(what)))
 
     t = time.monotonic()
+    _begin(steps, "grace")
     budget = clock.remaining()
     reserve = min(budget / 2, KILL_RESERVE_S)
     wait = min(grace, max(0.0, budget - reserve))
@@ -215,6 +242,7 @@ def _terminate(sf: StateFile, state: RunState, clock: _Clock, grace: float, poll
                           f"{len(left)} still alive after {clock.since(t):.2f} s{limited}: {_names(left)}"))
 
     t = time.monotonic()
+    _begin(steps, "sigkill")
     # Workers spawned during the grace period are recorded (in the file, when writable) before the kill.
     late = [r for r in procs.discover(state) if not any(r.pid == k.pid for k in refs)]
     if late:
@@ -230,6 +258,7 @@ def _terminate(sf: StateFile, state: RunState, clock: _Clock, grace: float, poll
     steps.append(StopStep("sigkill", clock.since(t), "sent to " + "; ".join(what)))
 
     t = time.monotonic()
+    _begin(steps, "reap")
     left = _wait_gone(refs, max(0.0, clock.remaining() - PORT_RESERVE_S), poll)
     if left:
         steps.append(StopStep("reap", clock.since(t), f"still alive at the deadline: {_names(left)}", ok=False))
@@ -358,12 +387,14 @@ def stop_run(
     probe: GpuProbe | None = None,
     margin_mib: int = DEFAULT_MARGIN_MIB,
     poll_interval: float = POLL_INTERVAL,
+    on_step: Callable[[str, StopStep | None], None] | None = None,
 ) -> StopReport:
     """Stop the server recorded in ``run_dir`` and measure that it is gone.
 
     ``deadline``/``grace`` default to the values recorded at launch. ``probe`` measures GPU memory
     (opened and closed here when None and the record lists GPUs). Raises :class:`StopError` only
     when there is no readable launch record; everything else ends up in the report.
+    ``on_step(name, step)`` hears each step begin (step None) and end (its StopStep), as it happens.
     """
     if poll_interval <= 0 or poll_interval > POLL_INTERVAL:
         raise ValueError(f"poll_interval must be in (0, {POLL_INTERVAL}] s (>= 10 Hz), got {poll_interval}")
@@ -378,20 +409,24 @@ def stop_run(
     if deadline <= 0:
         raise StopError(f"stop deadline must be > 0 s, got {deadline}")
     clock = _Clock(t0, deadline)
-    steps: list[StopStep] = []
+    steps = _Steps(on_step)
     problems: list[str] = []
 
+    steps.begin("record")
     state, step = _record_step(sf, state)
     steps.append(step)
+    steps.begin("sigterm")
     escalated, state = _terminate(sf, state, clock, grace, poll_interval, steps)
 
     survivors = tuple(procs.alive(state.processes()))
     if survivors:
         problems.append(f"recorded processes still alive: {_names(list(survivors))}")
 
+    steps.begin("gpu")
     final_mib, holders = _drain_gpus(state, probe, clock, margin_mib, poll_interval, steps, problems)
 
     t = time.monotonic()
+    steps.begin("port")
     port_open, checks = _wait_port_closed(rec.host, rec.port, clock, poll_interval)
     steps.append(StopStep("port", clock.since(t), f"port {rec.port} " + (
         f"still in use after {checks} check(s)" if port_open else "closed (bindable again)"), ok=not port_open))

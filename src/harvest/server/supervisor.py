@@ -34,9 +34,11 @@ import psutil
 from harvest.config import PreflightConfig, ServerConfig, is_loopback
 from harvest.engine_pins import version_warning
 from harvest.errors import ConfigError, LaunchError, PreflightFailed, StopError
+from harvest.events import Listener, emit
 from harvest.gpu.records import GpuProbe
 from harvest.server import procs
 from harvest.server.base import EngineAdapter, adapter_for, private_files
+from harvest.server.milestones import LaunchReporter
 from harvest.server.readiness import LogWatcher, Ready, wait_ready
 from harvest.server.state import (
     LOG_FILE,
@@ -50,7 +52,7 @@ from harvest.server.state import (
     redact_argv,
     register_run,
 )
-from harvest.server.stop import DEFAULT_MARGIN_MIB, StopReport, stop_run
+from harvest.server.stop import DEFAULT_MARGIN_MIB, StopReport, StopStep, stop_run
 
 log = logging.getLogger("harvest.server")
 
@@ -125,6 +127,7 @@ class Server:
         record_interval: float = RECORD_INTERVAL,
         stop_margin_mib: int = DEFAULT_MARGIN_MIB,
         on_preflight: Callable[[object], None] | None = None,
+        on_event: Listener | None = None,
     ):
         self.config = config
         self.adapter: EngineAdapter = adapter_for(config.engine)
@@ -134,6 +137,8 @@ class Server:
         self.record_interval = record_interval
         self.stop_margin_mib = stop_margin_mib
         self.on_preflight = on_preflight
+        #: Hears the phases (preflight, launching, stopping) as they go; see harvest.events.
+        self.on_event = on_event
         self.state_file = StateFile(self.run_dir)
         #: The preflight report of the launch (None before it ran, and for endpoints).
         self.preflight_report: object | None = None
@@ -208,6 +213,7 @@ class Server:
         try:
             return self._launch()
         except LaunchError as exc:
+            emit(self.on_event, "launching", "end", ok=False, reason=exc.reason)
             if self._popen is not None and not self._cancel.is_set():
                 self._mark(RunStatus.FAILED, f"{exc.reason}: {str(exc).splitlines()[0]}")
             self.shutdown()
@@ -233,8 +239,11 @@ class Server:
         probe = self._get_probe()
         from harvest.gpu.preflight import run_preflight
 
+        emit(self.on_event, "preflight", "start")
         report = run_preflight(cfg, self.preflight_config, probe=probe, output_dir=run_dir)
         self.preflight_report = report
+        emit(self.on_event, "preflight", "end", ok=report.passed, passed=report.passed,
+             rules=len(report.results), failures=len(report.failures), forced=self.force)
         if self.on_preflight is not None:
             self.on_preflight(report)
         if not report.passed:
@@ -281,6 +290,7 @@ class Server:
             )
             self.state_file.write(RunState(record=record, status=RunStatus.STARTING))
         register_run(run_dir, cfg.engine, cfg.port)
+        emit(self.on_event, "launching", "start", engine=cfg.engine, pid=pid, url=cfg.url)
         self._recorder = DescendantRecorder(self.state_file, self.record_interval)
         self._recorder.start()
 
@@ -289,7 +299,8 @@ class Server:
             self.ready = wait_ready(config=cfg, checks=self.adapter.readiness(cfg),
                                     fatal_patterns=self.adapter.fatal_patterns, log=watcher,
                                     poll_exit=self.returncode, deadline_s=cfg.ready_timeout, argv=shown,
-                                    cancelled=self._cancel.is_set)
+                                    cancelled=self._cancel.is_set,
+                                    on_poll=LaunchReporter(self.on_event, cfg.url))
         finally:
             self._remove_private()
         with httpx.Client() as client:
@@ -299,6 +310,7 @@ class Server:
                 log.warning("KV capacity unknown: %s", exc)
         kv = self.kv_capacity_tokens
         self.state_file.update(lambda s: replace(s, status=RunStatus.READY, kv_capacity_tokens=kv))
+        emit(self.on_event, "launching", "end", seconds=self.ready.seconds, kv_capacity_tokens=kv)
         return self
 
     def _remove_private(self) -> None:
@@ -341,8 +353,11 @@ class Server:
                         self._spawn_lock.release()
                 if not launched:
                     return None
+                emit(self.on_event, "stopping", "start", pid=self.pid)
                 self.stop_report = stop_run(self.run_dir, deadline=deadline, probe=self._probe,
-                                            margin_mib=self.stop_margin_mib)
+                                            margin_mib=self.stop_margin_mib, on_step=self._stop_step)
+                emit(self.on_event, "stopping", "end", ok=self.stop_report.clean,
+                     verdict=self.stop_report.verdict, seconds=self.stop_report.total_s)
                 if self._popen is not None:
                     try:  # reap our direct child so it does not linger as a zombie
                         self._popen.wait(timeout=0.5)
@@ -351,6 +366,9 @@ class Server:
                 return self.stop_report
             finally:
                 self._close_probe()
+
+    def _stop_step(self, name: str, step: StopStep | None) -> None:
+        emit(self.on_event, "stopping", "update", step=name, outcome=step.outcome if step else None)
 
     def detach(self) -> None:
         """Leave the server running: stop recording here (the caller arranges a watcher) and make

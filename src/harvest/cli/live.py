@@ -1,0 +1,118 @@
+"""The live display of the commands a person watches: one console, log lines above the panel.
+
+    console = live_console()
+    setup_console_logging(console)                   # log records print through it
+    with PhaseDisplay(console, "harvest serve") as display:
+        server = Server(cfg, on_event=display.on_event)
+        server.launch()
+
+On a terminal, a rich Live panel shows the phases (``harvest.events``) with their elapsed time,
+redrawn a few times a second; everything else (log records, preflight rules, stop steps) is
+printed through the same console, so it lands above the panel and never inside it. Off a
+terminal, one plain line per phase change. ``harvest run`` draws its own panel
+(``campaign/progress.py``) on the console made here. This module only renders.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from types import TracebackType
+from typing import Any
+
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.live import Live
+from rich.panel import Panel
+from rich.text import Text
+
+from harvest.campaign.phases import PhaseBoard
+from harvest.campaign.progress import PANEL_WIDTH, phase_table
+from harvest.events import Event
+
+#: Redraws a second of a live panel (elapsed times tick even when nothing is reported).
+REFRESH_PER_SECOND = 4
+
+
+def live_console() -> Console:
+    """The one stderr console of a command: never wraps long lines, no highlighting."""
+    return Console(file=sys.stderr, soft_wrap=True, highlight=False)
+
+
+class ConsoleLogHandler(logging.Handler):
+    """Log records printed through a console, so a live panel on it stays whole (they go above)."""
+
+    def __init__(self, console: Console, level: int = logging.NOTSET):
+        super().__init__(level)
+        self.console = console
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = self.format(record)
+            style = "yellow" if record.levelno >= logging.WARNING else ""
+            self.console.print(Text(message, style=style), soft_wrap=True)
+        except Exception:  # noqa: BLE001 - logging's own policy: report through handleError
+            self.handleError(record)
+
+
+def setup_console_logging(console: Console) -> None:
+    """Route the root logger to ``console`` (INFO, message only), replacing stream handlers."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, (logging.StreamHandler, ConsoleLogHandler)) and \
+                not isinstance(handler, logging.FileHandler):
+            root.removeHandler(handler)
+    handler = ConsoleLogHandler(console)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    for noisy in ("httpx", "httpcore", "aiohttp"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+class PhaseDisplay:
+    """A panel of phases for ``harvest serve`` / ``harvest stop`` (and lines off a terminal).
+
+    :meth:`on_event` is the listener to hand to the supervisor or the stop; it may be called from
+    any thread. :meth:`print` prints above the panel.
+    """
+
+    def __init__(self, console: Console, title: str, *, live: bool | None = None, phase_lines: bool = True):
+        self.console = console
+        self.phase_lines = phase_lines
+        self.title = title
+        self.board = PhaseBoard()
+        self.live_enabled = console.is_terminal if live is None else live
+        self._live: Live | None = None
+
+    def on_event(self, event: Event) -> None:
+        self.board.on_event(event)
+        if self.phase_lines and not self.live_enabled and (event.kind != "update" or event.phase == "launching"):
+            row = next((r for r in self.board.rows() if r.name == event.phase), None)
+            if row is not None:
+                self.console.print(f"[harvest] {row.name} ({row.elapsed_s:.1f} s): {row.text}", markup=False)
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        self.console.print(*objects, **kwargs)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield Panel(phase_table(self.board), title=self.title, title_align="left",
+                    width=min(options.max_width, PANEL_WIDTH))
+
+    def __enter__(self) -> PhaseDisplay:
+        if self.live_enabled:
+            self._live = Live(self, console=self.console, refresh_per_second=REFRESH_PER_SECOND)
+            self._live.__enter__()
+        return self
+
+    def close(self) -> None:
+        """Stop redrawing; the panel's last state stays on the screen."""
+        if self._live is not None:
+            live, self._live = self._live, None
+            live.__exit__(None, None, None)
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+__all__ = ["ConsoleLogHandler", "PhaseDisplay", "REFRESH_PER_SECOND", "live_console", "setup_console_logging"]

@@ -1,0 +1,243 @@
+"""The live display in a real terminal (tmux, 130 x 45): what a person watching sees.
+
+``harvest run`` on vLLM's CPU build: while the server launches the panel names the launch phase
+with a growing elapsed time; while it generates the progress bar advances; nothing else (preflight
+rules, log lines) is ever drawn inside the panel's frame, and the panel is drawn once. ``harvest
+serve`` and ``harvest stop`` on the fake engine: the launch phase live, then the stop's steps as
+they happen. Every distinct screen is kept as a text file in the test's folder (screen-NNN.txt).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harvest.server import RunStatus, StateFile
+from tests import engines
+from tests.cli.terminal import Screen, Terminal
+from tests.server.helpers import FAKE_ENGINE
+
+HARVEST = [sys.executable, "-m", "harvest"]
+#: Text that belongs above the panel, never inside its frame.
+OUTSIDE = re.compile(r"preflight: (PASS|FAIL)|^\s*│?\s*(PASS|FAIL|SKIP)\s+[a-z-]+\s{2,}|input: \d+ rows|"
+                     r"stop requested|relaunch|run folder:|WARNING|Traceback|command exited")
+
+
+def assert_clean_frames(screens: list[Screen], panels: int = 1) -> None:
+    """No screen shows more than ``panels`` panels (a live panel redrawn below itself would), each
+    whole, with nothing but the panel inside its frame."""
+    framed = [s for s in screens if s.frames()]
+    assert framed, "no screen showed the panel"
+    for screen in framed:
+        assert len(screen.frames()) <= panels, f"the panel is drawn more than once:\n{screen.text}"
+        for index in range(len(screen.frames())):
+            for line in screen.inside(index):
+                assert line.startswith("│") and line.rstrip().endswith("│"), \
+                    f"a line broke the frame:\n{screen.text}"
+                assert not OUTSIDE.search(line), f"{line!r} is inside the panel:\n{screen.text}"
+
+
+def watch(term: Terminal, until: float, *, stop_when: object = None) -> int | None:
+    """Capture the screen every 0.25 s until the command exits (its status) or ``until`` passes."""
+    while time.monotonic() < until:
+        screen = term.capture()
+        status = term.exit_status()
+        if status is not None:
+            return status
+        if callable(stop_when) and stop_when(screen):
+            return None
+        time.sleep(0.25)
+    return None
+
+
+def growing(values: list[float]) -> bool:
+    return len(values) >= 2 and values == sorted(values) and values[-1] > values[0]
+
+
+@pytest.mark.engine
+def test_run_on_vllm_shows_the_launch_then_the_bar_and_nothing_inside_the_panel(tmp_path, vllm_python, tiny_model):
+    n = 600
+    data = tmp_path / "prompts.jsonl"  # named relative to the terminal's folder: screens free of tmp paths
+    data.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"Write about topic {i}."}) + "\n"
+                            for i in range(n)))
+    port = engines.free_port()
+    env_lines = "\n".join(f'{k} = "{v}"' for k, v in engines.VLLM_ENV.items())
+    job = tmp_path / "job.toml"
+    job.write_text(f"""
+[server]
+engine = "vllm"
+model = {json.dumps(str(tiny_model))}
+python = {json.dumps(vllm_python)}
+port = {port}
+extra_args = ["--max-model-len", "2048"]
+ready_timeout = 600
+stop_grace = 20
+stop_deadline = 90
+
+[server.env]
+{env_lines}
+
+[preflight]
+min_disk_free_gib = 0.05
+
+[data]
+path = "prompts.jsonl"
+id_field = "id"
+
+[sampling]
+max_tokens = 48
+
+[client]
+concurrency = 8
+
+[run]
+progress_interval = 0.5
+
+[output]
+dir = "run"
+""")
+    term = Terminal(tmp_path / "screens")
+    try:
+        term.start([*HARVEST, "run", "job.toml"], env={**os.environ, "HARVEST_STATE_DIR": str(tmp_path / "state")},
+                   cwd=tmp_path)
+        status = watch(term, time.monotonic() + 900)
+        if status is None:  # out of time: Ctrl-C, as a person would, so harvest stops its server
+            term.send("C-c")
+            status = watch(term, time.monotonic() + 120)
+        screens = term.screens
+        final = screens[-1].text
+        assert status == 0, f"harvest run exited {status}:\n{final}"
+
+        # The launch phase, named, with an elapsed time that grows while the server starts.
+        launching = [s.phase("launching") for s in screens]
+        live_launch = [p[1] for p in launching if p is not None and p[0] == "▶"]
+        assert growing(live_launch), f"launch elapsed times seen: {live_launch}"
+        launch_screen = next(s for s in screens if (s.phase("launching") or ("",))[0] == "▶")
+        assert any("vllm pid" in line and "since spawn" in line for line in launch_screen.inside()), \
+            launch_screen.text
+        # The rules were printed above the panel, before the launch.
+        assert any(any("preflight: PASS" in line for line in s.above()) for s in screens if s.frames())
+
+        # Generation: the bar advances.
+        done = []
+        for s in screens:
+            if (s.phase("generating") or ("",))[0] != "▶":
+                continue
+            m = next((re.search(r"━.*?(\d[\d,]*) / (\d[\d,]*)", line) for line in s.inside()
+                      if re.search(r"━.*?\d / \d", line)), None)
+            if m:
+                done.append(int(m.group(1).replace(",", "")))
+        assert growing(done), f"items seen while generating: {done}"
+        assert done[0] < n
+
+        assert_clean_frames(screens)
+        # The end: the stop's verdict in the panel, the totals below it.
+        last = screens[-1]
+        assert any("stopping" in line and "CLEAN" in line for line in last.inside()), final
+        assert re.search(rf"^OK .* = {n} of {n} unique input items", final, re.M), final
+    finally:
+        term.stop()
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    _keep_for_docs(screens, docs, tmp_path)
+
+
+def _neutral(text: str, folder: Path) -> str:
+    """The screen with the test's folder left out of paths (the frame's top border re-fitted)."""
+    lines = text.replace(f"{folder}/", "").splitlines()
+    width = max((len(line) for line in lines if line.startswith("╰")), default=0)
+    return "\n".join(line[:-1].ljust(width - 1, "─") + "╮" if line.startswith("╭") and width else line
+                     for line in lines)
+
+
+def _keep_for_docs(screens: list[Screen], docs: Path, folder: Path) -> None:
+    """With HARVEST_UPDATE_DOCS=1, write one screen of the launch and one of the generation to docs/."""
+    if os.environ.get("HARVEST_UPDATE_DOCS") != "1":
+        return
+    screens = [Screen(s.at, _neutral(s.text, folder)) for s in screens]
+    launch = [s for s in screens if (s.phase("launching") or ("",))[0] == "▶"]
+    launch = [s for s in launch if "log:" in s.text] or launch  # one with the engine's step, if any
+    gen = [s for s in screens if (s.phase("generating") or ("",))[0] == "▶"]
+    parts = []
+    if launch:
+        parts.append("while the server launches:\n\n" + launch[len(launch) // 2].text.rstrip())
+    if gen:
+        parts.append("while it generates:\n\n" + gen[len(gen) // 2].text.rstrip())
+    (docs / "live-display.txt").write_text("\n\n\n".join(parts) + "\n")
+
+
+def _fake_config(path: Path, pid_dir: Path, port: int, *flags: str) -> Path:
+    pid_dir.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, str(FAKE_ENGINE), "--host", "{host}", "--port", "{port}", "--pid-dir", str(pid_dir),
+               *flags]
+    path.write_text("[server]\nengine = \"command\"\n"
+                    f"command = {json.dumps(command)}\n"
+                    'health_url = "http://{host}:{port}/health"\n'
+                    f"port = {port}\nready_timeout = 60\nstop_grace = 3\nstop_deadline = 20\n"
+                    "[preflight]\nmin_disk_free_gib = 0.05\n")
+    return path
+
+
+def test_serve_shows_the_launch_live_then_the_stop_after_ctrl_c(tmp_path):
+    port = engines.free_port()
+    cfg = _fake_config(tmp_path / "server.toml", tmp_path / "pids", port, "--ready-after", "4")
+    run_dir = tmp_path / "run"
+    term = Terminal(tmp_path / "screens")
+    try:
+        term.start([*HARVEST, "serve", str(cfg), "--run-dir", str(run_dir)],
+                   env={**os.environ, "HARVEST_STATE_DIR": str(tmp_path / "state")}, cwd=tmp_path)
+        status = watch(term, time.monotonic() + 90, stop_when=lambda s: "ready:" in s.text)
+        assert status is None, f"harvest serve exited {status}:\n{term.screens[-1].text}"
+        live = [p[1] for p in (s.phase("launching") for s in term.screens) if p is not None and p[0] == "▶"]
+        assert growing(live), f"launch elapsed times seen: {live}"
+        assert any("waiting on GET" in "".join(s.inside()) for s in term.screens if s.frames())
+        assert StateFile(run_dir).read().status is RunStatus.READY
+        term.send("C-c")
+        status = watch(term, time.monotonic() + 60)
+        assert status == 0, term.screens[-1].text
+        final = term.screens[-1]
+        assert "verdict: CLEAN" in final.text
+        # The launch's panel stays as it ended; the stop has its own below it.
+        assert any("stopping" in line and "CLEAN" in line for line in final.inside(-1)), final.text
+        assert any("launching" in line and "ready in" in line for line in final.inside(0)), final.text
+        assert_clean_frames(term.screens, panels=2)
+    finally:
+        term.stop()
+
+
+def test_stop_shows_each_step_as_it_happens(tmp_path):
+    port = engines.free_port()
+    env = {**os.environ, "HARVEST_STATE_DIR": str(tmp_path / "state")}
+    cfg = _fake_config(tmp_path / "server.toml", tmp_path / "pids", port, "--trap-term")
+    run_dir = tmp_path / "run"
+    import subprocess
+
+    served = subprocess.run([*HARVEST, "serve", str(cfg), "--run-dir", str(run_dir), "--detach"], env=env,
+                            capture_output=True, text=True, timeout=90, stdin=subprocess.DEVNULL)
+    assert served.returncode == 0, served.stdout + served.stderr
+    assert "[harvest] launching" in served.stderr  # off a terminal: one plain line per phase change
+    term = Terminal(tmp_path / "screens")
+    try:
+        term.start([*HARVEST, "stop", str(run_dir), "--grace", "3"], env=env, cwd=tmp_path)
+        status = watch(term, time.monotonic() + 60)
+        assert status == 0, term.screens[-1].text
+        # While the engine ignored SIGTERM: the sigterm step printed above, the grace step running.
+        during = [s for s in term.screens if s.frames() and any("step grace" in line for line in s.inside())]
+        assert during, "\n\n".join(s.text for s in term.screens)
+        assert any("sigterm" in line and "sent to group" in line for line in during[0].above())
+        final = term.screens[-1].text
+        for step in ("record", "sigterm", "grace", "sigkill", "reap", "port"):
+            assert re.search(rf"^\s+{step}\s+\d+\.\d+ s", final, re.M), (step, final)
+        assert "verdict: CLEAN" in final and "escalated to SIGKILL" in final
+        assert_clean_frames(term.screens)
+    finally:
+        term.stop()
+        if StateFile(run_dir).exists() and StateFile(run_dir).read().status is not RunStatus.STOPPED:
+            from harvest.server import stop_run
+
+            stop_run(run_dir, deadline=15)

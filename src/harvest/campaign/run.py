@@ -285,7 +285,9 @@ class _Campaign:
             return
         report = await self.server.stop()
         self.server = None
-        if report is not None:
+        if isinstance(report, list):  # several hosts: one report each
+            self.stop_reports.extend(report)
+        elif report is not None:
             self.stop_reports.append(report)
 
     def server_exited(self) -> bool:
@@ -461,7 +463,8 @@ class _Campaign:
                                     progress.ingesting = True
                                     self._ingest_task = asyncio.create_task(self._ingest_rest(writer, progress))
                                 await self.start_server()
-                                async with Client.from_config(self.config) as client:
+                                urls = getattr(self.server, "urls", None)  # far servers: their tunnels
+                                async with Client.from_config(self.config, urls) as client:
                                     await self.dispatch(writer, client, progress)
                             finally:
                                 await self._finish_ingest()
@@ -488,12 +491,16 @@ class _Campaign:
 
 
 async def run_campaign(config: HarvestConfig, *, allow_mixed: bool = False, force: bool = False,
-                       live: bool | None = None, server_factory: Any = Server,
+                       live: bool | None = None, server_factory: Any = None,
                        on_preflight: Any = None) -> RunReport:
     """Run (or resume) the campaign described by ``config``; see the module docstring.
 
     ``on_preflight(report)`` is called with the launch's preflight report before the launch.
     """
+    if server_factory is None:  # [host] / [[hosts]]: servers the far harvest launches
+        from harvest.campaign.servers import server_factory_for
+
+        server_factory = server_factory_for(config)
     return await _Campaign(config, allow_mixed=allow_mixed, force=force, live=live,
                            server_factory=server_factory, on_preflight=on_preflight).run()
 

@@ -13,7 +13,6 @@ from pathlib import Path
 import click
 
 from harvest.cli.render import make_console, preflight_payload, rule_line
-from harvest.config import load_config
 from harvest.gpu import NoGpuProbe, open_probe, run_preflight, wait_for_preflight
 from harvest.gpu.records import GpuProbe
 
@@ -28,9 +27,13 @@ from harvest.gpu.records import GpuProbe
 @click.pass_context
 def preflight(ctx: click.Context, config: Path, wait_s: float | None, as_json: bool,
               output_dir: Path | None) -> None:
-    """Check that the [server] of CONFIG can be launched safely on this machine now."""
-    cfg = load_config(config)
+    """Check that the [server] of CONFIG can be launched safely on this machine (or its [host]) now."""
+    from harvest.cli.remote import load_config_arg, remote_preflight
+
+    cfg = load_config_arg(config)
     server = cfg.require_server()
+    if cfg.far_hosts():
+        ctx.exit(remote_preflight(cfg, as_json))
     out_dir = output_dir if output_dir is not None else Path(cfg.output.dir)
     # NVML is only opened when a rule will look at a GPU.
     probe: GpuProbe = open_probe() if (server.launched and server.gpus) else NoGpuProbe("no GPUs requested")

@@ -50,13 +50,17 @@ def print_report(report: RunReport) -> None:
 @click.option("--allow-mixed", is_flag=True, help="Resume even though output-affecting settings changed.")
 @click.option("--force", is_flag=True, help="Launch the server even if preflight fails (failures still printed).")
 @click.option("--live/--no-live", default=None, help="Live display (default: when on a terminal).")
-def run(job: str, allow_mixed: bool, force: bool, live: bool | None) -> None:
+@click.option("--all-hosts", is_flag=True, help="With [[hosts]]: refuse to run unless every host passes preflight.")
+def run(job: str, allow_mixed: bool, force: bool, live: bool | None, all_hosts: bool) -> None:
     """Run or resume the campaign of JOB.toml: dataset -> ledger -> server -> results."""
+    from harvest.campaign.servers import server_factory_for
+
     setup_logging()
     config = load_config(job)
     try:
         report = asyncio.run(run_campaign(config, allow_mixed=allow_mixed, force=force, live=live,
-                                          on_preflight=show_preflight))
+                                          on_preflight=show_preflight,
+                                          server_factory=server_factory_for(config, all_hosts=all_hosts)))
     except PreflightFailed as exc:
         for r in exc.results:
             if not getattr(r, "passed", True):

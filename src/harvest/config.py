@@ -277,6 +277,19 @@ class HostConfig(_Model):
     command_timeout: float = Field(120.0, gt=0)
     #: A label for tables and messages (default: ``ssh`` or ``local``).
     name: str | None = None
+    #: Fields of [server] that differ on this host (``port``, a far ``model`` path, ``command``...).
+    server: dict[str, Any] = Field(default_factory=dict)
+
+    def server_config(self, base: ServerConfig) -> ServerConfig:
+        """``base`` with this host's overrides; a bad override is a ConfigError naming the host."""
+        if not self.server:
+            return base
+        try:
+            return ServerConfig.model_validate({**base.model_dump(), **self.server})
+        except ValidationError as exc:
+            where = f"[host {self.label}] server"
+            raise ConfigError(where, [(f"{where}.{'.'.join(str(p) for p in e['loc'])}", e["msg"])
+                                      for e in exc.errors()]) from None
 
     @field_validator("ssh_options")
     @classmethod

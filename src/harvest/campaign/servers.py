@@ -99,7 +99,7 @@ class RemoteServer:
                  port_memo: dict[int, int] | None = None, port_key: int = 0, check_preflight: bool = True):
         self.host_config = host
         self.host = FarHost(host)
-        self.config = config
+        self.config = host.server_config(config)
         self.run_dir = Path(run_dir)
         self.preflight_config = preflight
         self.force = force

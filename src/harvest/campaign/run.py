@@ -266,6 +266,11 @@ class _Campaign:
         """Stop, by its launch record, a server an earlier session of this run left running (that
         session was killed before its own stop). The ledger's lock proves that session is gone."""
         cfg = self.config.server
+        if cfg is not None and cfg.launched and self.config.far_hosts():  # far servers: by their near records
+            from harvest.campaign.servers import stop_far_leftovers
+
+            self.stop_reports.extend(stop_far_leftovers(self.run_dir / SERVER_DIR))
+            return
         state_file = StateFile(self.run_dir / SERVER_DIR)
         if cfg is None or not cfg.launched or not state_file.exists():
             return

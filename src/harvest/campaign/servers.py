@@ -91,6 +91,27 @@ def remote_stop(record: dict[str, Any], *, deadline: float | None = None) -> Sto
     return stop_report_from_dict(doc, host=host.label)
 
 
+def stop_far_leftovers(folder: Path) -> list[StopReport]:
+    """Stop, by their near records, far servers an earlier (killed) session of this run left running."""
+    folder = Path(folder)
+    out: list[StopReport] = []
+    for sub in [folder, *sorted(folder.glob("host-*"))] if folder.is_dir() else []:
+        record = read_remote_record(sub)
+        if record is None or record.get("status") != "ready":
+            continue
+        try:
+            report = remote_stop(record)
+        except RemoteError as exc:
+            log.warning("a far server of an earlier session was not stopped: %s", exc)
+            continue
+        record["status"] = "stopped" if report.clean else "dirty"
+        _write_record(sub, record)
+        log.warning("stopped the far server left running by an earlier session on %s: %s",
+                    record["host"].get("name") or record["host"].get("ssh"), "clean" if report.clean else "DIRTY")
+        out.append(report)
+    return out
+
+
 class RemoteServer:
     """One engine server the far harvest launched and supervises; the same lifecycle as Server."""
 
@@ -160,7 +181,7 @@ class RemoteServer:
             report = self.preflight()
             if not report.passed and not self.force:
                 raise PreflightFailed(report.results)
-        args = ["serve", "--detach", "--json", "-"] + (["--force"] if self.force or not self.check_preflight else [])
+        args = ["serve", "--detach", "--json", "-"] + (["--force"] if self.force else [])
         try:
             doc = self.host.call("serve", args, stdin=far_config_doc(self.config, self.preflight_config),
                                  schema=SCHEMAS["serve"], extra_s=self.config.ready_timeout)
@@ -285,7 +306,7 @@ class ServerGroup:
             raise LaunchError("no host passed preflight: " + "; ".join(f"{h}: {w}" for h, w in self.left_out),
                               reason="spawn_failed")
         for m in chosen:
-            m.check_preflight = False  # checked above; the far serve checks again beside the launch
+            m.check_preflight = False  # checked above; the far serve checks again as it launches
         started = await asyncio.gather(*(m.start() for m in chosen), return_exceptions=True)
         for m, res in zip(chosen, started):
             if isinstance(res, BaseException):
@@ -332,4 +353,4 @@ def server_factory_for(config: HarvestConfig, *, all_hosts: bool = False) -> Any
 
 
 __all__ = ["REMOTE_RECORD", "RemoteServer", "ServerGroup", "far_preflight", "read_remote_record",
-           "remote_stop", "server_factory_for"]
+           "remote_stop", "server_factory_for", "stop_far_leftovers"]

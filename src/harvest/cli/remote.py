@@ -135,7 +135,12 @@ def remote_serve(cfg: HarvestConfig, run_dir: Path | None, detach: bool, force: 
         raise ConfigError(cfg.source, [(f"{cfg.source} [[hosts]]", "harvest serve launches on one host; "
                                         "use [host] (harvest run drives [[hosts]])")])
     err = make_console(stderr=True)
-    near = run_dir if run_dir is not None else state_dir() / "remote" / f"{server_cfg.engine}-{server_cfg.port}-{id(cfg)}"
+    import os
+    import time
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    near = run_dir if run_dir is not None else \
+        state_dir() / "remote" / f"{stamp}-{server_cfg.engine}-{server_cfg.port}-{os.getpid()}"
     server = RemoteServer(hosts[0], server_cfg, run_dir=near, preflight=cfg.preflight, force=force)
     err.print(f"launching {server_cfg.engine} on {server.label} (near record {near})", markup=False)
     try:

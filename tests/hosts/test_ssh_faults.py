@@ -151,3 +151,29 @@ def test_config_errors_name_the_host_table(tmp_path):
     cfg = parse_config({"hosts": [{"ssh": "a@b", "identity_file": "k"}]}, base=tmp_path)
     assert cfg.far_hosts()[0].identity_file == str(tmp_path / "k")
     assert json.loads(json.dumps(cfg.far_hosts()[0].model_dump(mode="json")))["port"] == 22
+
+
+def test_preflight_runs_on_the_far_host(tmp_path, sshd):
+    """The far harvest measures its own machine: a port held there fails the far preflight (exit 1)."""
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen(1)
+    port = held.getsockname()[1]
+    server = {"engine": "llamacpp", "model": str(tmp_path / "m.gguf"), "port": port, "command": ["llama-server"]}
+    box = write_toml(tmp_path / "box.toml", {"server": server, "preflight": {"min_disk_free_gib": 0.1,
+                                                                             "ram_reserve_gib": 0},
+                                              "host": sshd.host_table()})
+    try:
+        res = subprocess.run([FAR_HARVEST, "preflight", str(box), "--json"], capture_output=True, text=True,
+                             timeout=120)
+    finally:
+        held.close()
+    assert res.returncode == 1, res.stdout + res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["schema"] == "harvest.preflight-hosts/1"
+    (entry,) = doc["hosts"]
+    assert entry["host"] == f"root@127.0.0.1:{sshd.port}" and entry["passed"] is False
+    failed = [r for r in entry["results"] if not r["passed"]]
+    assert [r["rule"] for r in failed] == ["port"], failed
+    res = subprocess.run([FAR_HARVEST, "preflight", str(box)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and f"PASS on root@127.0.0.1:{sshd.port}" in res.stdout, res.stdout + res.stderr

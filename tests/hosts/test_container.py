@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -30,12 +31,23 @@ from tests.hosts.conftest import write_toml
 pytestmark = [pytest.mark.engine]
 
 
+#: The container's init: like a real one, it reaps the orphans the namespace hands it.
+REAPER = """
+import os, time
+while True:
+    try:
+        os.wait()
+    except ChildProcessError:
+        time.sleep(0.2)
+"""
+
+
 @pytest.fixture
 def container():
     """(near pid of the namespace's init, its pid-namespace link); the namespace ends with its init."""
     if shutil.which("unshare") is None or shutil.which("nsenter") is None:
         pytest.skip("util-linux unshare/nsenter are not installed")
-    proc = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "sleep", "infinity"],
+    proc = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", REAPER],
                             start_new_session=True, stdin=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 10

@@ -12,8 +12,6 @@ import shlex
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from tests.hosts.conftest import FAR_HARVEST
 from tests.hosts.test_container import container  # noqa: F401 - fixture
 

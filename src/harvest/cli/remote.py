@@ -165,7 +165,11 @@ def remote_serve(cfg: HarvestConfig, run_dir: Path | None, detach: bool, force: 
     stop_requested = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop_requested.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        stop_requested.wait()
+        while not stop_requested.wait(1.0):
+            if server.returncode() is not None or (server.tunnel is not None and server.tunnel.error is not None):
+                err.print(f"the far server or its tunnel is gone ({server.tunnel.error if server.tunnel else ''}); "
+                          "stopping", markup=False)
+                break
     finally:
         for s, h in previous.items():
             signal.signal(s, h)

@@ -121,6 +121,7 @@ async def main_async(args: argparse.Namespace, server_url: str, far_port: int, s
     for k, v in ratios.items():
         print(f"P1 tunnel ({k}) / direct: median x{statistics.median(v):.3f} over {len(v)} rounds "
               f"({', '.join(f'{x:.3f}' for x in v)})")
+    print("BENCH p1-tunnel " + " ".join(f"{k}=x{statistics.median(v):.3f}" for k, v in ratios.items()))
 
 
 def main() -> int:

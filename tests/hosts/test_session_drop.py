@@ -48,7 +48,7 @@ def tunnel_pid(run_dir: Path, task: asyncio.Task) -> int:
     return int(record["tunnel"]["ssh_pid"])
 
 
-async def wait_committed(run_dir: Path, at_least: int, task: asyncio.Task, timeout: float = 300) -> None:
+async def wait_committed(run_dir: Path, at_least: int, task: asyncio.Task, timeout: float = 900) -> None:
     deadline = time.monotonic() + timeout
     while results_count(run_dir) < at_least:
         assert not task.done(), f"the run ended before the drop: {task.result() if not task.exception() else task.exception()}"

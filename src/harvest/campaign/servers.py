@@ -139,6 +139,7 @@ class RemoteServer:
         self._lock = threading.Lock()
         self._finished = False
         self._detached = False
+        self._cancelled = False
 
     @property
     def label(self) -> str:
@@ -164,7 +165,9 @@ class RemoteServer:
         return self._exit
 
     def cancel(self) -> None:
-        """Nothing to interrupt here: each far step is bounded by the host's timeouts."""
+        """Ask a launch in progress to give up: the far step in flight is bounded by the host's
+        timeouts; once it returns, what it started is stopped by the far harvest."""
+        self._cancelled = True
 
     def preflight(self) -> Any:
         report = far_preflight(self.host, self.config, self.preflight_config)
@@ -194,6 +197,15 @@ class RemoteServer:
         self.ready = RemoteReady(float(doc.get("ready_s", 0.0)))
         self.kv_capacity_tokens = doc.get("kv_capacity_tokens")
         _write_record(self.run_dir, self.record)
+        with self._lock:
+            gave_up = self._finished or self._cancelled
+            self._finished = self._finished or gave_up
+        if gave_up:  # cancelled (or shut down) while the far launch was in flight: stop it there
+            self.stop_report = remote_stop(self.record)
+            self.record["status"] = "stopped" if self.stop_report.clean else "dirty"
+            _write_record(self.run_dir, self.record)
+            raise LaunchError(f"start-up on {self.label} was cancelled; the far server was stopped",
+                              reason="cancelled")
         if self.host.is_ssh:
             self.tunnel = Tunnel(self.host_config, int(doc["port"]), local_port=self.local_port,
                                  on_reopen=self._found_again)
@@ -283,7 +295,8 @@ class ServerGroup:
         return -1 if codes and all(c is not None for c in codes) else None
 
     def cancel(self) -> None:
-        """Each far step is bounded by its host's timeouts."""
+        for m in self.members:
+            m.cancel()
 
     async def start(self) -> ServerGroup:
         reports = await asyncio.gather(*(asyncio.to_thread(m.preflight) for m in self.members),

@@ -9,6 +9,8 @@ A file holds any of these tables; each command reads the ones it needs:
     [sampling]    generation parameters
     [client]      concurrency, timeouts, retries, extra endpoints
     [output]      the run folder
+    [host]        the box (over SSH, and/or inside a container) where the server runs; absent: here
+    [[hosts]]     several such boxes, one server each, driven as one campaign
 
 Validation errors name the file, the table and the field. This module never touches the machine:
 no probing, no folders created; relative paths are resolved against the config file's folder.
@@ -334,6 +336,59 @@ class OutputConfig(_Model):
     dir: str = "harvest-run"
 
 
+class HostConfig(_Model):
+    """Where the server runs: a box reached over SSH (``ssh``) and/or a container entered with an
+    exec prefix. The far side runs harvest's own JSON commands; see :mod:`harvest.hosts`."""
+
+    #: ``user@name`` (or a name from ~/.ssh/config); None: this machine (with ``exec_prefix`` only).
+    ssh: str | None = None
+    port: int = Field(22, ge=1, le=65535)
+    identity_file: str | None = None
+    #: Extra ``-o`` options for OpenSSH's client, each ``Key=Value`` (they win over harvest's own).
+    ssh_options: list[str] = Field(default_factory=list)
+    #: argv run before every far command, e.g. ``["pct", "exec", "101", "--"]``.
+    exec_prefix: list[str] = Field(default_factory=list)
+    #: The harvest executable on the far side (after the prefix).
+    harvest: str = "harvest"
+    #: The address the data tunnel forwards to on the far side (a container's own address).
+    forward_to: str = "127.0.0.1"
+    #: Seconds to establish the SSH connection (TCP, banner, key exchange).
+    connect_timeout: float = Field(10.0, gt=0)
+    #: Seconds one far command may take beyond the connection (a launch adds its ready_timeout).
+    command_timeout: float = Field(120.0, gt=0)
+    #: A label for tables and messages (default: ``ssh`` or ``local``).
+    name: str | None = None
+    #: Fields of [server] that differ on this host (``port``, a far ``model`` path, ``command``...).
+    server: dict[str, Any] = Field(default_factory=dict)
+
+    def server_config(self, base: ServerConfig) -> ServerConfig:
+        """``base`` with this host's overrides; a bad override is a ConfigError naming the host."""
+        if not self.server:
+            return base
+        try:
+            return ServerConfig.model_validate({**base.model_dump(), **self.server})
+        except ValidationError as exc:
+            where = f"[host {self.label}] server"
+            raise ConfigError(where, [(f"{where}.{'.'.join(str(p) for p in e['loc'])}", e["msg"])
+                                      for e in exc.errors()]) from None
+
+    @field_validator("ssh_options")
+    @classmethod
+    def _key_value(cls, v: list[str]) -> list[str]:
+        for opt in v:
+            if "=" not in opt or opt.startswith("-"):
+                raise ValueError(f"{opt!r}: each SSH option is Key=Value (passed as -o Key=Value)")
+        return v
+
+    @property
+    def label(self) -> str:
+        if self.name:
+            return self.name
+        if self.ssh is None:
+            return "local" + (f" ({self.exec_prefix[0]})" if self.exec_prefix else "")
+        return self.ssh + (f":{self.port}" if self.port != 22 else "")
+
+
 class HarvestConfig(_Model):
     """A whole harvest configuration file. Every table is optional; commands say which they need."""
 
@@ -344,6 +399,8 @@ class HarvestConfig(_Model):
     client: ClientConfig = Field(default_factory=ClientConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+    host: HostConfig | None = None
+    hosts: list[HostConfig] = Field(default_factory=list)
     #: The file this configuration came from (not a TOML field).
     source: str = Field("<memory>", exclude=True)
 
@@ -353,6 +410,16 @@ class HarvestConfig(_Model):
         if self.server is not None:
             data["server"] = self.server.recorded()
         return data
+
+    @model_validator(mode="after")
+    def _one_host_form(self) -> HarvestConfig:
+        if self.host is not None and self.hosts:
+            raise ValueError("use either [host] or [[hosts]], not both")
+        return self
+
+    def far_hosts(self) -> list[HostConfig]:
+        """The hosts the server runs on: [[hosts]], else [host], else none (this machine)."""
+        return list(self.hosts) if self.hosts else ([self.host] if self.host is not None else [])
 
     def require_server(self) -> ServerConfig:
         if self.server is None:
@@ -389,6 +456,15 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> None:
         for key in ("model", "python"):
             if isinstance(server.get(key), str):
                 server[key] = rel(server[key])
+    def key_file(h: Any) -> Any:  # the key file is on this machine: relative to the config file
+        if isinstance(h, dict) and isinstance(h.get("identity_file"), str):
+            return {**h, "identity_file": str(base / Path(h["identity_file"]).expanduser())}
+        return h
+
+    if "host" in data:
+        data["host"] = key_file(data["host"])
+    if isinstance(data.get("hosts"), list):
+        data["hosts"] = [key_file(h) for h in data["hosts"]]
     for table, key in (("data", "path"), ("output", "dir")):
         section = data.get(table)
         if isinstance(section, dict) and isinstance(section.get(key), str):

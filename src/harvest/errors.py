@@ -10,6 +10,7 @@
     │   ├── LaunchError               the engine did not become ready (exit code, log tail)
     │   ├── ServerSick                the server answered 5xx / refused connections / failed health
     │   └── StopError                 a stop could not be carried out (state file unreadable, ...)
+    ├── RemoteError                   a step on a far host failed or timed out (host, step, time waited)
     ├── RequestError                  one request failed for a reason that belongs to the item (4xx)
     └── LedgerError                   the run's ledger refuses an operation (settings mismatch, ...)
 
@@ -118,6 +119,19 @@ class StopError(ServerError):
     """A stop could not even be attempted (no state file, unreadable record)."""
 
 
+class RemoteError(HarvestError):
+    """A step on another host (over SSH and/or an exec prefix) failed, or gave no answer in time.
+
+    ``exit_code`` is what the CLI exits with: 2 when the configuration is at fault (a refused key,
+    a missing or different far harvest), 1 when a check failed (unreachable, timed out, a far
+    step that failed). The message is one line naming host, step and the time waited.
+    """
+
+    def __init__(self, host: str, step: str, waited_s: float, reason: str, *, exit_code: int = 1):
+        self.host, self.step, self.waited_s, self.reason, self.exit_code = host, step, waited_s, reason, exit_code
+        super().__init__(f"host {host}: {step} failed after {waited_s:.1f} s: {reason}")
+
+
 class RequestError(HarvestError):
     """The server rejected this item's request (a 4xx other than 408/409/425/429)."""
 
@@ -139,6 +153,7 @@ __all__ = [
     "NoDriverError",
     "PreflightFailed",
     "ProbeError",
+    "RemoteError",
     "RequestError",
     "ServerError",
     "ServerSick",

@@ -309,6 +309,11 @@ class _Campaign:
         """Stop, by its launch record, a server an earlier session of this run left running (that
         session was killed before its own stop). The ledger's lock proves that session is gone."""
         cfg = self.config.server
+        if cfg is not None and cfg.launched and self.config.far_hosts():  # far servers: by their near records
+            from harvest.campaign.servers import stop_far_leftovers
+
+            self.stop_reports.extend(stop_far_leftovers(self.run_dir / SERVER_DIR))
+            return
         state_file = StateFile(self.run_dir / SERVER_DIR)
         if cfg is None or not cfg.launched or not state_file.exists():
             return
@@ -330,7 +335,9 @@ class _Campaign:
             return
         report = await self.server.stop()
         self.server = None
-        if report is not None:
+        if isinstance(report, list):  # several hosts: one report each
+            self.stop_reports.extend(report)
+        elif report is not None:
             self.stop_reports.append(report)
             if self.timeline is not None:
                 self.timeline.stop(report)
@@ -550,7 +557,8 @@ class _Campaign:
                                     progress.ingesting = True
                                     self._ingest_task = asyncio.create_task(self._ingest_rest(writer, progress))
                                 await self.start_server()
-                                async with Client.from_config(self.config) as client:
+                                urls = getattr(self.server, "urls", None)  # far servers: their tunnels
+                                async with Client.from_config(self.config, urls) as client:
                                     progress.begin("generating")
                                     await self.dispatch(writer, client, progress)
                             finally:
@@ -581,7 +589,7 @@ class _Campaign:
 
 
 async def run_campaign(config: HarvestConfig, *, allow_mixed: bool = False, force: bool = False,
-                       live: bool | None = None, server_factory: Any = Server,
+                       live: bool | None = None, server_factory: Any = None,
                        on_preflight: Any = None, retry: tuple[str, ...] = (), console: Any = None) -> RunReport:
     """Run (or resume) the campaign described by ``config``; see the module docstring.
 
@@ -589,6 +597,10 @@ async def run_campaign(config: HarvestConfig, *, allow_mixed: bool = False, forc
     ``retry``: what to put back to pending first (``failed``, ``truncated`` or an error class).
     ``console`` (a rich Console) is the one the live display draws on; print through it meanwhile.
     """
+    if server_factory is None:  # [host] / [[hosts]]: servers the far harvest launches
+        from harvest.campaign.servers import server_factory_for
+
+        server_factory = server_factory_for(config)
     return await _Campaign(config, allow_mixed=allow_mixed, force=force, live=live,
                            server_factory=server_factory, on_preflight=on_preflight, retry=retry,
                            console=console).run()

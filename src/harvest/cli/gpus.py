@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import click
 
@@ -23,8 +24,16 @@ from harvest.gpu import host_state, open_probe
               help="refresh every SECONDS until interrupted (or --count refreshes)")
 @click.option("--count", type=click.IntRange(min=1), default=None,
               help="with --watch: stop after this many refreshes")
-def gpus(as_json: bool, watch: float | None, count: int | None) -> None:
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="show the [host] / [[hosts]] of this config instead (one table, a host column)")
+def gpus(as_json: bool, watch: float | None, count: int | None, config_path: Path | None) -> None:
     """Show GPUs (memory, utilization, compute processes) and host RAM/swap."""
+    from harvest.cli.remote import hosts_of, remote_gpus
+
+    far = hosts_of(config_path)
+    if far:
+        remote_gpus(far, as_json)
+        return
     console = make_console()
     probe = open_probe()
     shown = 0

@@ -13,7 +13,7 @@ import click
 
 from harvest import __version__
 from harvest.engine_pins import pins_text
-from harvest.errors import ConfigError
+from harvest.errors import ConfigError, RemoteError
 
 #: (module, attribute) of every subcommand, in help order. Each module defines one click command.
 COMMANDS: list[tuple[str, str]] = [
@@ -29,6 +29,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("harvest.cli.compare", "compare_cmd"),
     ("harvest.cli.tune", "tune_cmd"),
     ("harvest.cli.report", "report"),
+    ("harvest.cli.version", "version"),
 ]
 
 
@@ -39,6 +40,9 @@ class _Group(click.Group):
         except ConfigError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
+        except RemoteError as exc:  # one line: host, step, time waited
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(exc.exit_code)
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(130)

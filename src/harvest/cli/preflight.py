@@ -76,9 +76,13 @@ def grouped(results: Sequence[RuleResult]) -> list[RuleResult]:
 @click.pass_context
 def preflight(ctx: click.Context, config: Path, wait_s: float | None, as_json: bool,
               output_dir: Path | None) -> None:
-    """Check that the [server] of CONFIG can be launched safely on this machine now."""
-    cfg = load_config(config)
+    """Check that the [server] of CONFIG can be launched safely on this machine (or its [host]) now."""
+    from harvest.cli.remote import load_config_arg, remote_preflight
+
+    cfg = load_config_arg(config)
     server = cfg.require_server()
+    if cfg.far_hosts():
+        ctx.exit(remote_preflight(cfg, as_json))
     out_dir = output_dir if output_dir is not None else Path(cfg.output.dir)
     # NVML is only opened when a rule will look at a GPU.
     probe: GpuProbe = open_probe() if (server.launched and server.gpus) else NoGpuProbe("no GPUs requested")

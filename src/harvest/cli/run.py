@@ -72,8 +72,11 @@ def _check_retry(ctx: click.Context, param: click.Parameter, values: tuple[str, 
 @click.option("--retry", "retry", multiple=True, metavar="WHAT", callback=_check_retry,
               help="First put items back to pending: 'failed', 'truncated' or an error class such as "
                    "'http_400' or 'empty' (repeatable; recorded in the ledger).")
-def run(job: str, allow_mixed: bool, force: bool, live: bool | None, retry: tuple[str, ...]) -> None:
+@click.option("--all-hosts", is_flag=True, help="With [[hosts]]: refuse to run unless every host passes preflight.")
+def run(job: str, allow_mixed: bool, force: bool, live: bool | None, retry: tuple[str, ...],
+        all_hosts: bool) -> None:
     """Run or resume the campaign of JOB.toml: dataset -> ledger -> server -> results."""
+    from harvest.campaign.servers import server_factory_for
     from harvest.cli.live import live_console, setup_console_logging
 
     console = live_console()  # the panel, the log lines and the preflight rules share it
@@ -82,7 +85,8 @@ def run(job: str, allow_mixed: bool, force: bool, live: bool | None, retry: tupl
     try:
         report = aio.run(run_campaign(config, allow_mixed=allow_mixed, force=force, live=live,
                                       on_preflight=lambda r: show_preflight(r, console), retry=retry,
-                                      console=console))  # uvloop when installed
+                                      console=console,
+                                      server_factory=server_factory_for(config, all_hosts=all_hosts)))
     except PreflightFailed as exc:
         for r in exc.results:
             if not getattr(r, "passed", True):

@@ -1,8 +1,12 @@
 """``harvest serve``, ``harvest stop`` and ``harvest ps``: supervised launch, verified stop, listing.
 
-    harvest serve CONFIG [--run-dir D] [--detach] [--force]
-    harvest stop [RUN_DIR] [--deadline S] [--json]
-    harvest ps [--all] [--json]
+    harvest serve CONFIG [--run-dir D] [--detach [--json]] [--force]     (CONFIG "-": read from stdin)
+    harvest stop [RUN_DIR] [--deadline S] [--json] [--config F]
+    harvest ps [--all] [--json] [--config F]
+
+With a ``[host]`` in CONFIG (or in ``--config F``) the far harvest does the work: see
+:mod:`harvest.cli.remote`. A RUN_DIR holding a near record of a far server (``remote.json``)
+is stopped on its far host.
 
 Exit codes: serve 0 after a clean stop (or once detached), 1 when refused by preflight, when the
 engine failed to start or exited on its own, or when the stop was dirty, 130 when interrupted
@@ -29,7 +33,6 @@ from rich.console import Console
 
 from harvest.cli.live import PhaseDisplay, setup_console_logging
 from harvest.cli.render import make_console, rule_line
-from harvest.config import load_config
 from harvest.errors import LaunchError, PreflightFailed, StopError
 from harvest.events import Event
 from harvest.server import procs
@@ -45,6 +48,7 @@ from harvest.server.state import (
 from harvest.server.stop import DEFAULT_MARGIN_MIB, StopReport, StopStep, stop_run
 from harvest.server.supervisor import Server
 
+SERVE_SCHEMA = "harvest.serve/1"
 STOP_SCHEMA = "harvest.stop/1"
 PS_SCHEMA = "harvest.ps/1"
 
@@ -90,11 +94,21 @@ def _spawn_watcher(run_dir: Path) -> ProcessRef:
               help="folder for the launch record and the server log (default: a new one under the state dir)")
 @click.option("--detach", is_flag=True, help="return once the server is ready and leave it running")
 @click.option("--force", is_flag=True, help="launch even when preflight fails (the failures are still printed)")
-def serve(config: Path, run_dir: Path | None, detach: bool, force: bool) -> None:
+@click.option("--json", "as_json", is_flag=True,
+              help=f"with --detach: print the launch as JSON ({SERVE_SCHEMA}) on stdout, the rest on stderr")
+def serve(config: Path, run_dir: Path | None, detach: bool, force: bool, as_json: bool) -> None:
     """Launch the [server] of CONFIG supervised; Ctrl-C (or SIGTERM) stops it with verification."""
-    cfg = load_config(config)
+    from harvest.cli.remote import load_config_arg, remote_serve
+
+    cfg = load_config_arg(config)
     server_cfg = cfg.require_server()
     err = make_console(stderr=True)
+    if as_json and not detach:
+        err.print("error: --json needs --detach", markup=False)
+        sys.exit(2)
+    if cfg.far_hosts():
+        remote_serve(cfg, run_dir, detach, force)
+        return
     setup_console_logging(err)  # log records print above the live panel, never into it
     if not server_cfg.launched:
         err.print(f"error: engine '{server_cfg.engine}' is a running endpoint; harvest does not launch it",
@@ -137,11 +151,18 @@ def serve(config: Path, run_dir: Path | None, detach: bool, force: bool) -> None
         ready = server.ready
         kv = server.kv_capacity_tokens
         click.echo(f"ready: {server.url} pid {server.pid} in {ready.seconds if ready else 0:.1f} s"
-                   + (f", KV capacity {kv} tokens" if kv is not None else "") + f"; run dir {run_dir}")
+                   + (f", KV capacity {kv} tokens" if kv is not None else "") + f"; run dir {run_dir}",
+                   err=as_json)
         if detach:
             server.record_watcher(_spawn_watcher(Path(run_dir)))
             server.detach()
-            click.echo(f"detached; stop it with: harvest stop {run_dir}")
+            if as_json:
+                click.echo(json.dumps({"schema": SERVE_SCHEMA, "run_dir": str(Path(run_dir).resolve()),
+                                       "engine": server_cfg.engine, "url": server.url, "host": server_cfg.host,
+                                       "port": server_cfg.port, "pid": server.pid,
+                                       "ready_s": ready.seconds if ready else 0.0, "kv_capacity_tokens": kv}))
+            else:
+                click.echo(f"detached; stop it with: harvest stop {run_dir}")
             return
         exited_itself: int | None = None
         while not stop_requested.wait(0.5):
@@ -193,9 +214,25 @@ def _running(entries: list[IndexEntry]) -> list[tuple[IndexEntry, RunState]]:
 @click.option("--margin-mib", type=click.IntRange(min=0), default=DEFAULT_MARGIN_MIB, show_default=True,
               help="a GPU counts as drained within this many MiB of its pre-launch baseline")
 @click.option("--json", "as_json", is_flag=True, help=f"print the stop report as JSON ({STOP_SCHEMA})")
-def stop(run_dir: Path | None, deadline: float | None, grace: float | None, margin_mib: int, as_json: bool) -> None:
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="stop on the [host] of this config (RUN_DIR is then the far run folder)")
+def stop(run_dir: Path | None, deadline: float | None, grace: float | None, margin_mib: int, as_json: bool,
+         config_path: Path | None) -> None:
     """Stop a server harvest started (RUN_DIR, or the only one running) and verify it is gone."""
+    from harvest.cli.remote import hosts_of, remote_stop_by_record, remote_stop_run
+
     err = make_console(stderr=True)
+    far = hosts_of(config_path)
+    if far:
+        remote_stop_run(far, str(run_dir) if run_dir is not None else None, deadline, as_json)
+        return
+    if run_dir is not None:
+        from harvest.campaign.servers import read_remote_record
+
+        record = read_remote_record(run_dir)
+        if record is not None:  # a far server launched from here: its far harvest stops it
+            remote_stop_by_record(record, deadline, as_json)
+            return
     if run_dir is None:
         running = _running(list_runs())
         if not running:
@@ -245,8 +282,16 @@ def stop(run_dir: Path | None, deadline: float | None, grace: float | None, marg
 @click.command("ps")
 @click.option("--all", "show_all", is_flag=True, help="include servers recorded as stopped")
 @click.option("--json", "as_json", is_flag=True, help=f"print JSON ({PS_SCHEMA})")
-def ps(show_all: bool, as_json: bool) -> None:
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="list the servers on the [host] / [[hosts]] of this config")
+def ps(show_all: bool, as_json: bool, config_path: Path | None) -> None:
     """Servers harvest started: what was recorded beside what is measured now."""
+    from harvest.cli.remote import hosts_of, remote_ps
+
+    far = hosts_of(config_path)
+    if far:
+        remote_ps(far, show_all, as_json)
+        return
     rows: list[dict[str, Any]] = []
     for e in list_runs():
         try:

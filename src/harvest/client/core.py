@@ -158,13 +158,14 @@ class Client:
         self._closed = False
 
     @classmethod
-    def from_config(cls, config: HarvestConfig, **kwargs: Any) -> Client:
-        """A client for the job's server (if any) plus ``[client] endpoints``, with its key and model."""
+    def from_config(cls, config: HarvestConfig, server_urls: Sequence[str] | None = None, **kwargs: Any) -> Client:
+        """A client for the job's server (if any) plus ``[client] endpoints``, with its key and model.
+        ``server_urls`` replaces the server's own URL (a far server reached through tunnels)."""
         urls: list[str] = []
         api_key = None
         model = None
         if config.server is not None:
-            urls.append(config.server.url)
+            urls.extend(server_urls if server_urls is not None else [config.server.url])
             api_key = config.server.api_key()
             model = config.server.served_model_name
         urls.extend(config.client.endpoints)

@@ -1,0 +1,369 @@
+"""Servers wherever they run: the runner asks for "servers" and gets endpoints back.
+
+    factory = server_factory_for(config)          # Server (here), RemoteServer ([host]) or ServerGroup ([[hosts]])
+    server = factory(config.server, run_dir=..., preflight=..., force=..., on_preflight=...)
+    await server.start(); server.urls; await server.stop()
+
+A :class:`RemoteServer` is launched by the far harvest (``serve --detach --json``), so the
+supervision, descendant tracking, GPU checks and the verified stop run beside the processes, by
+the same code as here. The near side keeps a record of it (``remote.json`` in the near server
+folder: host, far run folder, far port), reaches it through a :class:`~harvest.hosts.tunnel.Tunnel`
+and stops it with the far ``stop --json``, whose StopReport it returns unchanged. After a dropped
+session the tunnel is reopened and the far server is found again by that record (far ``ps --json``).
+
+Budgets: each far step is bounded by the host's ``connect_timeout + command_timeout`` plus what the
+step itself may take (a launch its ``ready_timeout``, a stop its ``stop_deadline``); see
+:mod:`harvest.hosts.remote`. Nothing here signals a process on either side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harvest.campaign.far_records import preflight_report_from_dict, stop_report_from_dict
+from harvest.config import HarvestConfig, HostConfig, PreflightConfig, ServerConfig
+from harvest.errors import LaunchError, PreflightFailed, RemoteError
+from harvest.hosts.remote import SCHEMAS, FarHost
+from harvest.hosts.tunnel import Tunnel
+from harvest.server import Server, StopReport
+from harvest.server.state import make_run_dir
+
+log = logging.getLogger("harvest.hosts")
+
+REMOTE_RECORD = "remote.json"
+
+
+def far_config_doc(server: ServerConfig, preflight: PreflightConfig | None) -> bytes:
+    """What the far harvest reads on stdin (``serve -`` / ``preflight -``): [server] and [preflight]."""
+    doc: dict[str, Any] = {"server": server.model_dump(mode="json")}
+    if preflight is not None:
+        doc["preflight"] = preflight.model_dump(mode="json")
+    return json.dumps(doc).encode()
+
+
+@dataclass(frozen=True)
+class RemoteReady:
+    """Readiness as the far harvest measured it."""
+
+    seconds: float
+
+
+def read_remote_record(folder: Path) -> dict[str, Any] | None:
+    """The near record of a far server (None when the folder holds none)."""
+    try:
+        return json.loads((Path(folder) / REMOTE_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _write_record(folder: Path, doc: dict[str, Any]) -> None:
+    make_run_dir(folder)
+    tmp = Path(folder) / f".{REMOTE_RECORD}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(doc, indent=2) + "\n")
+    os.replace(tmp, Path(folder) / REMOTE_RECORD)
+
+
+def far_preflight(host: FarHost, server: ServerConfig, preflight: PreflightConfig | None) -> Any:
+    """Run the far ``preflight --json -``; returns a PreflightReport (its details name the host)."""
+    doc = host.call("preflight", ["preflight", "--json", "-"], stdin=far_config_doc(server, preflight),
+                    ok_codes=(0, 1), schema=SCHEMAS["preflight"])
+    return preflight_report_from_dict(doc, host=host.label)
+
+
+def remote_stop(record: dict[str, Any], *, deadline: float | None = None) -> StopReport:
+    """Stop a far server by its near record: the far ``stop --json`` runs beside it."""
+    host = FarHost(HostConfig.model_validate(record["host"]))
+    args = ["stop", record["far_run_dir"], "--json"]
+    if deadline is not None:
+        args += ["--deadline", f"{deadline:g}"]
+    extra = deadline if deadline is not None else float(record.get("stop_deadline", 60.0))
+    doc = host.call("stop", args, ok_codes=(0, 1), schema=SCHEMAS["stop"], extra_s=extra)
+    return stop_report_from_dict(doc, host=host.label)
+
+
+def stop_far_leftovers(folder: Path) -> list[StopReport]:
+    """Stop, by their near records, far servers an earlier (killed) session of this run left running."""
+    folder = Path(folder)
+    out: list[StopReport] = []
+    for sub in [folder, *sorted(folder.glob("host-*"))] if folder.is_dir() else []:
+        record = read_remote_record(sub)
+        if record is None or record.get("status") != "ready":
+            continue
+        try:
+            report = remote_stop(record)
+        except RemoteError as exc:
+            log.warning("a far server of an earlier session was not stopped: %s", exc)
+            continue
+        record["status"] = "stopped" if report.clean else "dirty"
+        _write_record(sub, record)
+        log.warning("stopped the far server left running by an earlier session on %s: %s",
+                    record["host"].get("name") or record["host"].get("ssh"), "clean" if report.clean else "DIRTY")
+        out.append(report)
+    return out
+
+
+class RemoteServer:
+    """One engine server the far harvest launched and supervises; the same lifecycle as Server."""
+
+    def __init__(self, host: HostConfig, config: ServerConfig, *, run_dir: Path | str,
+                 preflight: PreflightConfig | None = None, force: bool = False, on_preflight: Any = None,
+                 port_memo: dict[int, int] | None = None, port_key: int = 0, check_preflight: bool = True):
+        self.host_config = host
+        self.host = FarHost(host)
+        self.config = host.server_config(config)
+        self.run_dir = Path(run_dir)
+        self.preflight_config = preflight
+        self.force = force
+        self.on_preflight = on_preflight
+        self.check_preflight = check_preflight
+        self._port_memo = port_memo if port_memo is not None else {}
+        self._port_key = port_key
+        self.local_port: int | None = self._port_memo.get(port_key)
+        self.tunnel: Tunnel | None = None
+        self.preflight_report: Any = None
+        self.ready: RemoteReady | None = None
+        self.kv_capacity_tokens: int | None = None
+        self.stop_report: StopReport | None = None
+        self.record: dict[str, Any] | None = None
+        self._exit: int | None = None
+        self._lock = threading.Lock()
+        self._finished = False
+        self._detached = False
+        self._cancelled = False
+
+    @property
+    def label(self) -> str:
+        return self.host.label
+
+    @property
+    def url(self) -> str:
+        if self.tunnel is not None:
+            return self.tunnel.url
+        return self.record["far_url"] if self.record else self.config.url
+
+    @property
+    def urls(self) -> list[str]:
+        return [self.url]
+
+    @property
+    def pid(self) -> int | None:
+        """The far leader's pid as the far side sees it (informative: never signalled from here)."""
+        return self.record["far_pid"] if self.record else None
+
+    def returncode(self) -> int | None:
+        """-1 once a look at the far side (after a reopened tunnel) found the server gone, else None."""
+        return self._exit
+
+    def cancel(self) -> None:
+        """Ask a launch in progress to give up: the far step in flight is bounded by the host's
+        timeouts; once it returns, what it started is stopped by the far harvest."""
+        self._cancelled = True
+
+    def preflight(self) -> Any:
+        report = far_preflight(self.host, self.config, self.preflight_config)
+        self.preflight_report = report
+        if self.on_preflight is not None:
+            self.on_preflight(report)
+        return report
+
+    def launch(self) -> RemoteServer:
+        """Handshake, far preflight (refused on failure unless ``force``), far ``serve --detach --json``,
+        the near record, then the tunnel. Raises PreflightFailed, LaunchError or RemoteError."""
+        self.host.handshake()
+        if self.check_preflight:
+            report = self.preflight()
+            if not report.passed and not self.force:
+                raise PreflightFailed(report.results)
+        args = ["serve", "--detach", "--json", "-"] + (["--force"] if self.force else [])
+        try:
+            doc = self.host.call("serve", args, stdin=far_config_doc(self.config, self.preflight_config),
+                                 schema=SCHEMAS["serve"], extra_s=self.config.ready_timeout)
+        except RemoteError as exc:
+            raise LaunchError(f"far launch on {self.label}: {exc}", reason="exited") from None
+        self.record = {"host": self.host_config.model_dump(mode="json"), "far_run_dir": doc["run_dir"],
+                       "far_url": doc["url"], "far_port": int(doc["port"]), "far_pid": int(doc["pid"]),
+                       "engine": self.config.engine, "stop_deadline": self.config.stop_deadline,
+                       "started_at": time.time(), "status": "ready"}
+        self.ready = RemoteReady(float(doc.get("ready_s", 0.0)))
+        self.kv_capacity_tokens = doc.get("kv_capacity_tokens")
+        _write_record(self.run_dir, self.record)
+        with self._lock:
+            gave_up = self._finished or self._cancelled
+            self._finished = self._finished or gave_up
+        if gave_up:  # cancelled (or shut down) while the far launch was in flight: stop it there
+            self.stop_report = remote_stop(self.record)
+            self.record["status"] = "stopped" if self.stop_report.clean else "dirty"
+            _write_record(self.run_dir, self.record)
+            raise LaunchError(f"start-up on {self.label} was cancelled; the far server was stopped",
+                              reason="cancelled")
+        if self.host.is_ssh:
+            self.tunnel = Tunnel(self.host_config, int(doc["port"]), local_port=self.local_port,
+                                 on_reopen=self._found_again)
+            try:
+                self.local_port = self.tunnel.open()
+            except RemoteError:
+                self.shutdown()
+                raise
+            self._port_memo[self._port_key] = self.local_port
+            self.record["tunnel"] = {"local_port": self.local_port, "ssh_pid": self.tunnel.pid}
+            _write_record(self.run_dir, self.record)
+        return self
+
+    def _found_again(self, tunnel: Tunnel) -> None:
+        """After a reopen: find the far server again by its record (far ``ps --json``)."""
+        assert self.record is not None
+        doc = self.host.call("ps", ["ps", "--json", "--all"], schema=SCHEMAS["ps"])
+        mine = [s for s in doc.get("servers", []) if s.get("run_dir") == self.record["far_run_dir"]]
+        alive = bool(mine) and bool(mine[0]["measured"]["leader_alive"])
+        log.warning("host %s: far server %s %s", self.label, self.record["far_run_dir"],
+                    "found again, alive" if alive else "is gone")
+        if not alive:
+            self._exit = -1
+        self.record["tunnel"] = {"local_port": tunnel.local_port, "ssh_pid": tunnel.pid, "reopens": tunnel.reopens}
+        _write_record(self.run_dir, self.record)
+
+    def shutdown(self, deadline: float | None = None) -> StopReport | None:
+        """The far verified stop, then the tunnel closed; idempotent."""
+        with self._lock:
+            if self._finished:
+                return self.stop_report
+            self._finished = True
+            try:
+                if self.record is None or self._detached:
+                    return None
+                self.stop_report = remote_stop(self.record, deadline=deadline)
+                self.record["status"] = "stopped" if self.stop_report.clean else "dirty"
+                _write_record(self.run_dir, self.record)
+                return self.stop_report
+            finally:
+                if self.tunnel is not None:
+                    self.tunnel.close()
+
+    def detach(self) -> None:
+        """Leave the far server running (stop it later by the near record); the tunnel closes."""
+        with self._lock:
+            self._detached = self._finished = True
+            if self.tunnel is not None:
+                self.tunnel.close()
+
+    async def start(self) -> RemoteServer:
+        try:
+            await asyncio.to_thread(self.launch)
+        except BaseException:
+            await asyncio.shield(asyncio.to_thread(self.shutdown))
+            raise
+        return self
+
+    async def stop(self, deadline: float | None = None) -> StopReport | None:
+        return await asyncio.shield(asyncio.to_thread(self.shutdown, deadline))
+
+
+class ServerGroup:
+    """One RemoteServer per ``[[hosts]]`` entry: preflight each (a failing host is named and left out,
+    or the launch refused with ``all_hosts``), launch the rest together, stop them all."""
+
+    def __init__(self, members: list[RemoteServer], *, all_hosts: bool = False, force: bool = False,
+                 on_preflight: Any = None):
+        self.members = members
+        self.all_hosts = all_hosts
+        self.force = force
+        self.on_preflight = on_preflight
+        self.running: list[RemoteServer] = []
+        self.left_out: list[tuple[str, str]] = []
+        self.ready: RemoteReady | None = None
+
+    @property
+    def urls(self) -> list[str]:
+        return [m.url for m in self.running]
+
+    @property
+    def url(self) -> str:
+        return self.urls[0]
+
+    def returncode(self) -> int | None:
+        codes = [m.returncode() for m in self.running]
+        return -1 if codes and all(c is not None for c in codes) else None
+
+    def cancel(self) -> None:
+        for m in self.members:
+            m.cancel()
+
+    async def start(self) -> ServerGroup:
+        reports = await asyncio.gather(*(asyncio.to_thread(m.preflight) for m in self.members),
+                                       return_exceptions=True)
+        chosen: list[RemoteServer] = []
+        for m, rep in zip(self.members, reports):
+            if isinstance(rep, BaseException):
+                why = str(rep)
+            elif not rep.passed and not self.force:
+                why = "preflight failed: " + "; ".join(f"{r.rule}: {r.detail}" for r in rep.failures)
+            else:
+                chosen.append(m)
+                continue
+            self.left_out.append((m.label, why))
+            log.warning("host %s left out: %s", m.label, why)
+        if self.left_out and self.all_hosts:
+            raise LaunchError("refused (--all-hosts): " + "; ".join(f"{h}: {w}" for h, w in self.left_out),
+                              reason="spawn_failed")
+        if not chosen:
+            raise LaunchError("no host passed preflight: " + "; ".join(f"{h}: {w}" for h, w in self.left_out),
+                              reason="spawn_failed")
+        for m in chosen:
+            m.check_preflight = False  # checked above; the far serve checks again as it launches
+        started = await asyncio.gather(*(m.start() for m in chosen), return_exceptions=True)
+        for m, res in zip(chosen, started):
+            if isinstance(res, BaseException):
+                self.left_out.append((m.label, str(res)))
+                log.warning("host %s left out: %s", m.label, res)
+            else:
+                self.running.append(m)
+        if not self.running:
+            raise LaunchError("no host launched: " + "; ".join(f"{h}: {w}" for h, w in self.left_out),
+                              reason="exited")
+        self.ready = RemoteReady(max(m.ready.seconds for m in self.running if m.ready))
+        return self
+
+    async def stop(self, deadline: float | None = None) -> list[StopReport]:
+        got = await asyncio.gather(*(m.stop(deadline) for m in self.members), return_exceptions=True)
+        out: list[StopReport] = []
+        for m, r in zip(self.members, got):
+            if isinstance(r, BaseException):
+                log.error("host %s: stop failed: %s", m.label, r)
+            elif r is not None:
+                out.append(r)
+        return out
+
+
+def server_factory_for(config: HarvestConfig, *, all_hosts: bool = False) -> Any:
+    """What the runner calls to get its server(s): Server here, else one far server per host."""
+    hosts = config.far_hosts()
+    if not hosts:
+        return Server
+    local_ports: dict[int, int] = {}
+
+    def make(cfg: ServerConfig, *, run_dir: Path, preflight: PreflightConfig | None = None, force: bool = False,
+             on_preflight: Any = None, **_: Any) -> Any:
+        # A relaunch reuses each host's local port (port_memo): the client keeps the URLs it was given.
+        members = [RemoteServer(h, cfg, run_dir=Path(run_dir) / (f"host-{i}" if len(hosts) > 1 else ""),
+                                preflight=preflight, force=force, on_preflight=on_preflight,
+                                port_memo=local_ports, port_key=i)
+                   for i, h in enumerate(hosts)]
+        if len(members) == 1:
+            return members[0]
+        return ServerGroup(members, all_hosts=all_hosts, force=force, on_preflight=on_preflight)
+
+    return make
+
+
+__all__ = ["REMOTE_RECORD", "RemoteServer", "ServerGroup", "far_preflight", "read_remote_record",
+           "remote_stop", "server_factory_for", "stop_far_leftovers"]

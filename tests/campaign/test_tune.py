@@ -51,17 +51,17 @@ def _prompts(path: Path, n: int) -> Path:
 
 def test_grid_is_the_union_of_cartesian_products_without_repeats():
     base = ServerConfig(engine="sglang", model="m", mem_fraction_static=0.8)
-    tf = parse_tune_file({"grid": [{"mem_fraction_static": [0.8, 0.9], "kv_cache_dtype": ["auto", "fp8"]},
+    tf = parse_tune_file({"grid": [{"mem_fraction_static": [0.8, 0.9], "kv_cache_dtype": ["auto", "fp8_e4m3"]},
                                    {"extra_args": [[], ["--enable-hierarchical-cache"]]}]})
     trials = expand_grid(base, tf)
     assert [t.overrides for t in trials] == [
         {"mem_fraction_static": 0.8, "kv_cache_dtype": "auto"},
-        {"mem_fraction_static": 0.8, "kv_cache_dtype": "fp8"},
+        {"mem_fraction_static": 0.8, "kv_cache_dtype": "fp8_e4m3"},
         {"mem_fraction_static": 0.9, "kv_cache_dtype": "auto"},
-        {"mem_fraction_static": 0.9, "kv_cache_dtype": "fp8"},
+        {"mem_fraction_static": 0.9, "kv_cache_dtype": "fp8_e4m3"},
         {"extra_args": []},  # the job's own settings: not the same as kv auto (None != "auto")
         {"extra_args": ["--enable-hierarchical-cache"]}]
-    assert trials[3].config.kv_cache_dtype == "fp8" and trials[3].config.mem_fraction_static == 0.9
+    assert trials[3].config.kv_cache_dtype == "fp8_e4m3" and trials[3].config.mem_fraction_static == 0.9
     assert [t.index for t in trials] == [1, 2, 3, 4, 5, 6]
     assert len({t.label for t in trials}) == 6
     single = parse_tune_file({"grid": {"max_running_requests": [8, 8, 16]}})

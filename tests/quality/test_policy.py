@@ -18,7 +18,7 @@ def test_forbid_patterns_match_key_value_items():
     policy = PolicySettings(forbid=["kv_cache_dtype=fp8*", "extra_args=*--enable-torch-compile*"])
     assert violations(cfg(kv_cache_dtype="fp8_e5m2"), policy) == [
         "kv_cache_dtype=fp8_e5m2 (forbid kv_cache_dtype=fp8*)"]
-    assert violations(cfg(kv_cache_dtype="fp8"), policy)
+    assert violations(cfg(kv_cache_dtype="fp8_e4m3"), policy)
     assert violations(cfg(kv_cache_dtype="auto"), policy) == []
     assert violations(cfg(), policy) == []  # unset: "kv_cache_dtype=" matches nothing
     assert violations(cfg(extra_args=["--enable-torch-compile", "--x"]), policy)
@@ -42,7 +42,7 @@ def test_a_pattern_without_key_is_refused():
                                                                   max_running_requests=32),
      False),  # more of one, less of another: incomparable
     # another KV dtype: not comparable
-    (dict(mem_fraction_static=0.9, kv_cache_dtype="fp8"), dict(mem_fraction_static=0.8), False),
+    (dict(mem_fraction_static=0.9, kv_cache_dtype="fp8_e4m3"), dict(mem_fraction_static=0.8), False),
     (dict(mem_fraction_static=0.9), dict(), False),  # unset is not comparable with a number
     (dict(enable_hierarchical_cache=True, hicache_size=64), dict(enable_hierarchical_cache=True,
                                                                  hicache_size=32),

@@ -72,26 +72,12 @@ def tiny_gguf(tiny_model: Path) -> Path:
 @pytest.fixture(scope="session")
 def vllm_server(vllm_python: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory):
     """One vLLM CPU server shared by the session's tests that are not about lifecycle."""
-    log_dir = tmp_path_factory.mktemp("vllm-shared")
-    last_error: Exception | None = None
-    for _ in range(3):  # a port taken between choosing and binding: choose again
-        port = engines.free_port()
-        try:
-            server = engines.start_engine(
-                engines.vllm_argv(vllm_python, str(tiny_model), port, "--max-model-len", "2048"),
-                port=port, model=str(tiny_model), log_path=log_dir / "server.log", health="/health",
-                env=engines.VLLM_ENV, timeout=600)  # the tests' own vLLM jobs' ready_timeout
-        except RuntimeError as exc:
-            last_error = exc
-            if "address already in use" in str(exc).lower():
-                continue
-            raise
-        try:
-            yield server
-        finally:
-            server.stop()
-        return
-    raise RuntimeError(f"could not start the shared vLLM server: {last_error}")
+    server = engines.start_vllm(vllm_python, tiny_model, tmp_path_factory.mktemp("vllm-shared"),
+                                "--max-model-len", "2048", timeout=600)  # the tests' own vLLM jobs' ready_timeout
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session")

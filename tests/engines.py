@@ -121,6 +121,22 @@ def start_engine(argv: list[str], *, port: int, model: str, log_path: Path, heal
     raise RuntimeError(f"engine not ready within {timeout:.0f} s:\n{engine.log_tail()}")
 
 
+def start_vllm(python: str, model: Path, log_dir: Path, *extra: str, timeout: float) -> EngineProcess:
+    """A vLLM CPU server on a free port; a port taken between choosing and binding: choose again."""
+    last: Exception | None = None
+    for _ in range(3):
+        port = free_port()
+        try:
+            return start_engine(vllm_argv(python, str(model), port, *extra), port=port, model=str(model),
+                                log_path=log_dir / "server.log", health="/health", env=VLLM_ENV,
+                                timeout=timeout)
+        except RuntimeError as exc:
+            last = exc
+            if "address already in use" not in str(exc).lower():
+                raise
+    raise RuntimeError(f"could not start vLLM: {last}")
+
+
 def vllm_argv(python: str, model: str, port: int, *extra: str) -> list[str]:
     return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1",
             "--port", str(port), *extra]

@@ -32,26 +32,12 @@ DEADLINE_S = 300.0
 def vllm_auto_server(vllm_python: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory):
     """A vLLM CPU server of this module's own, with a readiness bound that survives a loaded
     machine (its compile warm-up took over 240 s at load 30 on 2 cores)."""
-    log_dir = tmp_path_factory.mktemp("vllm-auto")
-    last: Exception | None = None
-    for _ in range(3):  # a port taken between choosing and binding: choose again
-        port = engines.free_port()
-        try:
-            server = engines.start_engine(
-                engines.vllm_argv(vllm_python, str(tiny_model), port, "--max-model-len", "1024"),
-                port=port, model=str(tiny_model), log_path=log_dir / "server.log", health="/health",
-                env=engines.VLLM_ENV, timeout=900.0)
-        except RuntimeError as exc:
-            last = exc
-            if "address already in use" in str(exc).lower():
-                continue
-            raise
-        try:
-            yield server
-        finally:
-            server.stop()
-        return
-    raise RuntimeError(f"could not start vLLM: {last}")
+    server = engines.start_vllm(vllm_python, tiny_model, tmp_path_factory.mktemp("vllm-auto"),
+                                "--max-model-len", "1024", timeout=900.0)
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 async def test_auto_target_rises_from_start_and_settles_on_vllm(vllm_auto_server):

@@ -57,6 +57,7 @@ async def drive(urls: list[str], concurrency: int | str, requests: int, max_toke
                           auto_start=auto.start if auto else 8)
     sampling = SamplingConfig(max_tokens=max_tokens, temperature=0.0, extra_body=extra_body or {})
     latencies: list[float] = []
+    finished: list[tuple[float, int]] = []
     tokens = failed = 0
     trace: list[tuple[float, dict[str, int], dict[str, float | None]]] = []
     decisions: dict[str, list[tuple[float, int, str, str]]] = {}
@@ -72,6 +73,7 @@ async def drive(urls: list[str], concurrency: int | str, requests: int, max_toke
                 return
             tokens += done.completion_tokens or 0
             latencies.append(done.latency_s)
+            finished.append((time.monotonic() - t0, done.completion_tokens or 0))
 
         async def sampler() -> None:
             while True:
@@ -96,8 +98,20 @@ async def drive(urls: list[str], concurrency: int | str, requests: int, max_toke
             await asyncio.gather(watch, return_exceptions=True)
         window = time.monotonic() - t0
     return {"concurrency": concurrency, "tok_s": tokens / window, "window_s": window, "tokens": tokens,
+            "tok_s_late": late_rate(finished),
             "failed": failed, "p50": _pct(latencies, 50), "p90": _pct(latencies, 90), "trace": trace, "decisions": decisions,
             "load": load()}
+
+
+def late_rate(finished: list[tuple[float, int]], lo: float = 0.5, hi: float = 0.9) -> float:
+    """tok/s between the answers at ``lo`` and ``hi`` of the run (by count): after auto's ramp and
+    before the last wave drains, the rate a long campaign runs at. The same cut for every setting."""
+    if len(finished) < 10:
+        return float("nan")
+    done = sorted(finished)
+    a, b = int(len(done) * lo), int(len(done) * hi)
+    span = done[b][0] - done[a][0]
+    return sum(n for _, n in done[a + 1:b + 1]) / span if span > 0 else float("nan")
 
 
 def _pct(values: list[float], p: int) -> float:
@@ -109,7 +123,8 @@ def _pct(values: list[float], p: int) -> float:
 
 def describe(r: dict[str, Any]) -> str:
     return (f"{str(r['concurrency']):>5}: {r['tok_s']:8.1f} tok/s  p50 {r['p50']:6.2f} s  p90 {r['p90']:6.2f} s  "
-            f"({r['tokens']} tokens in {r['window_s']:.1f} s, {r['failed']} failed; {r['load']})")
+            f"({r['tokens']} tokens in {r['window_s']:.1f} s, {r['failed']} failed; answers 50-90 %: "
+            f"{r.get('tok_s_late', float('nan')):.1f} tok/s; {r['load']})")
 
 
 def targets_over_time(r: dict[str, Any], points: int = 12) -> str:
@@ -152,6 +167,11 @@ def summarize(results: dict[str, list[dict[str, Any]]], label: str) -> dict[str,
     for k, v in med.items():
         print(f"  {k:>5}: {v['tok_s']:8.1f} tok/s  p50 {v['p50']:6.2f} s")
     print(f"  auto / best fixed ({best}): tok/s x{out['ratio_tok_s']:.3f}, p50 x{out['ratio_p50']:.3f}")
+    late = {k: statistics.median(r.get("tok_s_late", float("nan")) for r in rs) for k, rs in results.items()}
+    best_late = max((k for k in late if k != "auto"), key=lambda k: late[k])
+    out["ratio_late"] = late["auto"] / late[best_late]
+    print(f"  answers 50-90 % of the run (after auto's ramp, before the drain): auto {late['auto']:.1f} tok/s, "
+          f"best fixed ({best_late}) {late[best_late]:.1f}: x{out['ratio_late']:.3f}")
     if "64" in fixed:
         out["ratio_vs_64"] = a["tok_s"] / fixed["64"]["tok_s"]
         print(f"  auto / fixed 64 (the old default): tok/s x{out['ratio_vs_64']:.3f}")

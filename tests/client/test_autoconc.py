@@ -9,6 +9,7 @@ settles, backs off, starts again), never seconds.
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 from dataclasses import dataclass, field
@@ -208,3 +209,94 @@ def test_noisy_engine_target_does_not_ratchet_down(metrics):
     tail = targets[100:]
     assert statistics.median(tail) >= 16, targets
     assert min(tail) >= 8, targets
+
+
+@dataclass
+class SlowAnswerEngine:
+    """An engine whose answers take several control steps (``transformers serve`` on a GPU, measured:
+    64 tokens took 2.5 s at 16 in flight and 8.5 s at 512, tok/s near linear in the batch), without
+    /metrics. A request's latency is set by the batch it joins; the requests that join right after
+    the batch grew also wait for the newcomers' prefill (``join_penalty``). So after each change the
+    answers of the old level keep coming for seconds, and the first new ones look slow."""
+
+    base_s: float = 2.0
+    per_seq_s: float = 0.0127
+    join_penalty: float = 1.6
+    #: The first growth's newcomers wait this much longer still (a cold scheduler, a compile).
+    first_join_penalty: float = 1.0
+    tokens: int = 64
+    #: Heavy-tailed spread of one request's latency (measured at 16 in flight: p90 = 2.7 x p50).
+    tail: float = 1.0
+    in_flight: list[float] = field(default_factory=list)
+    last_target: int = 0
+    now: float = 0.0
+
+    def run(self, ctl: AutoConcurrency, steps: int, sub: int = 10) -> list[int]:
+        targets = []
+        dt = ctl.settings.interval_s / sub
+        for _ in range(steps):
+            for _ in range(sub):
+                self.now += dt
+                done = [f for f in self.in_flight if f <= self.now]
+                self.in_flight = [f for f in self.in_flight if f > self.now]
+                for f in done:
+                    ctl.record(self.tokens, f[1] if isinstance(f, tuple) else self._lat.pop(f))
+                grew = ctl.target > self.last_target and self.last_target > 0
+                if self._first == 0:
+                    self._first = ctl.target
+                self.last_target = ctl.target
+                while len(self.in_flight) < ctl.target:
+                    lat = self.base_s + self.per_seq_s * ctl.target
+                    if grew:
+                        lat *= self.join_penalty * (self.first_join_penalty if self.last_target <= self._first else 1.0)
+                    lat *= math.exp(self.tail * abs(self._rng.gauss(0, 1)))  # never faster than the batch allows
+                    finish = self.now + lat
+                    while finish in self._lat:
+                        finish += 1e-9
+                    self._lat[finish] = lat
+                    self.in_flight.append(finish)
+            ctl.step(self.now, None)
+            targets.append(ctl.target)
+        return targets
+
+    def __post_init__(self) -> None:
+        self._lat: dict[float, float] = {}
+        self._rng = random.Random(7)
+        self._first = 0
+
+
+@pytest.mark.parametrize(("tail", "first"), [(0.0, 1.0), (1.0, 1.0), (0.0, 3.0), (1.0, 3.0)])
+def test_engine_with_answers_slower_than_a_step_keeps_rising_to_its_peak(tail, first):
+    """The failure seen on the H200: without /metrics, answers of 2-9 s and a 1 s step, the target
+    went 8 -> 16 and straight back to 8 on 'latency' (the answers it judged were the old level's and
+    the newcomers' first ones), and stayed there for the whole run at x0.04 of the best fixed tok/s.
+    tok/s grows near linearly up to 512 here, so the target must get to the top."""
+    ctl = AutoConcurrency(AutoSettings(start=8, max_concurrency=512, interval_s=1.0))
+    targets = SlowAnswerEngine(tail=tail, first_join_penalty=first).run(ctl, 240)
+    assert max(targets) >= 512, targets
+    assert statistics.median(targets[-60:]) >= 512, targets[-60:]  # 512 gives x1.23 the tok/s of 256 here
+
+
+def test_one_slow_step_while_starting_does_not_pin_the_target_low():
+    """Recorded on the H200 (transformers serve, no /metrics): the target went 8 -> 16, the first
+    answers at 16 came back slow (x2 latency per token) in a step whose tok/s had not grown yet,
+    and the controller backed off to 8, settled, and crept up by x1.25 probes for the rest of the
+    run. Here the engine is linear (tok/s x2 per doubling, latency flat) except that one step: the
+    target must still reach the top within the run."""
+    engine = Engine(metrics=False, peak=1e6, knee=1e4)  # tok/s ~ 100 x target: no knee within 512
+    ctl = AutoConcurrency(AutoSettings(start=8, max_concurrency=512, interval_s=1.0))
+    targets: list[int] = []
+    now, slowed = 0.0, False
+    for _ in range(120):
+        if ctl.target == 16 and not slowed:
+            # the first step at 16: the same tok/s as at 8, each answer twice as slow per token
+            for _ in range(12):
+                ctl.record(OUT_TOKENS, 2 * OUT_TOKENS / (engine.peak / engine.knee))
+            slowed = True
+        else:
+            engine.tick(ctl.target, 1.0, ctl)
+        now += 1.0
+        ctl.step(now, None)
+        targets.append(ctl.target)
+    assert slowed
+    assert max(targets) >= 512, targets

@@ -8,15 +8,16 @@ it once per control step, in four named steps:
               those answers, and the engine's gauges: running, waiting, KV-cache use, preemptions
     pressure  is the engine past what it can take?  preemptions appeared; KV use >= ``kv_high``;
               the queue is longer than ``queue_slack`` x running; or, for an engine without queue
-              gauges only (no /metrics), latency per output token rose ``latency_rise`` x above
-              the accepted level's without tok/s growing with it (while growing: once; settled:
-              two steps in a row, since one is noise on a loaded machine)
+              gauges only (no /metrics), the median latency per output token rose ``latency_rise`` x
+              above the accepted level's without tok/s growing with it, two steps in a row (one
+              is noise: a heavy latency tail, newcomers still in prefill)
     decide    under pressure: back off (to what the engine runs plus a little headroom when its
               queue is the reason, to the last level that paid when latency is, else
               x ``decrease``) and remember the level as a ceiling; otherwise, while starting:
               double while tok/s grows by ``gain`` (one step without growth is given the benefit
               of the doubt); then settle on the smallest level within ``settle_within`` of the best tok/s;
-              when settled: every ``probe_every`` steps probe one step up, kept only if tok/s grew
+              when settled: every ``probe_every`` steps probe one step up, kept only if tok/s grew;
+              a probe that paid with no pressure remembered goes back to doubling
     bound     clamp to [1, ``max_concurrency``]
 
 A counter that went backwards (generation tokens, preemptions) means the engine restarted: the
@@ -30,6 +31,7 @@ trace, and the client decides where the numbers come from.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -152,9 +154,10 @@ class AutoConcurrency:
         tokens = max(int(completion_tokens or 0), 0)
         self._tokens += tokens
         self._answers += 1
-        if tokens > 0 and latency_s > 0:
-            self._tpot_sum += latency_s / tokens
-            self._tpot_n += 1
+        if tokens > 0 and latency_s > 0 and len(self._tpots_now) < _TPOT_SAMPLE:
+            self._tpots_now.append(latency_s / tokens)
+        if latency_s > 0 and len(self._latencies_now) < _TPOT_SAMPLE:
+            self._latencies_now.append(latency_s)
 
     def step(self, now: float, gauges: Gauges | None = None) -> Decision:
         """One control step at clock time ``now`` with this step's scrape (None: no /metrics)."""
@@ -188,12 +191,20 @@ class AutoConcurrency:
         elapsed = now - self._since
         if elapsed < s.interval_s * 0.9:
             return None
-        if self._warming:  # the step after a change: the new requests are still in prefill
+        has_tokens = gauges is not None and gauges.generated is not None
+        # Measured by answers alone, a level shows only once its own requests come back: wait one
+        # answer's latency (the last window's median; seconds on a GPU at a big batch) after a change,
+        # and make each window that long, or the old level's answers and the newcomers' first slow
+        # ones are what gets judged (seen on the H200: 512 judged no better than 256 in its first second).
+        answer_s = 0.0 if has_tokens else min(self._answer_s, s.interval_s * s.max_wait_steps)
+        if self._warming:  # after a change: the new requests are still in prefill
+            if elapsed < max(s.interval_s * 0.9, answer_s):
+                return None
             self._warming = False
             self._mark(now, gauges)
             return None
-        has_tokens = gauges is not None and gauges.generated is not None
-        if not has_tokens and self._answers < max(4, self.target // 2) and elapsed < s.interval_s * s.max_wait_steps:
+        if not has_tokens and elapsed < s.interval_s * s.max_wait_steps and (
+                self._answers < max(4, self.target // 2) or elapsed < answer_s):
             return None  # measured by answers alone: wait for enough of them
         previous, self._last_gauges = self._last_gauges, gauges
         restarted = preempted = False
@@ -207,7 +218,11 @@ class AutoConcurrency:
                 preempted = gauges.preemptions > previous.preemptions
         if tok_s is None and self._answers:
             tok_s = self._tokens / elapsed
-        tpot = self._tpot_sum / self._tpot_n if self._tpot_n >= 3 else None
+        # The median, not the mean: at low batch one answer in ten can take 3 x the median (measured
+        # on transformers serve), and one such tail must not read as "latency rose".
+        tpot = statistics.median(self._tpots_now) if len(self._tpots_now) >= 3 else None
+        if self._latencies_now:
+            self._answer_s = statistics.median(self._latencies_now)
         self._mark(now, gauges)
         if tok_s is None and gauges is None:
             return None  # nothing came back yet: no verdict on this level
@@ -229,11 +244,12 @@ class AutoConcurrency:
                 obs.tok_s >= self._level_tok_s * (1 + s.gain)
             rose = obs.tpot > s.latency_rise * self._ref_tpot and not grew and self.target > 1
             self._latency_strikes = self._latency_strikes + 1 if rose else 0
-            # Only where no queue gauge speaks (an engine without /metrics): there, while growing, one
-            # rise ends the growth; once settled, a rise is noise on a shared machine unless it lasts
-            # two steps. With gauges, the queue, KV use and preemptions say it directly.
+            # Only where no queue gauge speaks (an engine without /metrics), and only when it lasts two
+            # steps: one step's rise is noise (a heavy latency tail, newcomers in prefill), and a
+            # back-off while starting would pin the target low for the whole run (seen on the H200).
+            # With gauges, the queue, KV use and preemptions say it directly.
             queue_known = g is not None and g.waiting is not None
-            if rose and not queue_known and (not self._settled or self._latency_strikes >= 2):
+            if rose and not queue_known and self._latency_strikes >= 2:
                 self._latency_strikes = 0
                 return "latency"
         return None
@@ -277,8 +293,13 @@ class AutoConcurrency:
             self._ref_tpot = self._tpots.get(self.target, self._ref_tpot)
             self._accepted = self.target
             if self.target >= s.max_concurrency:
+                # At the top: the smallest level that gave (nearly) as much, not the top itself.
                 self._settled = True
-                return self.target, "settled", "at max_concurrency"
+                best = self._best_level()
+                self._level_tok_s = self._levels[best]
+                self._ref_tpot = self._tpots.get(best, self._ref_tpot)
+                self._accepted = best
+                return best, "settled", "at max_concurrency"
             return self.target * s.increase, "start", "tok/s grew" if grew else "tok/s held"
         self._settled = True
         best = self._best_level()
@@ -297,6 +318,11 @@ class AutoConcurrency:
                 self._level_tok_s = tok_s
                 self._ref_tpot = self._tpots.get(self.target, self._ref_tpot)
                 self._accepted = self.target
+                if self._ceiling is None and self.target < s.max_concurrency:
+                    # More paid and nothing pushed back: the settle was early (noise, or the engine
+                    # got faster), so grow again by doubling instead of x``probe`` every ``probe_every``.
+                    self._settled, self._flat = False, 0
+                    return self.target * s.increase, "start", "probe gained: growing again"
                 return self.target, "settled", "probe gained"
             self._level_tok_s = base_tok_s
             return base, "settled", "probe gave nothing"
@@ -331,14 +357,16 @@ class AutoConcurrency:
         """Start a measuring window at ``now``."""
         self._since = now
         self._last_gauges = gauges
-        self._tokens = self._answers = self._tpot_n = 0
-        self._tpot_sum = 0.0
+        self._tokens = self._answers = 0
+        self._tpots_now: list[float] = []
+        self._latencies_now: list[float] = []
 
     def _reset(self, target: int) -> None:
         self.target = max(1, target)
         self._since: float | None = None
-        self._tokens = self._answers = self._tpot_n = 0
-        self._tpot_sum = 0.0
+        self._tokens = self._answers = 0
+        self._tpots_now: list[float] = []
+        self._latencies_now: list[float] = []
         self._level_tok_s: float | None = None
         self._levels: dict[int, float] = {}
         self._tpots: dict[int, float] = {}
@@ -351,10 +379,16 @@ class AutoConcurrency:
         #: The last scrape seen at any step (a restart shows as a counter that went back).
         self._seen: Gauges | None = getattr(self, "_seen", None)
         self._latency_strikes = 0
+        #: Median answer latency of the last measured window (how long a new level takes to show).
+        self._answer_s = getattr(self, "_answer_s", 0.0)
         #: The last level whose tok/s paid for its latency (where a latency back-off returns to).
         self._accepted: int | None = None
         #: Latency per output token of the accepted level (what a rise is measured against).
         self._ref_tpot: float | None = None
+
+
+#: Answers whose latency per token a step keeps (the median of the first ones is as good as all).
+_TPOT_SAMPLE = 4096
 
 
 def _went_back(before: float | None, after: float | None) -> bool:

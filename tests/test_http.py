@@ -148,3 +148,30 @@ def test_a_mock_transport_replaces_the_network():
         r = client.post("http://nowhere:1/p", json={"k": 1}, timeout=1)
     assert r.status == 404 and r.text == "no"
     assert asked == [("POST", "http://nowhere:1/p", b'{"k": 1}', "application/json")]
+
+
+def test_an_answer_that_is_not_http_is_an_http_error():
+    """A peer that writes garbage: an error of this module, not aiohttp's own exception."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    listener.settimeout(30)
+
+    def serve() -> None:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(http.HttpError) as info:
+            http.get(f"http://127.0.0.1:{listener.getsockname()[1]}/x", timeout=10)
+    finally:
+        thread.join(30)
+        listener.close()
+    assert info.value.__cause__ is not None

@@ -16,7 +16,8 @@ Promises:
   test the proxy, not the server.
 - A request that gets no HTTP answer raises :class:`HttpError` (its cause is the transport's
   :class:`~harvest.client.transport.Unreachable`, :class:`~harvest.client.transport.Interrupted` or
-  :class:`~harvest.client.transport.TimedOut`); a status is never an exception here: callers read it.
+  :class:`~harvest.client.transport.TimedOut`, or aiohttp's error for an answer that is not HTTP);
+  a status is never an exception here: callers read it.
 
 It never retries, never logs, and never puts request headers (an API key) into an error.
 aiohttp and the client's transport are imported when the first :class:`SyncHttp` opens, so that the
@@ -89,6 +90,8 @@ class SyncHttp:
 
         Raises :class:`HttpError` when no answer came within ``timeout`` seconds or the connection
         failed."""
+        from aiohttp import ClientError
+
         from harvest.client.transport import TransportError
 
         if self._closed:
@@ -105,7 +108,7 @@ class SyncHttp:
         except concurrent.futures.TimeoutError:
             future.cancel()
             raise HttpError(f"{method} {url}: no answer within {timeout:g} s") from None
-        except TransportError as exc:
+        except (TransportError, ClientError) as exc:  # ClientError: what the transport leaves (a bad answer)
             raise HttpError(f"{method} {url}: {exc}") from exc
         return Response(raw.status, raw.body)
 

@@ -31,6 +31,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
+
 from harvest.client.transport import AiohttpTransport, Transport, TransportError
 from harvest.config import ServerConfig
 from harvest.errors import ConfigError, RequestError, ServerSick
@@ -95,7 +97,7 @@ class Wire:
             try:
                 r = await self._http.request("POST", self.url + path, body=json.dumps(body).encode(),
                                              headers=self._headers, timeout=self.timeout)
-            except TransportError as exc:
+            except (TransportError, aiohttp.ClientError) as exc:  # ClientError: an answer that is not HTTP
                 raise ServerSick(f"POST {path}: {type(exc).__name__}: {exc}", endpoint=self.url) from None
         text = r.body[:500].decode("utf-8", errors="replace")
         if 400 <= r.status < 500:

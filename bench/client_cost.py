@@ -11,7 +11,8 @@ harvest's requests per CPU second against the baselines measured in the same run
     openai-async     a plain ``AsyncOpenAI`` + ``asyncio.Semaphore`` loop
     openai-threads   a thread pool of synchronous ``openai.OpenAI`` clients (one per thread)
     raw-aiohttp      a bare aiohttp loop: the floor for an aiohttp-based client
-    raw-httpx        a bare httpx.AsyncClient loop: the alternative HTTP library
+    raw-httpx        a bare httpx.AsyncClient loop: the alternative HTTP library (a competitor only:
+                     harvest uses aiohttp throughout; httpx comes with the ``bench`` extra)
     wrk              the loopback HTTP limit (``apt-get install wrk``; one thread, the same
                      connections, ``--wrk-seconds``; its CPU is measured as a reaped child's)
 

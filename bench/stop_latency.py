@@ -39,7 +39,6 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
 import psutil
 from benchutil import exit_on_sigterm, load  # bench/benchutil.py
 
@@ -80,9 +79,13 @@ def exercise(url: str, model: str | None, n: int = 4) -> None:
     body = {"messages": [{"role": "user", "content": "Say something."}], "max_tokens": 8, "temperature": 0.0}
     if model:
         body["model"] = model
-    with httpx.Client(timeout=120.0) as client:
+    from harvest.http import SyncHttp
+
+    with SyncHttp(max_connections=1) as client:
         for _ in range(n):
-            client.post(url + "/v1/chat/completions", json=body).raise_for_status()
+            r = client.post(url + "/v1/chat/completions", json=body, timeout=120.0)
+            if not r.ok:
+                raise RuntimeError(f"POST {url}/v1/chat/completions answered HTTP {r.status}: {r.text[:200]}")
 
 
 # ----------------------------------------------------------------------------------------- raw
@@ -101,15 +104,17 @@ def _group_members(pgid: int) -> list[psutil.Process]:
 
 def _wait_ready(url: str, paths: list[str], proc: subprocess.Popen, timeout: float) -> None:
     deadline = time.monotonic() + timeout
-    with httpx.Client(timeout=5.0) as client:
+    from harvest.http import HttpError, SyncHttp
+
+    with SyncHttp(max_connections=1) as client:
         for path in paths:
             while True:
                 if proc.poll() is not None:
                     raise RuntimeError(f"the raw server exited with {proc.returncode} before it was ready")
                 try:
-                    if client.get(url + path).status_code == 200:
+                    if client.get(url + path, timeout=5.0).status == 200:
                         break
-                except httpx.HTTPError:
+                except HttpError:
                     pass
                 if time.monotonic() >= deadline:
                     raise RuntimeError(f"the raw server was not ready within {timeout:.0f} s")

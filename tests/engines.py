@@ -16,8 +16,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import psutil
+
+from harvest.http import HttpError, SyncHttp
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTALLER = ROOT / "scripts" / "install-engines"
@@ -107,14 +108,14 @@ def start_engine(argv: list[str], *, port: int, model: str, log_path: Path, heal
     log.close()
     engine = EngineProcess(argv, port, model, log_path, proc, psutil.Process(proc.pid).create_time())
     deadline = time.monotonic() + timeout
-    with httpx.Client(timeout=2.0) as client:
+    with SyncHttp(max_connections=1) as client:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise RuntimeError(f"engine exited with {proc.returncode} before ready:\n{engine.log_tail()}")
             try:
-                if client.get(engine.url + health).status_code == 200:
+                if client.get(engine.url + health, timeout=2.0).status == 200:
                     return engine
-            except httpx.HTTPError:
+            except HttpError:
                 pass
             time.sleep(0.5)
     engine.stop()

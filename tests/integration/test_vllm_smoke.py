@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import httpx
 import pytest
+
+from harvest import http
 
 pytestmark = pytest.mark.engine
 
@@ -11,12 +12,12 @@ pytestmark = pytest.mark.engine
 def test_chat_completion_through_real_vllm(vllm_server):
     body = {"model": vllm_server.model, "messages": [{"role": "user", "content": "Say something."}],
             "max_tokens": 8, "temperature": 0}
-    r = httpx.post(vllm_server.url + "/v1/chat/completions", json=body, timeout=60)
-    assert r.status_code == 200, r.text
+    r = http.post(vllm_server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status == 200, r.text
     data = r.json()
     choice = data["choices"][0]
     assert choice["finish_reason"] in ("length", "stop")
     assert data["usage"]["completion_tokens"] >= 1
     assert isinstance(choice["message"]["content"], str)
-    metrics = httpx.get(vllm_server.url + "/metrics", timeout=10).text
+    metrics = http.get(vllm_server.url + "/metrics", timeout=10).text
     assert "vllm:" in metrics

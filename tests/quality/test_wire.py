@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import threading
+from urllib.parse import urlsplit
 
-import httpx
 import pytest
 
+from harvest.client.transport import MockTransport, RawResponse, Unreachable
 from harvest.config import ServerConfig
 from harvest.errors import RequestError, ServerSick
 from harvest.quality.probe import ProbePrompt
@@ -71,22 +74,26 @@ def _config(engine: str = "vllm") -> ServerConfig:
     return ServerConfig(engine=engine, model="m", served_model_name="tiny", port=8123)
 
 
+def _answer(status: int, obj: object = None) -> RawResponse:
+    return RawResponse(status, json.dumps(obj).encode() if obj is not None else b"")
+
+
 def test_vllm_wire_sends_token_ids_and_reads_answers():
     seen: list[tuple[str, dict]] = []
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        body = json.loads(request.content)
-        seen.append((request.url.path, body))
-        if request.url.path == "/tokenize":
-            return httpx.Response(200, json={"count": 2, "tokens": [2, 80]})
+    def handler(method, url, body, headers) -> RawResponse:
+        body = json.loads(body)
+        seen.append((urlsplit(url).path, body))
+        if urlsplit(url).path == "/tokenize":
+            return _answer(200, {"count": 2, "tokens": [2, 80]})
         if body.get("prompt_logprobs"):
-            return httpx.Response(200, json={"choices": [{"text": "",
+            return _answer(200, {"choices": [{"text": "",
                                                           "prompt_logprobs": VLLM_PROMPT_LOGPROBS}]})
-        return httpx.Response(200, json={"choices": [{"text": " b H", "token_ids": [300, 45],
+        return _answer(200, {"choices": [{"text": " b H", "token_ids": [300, 45],
                                                       "finish_reason": "length"}]})
 
     async def go():
-        async with VLLMWire(_config(), transport=httpx.MockTransport(handler)) as wire:
+        async with VLLMWire(_config(), transport=MockTransport(handler)) as wire:
             ids = await wire.tokenize([PROMPT])
             gen = await wire.generate(PROMPT, ids[0], 2)
             scores = await wire.score(ids[0], gen.token_ids, 2)
@@ -108,19 +115,19 @@ def test_vllm_wire_sends_token_ids_and_reads_answers():
 def test_sglang_wire_builds_generate_requests():
     seen: list[dict] = []
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        body = json.loads(request.content)
+    def handler(method, url, body, headers) -> RawResponse:
+        body = json.loads(body)
         seen.append(body)
-        assert request.url.path == "/generate"
+        assert urlsplit(url).path == "/generate"
         if body.get("top_logprobs_num"):
-            return httpx.Response(200, json={"text": "", "meta_info": {
+            return _answer(200, {"text": "", "meta_info": {
                 "input_token_logprobs": [[-1.0, 80, None], [-2.5, 300, None], [-0.5, 45, None]],
                 "input_top_logprobs": [[[-0.9, 81, None]], [[-0.2, 301, None]], [[-0.5, 45, None]]]}})
-        return httpx.Response(200, json={"text": " b H", "output_ids": [300, 45],
+        return _answer(200, {"text": " b H", "output_ids": [300, 45],
                                          "meta_info": {"finish_reason": {"type": "length", "length": 2}}})
 
     async def go():
-        async with SGLangWire(_config("sglang"), transport=httpx.MockTransport(handler)) as wire:
+        async with SGLangWire(_config("sglang"), transport=MockTransport(handler)) as wire:
             gen = await wire.generate(PROMPT, [2, 80], 2)
             return gen, await wire.score([2, 80], gen.token_ids, 5)
 
@@ -135,13 +142,13 @@ def test_sglang_wire_builds_generate_requests():
 
 
 def test_chat_wire_has_no_token_ids_and_no_teacher_forcing():
-    def handler(request: httpx.Request) -> httpx.Response:
-        assert request.url.path == "/v1/chat/completions"
-        return httpx.Response(200, json={"choices": [{"message": {"content": "hi"},
+    def handler(method, url, body, headers) -> RawResponse:
+        assert urlsplit(url).path == "/v1/chat/completions"
+        return _answer(200, {"choices": [{"message": {"content": "hi"},
                                                       "finish_reason": "stop"}]})
 
     async def go():
-        async with ChatWire(_config("transformers"), transport=httpx.MockTransport(handler)) as wire:
+        async with ChatWire(_config("transformers"), transport=MockTransport(handler)) as wire:
             assert await wire.tokenize([PROMPT]) is None
             with pytest.raises(NotImplementedError):
                 await wire.score([1], [2], 1)
@@ -155,11 +162,11 @@ def test_chat_wire_has_no_token_ids_and_no_teacher_forcing():
 @pytest.mark.parametrize(("status", "error"), [(400, RequestError), (404, RequestError), (500, ServerSick),
                                                 (503, ServerSick)])
 def test_errors_are_mapped_by_status(status, error):
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(status, json={"error": {"message": "nope"}})
+    def handler(method, url, body, headers) -> RawResponse:
+        return _answer(status, {"error": {"message": "nope"}})
 
     async def go():
-        async with VLLMWire(_config(), transport=httpx.MockTransport(handler)) as wire:
+        async with VLLMWire(_config(), transport=MockTransport(handler)) as wire:
             await wire.generate(PROMPT, [1, 2], 3)
 
     with pytest.raises(error):
@@ -167,15 +174,99 @@ def test_errors_are_mapped_by_status(status, error):
 
 
 def test_connection_failure_is_the_server_being_sick():
-    def handler(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("refused", request=request)
+    def handler(method, url, body, headers) -> RawResponse:
+        raise Unreachable("ClientConnectorError: refused")
 
     async def go():
-        async with VLLMWire(_config(), transport=httpx.MockTransport(handler)) as wire:
+        async with VLLMWire(_config(), transport=MockTransport(handler)) as wire:
             await wire.generate(PROMPT, [1, 2], 3)
 
     with pytest.raises(ServerSick):
         asyncio.run(go())
+
+
+def test_a_refused_port_on_loopback_is_the_server_being_sick():
+    """The real aiohttp path: nothing listens on the port, the wire says which request failed."""
+    with socket.socket() as sock:  # bound, never listening: connections to it are refused
+        sock.bind(("127.0.0.1", 0))
+        cfg = ServerConfig(engine="vllm", model="m", port=sock.getsockname()[1])
+
+        async def go():
+            async with VLLMWire(cfg, timeout=5.0) as wire:
+                await wire.generate(PROMPT, [1, 2], 3)
+
+        with pytest.raises(ServerSick, match=r"POST /v1/completions: Unreachable: "):
+            asyncio.run(go())
+
+
+def test_an_answer_that_is_not_http_is_the_server_being_sick():
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    listener.settimeout(30)
+
+    def serve() -> None:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    cfg = ServerConfig(engine="vllm", model="m", port=listener.getsockname()[1])
+
+    async def go():
+        async with VLLMWire(cfg, timeout=10.0) as wire:
+            await wire.generate(PROMPT, [1, 2], 3)
+
+    try:
+        with pytest.raises(ServerSick, match=r"POST /v1/completions: "):
+            asyncio.run(go())
+    finally:
+        thread.join(30)
+        listener.close()
+
+
+def test_the_wire_talks_to_a_loopback_server_with_its_key(monkeypatch):
+    """A real aiohttp server on loopback: the body arrives as JSON with the bearer key, and a 4xx
+    answer is this prompt's error, with the server's text."""
+    from aiohttp import web
+
+    monkeypatch.setenv("HARVEST_TEST_WIRE_KEY", "sk-test-key")
+    seen: list[tuple[str, str | None, dict]] = []
+
+    async def completions(request: web.Request) -> web.Response:
+        body = await request.json()
+        seen.append((request.content_type, request.headers.get("Authorization"), body))
+        if body["max_tokens"] > 100:
+            return web.json_response({"error": "too long"}, status=400)
+        return web.json_response({"choices": [{"text": "ok", "token_ids": [7], "finish_reason": "stop"}]})
+
+    async def go():
+        app = web.Application()
+        app.router.add_post("/v1/completions", completions)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        cfg = ServerConfig(engine="vllm", model="m", port=port, api_key_env="HARVEST_TEST_WIRE_KEY")
+        try:
+            async with VLLMWire(cfg, timeout=10.0) as wire:
+                gen = await wire.generate(PROMPT, [1, 2], 3)
+                with pytest.raises(RequestError, match="too long") as info:
+                    await wire.generate(PROMPT, [1, 2], 500)
+                return gen, info.value.status
+        finally:
+            await runner.cleanup()
+
+    gen, status = asyncio.run(go())
+    assert gen.text == "ok" and gen.token_ids == (7,) and status == 400
+    assert seen[0][0] == "application/json" and seen[0][1] == "Bearer sk-test-key"
+    assert seen[0][2]["prompt"] == [1, 2] and seen[0][2]["max_tokens"] == 3
 
 
 def test_protocol_by_engine():

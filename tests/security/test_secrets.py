@@ -19,10 +19,10 @@ import stat
 import subprocess
 import sys
 
-import httpx
 import psutil
 import pytest
 
+from harvest import http
 from harvest.server import StateFile
 from tests import engines
 
@@ -97,10 +97,10 @@ def test_api_key_never_written_and_every_file_private(tmp_path, llama_server_bin
         # not on its command line, which every user of the machine can (`ps`, /proc/PID/cmdline).
         assert key not in " ".join(engine.cmdline())
         assert engine.environ().get("LLAMA_API_KEY") == key
-        unauthorized = httpx.get(f"http://127.0.0.1:{rec.port}/v1/models", timeout=10)
-        authorized = httpx.get(f"http://127.0.0.1:{rec.port}/v1/models", timeout=10,
-                               headers={"Authorization": f"Bearer {key}"})
-        assert (unauthorized.status_code, authorized.status_code) == (401, 200)  # ...and enforces it
+        unauthorized = http.get(f"http://127.0.0.1:{rec.port}/v1/models", timeout=10)
+        authorized = http.get(f"http://127.0.0.1:{rec.port}/v1/models", timeout=10,
+                              headers={"Authorization": f"Bearer {key}"})
+        assert (unauthorized.status, authorized.status) == (401, 200)  # ...and enforces it
         listening = {c.laddr.ip for c in psutil.net_connections(kind="tcp")
                      if c.pid == engine.pid and c.status == psutil.CONN_LISTEN}
         assert listening == {"127.0.0.1"}, listening  # ...and serves loopback only (the default host)

@@ -10,10 +10,11 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-import httpx
 import pytest
 
+from harvest import http
 from harvest.config import ServerConfig
+from harvest.http import SyncHttp
 from harvest.server.base import COMMON_FATAL, adapter_for
 from harvest.server.readiness import first_fatal
 
@@ -93,7 +94,7 @@ def test_sglang_scheduler_lines_with_the_tp_prefix():
 def test_llamacpp_unified_kv_cache_is_not_multiplied_by_the_slots():
     a = adapter_for("llamacpp")
     cfg = ServerConfig(engine="llamacpp", model="m.gguf")
-    with httpx.Client() as client:
+    with SyncHttp() as client:
         assert a.kv_capacity(cfg, log_text=LLAMA_UNIFIED + "\n", client=client) == 4096
         assert a.kv_capacity(cfg, log_text=LLAMA_SPLIT + "\n", client=client) == 4096
 
@@ -142,7 +143,7 @@ def test_llama_server_without_parallel_reports_its_whole_context_once(llama_serv
                             stop_deadline=12.0)
 
     server = launcher.launch(config)
-    props = httpx.get(server.url + "/props", timeout=10).json()
+    props = http.get(server.url + "/props", timeout=10).json()
     assert props["total_slots"] == 4 and props["default_generation_settings"]["n_ctx"] == 2048, props
     assert server.kv_capacity_tokens == 2048  # not 4 x 2048
 

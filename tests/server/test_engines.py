@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import sys
 from typing import get_args
+from urllib.parse import urlsplit
 
-import httpx
 import pytest
 
+from harvest.client.transport import MockTransport, RawResponse
 from harvest.config import LAUNCHED_ENGINES, EngineKind, ServerConfig
+from harvest.http import SyncHttp
 from harvest.server import ENGINES, EngineAdapter, adapter_for
 from harvest.server.readiness import first_fatal
 
@@ -125,7 +127,7 @@ def test_kv_capacity_from_the_vllm_log_line():
     log = ("INFO 11-29 [kv_cache_utils.py:1234] CPU KV cache size: 21,824 tokens, "
            "Maximum concurrency for 2,048 tokens per request: 10.66x\n")
     cfg = ServerConfig(engine="vllm", model="m")
-    with httpx.Client() as client:
+    with SyncHttp() as client:
         assert adapter_for("vllm").kv_capacity(cfg, log_text=log, client=client) == 21824
         assert adapter_for("vllm").kv_capacity(cfg, log_text="GPU KV cache size: 376,832 tokens,",
                                                client=client) == 376832
@@ -137,14 +139,15 @@ def test_sglang_kv_capacity_from_server_info_then_the_deprecated_endpoint(answer
     # SGLang 0.5.23 (srt/entrypoints/http_server.py): /server_info; /get_server_info is deprecated.
     asked = []
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        asked.append(request.url.path)
-        if request.url.path in answers:
-            return httpx.Response(200, json={"max_total_num_tokens": 376832})
-        return httpx.Response(404)
+    def handler(method, url, body, headers) -> RawResponse:
+        path = urlsplit(url).path
+        asked.append(path)
+        if path in answers:
+            return RawResponse(200, b'{"max_total_num_tokens": 376832}')
+        return RawResponse(404, b"")
 
     cfg = ServerConfig(engine="sglang", model="m")
-    with httpx.Client(transport=httpx.MockTransport(handler)) as client:
+    with SyncHttp(transport=MockTransport(handler)) as client:
         assert adapter_for("sglang").kv_capacity(cfg, log_text="", client=client) == 376832
     assert asked[0] == "/server_info"
 

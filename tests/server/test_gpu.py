@@ -20,11 +20,11 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import psutil
 import pytest
 
 import harvest.demo
+from harvest import http
 from harvest.gpu import open_probe
 from harvest.server import StateFile
 from harvest.server.stop import DEFAULT_MARGIN_MIB
@@ -145,8 +145,8 @@ def test_transformers_serve_1b_stop_gives_memory_back(tmp_path, env):
         assert used_mib(0) > rec.baseline_mib[0] + 1024  # the server really holds memory
         body = {"model": str(model), "messages": [{"role": "user", "content": "Say something."}],
                 "max_tokens": 16}
-        r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=300)
-        assert r.status_code == 200, r.text
+        r = http.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=300)
+        assert r.status == 200, r.text
         held_mib = used_mib(0)
     finally:
         t = time.monotonic()

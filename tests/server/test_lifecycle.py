@@ -17,10 +17,11 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import psutil
 import pytest
 
+from harvest import http
+from harvest.client.transport import AiohttpTransport
 from harvest.config import ServerConfig
 from harvest.errors import LaunchError, PreflightFailed
 from harvest.hosts.net import port_listening
@@ -35,7 +36,7 @@ def test_launch_ready_stop_clean(launcher, tmp_path):
     server = launcher.launch(lambda port: fake_config(pids, port=port))
     state = server.state()
     assert state.status is RunStatus.READY
-    assert httpx.get(server.url + "/health", timeout=5).status_code == 200
+    assert http.get(server.url + "/health", timeout=5).status == 200
     leader = state.record.leader
 
     report = server.shutdown()
@@ -221,8 +222,11 @@ def test_async_context_manager_stops_on_exit(tmp_path):
             server = Server(cfg, run_dir=tmp_path / f"run-{cfg.port}", preflight=TEST_PREFLIGHT)
             try:
                 async with server as s:
-                    async with httpx.AsyncClient() as client:
-                        assert (await client.get(s.url + "/health")).status_code == 200
+                    transport = AiohttpTransport(max_connections=1)
+                    try:
+                        assert (await transport.request("GET", s.url + "/health", timeout=10)).status == 200
+                    finally:
+                        await transport.aclose()
                     return s, s.pid
             except PreflightFailed:
                 continue

@@ -12,9 +12,9 @@ import subprocess
 import sys
 import threading
 
-import httpx
 import pytest
 
+from harvest import http
 from harvest.config import ServerConfig
 from harvest.hosts.net import port_listening
 from harvest.server.stop import POLL_INTERVAL
@@ -44,18 +44,16 @@ def test_llama_server_ignoring_sigterm_with_requests_in_flight_is_escalated(llam
     def generate() -> None:
         body = {"prompt": "Once upon a time", "max_tokens": 100000, "ignore_eos": True, "stream": True}
         try:
-            with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=120) as r:
-                for _ in r.iter_lines():
-                    pass
-        except httpx.HTTPError as exc:  # the server goes away under us: expected
-            errors.append(type(exc).__name__)
+            http.post(server.url + "/v1/completions", json=body, timeout=120)
+        except http.HttpError as exc:  # the server goes away under us: expected
+            errors.append(type(exc.__cause__).__name__)
 
     clients = [threading.Thread(target=generate, daemon=True) for _ in range(8)]
     for c in clients:
         c.start()
 
     def in_flight() -> bool:
-        text = httpx.get(server.url + "/metrics", timeout=10).text
+        text = http.get(server.url + "/metrics", timeout=10).text
         return (_gauge(text, server.adapter.metrics.running) >= 2
                 and _gauge(text, server.adapter.metrics.waiting) >= 1)
 

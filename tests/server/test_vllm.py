@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import os
 
-import httpx
 import psutil
 import pytest
 
+from harvest import http
 from harvest.config import ServerConfig
 from harvest.hosts.net import port_listening
 from harvest.server import RunStatus
@@ -50,10 +50,10 @@ def test_vllm_cpu_launch_ready_chat_stop(vllm_python, tiny_model, launcher):
 
     body = {"model": "tiny", "messages": [{"role": "user", "content": "Say something."}], "max_tokens": 8,
             "temperature": 0}
-    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120)
-    assert r.status_code == 200, r.text
+    r = http.post(server.url + "/v1/chat/completions", json=body, timeout=120)
+    assert r.status == 200, r.text
     assert r.json()["usage"]["completion_tokens"] >= 1
-    metrics = httpx.get(server.url + "/metrics", timeout=30).text
+    metrics = http.get(server.url + "/metrics", timeout=30).text
     for name in (server.adapter.metrics.running, server.adapter.metrics.waiting, server.adapter.metrics.kv_usage):
         assert f"\n{name}{{" in metrics, name
 

@@ -65,8 +65,7 @@ def setup_console_logging(console: Console) -> None:
     handler.setFormatter(logging.Formatter("%(message)s"))
     root.addHandler(handler)
     root.setLevel(logging.INFO)
-    for noisy in ("httpx", "httpcore", "aiohttp"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    logging.getLogger("aiohttp").setLevel(logging.WARNING)
 
 
 class PhaseDisplay:

@@ -21,8 +21,7 @@ _RETRY_NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 def setup_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    for noisy in ("httpx", "httpcore", "aiohttp"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    logging.getLogger("aiohttp").setLevel(logging.WARNING)
 
 
 def show_preflight(report: Any, console: Any = None) -> None:

@@ -6,9 +6,11 @@ that say, by type, how the exchange failed: :class:`Unreachable` (no connection)
 never logs, and never puts request headers (the API key) into an exception.
 
 :class:`AiohttpTransport` is the production transport: one long-lived ``aiohttp.ClientSession`` per
-client with explicit connection limits and timeouts. aiohttp was chosen over httpx by measurement
-(``bench/client_cost.py``, raw loops of each): on loopback httpx 0.28 spent 4x (1 connection) to
-over 10x (64 connections) more CPU per request than aiohttp 3.
+client with explicit connection limits and timeouts, never an environment proxy. aiohttp is harvest's one
+HTTP library (the quality wire uses this transport too, and :mod:`harvest.http` runs it for sync
+callers); it was chosen over httpx by measurement (P2, ``bench/client_cost.py``, raw loops of each): on
+loopback httpx 0.28 spent 4x (1 connection) to over 10x (64 connections) more CPU per request than
+aiohttp 3, x17 in the latest P2 run (BENCHMARKS.md).
 :class:`MockTransport` answers from a function, for tests and for benchmarks without a server.
 """
 
@@ -135,7 +137,7 @@ Handler = Callable[[str, str, Union[bytes, None], Mapping[str, str]],
 
 
 class MockTransport:
-    """A transport that answers every request by calling ``handler`` (like ``httpx.MockTransport``).
+    """A transport that answers every request by calling ``handler``, without a network.
 
     The handler may return a :class:`RawResponse` (or an awaitable of one) or raise
     :class:`Unreachable`, :class:`Interrupted` or :class:`TimedOut` to play a failing server. The

@@ -17,7 +17,9 @@ Three protocols, picked by engine (``[probe] protocol``):
             logprobs, and reports say so.
 
 Every request has a timeout. A 4xx raises :class:`RequestError` (this prompt), anything else that
-fails raises :class:`ServerSick` (the server). This module never launches or stops a server.
+fails raises :class:`ServerSick` (the server). Requests go through the client's transport
+(:class:`harvest.client.transport.AiohttpTransport`, aiohttp: harvest's one HTTP library, see
+:mod:`harvest.http`), never through an environment proxy. This module never launches or stops a server.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import aiohttp
 
+from harvest.client.transport import AiohttpTransport, Transport, TransportError
 from harvest.config import ServerConfig
 from harvest.errors import ConfigError, RequestError, ServerSick
 from harvest.quality.probe import ProbePrompt
@@ -66,15 +69,18 @@ class Wire:
     token_ids = False
 
     def __init__(self, config: ServerConfig, *, concurrency: int = 8, timeout: float = 300.0,
-                 transport: httpx.AsyncBaseTransport | None = None):
+                 transport: Transport | None = None):
+        """``transport`` replaces the aiohttp transport (a ``MockTransport`` in tests); it is closed
+        with the wire."""
         self.config = config
         self.url = config.url
         self.model = config.served_model_name or config.model
         self.timeout = timeout
         self._slots = asyncio.Semaphore(concurrency)
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=min(10.0, timeout)),
-                                       headers=bearer_headers(config), transport=transport,
-                                       limits=httpx.Limits(max_connections=concurrency + 2))
+        self._headers = {"Content-Type": "application/json", "Accept": "application/json",
+                         **bearer_headers(config)}
+        self._http = transport or AiohttpTransport(max_connections=concurrency + 2,
+                                                   connect_timeout=min(10.0, timeout))
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -89,18 +95,20 @@ class Wire:
         """POST JSON, return the decoded answer. 4xx -> RequestError; other failures -> ServerSick."""
         async with self._slots:
             try:
-                r = await self._http.post(self.url + path, json=body)
-            except httpx.HTTPError as exc:
+                r = await self._http.request("POST", self.url + path, body=json.dumps(body).encode(),
+                                             headers=self._headers, timeout=self.timeout)
+            except (TransportError, aiohttp.ClientError) as exc:  # ClientError: an answer that is not HTTP
                 raise ServerSick(f"POST {path}: {type(exc).__name__}: {exc}", endpoint=self.url) from None
-        if 400 <= r.status_code < 500:
-            raise RequestError(f"POST {path}: {r.text[:500]}", status=r.status_code)
-        if r.status_code != 200:
-            raise ServerSick(f"POST {path} answered HTTP {r.status_code}: {r.text[:300]}", endpoint=self.url,
-                             status=r.status_code)
+        text = r.body[:500].decode("utf-8", errors="replace")
+        if 400 <= r.status < 500:
+            raise RequestError(f"POST {path}: {text}", status=r.status)
+        if r.status != 200:
+            raise ServerSick(f"POST {path} answered HTTP {r.status}: {text[:300]}", endpoint=self.url,
+                             status=r.status)
         try:
-            return r.json()
+            return json.loads(r.body)
         except ValueError:
-            raise ServerSick(f"POST {path}: the answer is not JSON: {r.text[:200]!r}",
+            raise ServerSick(f"POST {path}: the answer is not JSON: {text[:200]!r}",
                              endpoint=self.url) from None
 
     async def tokenize(self, prompts: Sequence[ProbePrompt]) -> list[list[int]] | None:
@@ -318,7 +326,7 @@ def protocol_for(config: ServerConfig, protocol: str = "auto") -> str:
 
 
 def open_wire(config: ServerConfig, protocol: str = "auto", *, concurrency: int = 8, timeout: float = 300.0,
-              transport: httpx.AsyncBaseTransport | None = None) -> Wire:
+              transport: Transport | None = None) -> Wire:
     return WIRES[protocol_for(config, protocol)](config, concurrency=concurrency, timeout=timeout,
                                                  transport=transport)
 

@@ -19,9 +19,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal, Protocol, runtime_checkable
 
-import httpx
-
 from harvest.config import ServerConfig
+from harvest.http import SyncHttp
 
 
 @dataclass(frozen=True)
@@ -101,7 +100,7 @@ class EngineAdapter(Protocol):
         """Checks that must pass, in order, before the server is ready."""
         ...
 
-    def kv_capacity(self, config: ServerConfig, *, log_text: str, client: httpx.Client) -> int | None:
+    def kv_capacity(self, config: ServerConfig, *, log_text: str, client: SyncHttp) -> int | None:
         """KV-cache capacity in tokens, once ready, from the engine's log or its API; None if unknown."""
         ...
 

@@ -17,10 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
 from harvest.config import ServerConfig
 from harvest.errors import LaunchError
+from harvest.http import HttpError, SyncHttp
 from harvest.server.base import COMMON_FATAL, FatalPattern, ReadinessCheck, bearer_headers
 
 #: Lines of log kept for error messages.
@@ -124,7 +123,7 @@ def first_fatal(text: str, patterns: Sequence[FatalPattern]) -> tuple[FatalPatte
     return None
 
 
-def check_once(check: ReadinessCheck, config: ServerConfig, client: httpx.Client, timeout: float,
+def check_once(check: ReadinessCheck, config: ServerConfig, client: SyncHttp, timeout: float,
                port_listening: Callable[[str, int, float], bool]) -> bool:
     """One attempt of one check; any error means "not yet"."""
     if check.kind == "port":
@@ -134,8 +133,8 @@ def check_once(check: ReadinessCheck, config: ServerConfig, client: httpx.Client
     try:
         r = client.request(check.method, url, json=dict(check.json) if check.json is not None else None,
                            headers=bearer_headers(config), timeout=timeout)
-        return 200 <= r.status_code < 300
-    except httpx.HTTPError:
+        return r.ok
+    except HttpError:
         return False
 
 
@@ -173,7 +172,7 @@ def wait_ready(
         return LaunchError(message, argv=argv, returncode=returncode, log_path=log_path,
                            log_tail=log.tail() if log else "", reason=reason)
 
-    with httpx.Client() as client:
+    with SyncHttp(max_connections=2) as client:
         while True:
             rc = poll_exit()
             if log is not None:

@@ -28,13 +28,13 @@ from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 
-import httpx
 import psutil
 
 from harvest.config import PreflightConfig, ServerConfig, is_loopback
 from harvest.engine_pins import version_warning
 from harvest.errors import ConfigError, LaunchError, PreflightFailed, StopError
 from harvest.events import Listener, emit
+from harvest.http import HttpError, SyncHttp
 from harvest.gpu.records import GpuProbe
 from harvest.server import procs
 from harvest.server.base import EngineAdapter, adapter_for, private_files
@@ -303,10 +303,10 @@ class Server:
                                     on_poll=LaunchReporter(self.on_event, cfg.url))
         finally:
             self._remove_private()
-        with httpx.Client() as client:
+        with SyncHttp(max_connections=1) as client:
             try:
                 self.kv_capacity_tokens = self.adapter.kv_capacity(cfg, log_text=watcher.text(), client=client)
-            except (httpx.HTTPError, ValueError) as exc:
+            except (HttpError, ValueError) as exc:
                 log.warning("KV capacity unknown: %s", exc)
         kv = self.kv_capacity_tokens
         self.state_file.update(lambda s: replace(s, status=RunStatus.READY, kv_capacity_tokens=kv))

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
-
 from harvest.config import ServerConfig
+from harvest.http import SyncHttp
 from harvest.server.base import COMMON_FATAL, MetricNames, ReadinessCheck, gpu_environment
 
 
@@ -40,7 +39,7 @@ class CommandAdapter:
             return (ReadinessCheck("health", url=url),)
         return (ReadinessCheck("port", kind="port"),)
 
-    def kv_capacity(self, config: ServerConfig, *, log_text: str, client: httpx.Client) -> int | None:
+    def kv_capacity(self, config: ServerConfig, *, log_text: str, client: SyncHttp) -> int | None:
         return None
 
     def version(self, config: ServerConfig) -> str | None:

@@ -24,9 +24,8 @@ import re
 import subprocess
 from pathlib import Path
 
-import httpx
-
 from harvest.config import ServerConfig
+from harvest.http import HttpError, SyncHttp
 from harvest.server.base import (
     COMMON_FATAL,
     FatalPattern,
@@ -86,7 +85,7 @@ class LlamaCppAdapter:
     def readiness(self, config: ServerConfig) -> tuple[ReadinessCheck, ...]:
         return (ReadinessCheck("health", path="/health"),)
 
-    def kv_capacity(self, config: ServerConfig, *, log_text: str, client: httpx.Client) -> int | None:
+    def kv_capacity(self, config: ServerConfig, *, log_text: str, client: SyncHttp) -> int | None:
         slots = SLOTS_LINE.findall(log_text)
         if slots:
             n, per_slot, unified = slots[-1]
@@ -97,12 +96,12 @@ class LlamaCppAdapter:
             return int(found[-1])
         try:
             r = client.get(f"{config.url}/props", headers=bearer_headers(config), timeout=10.0)
-            if r.status_code == 200:
+            if r.status == 200:
                 props = r.json()
                 per_slot = int(props["default_generation_settings"]["n_ctx"])
                 split = config.max_running_requests is not None  # --parallel given: no unified cache
                 return per_slot * int(props.get("total_slots", 1)) if split else per_slot
-        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        except (HttpError, ValueError, KeyError, TypeError):
             pass
         return None
 

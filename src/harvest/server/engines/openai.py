@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
-
 from harvest.config import ServerConfig
+from harvest.http import SyncHttp
 from harvest.server.base import MetricNames, ReadinessCheck
 
 
@@ -30,7 +29,7 @@ class OpenAIEndpointAdapter:
     def readiness(self, config: ServerConfig) -> tuple[ReadinessCheck, ...]:
         return (ReadinessCheck("models", path="/v1/models"),)
 
-    def kv_capacity(self, config: ServerConfig, *, log_text: str, client: httpx.Client) -> int | None:
+    def kv_capacity(self, config: ServerConfig, *, log_text: str, client: SyncHttp) -> int | None:
         return None
 
     def version(self, config: ServerConfig) -> str | None:

@@ -23,9 +23,8 @@ import json
 import re
 from pathlib import Path
 
-import httpx
-
 from harvest.config import ServerConfig
+from harvest.http import HttpError, SyncHttp
 from harvest.server.base import (
     COMMON_FATAL,
     FatalPattern,
@@ -118,11 +117,11 @@ class SGLangAdapter:
                            json={"text": "ping", "sampling_params": {"max_new_tokens": 1, "temperature": 0}}),
         )
 
-    def kv_capacity(self, config: ServerConfig, *, log_text: str, client: httpx.Client) -> int | None:
+    def kv_capacity(self, config: ServerConfig, *, log_text: str, client: SyncHttp) -> int | None:
         for path in ("/server_info", "/get_server_info"):
             try:
                 r = client.get(f"{config.url}{path}", headers=bearer_headers(config), timeout=10.0)
-                if r.status_code != 200:
+                if r.status != 200:
                     continue
                 info = r.json()
                 value = info.get("max_total_num_tokens")
@@ -130,7 +129,7 @@ class SGLangAdapter:
                     value = info["internal_states"][0].get("max_total_num_tokens")
                 if value is not None:
                     return int(value)
-            except (httpx.HTTPError, ValueError, TypeError, AttributeError):
+            except (HttpError, ValueError, TypeError, AttributeError):
                 continue
         found = KV_LINE.findall(log_text)
         return int(found[-1]) if found else None

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
-
 from harvest.config import ServerConfig
+from harvest.http import SyncHttp
 from harvest.server.base import (
     COMMON_FATAL,
     FatalPattern,
@@ -54,7 +53,7 @@ class TransformersAdapter:
     def readiness(self, config: ServerConfig) -> tuple[ReadinessCheck, ...]:
         return (ReadinessCheck("health", path="/health"),)
 
-    def kv_capacity(self, config: ServerConfig, *, log_text: str, client: httpx.Client) -> int | None:
+    def kv_capacity(self, config: ServerConfig, *, log_text: str, client: SyncHttp) -> int | None:
         return None
 
     def version(self, config: ServerConfig) -> str | None:

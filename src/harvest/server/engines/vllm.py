@@ -20,9 +20,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import httpx
-
 from harvest.config import ServerConfig
+from harvest.http import SyncHttp
 from harvest.server.base import (
     COMMON_FATAL,
     FatalPattern,
@@ -108,7 +107,7 @@ class VLLMAdapter:
     def readiness(self, config: ServerConfig) -> tuple[ReadinessCheck, ...]:
         return (ReadinessCheck("health", path="/health"), ReadinessCheck("models", path="/v1/models"))
 
-    def kv_capacity(self, config: ServerConfig, *, log_text: str, client: httpx.Client) -> int | None:
+    def kv_capacity(self, config: ServerConfig, *, log_text: str, client: SyncHttp) -> int | None:
         found = KV_LINE.findall(log_text)
         return int(found[-1].replace(",", "")) if found else None
 

@@ -2,10 +2,11 @@
 
     harvest serve CONFIG [--run-dir D | --run-name N] [--detach [--json]] [--force] [--give-up-after S]
                                                                          (CONFIG "-": read from stdin)
-    harvest stop [RUN_DIR] [--deadline S] [--json] [--config F]
-    harvest ps [--all] [--json] [--config F]
+    harvest stop [RUN_DIR] [--deadline S] [--json] [--config F | --host USER@NAME ...]
+    harvest ps [--all] [--json] [--config F | --host USER@NAME ...]
 
-With a ``[host]`` in CONFIG (or in ``--config F``) the far harvest does the work: see
+With a ``[host]`` in CONFIG (or in ``--config F``, or given by ``--host`` and its flags, see
+:func:`harvest.cli.remote.host_options`) the far harvest does the work: see
 :mod:`harvest.cli.remote`. A RUN_DIR holding a near record of a far server (``remote.json``)
 is stopped on its far host.
 
@@ -34,7 +35,9 @@ import psutil
 from rich.console import Console
 
 from harvest.cli.live import PhaseDisplay, setup_console_logging
+from harvest.cli.remote import host_options
 from harvest.cli.render import make_console, rule_line
+from harvest.config import HostConfig
 from harvest.errors import LaunchError, PreflightFailed, StopError
 from harvest.events import Event
 from harvest.server import procs
@@ -266,13 +269,14 @@ def _running(entries: list[IndexEntry]) -> list[tuple[IndexEntry, RunState]]:
 @click.option("--json", "as_json", is_flag=True, help=f"print the stop report as JSON ({STOP_SCHEMA})")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="stop on the [host] of this config (RUN_DIR is then the far run folder)")
+@host_options
 def stop(run_dir: Path | None, deadline: float | None, grace: float | None, margin_mib: int, as_json: bool,
-         config_path: Path | None) -> None:
+         config_path: Path | None, far_host: HostConfig | None) -> None:
     """Stop a server harvest started (RUN_DIR, or the only one running) and verify it is gone."""
     from harvest.cli.remote import hosts_of, remote_stop_by_record, remote_stop_run
 
     err = make_console(stderr=True)
-    far = hosts_of(config_path)
+    far = hosts_of(config_path, far_host)
     if far:
         remote_stop_run(far, str(run_dir) if run_dir is not None else None, deadline, as_json)
         return
@@ -334,11 +338,12 @@ def stop(run_dir: Path | None, deadline: float | None, grace: float | None, marg
 @click.option("--json", "as_json", is_flag=True, help=f"print JSON ({PS_SCHEMA})")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="list the servers on the [host] / [[hosts]] of this config")
-def ps(show_all: bool, as_json: bool, config_path: Path | None) -> None:
+@host_options
+def ps(show_all: bool, as_json: bool, config_path: Path | None, far_host: HostConfig | None) -> None:
     """Servers harvest started: what was recorded beside what is measured now."""
     from harvest.cli.remote import hosts_of, remote_ps
 
-    far = hosts_of(config_path)
+    far = hosts_of(config_path, far_host)
     if far:
         remote_ps(far, show_all, as_json)
         return

@@ -144,3 +144,23 @@ def test_tune_through_ssh_first_of_hosts(tmp_path, sshd):
     box = write_toml(tmp_path / "box.toml", {"host": sshd.host_table()})
     assert far_ps(box) == []
     assert os.path.isfile(tmp_path / "tune" / "tune.csv")
+
+
+def test_probes_reach_a_far_server_through_its_tunnel(tmp_path):
+    """client_config: a far server is probed at the tunnel's local end, one launched here at its own
+    address (no SSH needed: the tunnel is described, not opened)."""
+    from harvest.campaign.servers import RemoteServer, client_config
+    from harvest.config import HostConfig, ServerConfig
+    from harvest.hosts.tunnel import Tunnel
+    from harvest.server import Server
+
+    cfg = ServerConfig(engine="command", command=["true"], port=8123, api_key_env="K")
+    host = HostConfig(ssh="root@box", server={"port": 9001})
+    far = RemoteServer(host, cfg, run_dir=tmp_path / "far")
+    assert client_config(far).url == "http://127.0.0.1:9001"  # not launched yet: the far address
+    far.tunnel, far.local_port = Tunnel(host, 9001, local_port=45123), 45123
+    reached = client_config(far)
+    assert reached.url == "http://127.0.0.1:45123" and reached.api_key_env == "K"
+    assert far.adapter.kind == "command"
+    here = Server(cfg, run_dir=tmp_path / "here")
+    assert client_config(here) is here.config

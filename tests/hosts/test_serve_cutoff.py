@@ -146,3 +146,37 @@ def _end_hanging_prefix(pidfile: Path) -> None:
             proc.wait(timeout=10)
     except (psutil.NoSuchProcess, ProcessLookupError):
         pass
+
+
+def test_stop_by_a_record_written_before_the_answer(tmp_path, sshd):
+    """A near record whose launch never answered (no far run folder in it, status unknown):
+    `harvest stop NEAR` finds the far folder by its name and stops it there; an unknown name is
+    nothing to stop (exit 2, one line)."""
+    box = write_toml(tmp_path / "box.toml", {"server": chat_server(engines.free_port()),
+                                              "preflight": {"min_disk_free_gib": 0.05},
+                                              "host": sshd.host_table()})
+    near = tmp_path / "near"
+    res = subprocess.run([FAR_HARVEST, "serve", str(box), "--detach", "--run-dir", str(near)],
+                         capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stdout + res.stderr
+    record = read_remote_record(near)
+    far_dir = Path(record["far_run_dir"])
+    assert far_dir.name == record["far_run_name"]
+    # What the near record holds when the far answer never came: the name only.
+    for key in ("far_run_dir", "far_url", "far_port", "far_pid", "tunnel"):
+        record.pop(key, None)
+    record["status"] = "unknown"
+    (near / "remote.json").write_text(json.dumps(record))
+    res = subprocess.run([FAR_HARVEST, "stop", str(near), "--json"], capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stdout + res.stderr
+    report = json.loads(res.stdout)
+    assert report["verdict"] == "clean" and report["run_dir"] == str(far_dir)
+    launch = json.loads((far_dir / "launch.json").read_text())["record"]
+    assert not alive(launch["pid"], launch["create_time"])
+
+    record["far_run_name"] = "never-launched"
+    (near / "remote.json").write_text(json.dumps(record))
+    res = subprocess.run([FAR_HARVEST, "stop", str(near)], capture_output=True, text=True, timeout=240)
+    assert res.returncode == 2
+    (line,) = res.stderr.strip().splitlines()
+    assert f"host root@127.0.0.1:{sshd.port}: stop failed" in line and "'never-launched'" in line, line

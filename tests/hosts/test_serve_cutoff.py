@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import psutil
-import pytest
 
 from harvest.campaign.servers import read_remote_record
 from tests import engines

@@ -458,6 +458,6 @@ def server_factory_for(config: HarvestConfig, *, all_hosts: bool = False) -> Any
     return make
 
 
-__all__ = ["REMOTE_RECORD", "RemoteServer", "ServerGroup", "client_config", "far_preflight", "far_run_name", "find_far_run",
-           "probe_server_factory", "read_remote_record", "remote_stop", "server_factory_for",
+__all__ = ["REMOTE_RECORD", "RemoteServer", "ServerGroup", "client_config", "far_preflight", "far_run_name",
+           "find_far_run", "probe_server_factory", "read_remote_record", "remote_stop", "server_factory_for",
            "stop_far_leftovers"]

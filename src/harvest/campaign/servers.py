@@ -433,8 +433,8 @@ def probe_server_factory(config: HarvestConfig) -> tuple[Any, str | None]:
     if len(hosts) <= 1:
         return server_factory_for(config), None
     first = config.model_copy(update={"host": hosts[0], "hosts": []})
-    return server_factory_for(first), (f"trials run on {hosts[0].label}, the first of {len(hosts)} "
-                                       f"[[hosts]] (one server's figures)")
+    return server_factory_for(first), (f"every launch runs on {hosts[0].label}, the first of {len(hosts)} "
+                                       "[[hosts]]: tune and compare measure one server")
 
 
 def server_factory_for(config: HarvestConfig, *, all_hosts: bool = False) -> Any:

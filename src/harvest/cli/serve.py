@@ -119,6 +119,10 @@ def serve(config: Path, run_dir: Path | None, detach: bool, force: bool, as_json
         err.print("error: --json needs --detach", markup=False)
         sys.exit(2)
     if cfg.far_hosts():
+        if run_name is not None or give_up_after is not None:
+            err.print("error: --run-name and --give-up-after are what harvest passes to the far serve; with "
+                      "[host] it chooses both itself", markup=False)
+            sys.exit(2)
         remote_serve(cfg, run_dir, detach, force)
         return
     setup_console_logging(err)  # log records print above the live panel, never into it

@@ -25,8 +25,10 @@ import pytest
 
 SSHD = "/usr/sbin/sshd"
 ROOT = Path(__file__).resolve().parents[2]
-#: The far harvest: the console script of the venv running the tests (this checkout).
+#: The far harvest: the console script of the venv running the tests, importing this checkout
+#: (FAR_ENV: the far side starts from a clean environment, whatever the venv was installed from).
 FAR_HARVEST = str(Path(sys.executable).with_name("harvest"))
+FAR_ENV = [f"PYTHONPATH={ROOT / 'src'}"]
 
 
 def _missing() -> str | None:
@@ -71,7 +73,7 @@ class Sshd:
             "ssh": "root@127.0.0.1", "port": self.port, "identity_file": str(self.key),
             "ssh_options": [f"UserKnownHostsFile={self.known_hosts}", "StrictHostKeyChecking=yes"],
             # The far harvest keeps its state apart from this machine's own (one box in real life).
-            "exec_prefix": ["env", f"HARVEST_STATE_DIR={self.state_dir}", *self.extra_prefix],
+            "exec_prefix": ["env", f"HARVEST_STATE_DIR={self.state_dir}", *FAR_ENV, *self.extra_prefix],
             "harvest": FAR_HARVEST, "connect_timeout": 10, "command_timeout": 60,
         }
         table.update(over)

@@ -12,7 +12,7 @@ import shlex
 import subprocess
 from pathlib import Path
 
-from tests.hosts.conftest import FAR_HARVEST
+from tests.hosts.conftest import FAR_ENV, FAR_HARVEST
 from tests.hosts.test_container import container  # noqa: F401 - fixture
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -76,8 +76,13 @@ def run_section(title: str, tmp_path: Path, sshd, harvest: str, replace: dict[st
         assert f"127.0.0.1:{sshd.port}" in res.stdout, (command, res.stdout)
 
 
+def far_harvest(sshd) -> str:
+    """The far harvest as a README's `harvest = "..."` line names it: this checkout, its own state."""
+    return " ".join(["env", f"HARVEST_STATE_DIR={sshd.state_dir}", *FAR_ENV, FAR_HARVEST])
+
+
 def test_remote_box_section_runs_as_written(tmp_path, sshd):
-    run_section("A remote box", tmp_path, sshd, f"env HARVEST_STATE_DIR={sshd.state_dir} {FAR_HARVEST}")
+    run_section("A remote box", tmp_path, sshd, far_harvest(sshd))
 
 
 def test_container_section_runs_as_written(tmp_path, sshd, container):  # noqa: F811
@@ -86,5 +91,5 @@ def test_container_section_runs_as_written(tmp_path, sshd, container):  # noqa: 
     pct.write_text(PCT.replace("{init}", str(init_pid)))
     pct.chmod(0o755)
     run_section("A container on a remote box", tmp_path, sshd,
-                f"env HARVEST_STATE_DIR={sshd.state_dir} {FAR_HARVEST}", replace={'"pct"': f'"{pct}"'})
+                far_harvest(sshd), replace={'"pct"': f'"{pct}"'})
     assert os.path.exists(pct)

@@ -13,8 +13,13 @@ stop. Every launch ends with its StopReport before the next one starts. A launch
 dirty is "failed", and nothing further is launched (later candidates are "not run"): memory or
 processes left behind would fail or skew the next launch.
 
+Where the servers run: each launch goes through the server factory of its job
+(:func:`harvest.campaign.servers.probe_server_factory`): here, or with ``[host]`` on the far host
+(launched and stopped by the far harvest, probed from here through the tunnel); with ``[[hosts]]``
+on the first host. A candidate file without a host table runs where the reference runs.
+
 The pieces (:class:`QualityBench`, :func:`launch_and_run`) are shared with ``harvest tune``. This
-module never signals a process itself: launches and stops go through :class:`harvest.server.Server`.
+module never signals a process itself: launches and stops go through the server factory.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from harvest.campaign.servers import client_config, probe_server_factory
 from harvest.events import Listener
 from harvest.config import HarvestConfig, PreflightConfig, ServerConfig
 from harvest.errors import ConfigError, LaunchError, PreflightFailed, RequestError, ServerSick
@@ -103,14 +109,18 @@ async def launch_and_run(label: str, config: ServerConfig, run_dir: Path,
                          work: Callable[[Server], Awaitable[T]], *,
                          preflight: PreflightConfig | None = None, force: bool = False,
                          on_preflight: Callable[[object], None] | None = None,
-                         on_event: Listener | None = None) -> tuple[T | None, Launch]:
+                         on_event: Listener | None = None,
+                         server_factory: Any = Server) -> tuple[T | None, Launch]:
     """Launch ``config``, run ``work(server)``, then the verified stop -- always, whatever failed.
 
-    Launch and server failures are recorded in the returned :class:`Launch`, not raised;
-    ``ConfigError`` (the user's configuration, e.g. a task scorer) propagates after the stop.
+    ``server_factory`` makes the server (:class:`Server` here, a far one from
+    :func:`~harvest.campaign.servers.probe_server_factory`); ``work`` reaches it at
+    ``client_config(server)``. Launch and server failures are recorded in the returned
+    :class:`Launch`, not raised; ``ConfigError`` (the user's configuration, e.g. a task scorer) and
+    ``RemoteError`` (a far host that cannot be reached or checked) propagate after the stop.
     """
-    server = Server(config, run_dir=run_dir / "server", preflight=preflight, force=force,
-                    on_preflight=on_preflight, on_event=on_event)
+    server = server_factory(config, run_dir=run_dir / "server", preflight=preflight, force=force,
+                            on_preflight=on_preflight, on_event=on_event)
     log.info("%s: launching %s (run dir %s)", label, config.engine, server.run_dir)
     t0 = time.monotonic()
     try:
@@ -179,7 +189,7 @@ class QualityBench:
 
     async def make_reference(self, server: Server) -> list[ProbeOutput]:
         """On the reference server: generate and store the reference, then score it once more there."""
-        async with self.wire(server.config) as wire:
+        async with self.wire(client_config(server)) as wire:
             self.reference = await generate_reference(wire, self.prompts, self.settings.probe,
                                                       settings_hash=self.settings_hash,
                                                       server=server_settings(server.config))
@@ -193,7 +203,7 @@ class QualityBench:
     async def outputs(self, server: Server) -> list[ProbeOutput]:
         """A candidate's outputs on the reference's prompts."""
         assert self.reference is not None
-        async with self.wire(server.config) as wire:
+        async with self.wire(client_config(server)) as wire:
             return await run_candidate(wire, self.reference, self.settings.probe)
 
     # --- the reference and the floor -----------------------------------------------------------
@@ -383,13 +393,16 @@ async def compare(reference: HarvestConfig, candidates: Sequence[HarvestConfig],
     notes: list[str] = []
     counter = iter(range(1000))
     dirty = False
+    ref_factory, note = probe_server_factory(reference)
+    if note is not None:
+        notes.append(note)
 
-    async def run(label: str, cfg: ServerConfig, pf: PreflightConfig, work: Callable[[Server], Awaitable[T]]
-                  ) -> tuple[T | None, Launch]:
+    async def run(label: str, cfg: ServerConfig, pf: PreflightConfig, work: Callable[[Server], Awaitable[T]],
+                  factory: Any = ref_factory) -> tuple[T | None, Launch]:
         nonlocal dirty
         folder = out_dir / "launches" / f"{next(counter):02d}-{label}"
         result, launch = await launch_and_run(label, cfg, folder, work, preflight=pf, force=force,
-                                              on_preflight=on_preflight)
+                                              on_preflight=on_preflight, server_factory=factory)
         launches.append(launch)
         if not launch.stopped_clean:
             dirty = True
@@ -426,7 +439,12 @@ async def compare(reference: HarvestConfig, candidates: Sequence[HarvestConfig],
         if dirty:
             rows.append(CompareRow(label, diff, "not run", reasons=("an earlier stop was not clean",)))
             continue
-        outputs, launch = await run(label, cfg, cand.preflight, bench.outputs)
+        factory = ref_factory
+        if cand.far_hosts():  # its own host table; else where the reference runs
+            factory, note = probe_server_factory(cand)
+            if note is not None:
+                notes.append(f"{label}: {note}")
+        outputs, launch = await run(label, cfg, cand.preflight, bench.outputs, factory)
         if outputs is not None:
             save_outputs(out_dir / "outputs" / f"{label}.jsonl", outputs)
         rows.append(row_from(label, diff, launch, bench.evaluate(outputs) if outputs is not None else None))

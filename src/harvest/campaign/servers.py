@@ -11,6 +11,12 @@ folder: host, far run folder, far port), reaches it through a :class:`~harvest.h
 and stops it with the far ``stop --json``, whose StopReport it returns unchanged. After a dropped
 session the tunnel is reopened and the far server is found again by that record (far ``ps --json``).
 
+The record is written before the far launch, with the far run folder's name chosen here
+(``serve --run-name``): a far serve that fails or is cut off by its budget is found again by that
+name (far ``ps``) and what it left is stopped (far ``stop``) before the launch error is raised; the
+far serve itself gives up (``--give-up-after``, stopping what it started) about when this side
+stops waiting, so it does not start an engine nobody waits for.
+
 Budgets: each far step is bounded by the host's ``connect_timeout + command_timeout`` plus what the
 step itself may take (a launch its ``ready_timeout``, a stop its ``stop_deadline``); see
 :mod:`harvest.hosts.remote`. Nothing here signals a process on either side.
@@ -22,10 +28,11 @@ import asyncio
 import json
 import logging
 import os
+import secrets
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from harvest.campaign.far_records import preflight_report_from_dict, stop_report_from_dict
@@ -34,6 +41,7 @@ from harvest.errors import LaunchError, PreflightFailed, RemoteError
 from harvest.hosts.remote import SCHEMAS, FarHost
 from harvest.hosts.tunnel import Tunnel
 from harvest.server import Server, StopReport
+from harvest.server.base import adapter_for
 from harvest.server.state import make_run_dir
 
 log = logging.getLogger("harvest.hosts")
@@ -80,10 +88,30 @@ def far_preflight(host: FarHost, server: ServerConfig, preflight: PreflightConfi
     return preflight_report_from_dict(doc, host=host.label)
 
 
+def far_run_name(server: ServerConfig) -> str:
+    """A fresh name for a far run folder (``serve --run-name``), chosen here before the launch."""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{server.engine}-{server.port}-{secrets.token_hex(4)}"
+
+
+def find_far_run(host: FarHost, name: str) -> dict[str, Any] | None:
+    """The far ``ps --json --all`` row of the run folder called ``name`` (None: there is none)."""
+    doc = host.call("ps", ["ps", "--json", "--all"], schema=SCHEMAS["ps"])
+    return next((s for s in doc.get("servers", []) if PurePosixPath(str(s.get("run_dir", ""))).name == name),
+                None)
+
+
 def remote_stop(record: dict[str, Any], *, deadline: float | None = None) -> StopReport:
-    """Stop a far server by its near record: the far ``stop --json`` runs beside it."""
+    """Stop a far server by its near record: the far ``stop --json`` runs beside it. A record made
+    before its launch answered (no far run folder yet) finds the folder by its name first."""
     host = FarHost(HostConfig.model_validate(record["host"]))
-    args = ["stop", record["far_run_dir"], "--json"]
+    far_dir = record.get("far_run_dir")
+    if not far_dir:
+        row = find_far_run(host, str(record.get("far_run_name")))
+        if row is None:
+            raise RemoteError(host.label, "stop", 0.0, f"no far run folder named {record.get('far_run_name')!r}: "
+                              "its launch never started the engine, nothing to stop", exit_code=2)
+        far_dir = record["far_run_dir"] = row["run_dir"]
+    args = ["stop", far_dir, "--json"]
     if deadline is not None:
         args += ["--deadline", f"{deadline:g}"]
     extra = deadline if deadline is not None else float(record.get("stop_deadline", 60.0))
@@ -97,7 +125,7 @@ def stop_far_leftovers(folder: Path) -> list[StopReport]:
     out: list[StopReport] = []
     for sub in [folder, *sorted(folder.glob("host-*"))] if folder.is_dir() else []:
         record = read_remote_record(sub)
-        if record is None or record.get("status") != "ready":
+        if record is None or record.get("status") not in ("ready", "launching", "unknown"):
             continue
         try:
             report = remote_stop(record)
@@ -156,6 +184,19 @@ class RemoteServer:
         return [self.url]
 
     @property
+    def client_config(self) -> ServerConfig:
+        """[server] as this machine reaches it: the tunnel's local end for an SSH host (the far
+        engine binds its own address there), else the far address itself."""
+        if self.tunnel is None or self.local_port is None:
+            return self.config
+        return self.config.model_copy(update={"host": "127.0.0.1", "port": self.local_port})
+
+    @property
+    def adapter(self) -> Any:
+        """The engine adapter of the far server's kind (its metric names, for probes from here)."""
+        return adapter_for(self.config.engine)
+
+    @property
     def pid(self) -> int | None:
         """The far leader's pid as the far side sees it (informative: never signalled from here)."""
         return self.record["far_pid"] if self.record else None
@@ -184,16 +225,26 @@ class RemoteServer:
             report = self.preflight()
             if not report.passed and not self.force:
                 raise PreflightFailed(report.results)
-        args = ["serve", "--detach", "--json", "-"] + (["--force"] if self.force else [])
+        # The far run folder is named here and recorded before the far launch: a serve cut off by
+        # the budget below is found again by that name (far ps) and stopped (far stop).
+        name = far_run_name(self.config)
+        self.record = {"host": self.host_config.model_dump(mode="json"), "far_run_name": name,
+                       "far_run_dir": None, "engine": self.config.engine,
+                       "stop_deadline": self.config.stop_deadline, "started_at": time.time(),
+                       "status": "launching"}
+        _write_record(self.run_dir, self.record)
+        # The far serve gives up (stopping what it started) about when this side stops waiting.
+        give_up = self.host_config.command_timeout + self.config.ready_timeout
+        args = ["serve", "--detach", "--json", "--run-name", name, "--give-up-after", f"{give_up:g}", "-"]
+        args += ["--force"] if self.force else []
         try:
             doc = self.host.call("serve", args, stdin=far_config_doc(self.config, self.preflight_config),
                                  schema=SCHEMAS["serve"], extra_s=self.config.ready_timeout)
         except RemoteError as exc:
-            raise LaunchError(f"far launch on {self.label}: {exc}", reason="exited") from None
-        self.record = {"host": self.host_config.model_dump(mode="json"), "far_run_dir": doc["run_dir"],
-                       "far_url": doc["url"], "far_port": int(doc["port"]), "far_pid": int(doc["pid"]),
-                       "engine": self.config.engine, "stop_deadline": self.config.stop_deadline,
-                       "started_at": time.time(), "status": "ready"}
+            raise LaunchError(f"far launch on {self.label}: {exc}; {self._clear_unfinished()}",
+                              reason="exited") from None
+        self.record.update({"far_run_dir": doc["run_dir"], "far_url": doc["url"], "far_port": int(doc["port"]),
+                            "far_pid": int(doc["pid"]), "status": "ready"})
         self.ready = RemoteReady(float(doc.get("ready_s", 0.0)))
         self.kv_capacity_tokens = doc.get("kv_capacity_tokens")
         _write_record(self.run_dir, self.record)
@@ -219,6 +270,28 @@ class RemoteServer:
             _write_record(self.run_dir, self.record)
         return self
 
+    def _clear_unfinished(self) -> str:
+        """After a far serve that failed or gave no answer: find its run folder by the recorded name
+        (far ``ps``) and stop what is left there (far ``stop``). Returns what was found and done."""
+        assert self.record is not None
+        try:
+            row = find_far_run(self.host, self.record["far_run_name"])
+            if row is None:
+                self.record["status"] = "not launched"
+                return "no far run folder by its name, nothing of it runs there (far ps)"
+            self.record["far_run_dir"] = row["run_dir"]
+            if not row["measured"]["alive"] and row["recorded"]["status"] in ("stopped", "failed"):
+                self.record["status"] = "stopped"
+                return f"nothing of it runs there (far ps: {row['run_dir']} {row['recorded']['status']})"
+            self.stop_report = remote_stop(self.record)
+            self.record["status"] = "stopped" if self.stop_report.clean else "dirty"
+            return f"found {row['run_dir']} there and stopped it: {self.stop_report.verdict}"
+        except RemoteError as exc:
+            self.record["status"] = "unknown"
+            return f"the far side could not be checked ({exc}); `harvest stop {self.run_dir}` stops what is left"
+        finally:
+            _write_record(self.run_dir, self.record)
+
     def _found_again(self, tunnel: Tunnel) -> None:
         """After a reopen: find the far server again by its record (far ``ps --json``)."""
         assert self.record is not None
@@ -239,8 +312,8 @@ class RemoteServer:
                 return self.stop_report
             self._finished = True
             try:
-                if self.record is None or self._detached:
-                    return None
+                if self.record is None or self._detached or self.record["status"] != "ready":
+                    return self.stop_report  # nothing launched, or what a failed launch left was cleared
                 self.stop_report = remote_stop(self.record, deadline=deadline)
                 self.record["status"] = "stopped" if self.stop_report.clean else "dirty"
                 _write_record(self.run_dir, self.record)
@@ -266,6 +339,12 @@ class RemoteServer:
 
     async def stop(self, deadline: float | None = None) -> StopReport | None:
         return await asyncio.shield(asyncio.to_thread(self.shutdown, deadline))
+
+
+def client_config(server: Any) -> ServerConfig:
+    """[server] as this machine reaches a launched server: a far one through its tunnel, one
+    launched here at its own address."""
+    return server.client_config if isinstance(server, RemoteServer) else server.config
 
 
 class ServerGroup:
@@ -344,6 +423,20 @@ class ServerGroup:
         return out
 
 
+def probe_server_factory(config: HarvestConfig) -> tuple[Any, str | None]:
+    """The server factory of ``harvest tune`` / ``compare``, and a note when it narrowed the hosts.
+
+    Their figures (quality, tok/s of one server) are one server's, so with ``[[hosts]]`` each launch
+    runs on the first host only; ``--then-run`` campaigns still use every host.
+    """
+    hosts = config.far_hosts()
+    if len(hosts) <= 1:
+        return server_factory_for(config), None
+    first = config.model_copy(update={"host": hosts[0], "hosts": []})
+    return server_factory_for(first), (f"every launch runs on {hosts[0].label}, the first of {len(hosts)} "
+                                       "[[hosts]]: tune and compare measure one server")
+
+
 def server_factory_for(config: HarvestConfig, *, all_hosts: bool = False) -> Any:
     """What the runner calls to get its server(s): Server here, else one far server per host."""
     hosts = config.far_hosts()
@@ -365,5 +458,6 @@ def server_factory_for(config: HarvestConfig, *, all_hosts: bool = False) -> Any
     return make
 
 
-__all__ = ["REMOTE_RECORD", "RemoteServer", "ServerGroup", "far_preflight", "read_remote_record",
-           "remote_stop", "server_factory_for", "stop_far_leftovers"]
+__all__ = ["REMOTE_RECORD", "RemoteServer", "ServerGroup", "client_config", "far_preflight", "far_run_name",
+           "find_far_run", "probe_server_factory", "read_remote_record", "remote_stop", "server_factory_for",
+           "stop_far_leftovers"]

@@ -30,7 +30,11 @@ Results go to ``tune.json`` and ``tune.csv`` in the tune folder. Verdicts: ``pas
 (quality gate), ``rejected`` (policy), ``skipped`` (memory order), ``unsupported`` (the engine
 says this machine cannot run the setting; the sweep goes on), ``failed`` (launch, probe or stop
 failed), ``not run``. The best trial is the passing one with the highest generation tok/s.
-This module never signals a process itself: launches and stops go through the supervisor.
+With ``[host]`` each trial's server runs on the far host (launched, and stopped with verification,
+by the far harvest) and the probes run from here through the tunnel; with ``[[hosts]]`` the
+trials run on the first host (a note says so). This module never signals a process itself:
+launches and stops go through the server factory
+(:func:`harvest.campaign.servers.probe_server_factory`).
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ from harvest.campaign.compare import (
     row_from,
     settings_diff,
 )
+from harvest.campaign.servers import client_config, probe_server_factory
 from harvest.config import HarvestConfig, ServerConfig
 from harvest.errors import ConfigError
 from harvest.events import Listener, emit
@@ -349,10 +354,13 @@ class _Sweep:
         self.results: list[TrialResult] = []
         self.notes: list[str] = []
         self.aborted = False
+        self.server_factory, note = probe_server_factory(job)
+        if note is not None:
+            self.notes.append(note)
         self._pending: tuple[Trial, Launch, list[ProbeOutput], ThroughputResult | None] | None = None
 
     async def _throughput(self, server: Server) -> ThroughputResult:
-        return await throughput_probe(server.config, self.load_prompts, self.tf.throughput,
+        return await throughput_probe(client_config(server), self.load_prompts, self.tf.throughput,
                                       sampling=self.job.sampling, metrics=server.adapter.metrics,
                                       kv_capacity=server.kv_capacity_tokens)
 
@@ -367,7 +375,7 @@ class _Sweep:
 
         result, launch = await launch_and_run(label, cfg, folder, reported, preflight=self.job.preflight,
                                               force=self.force, on_preflight=self.on_preflight,
-                                              on_event=self.on_event)
+                                              on_event=self.on_event, server_factory=self.server_factory)
         emit(self.on_event, "trial", "update", step="done" if result is not None else f"failed: {launch.reason}")
         self.launches.append(launch)
         return result, launch

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import click
 
+from harvest.cli.remote import host_options
 from harvest.cli.render import gpus_payload, make_console, print_gpus
+from harvest.config import HostConfig
 from harvest.errors import ProbeError
 from harvest.gpu import host_state, open_probe
 
@@ -26,11 +28,13 @@ from harvest.gpu import host_state, open_probe
               help="with --watch: stop after this many refreshes")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="show the [host] / [[hosts]] of this config instead (one table, a host column)")
-def gpus(as_json: bool, watch: float | None, count: int | None, config_path: Path | None) -> None:
+@host_options
+def gpus(as_json: bool, watch: float | None, count: int | None, config_path: Path | None,
+         far_host: HostConfig | None) -> None:
     """Show GPUs (memory, utilization, compute processes) and host RAM/swap."""
     from harvest.cli.remote import hosts_of, remote_gpus
 
-    far = hosts_of(config_path)
+    far = hosts_of(config_path, far_host)
     if far:
         remote_gpus(far, as_json)
         return

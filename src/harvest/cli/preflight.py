@@ -17,8 +17,9 @@ from pathlib import Path
 
 import click
 
+from harvest.cli.remote import host_options
 from harvest.cli.render import make_console, preflight_payload, rule_line, verdict
-from harvest.config import load_config
+from harvest.config import HostConfig
 from harvest.gpu import NoGpuProbe, open_probe, run_preflight, wait_for_preflight
 from harvest.gpu.preflight import RuleResult
 from harvest.gpu.records import GpuProbe
@@ -73,13 +74,16 @@ def grouped(results: Sequence[RuleResult]) -> list[RuleResult]:
 @click.option("--json", "as_json", is_flag=True, help="print the documented JSON document (harvest.preflight/1)")
 @click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="folder whose disk must have room (default: [output] dir of the config)")
+@host_options
 @click.pass_context
 def preflight(ctx: click.Context, config: Path, wait_s: float | None, as_json: bool,
-              output_dir: Path | None) -> None:
+              output_dir: Path | None, far_host: HostConfig | None) -> None:
     """Check that the [server] of CONFIG can be launched safely on this machine (or its [host]) now."""
     from harvest.cli.remote import load_config_arg, remote_preflight
 
     cfg = load_config_arg(config)
+    if far_host is not None:  # --host: that host instead of the config's own host tables
+        cfg = cfg.model_copy(update={"host": far_host, "hosts": []})
     server = cfg.require_server()
     if cfg.far_hosts():
         ctx.exit(remote_preflight(cfg, as_json))

@@ -1,10 +1,12 @@
 """``harvest serve``, ``harvest stop`` and ``harvest ps``: supervised launch, verified stop, listing.
 
-    harvest serve CONFIG [--run-dir D] [--detach [--json]] [--force]     (CONFIG "-": read from stdin)
-    harvest stop [RUN_DIR] [--deadline S] [--json] [--config F]
-    harvest ps [--all] [--json] [--config F]
+    harvest serve CONFIG [--run-dir D | --run-name N] [--detach [--json]] [--force] [--give-up-after S]
+                                                                         (CONFIG "-": read from stdin)
+    harvest stop [RUN_DIR] [--deadline S] [--json] [--config F | --host USER@NAME ...]
+    harvest ps [--all] [--json] [--config F | --host USER@NAME ...]
 
-With a ``[host]`` in CONFIG (or in ``--config F``) the far harvest does the work: see
+With a ``[host]`` in CONFIG (or in ``--config F``, or given by ``--host`` and its flags, see
+:func:`harvest.cli.remote.host_options`) the far harvest does the work: see
 :mod:`harvest.cli.remote`. A RUN_DIR holding a near record of a far server (``remote.json``)
 is stopped on its far host.
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -32,7 +35,9 @@ import psutil
 from rich.console import Console
 
 from harvest.cli.live import PhaseDisplay, setup_console_logging
+from harvest.cli.remote import host_options
 from harvest.cli.render import make_console, rule_line
+from harvest.config import HostConfig
 from harvest.errors import LaunchError, PreflightFailed, StopError
 from harvest.events import Event
 from harvest.server import procs
@@ -44,11 +49,12 @@ from harvest.server.state import (
     StateFile,
     default_run_dir,
     list_runs,
+    state_dir,
 )
 from harvest.server.stop import DEFAULT_MARGIN_MIB, StopReport, StopStep, stop_run
 from harvest.server.supervisor import Server
 
-SERVE_SCHEMA = "harvest.serve/1"
+SERVE_SCHEMA = "harvest.serve/2"
 STOP_SCHEMA = "harvest.stop/1"
 PS_SCHEMA = "harvest.ps/1"
 
@@ -96,7 +102,13 @@ def _spawn_watcher(run_dir: Path) -> ProcessRef:
 @click.option("--force", is_flag=True, help="launch even when preflight fails (the failures are still printed)")
 @click.option("--json", "as_json", is_flag=True,
               help=f"with --detach: print the launch as JSON ({SERVE_SCHEMA}) on stdout, the rest on stderr")
-def serve(config: Path, run_dir: Path | None, detach: bool, force: bool, as_json: bool) -> None:
+@click.option("--run-name", default=None, metavar="NAME",
+              help="the run folder is NAME under the state dir's servers/ (a near harvest names it before "
+                   "a far launch, to find it again)")
+@click.option("--give-up-after", type=click.FloatRange(min=0.1), default=None, metavar="SECONDS",
+              help="give up the launch (and stop what it started) unless ready this many seconds after start")
+def serve(config: Path, run_dir: Path | None, detach: bool, force: bool, as_json: bool, run_name: str | None,
+          give_up_after: float | None) -> None:
     """Launch the [server] of CONFIG supervised; Ctrl-C (or SIGTERM) stops it with verification."""
     from harvest.cli.remote import load_config_arg, remote_serve
 
@@ -107,6 +119,10 @@ def serve(config: Path, run_dir: Path | None, detach: bool, force: bool, as_json
         err.print("error: --json needs --detach", markup=False)
         sys.exit(2)
     if cfg.far_hosts():
+        if run_name is not None or give_up_after is not None:
+            err.print("error: --run-name and --give-up-after are what harvest passes to the far serve; with "
+                      "[host] it chooses both itself", markup=False)
+            sys.exit(2)
         remote_serve(cfg, run_dir, detach, force)
         return
     setup_console_logging(err)  # log records print above the live panel, never into it
@@ -114,6 +130,8 @@ def serve(config: Path, run_dir: Path | None, detach: bool, force: bool, as_json
         err.print(f"error: engine '{server_cfg.engine}' is a running endpoint; harvest does not launch it",
                   markup=False)
         sys.exit(2)
+    if run_name is not None:
+        run_dir = _named_run_dir(run_name, run_dir, err)
     run_dir = run_dir if run_dir is not None else default_run_dir(server_cfg.engine, server_cfg.port)
 
     def show_preflight(report: Any) -> None:
@@ -132,11 +150,24 @@ def serve(config: Path, run_dir: Path | None, detach: bool, force: bool, as_json
         server.cancel()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    gave_up = threading.Event()
+    timer = None
+    if give_up_after is not None:  # the launch (preflight included) is cancelled past this point
+
+        def give_up() -> None:
+            gave_up.set()
+            server.cancel()
+
+        timer = threading.Timer(give_up_after, give_up)
+        timer.daemon = True
+        timer.start()
     try:
         err.print(f"launching {server_cfg.engine} on {server_cfg.url} (run dir {run_dir})", markup=False)
         try:
             with display:  # the launch phases, live; a failed start-up's stop shows there too
                 server.launch()
+            if timer is not None:
+                timer.cancel()
         except PreflightFailed as exc:
             err.print("refused to launch: preflight failed (use --force to launch anyway)", markup=False)
             for r in exc.results:
@@ -144,10 +175,14 @@ def serve(config: Path, run_dir: Path | None, detach: bool, force: bool, as_json
                     err.print(rule_line(r))  # type: ignore[arg-type]
             sys.exit(1)
         except LaunchError as exc:
-            err.print(f"launch failed: {exc}", markup=False)
+            if gave_up.is_set() and not stop_requested.is_set():
+                err.print(f"launch failed: not ready within --give-up-after {give_up_after:g} s; gave up "
+                          f"({str(exc).splitlines()[0]})", markup=False)
+            else:
+                err.print(f"launch failed: {exc}", markup=False)
             if server.stop_report is not None:
                 print_stop_report(server.stop_report, err=True)
-            sys.exit(130 if exc.reason == "cancelled" else 1)
+            sys.exit(130 if exc.reason == "cancelled" and not gave_up.is_set() else 1)
         ready = server.ready
         kv = server.kv_capacity_tokens
         click.echo(f"ready: {server.url} pid {server.pid} in {ready.seconds if ready else 0:.1f} s"
@@ -183,8 +218,30 @@ def serve(config: Path, run_dir: Path | None, detach: bool, force: bool, as_json
             print_stop_report(report)
         sys.exit(0 if report is not None and report.clean and exited_itself is None else 1)
     finally:
+        if timer is not None:
+            timer.cancel()
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+#: What ``--run-name`` accepts: one folder name, no path.
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def _named_run_dir(name: str, run_dir: Path | None, err: Console) -> Path:
+    """``--run-name NAME``: ``<state dir>/servers/NAME``, which must not hold a launch already."""
+    if run_dir is not None:
+        err.print("error: --run-name and --run-dir name the same folder; give one", markup=False)
+        sys.exit(2)
+    if not RUN_NAME.fullmatch(name):
+        err.print(f"error: --run-name {name!r}: one folder name of letters, digits, '.', '_' and '-'",
+                  markup=False)
+        sys.exit(2)
+    folder = state_dir() / "servers" / name
+    if StateFile(folder).exists():
+        err.print(f"error: --run-name {name!r}: {folder} already holds a launch", markup=False)
+        sys.exit(2)
+    return folder
 
 
 def _measured(state: RunState) -> tuple[list[ProcessRef], bool]:
@@ -216,13 +273,14 @@ def _running(entries: list[IndexEntry]) -> list[tuple[IndexEntry, RunState]]:
 @click.option("--json", "as_json", is_flag=True, help=f"print the stop report as JSON ({STOP_SCHEMA})")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="stop on the [host] of this config (RUN_DIR is then the far run folder)")
+@host_options
 def stop(run_dir: Path | None, deadline: float | None, grace: float | None, margin_mib: int, as_json: bool,
-         config_path: Path | None) -> None:
+         config_path: Path | None, far_host: HostConfig | None) -> None:
     """Stop a server harvest started (RUN_DIR, or the only one running) and verify it is gone."""
     from harvest.cli.remote import hosts_of, remote_stop_by_record, remote_stop_run
 
     err = make_console(stderr=True)
-    far = hosts_of(config_path)
+    far = hosts_of(config_path, far_host)
     if far:
         remote_stop_run(far, str(run_dir) if run_dir is not None else None, deadline, as_json)
         return
@@ -284,11 +342,12 @@ def stop(run_dir: Path | None, deadline: float | None, grace: float | None, marg
 @click.option("--json", "as_json", is_flag=True, help=f"print JSON ({PS_SCHEMA})")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="list the servers on the [host] / [[hosts]] of this config")
-def ps(show_all: bool, as_json: bool, config_path: Path | None) -> None:
+@host_options
+def ps(show_all: bool, as_json: bool, config_path: Path | None, far_host: HostConfig | None) -> None:
     """Servers harvest started: what was recorded beside what is measured now."""
     from harvest.cli.remote import hosts_of, remote_ps
 
-    far = hosts_of(config_path)
+    far = hosts_of(config_path, far_host)
     if far:
         remote_ps(far, show_all, as_json)
         return

@@ -36,7 +36,7 @@ SCHEMAS: dict[str, str] = {
     "version": "harvest.version/1",
     "gpus": "harvest.gpus/1",
     "preflight": "harvest.preflight/1",
-    "serve": "harvest.serve/1",
+    "serve": "harvest.serve/2",
     "stop": "harvest.stop/1",
     "ps": "harvest.ps/1",
 }

@@ -120,3 +120,42 @@ def test_an_unreadable_timeline_is_started_afresh_and_never_ends_the_run(tmp_pat
     gone = Timeline(tmp_path / "no-such-dir")
     gone.close("finished")  # the write fails (logged); nothing is raised
     assert not (tmp_path / "no-such-dir").exists()
+
+
+def test_auto_concurrency_targets_are_recorded_per_endpoint_and_drawn(tmp_path: Path):
+    """``concurrency = "auto"``: each endpoint's target goes into the point beside its gauges, survives
+    the pairwise merge (averaged), and the report's queue panel draws it; a fixed run records none."""
+    from harvest.report.run import _over_time
+
+    clock = Clock()
+    tl = Timeline.open(tmp_path, clock=clock)
+    url = "http://127.0.0.1:8000"
+    tl.observe_metrics({url: {"vllm:num_requests_running": 16.0, "vllm:num_requests_waiting": 0.0}})
+    for target in (8, 16, 32, 64):
+        clock.t += 1
+        tl.interval({**_snap({}, 1), "concurrency_targets": {url: target}})
+    tl.close("finished")
+    doc, _ = read_timeline(tmp_path)
+    assert [p["endpoints"][url]["target"] for p in doc["intervals"]] == [8.0, 16.0, 32.0, 64.0]
+    assert doc["intervals"][0]["endpoints"][url]["running"] == 16.0
+    html = _over_time(doc, [])
+    assert "auto target 127.0.0.1:8000" in html
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "f").mkdir()
+    merged = Timeline.open(tmp_path / "m", clock=clock)
+    merged.stride = 2  # two updates per point: the targets are averaged over them
+    for target in (8, 24):
+        clock.t += 1
+        merged.interval({**_snap({}, 1), "concurrency_targets": {url: target}})
+    merged.close("finished")
+    doc, _ = read_timeline(tmp_path / "m")
+    assert doc["intervals"][-1]["endpoints"][url]["target"] == 16.0
+
+    fixed = Timeline.open(tmp_path / "f", clock=clock)
+    clock.t += 1
+    fixed.interval(_snap({}, 1))
+    fixed.close("finished")
+    doc, _ = read_timeline(tmp_path / "f")
+    assert all("target" not in e for p in doc["intervals"] for e in p["endpoints"].values())
+    assert "auto target" not in _over_time(doc, [])

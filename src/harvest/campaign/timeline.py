@@ -59,6 +59,8 @@ FLUSH_EVERY = 65_536
 #: Histogram bins grow by this factor: four bins per doubling.
 BIN_RATIO = 2 ** 0.25
 
+#: What a point keeps per endpoint: its /metrics gauges, and the auto-concurrency target (absent when fixed).
+ENDPOINT_KEYS = ("running", "waiting", "kv_usage", "target")
 #: Gauges of each engine's /metrics: (running, waiting, KV cache use as a fraction of its capacity).
 RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs", "llamacpp:requests_processing")
 WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred")
@@ -162,7 +164,7 @@ def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     endpoints: dict[str, dict[str, float | None]] = {}
     for url in {**a["endpoints"], **b["endpoints"]}:
         ea, eb = a["endpoints"].get(url, {}), b["endpoints"].get(url, {})
-        endpoints[url] = {k: avg(ea.get(k), eb.get(k)) for k in ("running", "waiting", "kv_usage")}
+        endpoints[url] = {k: avg(ea.get(k), eb.get(k)) for k in ENDPOINT_KEYS if k in ea or k in eb}
     out["endpoints"] = endpoints
     return out
 
@@ -271,7 +273,7 @@ class Timeline:
             "prompt_tokens_per_s": snap.get("prompt_tokens_per_s"), "in_flight": snap.get("in_flight"),
             "total": snap.get("total"),
             "final": (snap.get("final_before_session") or 0) + (snap.get("done_this_session") or 0),
-            "endpoints": {u: dict(v) for u, v in self._endpoints.items()},
+            "endpoints": self._endpoint_point(snap),
         }
         self._last_t = now
         self._errors_seen = errors
@@ -283,6 +285,13 @@ class Timeline:
             self._push()
         if now - self._last_write >= self.write_every_s:
             self.write()
+
+    def _endpoint_point(self, snap: Mapping[str, Any]) -> dict[str, dict[str, float | None]]:
+        """Each endpoint's gauges, plus its ``concurrency = "auto"`` target when the client steers it."""
+        out = {u: dict(v) for u, v in self._endpoints.items()}
+        for url, target in (snap.get("concurrency_targets") or {}).items():
+            out.setdefault(url, {})["target"] = float(target)
+        return out
 
     def _push(self) -> None:
         if self._pending is None:

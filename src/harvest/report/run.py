@@ -168,6 +168,9 @@ def _over_time(doc: dict[str, Any], launches: list[dict[str, Any]]) -> str:
                                                            .get("running"))))
         queue_lines.append((f"waiting {short}", *_broken(points, t0, lambda p, u=u: p["endpoints"].get(u, {})
                                                            .get("waiting"))))
+        if any(p["endpoints"].get(u, {}).get("target") is not None for p in points):
+            queue_lines.append((f"auto target {short}", *_broken(points, t0, lambda p, u=u: p["endpoints"]
+                                                                   .get(u, {}).get("target"))))
         kv_lines.append((f"KV use {short}", *_broken(points, t0, lambda p, u=u: _pct(
             p["endpoints"].get(u, {}).get("kv_usage")))))
     panels = [rate, {"title": "requests in flight and the server queue (/metrics)", "ylabel": "requests",

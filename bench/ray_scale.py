@@ -9,7 +9,8 @@ dashboard off, a small object store) and places the largest N simulated engines
 per actor; each actor starts its engine as a subprocess in its own process group and reports its
 endpoint. For each N (rotating order per round: 1 2 4 8, then 8 4 2 1, ...) the real ``harvest
 run JOB.toml --no-live`` drives a fresh JSON Lines dataset over the first N endpoints (``[client]
-endpoints``, concurrency 2 x batch per endpoint, so every engine keeps a full batch and a queue),
+endpoints``, concurrency ``--queue-factor`` (2) x batch per endpoint, so every engine keeps a full
+batch and a queue),
 with ``--seconds`` of work per engine. While it runs the benchmark samples, twice a second, every
 engine's ``/metrics`` counters (generated tokens, finished requests) and the CPU time of the
 ``harvest run`` process (psutil, with its children); the steady window is from 10 % to 90 % of the
@@ -160,7 +161,7 @@ def write_job(out: Path, tag: str, urls: list[str], items: int, args: argparse.N
         f"[data]\npath = {q(str(data))}\nid_field = \"id\"\n\n"
         f"[sampling]\nmax_tokens = {2 * args.output_tokens}\ntemperature = 0.0\n\n"
         f"[client]\nendpoints = [{', '.join(q(u) for u in urls)}]\n"
-        f"concurrency = {2 * batch * len(urls)}\nmax_retries = 3\nhealth_deadline = 60\n\n"
+        f"concurrency = {args.queue_factor * batch * len(urls)}\nmax_retries = 3\nhealth_deadline = 60\n\n"
         "[run]\nreasoning = \"none\"\nprogress_interval = 5.0\n\n"
         f"[output]\ndir = {q(str(out / f'run-{tag}'))}\n")
     return job
@@ -246,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--token-latency", type=float, default=0.05, help="the engines' seconds per decode step")
     parser.add_argument("--max-batch", type=int, default=8, help="the engines' batch")
     parser.add_argument("--output-tokens", type=int, default=32, help="tokens per answer (max_tokens is 2x)")
+    parser.add_argument("--queue-factor", type=int, default=2,
+                        help="harvest's concurrency per engine, in batches (2: a full batch and as many queued)")
     parser.add_argument("--place-timeout", type=float, default=180.0, help="seconds to place all actors")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds one harvest run may take")
     parser.add_argument("--no-control", dest="control", action="store_false",

@@ -28,7 +28,7 @@ import pytest
 
 pytest.importorskip("ray", reason="the Ray tests need the ray extra: pip install 'harvest[ray]'")
 
-import harvest  # noqa: E402
+import harvest
 
 SRC = str(Path(harvest.__file__).resolve().parents[1])
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -112,8 +112,8 @@ def cluster() -> Iterator[dict[str, object]]:
 
 
 def harvest_cli(*args: str, timeout: float = 180.0) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "harvest", *args], capture_output=True, text=True, env=ENV,
-                          timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "harvest", *args], check=False, capture_output=True, text=True,
+                          env=ENV, timeout=timeout)
 
 
 def _two_nodes(address: str) -> dict:
@@ -203,7 +203,8 @@ def test_a_silent_address_is_bounded_by_the_timeout() -> None:
 def test_missing_ray_is_one_line_exit_2() -> None:
     code = ("import sys; sys.modules['ray'] = None; from harvest.cli.main import main; "
             "sys.argv = ['harvest', 'gpus', '--cluster', '127.0.0.1:1']; main()")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=60)
+    done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, env=ENV,
+                          timeout=60)
     assert done.returncode == 2
     assert done.stderr.strip() == "error: Ray is not installed: pip install 'harvest[ray]'"
 

@@ -26,6 +26,7 @@ not answer is shown as such, never as "no GPU".
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -200,10 +201,8 @@ def probe_nodes(ray: Any, func: Any, args: tuple[Any, ...], *, timeout: float) -
                      if not k.startswith("node:")}
         base = {"node_id": node["NodeID"], "ip": node.get("NodeManagerAddress", "?"), "resources": resources}
         if ref not in done:
-            try:
+            with contextlib.suppress(Exception):  # the node is reported as silent either way
                 ray.cancel(ref)
-            except Exception:  # noqa: BLE001 - the node is reported as silent either way
-                pass
             answers.append(NodeAnswer(**base, doc=None, waited_s=time.monotonic() - t0,
                                       error=f"no answer within {timeout:g} s"))
             continue

@@ -191,7 +191,7 @@ def run_once(urls: list[str], out: Path, tag: str, args: argparse.Namespace, *, 
     per_engine = int(args.seconds * batch / (args.token_latency * args.output_tokens))
     items = items or per_engine * len(urls)
     job = write_job(out, tag, urls, items, args, batch=batch)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(args.src), os.environ.get("PYTHONPATH", "")])}
     tokens0, done0 = asyncio.run(_sample(urls))
     load_before = os.getloadavg()[0]
     log = (out / f"harvest-{tag}.log").open("w")
@@ -253,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds one harvest run may take")
     parser.add_argument("--no-control", dest="control", action="store_false",
                         help="skip the control run (one engine of N_max x batch, the same aggregate rate)")
+    parser.add_argument("--src", type=Path, default=SRC,
+                        help="the harvest source `harvest run` is driven with (default: this checkout's; another "
+                             "folder compares a change)")
     parser.add_argument("--keep", type=Path, default=None, help="keep jobs, logs and run folders here")
     args = parser.parse_args(argv)
     ns = sorted({int(x) for x in args.servers.split(",") if x.strip()})

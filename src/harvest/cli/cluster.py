@@ -25,12 +25,14 @@ def _missing(answers: list[Any]) -> list[Any]:
     return [a for a in answers if a.doc is None]
 
 
-def cluster_gpus(address: str, as_json: bool, timeout: float) -> int:
-    """``harvest gpus --cluster ADDRESS``; the exit code (1 when a node gave no answer)."""
+def cluster_gpus(address: str, as_json: bool, timeout: float, runtime_env: dict[str, Any] | None = None) -> int:
+    """``harvest gpus --cluster ADDRESS``; the exit code (1 when a node gave no answer). ``runtime_env``:
+    the job's Ray runtime environment (a ``[cluster] runtime_env``), e.g. to put harvest on the
+    workers' ``PYTHONPATH``."""
     from harvest.cli.remote import gpus_by_table
     from harvest.hosts.ray_probe import cluster_gpus as probe
 
-    answers = probe(address, timeout=timeout)
+    answers = probe(address, timeout=timeout, runtime_env=runtime_env)
     if as_json:
         click.echo(json.dumps({"schema": "harvest.gpus-cluster/1", "address": address,
                                "nodes": [a.to_dict() for a in answers]}, indent=2))
@@ -51,7 +53,7 @@ def cluster_gpus(address: str, as_json: bool, timeout: float) -> int:
 
 
 def cluster_preflight(cfg: HarvestConfig, address: str, as_json: bool, timeout: float,
-                      output_dir: str | None) -> int:
+                      output_dir: str | None, runtime_env: dict[str, Any] | None = None) -> int:
     """``harvest preflight CONFIG --cluster ADDRESS``: the [server] of CONFIG checked on every node;
     exit 0 when every node answered and passed, else 1."""
     from harvest.campaign.far_records import preflight_report_from_dict
@@ -59,7 +61,7 @@ def cluster_preflight(cfg: HarvestConfig, address: str, as_json: bool, timeout: 
 
     server = cfg.require_server()
     answers = probe(address, server.model_dump(mode="json"), cfg.preflight.model_dump(mode="json"),
-                    config=cfg.source, timeout=timeout, output_dir=output_dir)
+                    config=cfg.source, timeout=timeout, output_dir=output_dir, runtime_env=runtime_env)
     passed = {a.label: bool(a.doc and a.doc.get("passed")) for a in answers}
     ok = all(passed.values()) and not _missing(answers)
     if as_json:

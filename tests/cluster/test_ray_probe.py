@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -109,6 +110,7 @@ def cluster() -> Iterator[dict[str, object]]:
             node.stop()
         for node in nodes:
             assert not node.members(), f"processes of {node.log.stem} outlived its stop"
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def harvest_cli(*args: str, timeout: float = 180.0) -> subprocess.CompletedProcess[str]:

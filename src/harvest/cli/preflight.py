@@ -89,6 +89,9 @@ def preflight(ctx: click.Context, config: Path, wait_s: float | None, as_json: b
     if cluster is not None:
         from harvest.cli.cluster import DEFAULT_TIMEOUT, cluster_preflight
 
+        if wait_s is not None:
+            raise click.UsageError("--wait does not combine with --cluster (each node is checked once)")
+
         ctx.exit(cluster_preflight(cfg, cluster, as_json, timeout or DEFAULT_TIMEOUT,
                                    str(output_dir) if output_dir is not None else None))
     if cfg.far_hosts():

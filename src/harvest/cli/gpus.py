@@ -29,11 +29,23 @@ from harvest.gpu import host_state, open_probe
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="show the [host] / [[hosts]] of this config instead (one table, a host column)")
 @host_options
-def gpus(as_json: bool, watch: float | None, count: int | None, config_path: Path | None,
-         far_host: HostConfig | None) -> None:
+@click.option("--cluster", is_flag=False, flag_value="auto", default=None, metavar="[ADDRESS]",
+              help="show every node of a Ray cluster (one table, a node column); ADDRESS: host:port, "
+                   "ray://host:port or auto (the default)")
+@click.option("--timeout", type=click.FloatRange(min=0.1), default=None, metavar="SECONDS",
+              help="with --cluster: seconds for the connection and for each node's answer (default 30)")
+@click.pass_context
+def gpus(ctx: click.Context, as_json: bool, watch: float | None, count: int | None, config_path: Path | None,
+         far_host: HostConfig | None, cluster: str | None, timeout: float | None) -> None:
     """Show GPUs (memory, utilization, compute processes) and host RAM/swap."""
     from harvest.cli.remote import hosts_of, remote_gpus
 
+    if cluster is not None:
+        if config_path is not None or far_host is not None:
+            raise click.UsageError("--cluster shows a Ray cluster's nodes: not with --config or --host")
+        from harvest.cli.cluster import DEFAULT_TIMEOUT, cluster_gpus
+
+        ctx.exit(cluster_gpus(cluster, as_json, timeout or DEFAULT_TIMEOUT))
     far = hosts_of(config_path, far_host)
     if far:
         remote_gpus(far, as_json)

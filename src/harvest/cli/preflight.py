@@ -75,9 +75,15 @@ def grouped(results: Sequence[RuleResult]) -> list[RuleResult]:
 @click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="folder whose disk must have room (default: [output] dir of the config)")
 @host_options
+@click.option("--cluster", is_flag=False, flag_value="auto", default=None, metavar="[ADDRESS]",
+              help="check on every node of a Ray cluster (one table, a node column); ADDRESS: host:port, "
+                   "ray://host:port or auto (the default); put it after CONFIG")
+@click.option("--timeout", type=click.FloatRange(min=0.1), default=None, metavar="SECONDS",
+              help="with --cluster: seconds for the connection and for each node's answer (default 30)")
 @click.pass_context
 def preflight(ctx: click.Context, config: Path, wait_s: float | None, as_json: bool,
-              output_dir: Path | None, far_host: HostConfig | None) -> None:
+              output_dir: Path | None, far_host: HostConfig | None, cluster: str | None,
+              timeout: float | None) -> None:
     """Check that the [server] of CONFIG can be launched safely on this machine (or its [host]) now."""
     from harvest.cli.remote import load_config_arg, remote_preflight
 
@@ -85,6 +91,17 @@ def preflight(ctx: click.Context, config: Path, wait_s: float | None, as_json: b
     if far_host is not None:  # --host: that host instead of the config's own host tables
         cfg = cfg.model_copy(update={"host": far_host, "hosts": []})
     server = cfg.require_server()
+    if cluster is not None:
+        from harvest.cli.cluster import DEFAULT_TIMEOUT, cluster_preflight
+
+        if far_host is not None:
+            raise click.UsageError("--cluster checks a Ray cluster's nodes: not with --host")
+
+        if wait_s is not None:
+            raise click.UsageError("--wait does not combine with --cluster (each node is checked once)")
+
+        ctx.exit(cluster_preflight(cfg, cluster, as_json, timeout or DEFAULT_TIMEOUT,
+                                   str(output_dir) if output_dir is not None else None))
     if cfg.far_hosts():
         ctx.exit(remote_preflight(cfg, as_json))
     out_dir = output_dir if output_dir is not None else Path(cfg.output.dir)

@@ -141,25 +141,36 @@ def remote_gpus(hosts: list[HostConfig], as_json: bool) -> None:
                                "hosts": [{"host": label, "gpus": doc} for label, doc in docs]}, indent=2))
         return
     console = make_console()
-    table = Table(title="GPUs by host", title_justify="left")
-    for col, justify in (("host", "left"), ("GPU", "right"), ("name", "left"), ("used / total MiB", "right"),
-                         ("free MiB", "right"), ("util", "right"), ("processes", "left")):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
-    for label, doc in docs:
-        if not doc["gpus"]:
-            why = doc.get("unavailable_reason") or f"none found ({doc.get('source')})"
-            table.add_row(Text(label), "-", Text(f"no GPUs: {why}"), "", "", "", "")
-        for g in doc["gpus"]:
-            procs = "\n".join(f"pid {p['pid']} {p.get('name') or '?'} {p.get('used_mib')} MiB"
-                              for p in g["processes"]) or "-"
-            util = f"{g['utilization_pct']}%" if g.get("utilization_pct") is not None else "n/a"
-            table.add_row(Text(label), str(g["index"]), Text(g["name"]), f"{g['used_mib']} / {g['total_mib']}",
-                          str(g["free_mib"]), util, Text(procs))
+    table = gpus_by_table(docs, column="host", title="GPUs by host")
     console.print(table)
     for label, doc in docs:
         h = doc["host"]
         console.print(Text(f"{label}: host RAM {h['ram_available_mib']} MiB available of {h['ram_total_mib']} MiB; "
                            f"swap {h['swap_used_mib']} MiB used of {h['swap_total_mib']} MiB"))
+
+
+def gpus_by_table(docs: list[tuple[str, dict[str, Any] | None]], *, column: str, title: str,
+                  missing: dict[str, str] | None = None) -> Table:
+    """One table of ``harvest gpus --json`` documents, a first column naming where each came from
+    (a host, a Ray node); ``missing`` maps a label without a document to why."""
+    table = Table(title=title, title_justify="left")
+    for col, justify in ((column, "left"), ("GPU", "right"), ("name", "left"), ("used / total MiB", "right"),
+                         ("free MiB", "right"), ("util", "right"), ("processes", "left")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for label, doc in docs:
+        if doc is None:
+            table.add_row(Text(label), "-", Text(f"no answer: {(missing or {}).get(label, '?')}"), "", "", "", "")
+            continue
+        if not doc.get("gpus"):
+            why = doc.get("error") or doc.get("unavailable_reason") or f"none found ({doc.get('source')})"
+            table.add_row(Text(label), "-", Text(f"no GPUs: {why}"), "", "", "", "")
+        for g in doc.get("gpus") or []:
+            procs = "\n".join(f"pid {p['pid']} {p.get('name') or '?'} {p.get('used_mib')} MiB"
+                              for p in g["processes"]) or "-"
+            util = f"{g['utilization_pct']}%" if g.get("utilization_pct") is not None else "n/a"
+            table.add_row(Text(label), str(g["index"]), Text(g["name"]), f"{g['used_mib']} / {g['total_mib']}",
+                          str(g["free_mib"]), util, Text(procs))
+    return table
 
 
 # -- preflight --------------------------------------------------------------------------------------
@@ -306,5 +317,5 @@ def remote_ps(hosts: list[HostConfig], show_all: bool, as_json: bool) -> None:
                       markup=False)
 
 
-__all__ = ["RemoteError", "host_from_flags", "host_options", "hosts_of", "load_config_arg", "remote_gpus", "remote_preflight", "remote_ps",
-           "remote_serve", "remote_stop_by_record", "remote_stop_run"]
+__all__ = ["RemoteError", "gpus_by_table", "host_from_flags", "host_options", "hosts_of", "load_config_arg",
+           "remote_gpus", "remote_preflight", "remote_ps", "remote_serve", "remote_stop_by_record", "remote_stop_run"]

@@ -1,0 +1,256 @@
+"""A simulated LLM engine: an OpenAI-compatible server with a fixed per-token latency and a batch.
+
+It behaves like a continuous-batching engine without a model, so that a benchmark of many servers
+measures harvest (its client, its ledger, the placement) and not this machine's cores:
+
+- at most ``--max-batch`` requests decode at once; the others wait in a FIFO queue and join the
+  batch as soon as a slot frees (between two steps, like vLLM's scheduler);
+- one decode step takes ``--token-latency`` seconds and gives every running request one token;
+  the step is one ``asyncio.sleep`` for the whole batch, on a drift-free clock, so the CPU a step
+  costs does not grow with the batch and a server's rate is ``max_batch / token_latency`` tokens/s;
+- a request generates ``min(max_tokens, --output-tokens)`` tokens (``--output-tokens 0``: always
+  ``max_tokens``); ``finish_reason`` is ``length`` when it stopped at ``max_tokens``, else ``stop``.
+
+Endpoints:
+
+    POST /v1/chat/completions   ``usage`` counts (prompt: whitespace words of the messages)
+    POST /v1/completions        the same for ``prompt``
+    GET  /v1/models             one model (``--model``, default ``sim-model``)
+    GET  /health                200 once listening
+    GET  /metrics               vLLM-style Prometheus text: ``vllm:num_requests_running``,
+                                ``vllm:num_requests_waiting`` (gauges), ``vllm:generation_tokens_total``,
+                                ``vllm:prompt_tokens_total``, ``vllm:request_success_total`` (counters),
+                                ``sim:steps_total``
+
+Run: ``python bench/sim_engine.py --port 0 --token-latency 0.02 --max-batch 16``. It binds first and
+then prints ``listening on HOST:PORT``, so a caller reads the real port instead of guessing a free
+one; SIGTERM or SIGINT end it. It must not import harvest (it stands for an engine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import socket
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+_WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta")
+
+
+@dataclass
+class _Seq:
+    """One request in the engine: how many tokens it wants, how many it has, who waits for it."""
+
+    target: int
+    future: asyncio.Future[int]
+    done: int = 0
+
+
+@dataclass
+class SimEngine:
+    """The scheduler: a running batch of at most ``max_batch``, a FIFO queue, one step per latency."""
+
+    token_latency: float
+    max_batch: int
+    running: list[_Seq] = field(default_factory=list)
+    waiting: deque[_Seq] = field(default_factory=deque)
+    steps: int = 0
+    finished: int = 0
+    generated: int = 0
+    prompt_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        self._wake = asyncio.Event()
+
+    async def generate(self, prompt_tokens: int, tokens: int) -> int:
+        """Queue a request for ``tokens`` tokens; returns once they are generated."""
+        seq = _Seq(max(1, tokens), asyncio.get_running_loop().create_future())
+        self.prompt_tokens += prompt_tokens
+        self.waiting.append(seq)
+        self._wake.set()
+        return await seq.future
+
+    async def loop(self) -> None:
+        """Run steps while there is work; sleep on an event when there is none."""
+        next_step = 0.0
+        while True:
+            if not self.running and not self.waiting:
+                self._wake.clear()
+                await self._wake.wait()
+                next_step = 0.0
+            while self.waiting and len(self.running) < self.max_batch:
+                seq = self.waiting.popleft()
+                if not seq.future.done():  # a request whose client went away is dropped
+                    self.running.append(seq)
+            # Drift-free: a step starts one latency after the previous one was due, so time spent
+            # outside the sleep is not added to every step; a late loop catches up one step at most.
+            now = time.monotonic()
+            next_step = (next_step if next_step > now - self.token_latency else now) + self.token_latency
+            await asyncio.sleep(max(0.0, next_step - time.monotonic()))
+            self.steps += 1
+            still = []
+            for seq in self.running:
+                if seq.future.done():  # cancelled while running: its slot frees now
+                    continue
+                seq.done += 1
+                self.generated += 1
+                if seq.done >= seq.target:
+                    seq.future.set_result(seq.done)
+                    self.finished += 1
+                else:
+                    still.append(seq)
+            self.running = still
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": "invalid_request_error", "code": status}},
+                             status=status)
+
+
+def _text(n: int) -> str:
+    return " ".join(_WORDS[i % len(_WORDS)] for i in range(n))
+
+
+def build_app(engine: SimEngine, *, model: str, output_tokens: int) -> web.Application:
+    """The aiohttp application serving ``engine``."""
+
+    async def _request(request: web.Request, chat: bool) -> web.Response:
+        try:
+            body = json.loads(await request.read())
+        except ValueError:
+            return _error(400, "the body is not JSON")
+        if not isinstance(body, dict):
+            return _error(400, "the body is not a JSON object")
+        max_tokens = body.get("max_tokens", body.get("max_completion_tokens", 16))
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            return _error(400, f"max_tokens must be an integer >= 1 (got {max_tokens!r})")
+        if chat:
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                return _error(400, "messages must be a non-empty list")
+            words = sum(len(str(m.get("content", "")).split()) for m in messages if isinstance(m, dict))
+        else:
+            prompt = body.get("prompt")
+            if not isinstance(prompt, str):
+                return _error(400, "prompt must be a string")
+            words = len(prompt.split())
+        prompt_tokens = max(1, words)
+        want = max_tokens if output_tokens <= 0 else min(max_tokens, output_tokens)
+        n = await engine.generate(prompt_tokens, want)
+        finish = "length" if n >= max_tokens else "stop"
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+        if chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": _text(n)},
+                      "finish_reason": finish, "logprobs": None}
+            doc = {"id": f"chatcmpl-sim-{engine.finished}", "object": "chat.completion", "created": int(time.time()),
+                   "model": model, "choices": [choice], "usage": usage}
+        else:
+            choice = {"index": 0, "text": " " + _text(n), "finish_reason": finish, "logprobs": None}
+            doc = {"id": f"cmpl-sim-{engine.finished}", "object": "text_completion", "created": int(time.time()),
+                   "model": model, "choices": [choice], "usage": usage}
+        return web.Response(body=json.dumps(doc).encode(), content_type="application/json")
+
+    async def chat(request: web.Request) -> web.Response:
+        return await _request(request, chat=True)
+
+    async def completions(request: web.Request) -> web.Response:
+        return await _request(request, chat=False)
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": model, "object": "model", "owned_by": "sim"}]})
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def metrics(request: web.Request) -> web.Response:
+        label = f'{{model_name="{model}"}}'
+        running = sum(1 for s in engine.running if not s.future.done())
+        waiting = sum(1 for s in engine.waiting if not s.future.done())
+        text = (
+            "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+            "# TYPE vllm:num_requests_running gauge\n"
+            f"vllm:num_requests_running{label} {float(running)}\n"
+            "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
+            "# TYPE vllm:num_requests_waiting gauge\n"
+            f"vllm:num_requests_waiting{label} {float(waiting)}\n"
+            "# TYPE vllm:generation_tokens_total counter\n"
+            f"vllm:generation_tokens_total{label} {float(engine.generated)}\n"
+            "# TYPE vllm:prompt_tokens_total counter\n"
+            f"vllm:prompt_tokens_total{label} {float(engine.prompt_tokens)}\n"
+            "# TYPE vllm:request_success_total counter\n"
+            f"vllm:request_success_total{label} {float(engine.finished)}\n"
+            "# TYPE sim:steps_total counter\n"
+            f"sim:steps_total {float(engine.steps)}\n"
+        )
+        return web.Response(text=text, content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Sample name (labels dropped) -> value, summed over label sets: enough to read this server's
+    own ``/metrics`` back in benchmarks and tests."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        name = name.split("{", 1)[0]
+        out[name] = out.get(name, 0.0) + float(value)
+    return out
+
+
+async def serve(args: argparse.Namespace) -> None:
+    engine = SimEngine(args.token_latency, args.max_batch)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((args.host, args.port))
+    runner = web.AppRunner(build_app(engine, model=args.model, output_tokens=args.output_tokens), access_log=None)
+    await runner.setup()
+    site = web.SockSite(runner, sock, backlog=1024)
+    await site.start()
+    scheduler = asyncio.create_task(engine.loop())
+    host, port = sock.getsockname()[:2]
+    print(f"listening on {host}:{port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        scheduler.cancel()
+        await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 = let the OS choose; the port is printed")
+    parser.add_argument("--token-latency", type=float, default=0.02, help="seconds per decode step (whole batch)")
+    parser.add_argument("--max-batch", type=int, default=16, help="requests decoded at once; the rest wait")
+    parser.add_argument("--output-tokens", type=int, default=0,
+                        help="tokens a request generates when max_tokens allows more (0: always max_tokens)")
+    parser.add_argument("--model", default="sim-model", help="the served model name")
+    args = parser.parse_args(argv)
+    if args.token_latency <= 0 or args.max_batch < 1:
+        parser.error("--token-latency must be > 0 and --max-batch >= 1")
+    asyncio.run(serve(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

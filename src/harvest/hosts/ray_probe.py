@@ -1,0 +1,245 @@
+"""``harvest gpus --cluster`` and ``harvest preflight --cluster``: harvest's own probes on every Ray node.
+
+The near side (where the command runs) connects to an existing Ray cluster as a driver, lists the
+alive nodes, and runs one small task pinned to each node (``NodeAffinitySchedulingStrategy``,
+``soft=False``: the task runs on that node or not at all; ``num_cpus=0``: busy nodes still answer).
+The task runs harvest's own GPU probe (or its preflight rules) there and returns the very JSON
+document ``harvest gpus --json`` (``harvest preflight --json``) prints, which the near side renders
+in one table with a node column. The far node needs harvest importable by its Ray workers (installed
+there, or ``PYTHONPATH`` in the node's environment or the job's ``runtime_env``).
+
+Steps and what each may spend (``timeout`` seconds each):
+
+    1. connect   a TCP connection to the address first (a closed port fails at once), then
+                 ``ray.init`` on a watchdog thread: a cluster that does not answer is an error
+                 naming the address and the time waited, never an endless retry
+    2. nodes     the alive nodes from the cluster's own table (``ray.nodes()``)
+    3. probe     every node's task at once; ``ray.wait`` up to ``timeout``: a node that has not
+                 answered by then is named (node id, IP) with the time waited, its task cancelled
+    4. detach    ``ray.shutdown()``, which for a driver connected to an existing cluster only
+                 disconnects
+
+Promises: nothing here starts or stops a Ray node or signals a process; the far task only measures
+(the same probes as the local commands). Every verdict comes from a node's answer; a node that did
+not answer is shown as such, never as "no GPU".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from harvest.errors import RemoteError
+
+#: What a missing Ray says, one line (the CLI exits 2 with it).
+INSTALL_HINT = "Ray is not installed: pip install 'harvest[ray]'"
+
+
+class RayMissing(RemoteError):
+    """The ``ray`` package cannot be imported on the near side (a configuration problem: exit 2)."""
+
+    def __init__(self) -> None:
+        super().__init__("ray", "import", 0.0, INSTALL_HINT, exit_code=2)
+        self.args = (INSTALL_HINT,)
+
+    def __str__(self) -> str:
+        return INSTALL_HINT
+
+
+@dataclass(frozen=True)
+class NodeAnswer:
+    """One node's answer: the far JSON document, or why there is none."""
+
+    node_id: str
+    ip: str
+    resources: dict[str, float]
+    doc: dict[str, Any] | None
+    error: str | None
+    waited_s: float
+
+    @property
+    def label(self) -> str:
+        """``node 1a2b3c4d (10.0.0.5)``: the node id short, and its IP."""
+        return f"{self.node_id[:8]} ({self.ip})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node_id": self.node_id, "ip": self.ip, "resources": dict(self.resources), "answer": self.doc,
+                "error": self.error, "waited_s": round(self.waited_s, 3)}
+
+
+def import_ray() -> Any:
+    """The ``ray`` module, or :class:`RayMissing`."""
+    try:
+        import ray
+    except ImportError:
+        raise RayMissing() from None
+    return ray
+
+
+# -- far side: what the pinned task runs ----------------------------------------------------------
+
+
+def far_gpus() -> dict[str, Any]:
+    """On the node: the ``harvest gpus --json`` document (a failed probe is a document too)."""
+    from harvest.cli.render import gpus_payload
+    from harvest.errors import ProbeError
+    from harvest.gpu import host_state, open_probe
+
+    probe = open_probe()
+    try:
+        return gpus_payload(probe.snapshot(), host_state())
+    except ProbeError as exc:
+        return {"schema": "harvest.gpus/1", "error": str(exc)}
+    finally:
+        probe.close()
+
+
+def far_preflight(server: dict[str, Any], preflight: dict[str, Any], output_dir: str | None,
+                  config: str) -> dict[str, Any]:
+    """On the node: the ``harvest preflight --json`` document of ``server`` (a [server] table as
+    JSON) with ``preflight``'s margins; the disk rule looks at ``output_dir`` (default: the node's
+    temporary folder, where a run's server logs go)."""
+    import tempfile
+
+    from harvest.cli.render import preflight_payload
+    from harvest.config import PreflightConfig, ServerConfig
+    from harvest.gpu import NoGpuProbe, open_probe, run_preflight
+
+    cfg = ServerConfig.model_validate(server)
+    rules = PreflightConfig.model_validate(preflight)
+    probe = open_probe() if (cfg.launched and cfg.gpus) else NoGpuProbe("no GPUs requested")
+    try:
+        report = run_preflight(cfg, rules, probe=probe, output_dir=output_dir or tempfile.gettempdir())
+    finally:
+        probe.close()
+    return preflight_payload(report, config=config, engine=cfg.engine)
+
+
+# -- near side --------------------------------------------------------------------------------------
+
+
+def _tcp_check(address: str, timeout: float) -> None:
+    """A TCP connection to ``host:port`` (or ``ray://host:port``): a closed or unreachable address
+    fails here at once instead of inside Ray's own retries."""
+    target = address.removeprefix("ray://")
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit():
+        return  # "auto" and friends: Ray resolves them itself
+    t0 = time.monotonic()
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except OSError as exc:
+        raise RemoteError(f"ray {address}", "connect", time.monotonic() - t0,
+                          f"no Ray cluster answers there ({exc.strerror or exc})") from None
+
+
+def connect(address: str, *, timeout: float, runtime_env: dict[str, Any] | None = None) -> Any:
+    """Join the cluster at ``address`` as a driver, bounded by ``timeout``; returns the ``ray`` module."""
+    import logging
+
+    ray = import_ray()
+    _tcp_check(address, timeout)
+    # ray.init runs on a watchdog thread, where it cannot (and need not) install its SIGTERM handler.
+    logging.getLogger("ray._private.worker").addFilter(
+        lambda record: "SIGTERM handler is not set" not in record.getMessage())
+    outcome: dict[str, Any] = {}
+
+    def init() -> None:
+        try:
+            ray.init(address=address, log_to_driver=False, configure_logging=False,
+                     runtime_env=runtime_env or None, namespace="harvest-probe")
+            outcome["ok"] = True
+        except Exception as exc:  # noqa: BLE001 - any failure to join is reported as one line below
+            outcome["error"] = exc
+
+    t0 = time.monotonic()
+    thread = threading.Thread(target=init, name="ray-connect", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    waited = time.monotonic() - t0
+    if thread.is_alive():
+        raise RemoteError(f"ray {address}", "connect", waited, "the cluster did not accept this driver in time")
+    if "error" in outcome:
+        first = str(outcome["error"]).strip().splitlines()[0] if str(outcome["error"]).strip() else ""
+        raise RemoteError(f"ray {address}", "connect", waited, f"{type(outcome['error']).__name__}: {first}")
+    return ray
+
+
+def alive_nodes(ray: Any) -> list[dict[str, Any]]:
+    """The cluster's alive nodes, head first, then by IP and id."""
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    return sorted(nodes, key=lambda n: (not n.get("Resources", {}).get("node:__internal_head__"),
+                                        n.get("NodeManagerAddress", ""), n["NodeID"]))
+
+
+def probe_nodes(ray: Any, func: Any, args: tuple[Any, ...], *, timeout: float) -> list[NodeAnswer]:
+    """``func(*args)`` on every alive node at once, each pinned to its node; one answer per node."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    remote = ray.remote(num_cpus=0, max_retries=0)(func)
+    nodes = alive_nodes(ray)
+    t0 = time.monotonic()
+    refs = [remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
+                           name=f"harvest-probe-{n['NodeID'][:8]}").remote(*args) for n in nodes]
+    done: dict[Any, float] = {}
+    pending = list(refs)
+    while pending:
+        left = timeout - (time.monotonic() - t0)
+        if left <= 0:
+            break
+        ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+        for ref in ready:
+            done[ref] = time.monotonic() - t0
+    answers = []
+    for node, ref in zip(nodes, refs):
+        resources = {k: float(v) for k, v in (node.get("Resources") or {}).items()
+                     if not k.startswith("node:")}
+        base = {"node_id": node["NodeID"], "ip": node.get("NodeManagerAddress", "?"), "resources": resources}
+        if ref not in done:
+            with contextlib.suppress(Exception):  # the node is reported as silent either way
+                ray.cancel(ref)
+            answers.append(NodeAnswer(**base, doc=None, waited_s=time.monotonic() - t0,
+                                      error=f"no answer within {timeout:g} s"))
+            continue
+        try:
+            answers.append(NodeAnswer(**base, doc=ray.get(ref, timeout=timeout), error=None, waited_s=done[ref]))
+        except Exception as exc:  # noqa: BLE001 - a far failure is that node's answer, one line
+            answers.append(NodeAnswer(**base, doc=None, waited_s=done[ref], error=_first_line(exc)))
+    return answers
+
+
+def _first_line(exc: BaseException) -> str:
+    """The far error in one line: Ray wraps it (RayTaskError) with the remote traceback."""
+    cause = getattr(exc, "cause", None) or exc
+    text = str(cause).strip().splitlines()
+    last = [line for line in text if line.strip()][-1:] if text else []
+    return f"{type(cause).__name__}: {last[0].strip() if last else ''}".rstrip(": ")
+
+
+def cluster_gpus(address: str, *, timeout: float, runtime_env: dict[str, Any] | None = None) -> list[NodeAnswer]:
+    """Every alive node's ``harvest gpus --json`` document."""
+    ray = connect(address, timeout=timeout, runtime_env=runtime_env)
+    try:
+        return probe_nodes(ray, far_gpus, (), timeout=timeout)
+    finally:
+        ray.shutdown()
+
+
+def cluster_preflight(address: str, server: dict[str, Any], preflight: dict[str, Any], *, config: str,
+                      timeout: float, output_dir: str | None = None,
+                      runtime_env: dict[str, Any] | None = None) -> list[NodeAnswer]:
+    """Every alive node's ``harvest preflight --json`` document for ``server``."""
+    ray = connect(address, timeout=timeout, runtime_env=runtime_env)
+    try:
+        return probe_nodes(ray, far_preflight, (server, preflight, output_dir, config), timeout=timeout)
+    finally:
+        ray.shutdown()
+
+
+__all__ = ["INSTALL_HINT", "NodeAnswer", "RayMissing", "alive_nodes", "cluster_gpus", "cluster_preflight",
+           "connect", "far_gpus", "far_preflight", "import_ray", "probe_nodes"]

@@ -408,6 +408,10 @@ class _Campaign:
                                        gen.completion_tokens))
             progress.record(gen.status.value, gen.prompt_tokens, gen.completion_tokens, time.monotonic() - t0)
 
+        # Finished requests arrive here from their done callbacks: a loop turn costs O(answers), where
+        # asyncio.wait(tasks) cost O(requests in flight) per answer (P6: x1.47 driver CPU per request
+        # with 8 engines and 512 in flight, x0.97 with this queue).
+        finished: asyncio.Queue[asyncio.Task[Any]] = asyncio.Queue()
         while True:
             target = client.capacity() * CLAIM_FACTOR  # moves with concurrency = "auto"
             if not self.stop_requested.is_set() and not server_down and not exhausted and len(tasks) < target:
@@ -417,17 +421,21 @@ class _Campaign:
                 if not rows and not ingesting:
                     exhausted = True
                 for row in rows:
-                    tasks[asyncio.create_task(one(row.id, row.item))] = row.id
+                    task = asyncio.create_task(one(row.id, row.item))
+                    task.add_done_callback(finished.put_nowait)
+                    tasks[task] = row.id
             if not tasks:
                 if not exhausted and not server_down and not self.stop_requested.is_set() and self._ingesting():
                     await self._wait_ingested(0.5)  # everything ingested so far is done: wait for more
                     continue
                 break
             progress.in_flight = len(tasks)
-            done, _ = await asyncio.wait(list(tasks), timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
+            done = await self._finished(finished, 0.5)
             sick: list[str] = []
             for task in done:
-                row_id = tasks.pop(task)
+                row_id = tasks.pop(task, None)
+                if row_id is None:
+                    continue  # cancelled and released above (a relaunch, an interrupt): already handled
                 exc = task.exception()
                 if isinstance(exc, ServerSick):
                     sick.append(row_id)
@@ -482,6 +490,17 @@ class _Campaign:
             self.outcome = "interrupted"
         self._commit_failures(writer, progress, self.breaker.finish())
         progress.in_flight = 0
+
+    @staticmethod
+    async def _finished(queue: asyncio.Queue[asyncio.Task[Any]], timeout: float) -> list[asyncio.Task[Any]]:
+        """The requests that finished since the last call; waits up to ``timeout`` for the first."""
+        done: list[asyncio.Task[Any]] = []
+        if queue.empty():
+            with contextlib.suppress(asyncio.TimeoutError):
+                done.append(await asyncio.wait_for(queue.get(), timeout))
+        while not queue.empty():
+            done.append(queue.get_nowait())
+        return done
 
     @staticmethod
     def _commit_failures(writer: LedgerWriter, progress: Progress, failures: list[Failure]) -> None:

@@ -542,7 +542,8 @@ class RayServerGroup:
         with contextlib.suppress(Exception):
             await asyncio.gather(*(asyncio.to_thread(self._stop_member, m, None) for m in live))
         reports = [m.report for m in [*self.retired, *live] if m.report is not None]
-        self._save()
+        if self.members or self.retired:  # nothing placed (refused before placement): no record
+            self._save()
         self.conn.close()
         return reports
 

@@ -238,6 +238,7 @@ class RayServerGroup:
         self._client: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._watch: asyncio.Task[None] | None = None
+        self._replacing: set[asyncio.Task[None]] = set()
         self._cancelled = False
         self._stopping = False
         self._gave_up = False
@@ -346,14 +347,19 @@ class RayServerGroup:
             try:
                 state = self.conn.get(actor.poll.remote(), POLL_TIMEOUT_S)
             except Exception as exc:  # noqa: BLE001 - any Ray error: that actor cannot be used
-                log.warning("server %s of an earlier session does not answer (%s); it is replaced", doc["name"], exc)
-                self._forget(_Member(int(doc["slot"]), doc["name"], actor=actor))
+                log.warning("server %s of an earlier session does not answer (%s); it is replaced", doc["name"],
+                            _short(exc))
+                gone = _Member(int(doc["slot"]), doc["name"], actor=actor, info=doc.get("info"), state="lost")
+                gone.pg = self._pg_named(doc["name"])
+                self._stop_member(gone, "it did not answer when this session began")
+                self.retired.append(gone)
                 continue
             m = _Member(int(doc["slot"]), doc["name"], actor=actor, info=state["info"], adopted=True)
             m.pg = self._pg_named(doc["name"])
             if state["returncode"] is not None or state["info"] is None or state["stopped"]:
                 log.warning("server %s of an earlier session has exited; it is stopped and replaced", doc["name"])
                 self._stop_member(m, None)
+                self.retired.append(m)
                 continue
             m.state = "ready"
             log.warning("found server %s of an earlier session serving at %s on %s", m.name, m.info["url"], m.label)
@@ -433,62 +439,81 @@ class RayServerGroup:
     # --- watch ------------------------------------------------------------------------------------
 
     async def _watch_loop(self) -> None:
+        """Poll every server together each POLL_S; a lost one is replaced beside the others."""
         while not self._stopping:
             await asyncio.sleep(POLL_S)
-            for m in list(self.members):
-                if self._stopping or m.state != "ready":
-                    continue
-                lost = await asyncio.to_thread(self._check, m)
-                if lost is not None and not self._stopping:
-                    await self._replace(m, lost)
+            watched = [m for m in self.members if m.state == "ready"]
+            if not watched or self._stopping:
+                continue
+            verdicts = await asyncio.to_thread(self._check, watched)
+            for m, why in zip(watched, verdicts):
+                if why is not None and not self._stopping and m.state == "ready":
+                    m.state = "lost"
+                    task = asyncio.create_task(self._replace(m, why))
+                    self._replacing.add(task)
+                    task.add_done_callback(self._replacing.discard)
 
-    def _check(self, m: _Member) -> str | None:
-        """None while ``m`` serves, else why it is lost."""
-        try:
-            state = self.conn.get(m.actor.poll.remote(), POLL_TIMEOUT_S)
-        except self.conn.ray.exceptions.GetTimeoutError:
-            m.misses += 1
-            return f"no answer to {m.misses} polls of {POLL_TIMEOUT_S:g} s" if m.misses >= POLL_MISSES else None
-        except Exception as exc:  # noqa: BLE001 - the actor died, or its node was lost
-            return f"its actor is gone: {_short(exc)}"
-        m.misses = 0
-        if state["returncode"] is not None:
-            return f"its engine exited (code {state['returncode']})"
-        return None
+    def _check(self, members: list[_Member]) -> list[str | None]:
+        """For each member: None while it serves, else why it is lost (one poll each, all at once,
+        bounded by POLL_TIMEOUT_S together)."""
+        ray = self.conn.ray
+        refs = [m.actor.poll.remote() for m in members]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=POLL_TIMEOUT_S)
+        answered = set(ready)
+        out: list[str | None] = []
+        for m, ref in zip(members, refs):
+            if ref not in answered:
+                m.misses += 1
+                out.append(f"no answer to {m.misses} polls of {POLL_TIMEOUT_S:g} s" if m.misses >= POLL_MISSES
+                           else None)
+                continue
+            try:
+                state = ray.get(ref, timeout=1.0)
+            except Exception as exc:  # noqa: BLE001 - the actor died, or its node was lost
+                out.append(f"its actor is gone: {_short(exc)}")
+                continue
+            m.misses = 0
+            code = state["returncode"]
+            out.append(f"its engine exited (code {code})" if code is not None else None)
+        return out
 
     async def _replace(self, m: _Member, why: str) -> None:
+        """Stop (or write off) the lost server, then place and launch its replacement where Ray has
+        room; the client's endpoint follows it once it is ready."""
         log.warning("server %s on %s lost: %s", m.name, m.label, why)
         old_url = m.info["url"] if m.info else None
-        m.state = "lost"
         await asyncio.to_thread(self._stop_member, m, why)
         self.members.remove(m)
         self.retired.append(m)
         self._save()
+        if self._stopping:
+            return
         if self.budget["relaunches"] >= self.config.run.max_relaunches:
             log.error("no replacement for %s: run.max_relaunches (%d) used up", m.name, self.config.run.max_relaunches)
             self._give_up_if_empty()
             return
         self.budget["relaunches"] += 1
-        new = await asyncio.to_thread(self._place_and_launch)
-        if new is None or self._stopping:
+        new = await asyncio.to_thread(self._place, None)  # wherever Ray has room
+        self.members.append(new)  # from now on a stop finds it, also mid-launch
+        self._save()
+        await asyncio.to_thread(self._launch, new)
+        if new.state != "ready":
+            if new in self.members:
+                self.members.remove(new)
+                self.retired.append(new)
+            self._save()
             self._give_up_if_empty()
             return
-        self.members.append(new)
         self._save()
         log.warning("replacement %d of %d: server %s at %s on %s", self.budget["relaunches"],
                     self.config.run.max_relaunches, new.name, new.info["url"] if new.info else "?", new.label)
-        if self._client is not None and old_url is not None and new.info is not None:
+        if self._client is not None and old_url is not None and new.info is not None and not self._stopping:
             self._client.replace_endpoint(old_url, new.info["url"])
             urls = self.shared.get("urls", [])
             self.shared["urls"] = [new.info["url"] if u == old_url else u for u in urls]
 
-    def _place_and_launch(self) -> _Member | None:
-        m = self._place(None)  # wherever Ray has room
-        self._launch(m)
-        return m if m.state == "ready" else None
-
     def _give_up_if_empty(self) -> None:
-        if not self.members:
+        if not any(m.state in ("ready", "new") for m in self.members):
             self._gave_up = True
 
     # --- stop -------------------------------------------------------------------------------------
@@ -541,6 +566,8 @@ class RayServerGroup:
         live = [m for m in self.members if m.state in ("ready", "new")]
         with contextlib.suppress(Exception):
             await asyncio.gather(*(asyncio.to_thread(self._stop_member, m, None) for m in live))
+        if self._replacing:  # a replacement mid-launch was stopped above: let its task see that and end
+            await asyncio.wait(list(self._replacing), timeout=self.server_config.stop_deadline + STOP_SLACK_S)
         reports = [m.report for m in [*self.retired, *live] if m.report is not None]
         if self.members or self.retired:  # nothing placed (refused before placement): no record
             self._save()

@@ -166,6 +166,13 @@ class _Member:
                 "verdict": self.report.verdict if self.report else None}
 
 
+class _Quiet(logging.Filter):
+    """Drops Ray's note that it left SIGTERM alone (harvest connects from a thread on purpose)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "SIGTERM handler is not set" not in record.getMessage()
+
+
 class _Ray:
     """One connection to the cluster and this run's names in it (each call bounded)."""
 
@@ -176,9 +183,14 @@ class _Ray:
         self.owned = False
 
     def connect(self) -> None:
+        """``ray.init`` from a worker thread (as the group calls it): Ray then leaves the process's
+        SIGTERM handler alone, so a SIGTERM still reaches harvest's own graceful stop."""
         ray = self.ray
         if ray.is_initialized():
             return
+        quiet = _Quiet()
+        worker_log = logging.getLogger("ray._private.worker")
+        worker_log.addFilter(quiet)
         try:
             ray.init(address=self.cluster.address, namespace=self.cluster.namespace,
                      runtime_env=self.cluster.runtime_env or None, log_to_driver=False,
@@ -186,6 +198,8 @@ class _Ray:
         except Exception as exc:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ValueError...
             raise ClusterError(self.source, f"{self.source} [cluster] address",
                                f"cannot connect to Ray at {self.cluster.address!r}: {exc}".splitlines()[0]) from None
+        finally:
+            worker_log.removeFilter(quiet)
         self.owned = True
 
     def close(self) -> None:

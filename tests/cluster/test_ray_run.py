@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -188,7 +187,7 @@ def test_driver_sigkill_then_resume(tmp_path, ray_cluster, llama_server_bin, tin
 def test_worker_node_lost_mid_run(tmp_path, ray_cluster, llama_server_bin, tiny_gguf, what):
     """``node``: node_a's raylet and its engine killed together (a machine gone); ``raylet``: only the
     raylet, so Ray loses the node and the actor while the engine lives on, unsupervised (a partition)."""
-    n = 200
+    n = 300  # long enough for Ray to declare the node dead and for the replacement to serve
     job, run_dir = write_job(tmp_path, ray_cluster, llama_server_bin, tiny_gguf, n)
     proc = subprocess.Popen(harvest_argv("run", str(job), "--no-live"), env=ray_cluster.env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -221,7 +220,7 @@ def test_worker_node_lost_mid_run(tmp_path, ray_cluster, llama_server_bin, tiny_
         assert lost[0]["verdict"] == "dirty"
         assert "lost" in output and "could not run there" in output
     replacements = [m for m in after["members"] if m["name"] not in {x["name"] for x in rec["members"]}]
-    assert replacements, output[-3000:]
+    assert replacements and replacements[0]["state"] == "stopped", (replacements, output[-3000:])
     assert replacements[0]["info"]["node_id"] == ray_cluster.node_id("node_b")  # placed on the survivor
     assert engine_requests(replacements[0]["info"]) > 0, output[-3000:]  # and it got traffic
     for m in after["members"]:

@@ -49,7 +49,6 @@ import hashlib
 import json
 import logging
 import os
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,13 +123,17 @@ def _node_label(node_ip: str | None, node_id: str | None) -> str:
     return f"node {node_ip or '?'} ({(node_id or '?')[:8]})"
 
 
+def _plain(resources: dict[str, float]) -> str:
+    """Resources without Ray's per-node and per-placement-group entries, as JSON."""
+    return json.dumps({k: v for k, v in resources.items() if not k.startswith("node:") and "_group_" not in k
+                       and k not in ("memory", "object_store_memory")}, sort_keys=True)
+
+
 def describe_nodes(nodes: list[dict[str, Any]]) -> str:
     """What each alive node has, for error messages."""
     shown = []
     for n in nodes:
-        res = {k: v for k, v in n["Resources"].items()
-               if not k.startswith("node:") and k not in ("memory", "object_store_memory") and "_group_" not in k}
-        shown.append(f"{_node_label(n['NodeManagerAddress'], n['NodeID'])} {json.dumps(res, sort_keys=True)}")
+        shown.append(f"{_node_label(n['NodeManagerAddress'], n['NodeID'])} {_plain(n['Resources'])}")
     return "; ".join(shown) or "no alive node"
 
 
@@ -163,7 +166,8 @@ class _Member:
 
     def record(self) -> dict[str, Any]:
         return {"slot": self.slot, "name": self.name, "state": self.state, "info": self.info,
-                "verdict": self.report.verdict if self.report else None}
+                "verdict": self.report.verdict if self.report else None,
+                "error": self.history[-1].get("error") if self.history else None}
 
 
 class _Quiet(logging.Filter):
@@ -250,13 +254,11 @@ class RayServerGroup:
         self.kv_capacity_tokens: int | None = None
         self.left_out: list[tuple[str, str]] = []
         self._client: Any = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._watch: asyncio.Task[None] | None = None
         self._replacing: set[asyncio.Task[None]] = set()
         self._cancelled = False
         self._stopping = False
         self._gave_up = False
-        self._lock = threading.Lock()
 
     # --- what the runner reads ------------------------------------------------------------------
 
@@ -283,7 +285,6 @@ class RayServerGroup:
     # --- start ------------------------------------------------------------------------------------
 
     async def start(self) -> RayServerGroup:
-        self._loop = asyncio.get_running_loop()
         try:
             await asyncio.to_thread(self._plan)
             await asyncio.gather(*(asyncio.to_thread(self._launch, m) for m in self.members if m.state == "new"))
@@ -297,6 +298,7 @@ class RayServerGroup:
         for m in self.members:
             if m.state == "failed":
                 self.left_out.append((m.name, m.history[-1].get("error", "?") if m.history else "?"))
+                self.retired.append(m)
         self.members = [m for m in self.members if m.state == "ready"]
         self._save()
         if not self.members:
@@ -436,7 +438,12 @@ class RayServerGroup:
         """Wait for the placement, then the actor's launch on its node (bounded); records the outcome."""
         cfg = self.server_config
         try:
-            self.conn.get(m.pg.ready(), self.cluster.connect_timeout)
+            try:
+                self.conn.get(m.pg.ready(), self.cluster.connect_timeout)
+            except self.conn.ray.exceptions.GetTimeoutError:
+                raise LaunchError(f"Ray placed no bundle {json.dumps(self.cluster.bundle(), sort_keys=True)} within "
+                                  f"{self.cluster.connect_timeout:g} s; available now: "
+                                  f"{_plain(self.conn.ray.available_resources())}", reason="spawn_failed") from None
             m.info = self.conn.get(m.actor.launch.remote(cfg.api_key().get_secret_value() if cfg.api_key() else None),
                                    cfg.ready_timeout + LAUNCH_SLACK_S)
         except Exception as exc:  # noqa: BLE001 - Ray wraps the actor's error; its text names the cause
@@ -585,7 +592,7 @@ class RayServerGroup:
         reports = [m.report for m in [*self.retired, *live] if m.report is not None]
         if self.members or self.retired:  # nothing placed (refused before placement): no record
             self._save()
-        self.conn.close()
+        await asyncio.to_thread(self.conn.close)
         return reports
 
     def _save(self) -> None:

@@ -27,13 +27,13 @@ pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 
 def write_job(tmp_path: Path, cluster, llama_server_bin: str, tiny_gguf: Path, n: int, *, servers: str = "2",
-              resources: str = "{ engine = 1 }", max_relaunches: int = 3) -> tuple[Path, Path]:
+              resources: str = "{ engine = 1 }", max_relaunches: int = 3, slots: int = 4) -> tuple[Path, Path]:
     data = write_data(tmp_path / "in.jsonl", n)
     run_dir = tmp_path / "run"
     job = tmp_path / "job.toml"
     job.write_text(
         f'[server]\nengine = "llamacpp"\nmodel = "{tiny_gguf}"\ncommand = ["{llama_server_bin}"]\n'
-        f'port = {engines.free_port()}\nmax_running_requests = 4\nextra_args = ["-c", "4096"]\n'
+        f'port = {engines.free_port()}\nmax_running_requests = {slots}\nextra_args = ["-c", "4096"]\n'
         f'ready_timeout = 90\nstop_grace = 3\nstop_deadline = 20\n'
         f'[preflight]\nmin_disk_free_gib = 0.1\nram_reserve_gib = 0\n'
         f'[cluster]\nbackend = "ray"\naddress = "{cluster.address}"\nservers = {servers}\n'
@@ -187,8 +187,10 @@ def test_driver_sigkill_then_resume(tmp_path, ray_cluster, llama_server_bin, tin
 def test_worker_node_lost_mid_run(tmp_path, ray_cluster, llama_server_bin, tiny_gguf, what):
     """``node``: node_a's raylet and its engine killed together (a machine gone); ``raylet``: only the
     raylet, so Ray loses the node and the actor while the engine lives on, unsupervised (a partition)."""
-    n = 300  # long enough for Ray to declare the node dead and for the replacement to serve
-    job, run_dir = write_job(tmp_path, ray_cluster, llama_server_bin, tiny_gguf, n)
+    # One request at a time per server: the run lasts long enough for Ray to declare the node dead and
+    # for the replacement to start and serve, however fast this machine is today.
+    n = 200
+    job, run_dir = write_job(tmp_path, ray_cluster, llama_server_bin, tiny_gguf, n, slots=1)
     proc = subprocess.Popen(harvest_argv("run", str(job), "--no-live"), env=ray_cluster.env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     engine: psutil.Process | None = None
@@ -226,3 +228,33 @@ def test_worker_node_lost_mid_run(tmp_path, ray_cluster, llama_server_bin, tiny_
     for m in after["members"]:
         if m["state"] == "stopped":
             assert m["verdict"] == "clean" and engine_process(m["info"]) is None
+
+
+def test_vllm_cpu_server_on_the_cluster(tmp_path, ray_cluster, vllm_python, tiny_model):
+    """One vLLM CPU server placed as a Ray actor on a worker node: launched, served and stopped there."""
+    n = 12
+    data = write_data(tmp_path / "in.jsonl", n)
+    run_dir = tmp_path / "run"
+    env = "\n".join(f'{k} = "{v}"' for k, v in engines.VLLM_ENV.items())
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'[server]\nengine = "vllm"\nmodel = "{tiny_model}"\npython = "{vllm_python}"\nserved_model_name = "tiny"\n'
+        f'port = {engines.free_port()}\nextra_args = ["--max-model-len", "2048"]\n'
+        f'ready_timeout = 600\nstop_grace = 20\nstop_deadline = 90\n'
+        f'[server.env]\n{env}\n'
+        f'[preflight]\nmin_disk_free_gib = 0.05\nram_reserve_gib = 0\n'
+        f'[cluster]\nbackend = "ray"\naddress = "{ray_cluster.address}"\nservers = 1\n'
+        f'gpus_per_server = 0\nresources = {{ engine = 1 }}\n'
+        f'[data]\npath = "{data}"\nid_field = "id"\n'
+        f'[sampling]\nmax_tokens = 8\n'
+        f'[client]\nconcurrency = 4\n'
+        f'[output]\ndir = "{run_dir}"\n')
+    out = run(harvest_argv("run", str(job), "--no-live"), ray_cluster.env, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert final_check(run_dir, n) == []
+    (member,) = ray_record(run_dir)["members"]
+    assert member["info"]["node_id"] in {ray_cluster.node_id("node_a"), ray_cluster.node_id("node_b")}
+    assert member["state"] == "stopped" and member["verdict"] == "clean"
+    assert engine_process(member["info"]) is None
+    log = (Path(member["info"]["run_dir"]) / "server.log").read_text(errors="replace")
+    assert "/v1/chat/completions" in log  # vLLM's access log on its node: it served the run

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import threading
+from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +107,8 @@ class ServerActor:
             self.info = {**here, "url": cfg.url, "port": port, "pid": server.pid, "run_dir": str(server.run_dir),
                          "ready_s": server.ready.seconds if server.ready is not None else None,
                          "kv_capacity_tokens": server.kv_capacity_tokens, "name": self.name}
-            return self.info
+            report = server.preflight_report
+            return {**self.info, "preflight": asdict(report) if is_dataclass(report) else None}
         raise LaunchError(f"{self.name}: no free port from {port0} ({PORT_TRIES} tried): {last}",
                           reason="port_in_use")
 

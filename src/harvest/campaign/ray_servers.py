@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from harvest import __version__
-from harvest.campaign.far_records import stop_report_from_dict
+from harvest.campaign.far_records import preflight_report_from_dict, stop_report_from_dict
 from harvest.campaign.servers import RemoteReady
 from harvest.config import ClusterConfig, HarvestConfig, PreflightConfig, ServerConfig, is_loopback
 from harvest.errors import ConfigError, LaunchError, RemoteError
@@ -455,6 +455,10 @@ class RayServerGroup:
             m.state = "failed"
             return
         m.state = "ready"
+        preflight = m.info.pop("preflight", None)  # the node's own preflight, shown as a local one would be
+        if preflight is not None and self.on_preflight is not None:
+            with contextlib.suppress(RemoteError):
+                self.on_preflight(preflight_report_from_dict(preflight, host=m.label))
         log.info("server %s ready at %s on %s (GPUs %s)", m.name, m.info["url"], m.label, m.info.get("gpus"))
 
     # --- watch ------------------------------------------------------------------------------------

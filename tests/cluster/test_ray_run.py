@@ -104,7 +104,9 @@ def test_ray_run_end_to_end(tmp_path, ray_cluster, llama_server_bin, tiny_gguf):
     for m in members:  # stopped, verified on its node: the stop report says clean, the process is gone
         assert m["state"] == "stopped" and m["verdict"] == "clean", m
         assert engine_process(m["info"]) is None
-    assert "CLEAN" in out.stdout + out.stderr or "clean" in out.stdout + out.stderr
+    assert out.stdout.count("server stop: clean") == 2  # one verified stop report per server
+    for m in members:  # each node's own preflight, shown with the node's name
+        assert f"[node 127.0.0.1 ({m['info']['node_id'][:8]})]" in out.stderr, out.stderr[-3000:]
 
 
 def test_missing_ray_is_one_clear_line(tmp_path, llama_server_bin, tiny_gguf):

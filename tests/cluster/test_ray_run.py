@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -260,3 +261,22 @@ def test_vllm_cpu_server_on_the_cluster(tmp_path, ray_cluster, vllm_python, tiny
     assert engine_process(member["info"]) is None
     log = (Path(member["info"]["run_dir"]) / "server.log").read_text(errors="replace")
     assert "/v1/chat/completions" in log  # vLLM's access log on its node: it served the run
+
+
+def test_unreachable_cluster_is_one_clear_line(tmp_path, llama_server_bin, tiny_gguf):
+    pytest.importorskip("ray", reason="needs Ray (pip install 'harvest[ray]')")
+    with socket.socket() as s:  # a loopback port that nothing listens on: bound here, never listened
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+        class Nowhere:
+            address = f"127.0.0.1:{port}"
+        job, run_dir = write_job(tmp_path, Nowhere, llama_server_bin, tiny_gguf, 5)
+        t0 = time.monotonic()
+        out = run(harvest_argv("run", str(job), "--no-live"), dict(os.environ), timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert time.monotonic() - t0 < 60  # refused at once, not retried without end
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and f"cannot connect to Ray at 127.0.0.1:{port}" in lines[0], out.stderr
+    assert "[cluster] address" in lines[0] and "Traceback" not in out.stderr
+    assert not (run_dir / "server" / "ray.json").exists()

@@ -192,6 +192,7 @@ class _Ray:
         ray = self.ray
         if ray.is_initialized():
             return
+        self._reachable()
         quiet = _Quiet()
         worker_log = logging.getLogger("ray._private.worker")
         worker_log.addFilter(quiet)
@@ -205,6 +206,35 @@ class _Ray:
         finally:
             worker_log.removeFilter(quiet)
         self.owned = True
+
+    def _reachable(self) -> None:
+        """A ClusterError unless something answers at the cluster's address within connect_timeout
+        (``ray.init`` itself retries an unreachable address without end)."""
+        import socket
+
+        where = f"{self.source} [cluster] address"
+        address = self.cluster.address
+        if address == "auto":
+            try:
+                from ray._private.services import canonicalize_bootstrap_address  # private; checked below
+
+                address = canonicalize_bootstrap_address("auto") or ""
+            except Exception as exc:  # noqa: BLE001 - Ray says there is no cluster to join
+                raise ClusterError(self.source, where, f"address \"auto\" found no running Ray cluster: "
+                                   f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+            if not address:
+                raise ClusterError(self.source, where, 'address "auto" found no running Ray cluster (no '
+                                   'RAY_ADDRESS, no `ray start` on this machine)')
+        host, sep, port = address.removeprefix("ray://").rpartition(":")
+        if not sep or not port.isdigit():
+            raise ClusterError(self.source, where, f"{self.cluster.address!r} is not HOST:PORT, ray://HOST:PORT "
+                               f"or auto")
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=self.cluster.connect_timeout):
+                pass
+        except OSError as exc:
+            raise ClusterError(self.source, where, f"cannot connect to Ray at {address} within "
+                               f"{self.cluster.connect_timeout:g} s: {exc.strerror or exc}") from None
 
     def close(self) -> None:
         if self.owned and self.ray.is_initialized():
@@ -275,7 +305,12 @@ class RayServerGroup:
         return -1 if self._gave_up else None
 
     def cancel(self) -> None:
+        """Give up the start-up: launches in flight are told to stop on their nodes (without waiting)."""
         self._cancelled = True
+        for m in self.members:
+            if m.state == "new" and m.actor is not None:
+                with contextlib.suppress(Exception):
+                    m.actor.stop.remote()
 
     def attach_client(self, client: Any) -> None:
         """The client whose endpoints follow the replacements (called once the client exists)."""

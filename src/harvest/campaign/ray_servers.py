@@ -13,8 +13,9 @@ The driver (where ``harvest run`` runs) keeps the ledger and the client; the ser
 (:class:`harvest.campaign.ray_actor.ServerActor`) that run harvest's own supervisor on their nodes.
 Steps, each with its budget:
 
-1. Connect (``ray.init``, ``connect_timeout``), then check room: the bundle ``{"CPU": 1, "GPU":
-   gpus_per_server, **resources}`` against every alive node's total resources. Room for no server
+1. Connect (a TCP check of the address within ``connect_timeout``, then ``ray.init``), then check
+   room: the bundle ``{"CPU": 1, "GPU": gpus_per_server, **resources}`` against every alive node's
+   total resources. Room for no server
    at all, or fewer than ``servers`` asks, is refused before anything is placed, naming the bundle
    and what each node has. A node whose address is not loopback needs ``[server] api_key_env``
    (the engine binds the node's address so that the driver can reach it).
@@ -36,6 +37,14 @@ Steps, each with its budget:
 6. Stop: each actor's verified stop on its node (``stop_deadline`` + ``STOP_SLACK_S``), one
    StopReport per server, then the actor and its placement group are removed.
 
+harvest on the nodes: each actor imports harvest where Ray placed it, so every node needs the same
+harvest as the driver (the actor refuses another version, naming both): installed on each node
+(``pip install 'harvest[ray]'``), or shipped with ``[cluster] runtime_env`` (``py_modules``, or
+``env_vars = { PYTHONPATH = ... }`` for a shared source tree). Nodes started by ``ray start`` from
+an environment where harvest imports pass that environment to their workers (the tests do this).
+The API key (``[server] api_key_env``) reaches each actor as an argument of its launch, never in
+the runtime_env or a record.
+
 Promises: the driver never signals a process (only each actor's supervisor does, on its node, by
 its record) and never stops Ray itself; ``ray.kill`` and ``remove_placement_group`` touch only this
 run's named actors and groups, after their verified stop or once they are gone.
@@ -45,10 +54,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,89 +66,33 @@ from harvest.campaign.far_records import preflight_report_from_dict, stop_report
 from harvest.campaign.servers import RemoteReady
 from harvest.config import ClusterConfig, HarvestConfig, PreflightConfig, ServerConfig, is_loopback
 from harvest.errors import ConfigError, LaunchError, RemoteError
-from harvest.server import StopReport, StopStep
-from harvest.server.state import make_run_dir
+from harvest.hosts.ray_cluster import (
+    RAY_RECORD,
+    ClusterError,
+    RayConnection,
+    bundles_that_fit,
+    describe_nodes,
+    import_ray,
+    lost_report,
+    node_label,
+    on_node,
+    plain_resources,
+    read_ray_record,
+    record_dir,
+    run_id_of,
+    short_error,
+    write_ray_record,
+)
+from harvest.server import StopReport
 
 log = logging.getLogger("harvest.cluster")
 
-RAY_RECORD = "ray.json"
-INSTALL_HINT = "pip install 'harvest[ray]'"
 POLL_S = 2.0
 POLL_TIMEOUT_S = 10.0
 #: Polls in a row without an answer before a server counts as lost (a busy node may answer late).
 POLL_MISSES = 3
 LAUNCH_SLACK_S = 60.0
 STOP_SLACK_S = 30.0
-
-
-class ClusterError(ConfigError):
-    """The cluster cannot take the job as configured (no Ray, no room, an unreachable address): one line."""
-
-    def __init__(self, source: str, where: str, message: str):
-        self.source = source
-        self.problems = [(where, message)]
-        Exception.__init__(self, f"{where}: {message}")
-
-
-def import_ray(source: str = "[cluster]") -> Any:
-    """Ray, or a ClusterError saying how to install it."""
-    try:
-        import ray
-    except ImportError:
-        raise ClusterError(source, f"{source} [cluster]", f'backend = "ray" needs Ray: {INSTALL_HINT}') from None
-    return ray
-
-
-def run_id_of(run_dir: Path) -> str:
-    """A short, stable id of a run folder: the names of its actors and placement groups."""
-    return hashlib.blake2b(str(Path(run_dir).resolve()).encode(), digest_size=6).hexdigest()
-
-
-def read_ray_record(folder: Path) -> dict[str, Any] | None:
-    """The driver's record of a Ray run's servers (``folder`` is the run or its server folder)."""
-    for path in (Path(folder) / RAY_RECORD, Path(folder) / "server" / RAY_RECORD):
-        try:
-            return json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-    return None
-
-
-def _write_record(folder: Path, doc: dict[str, Any]) -> None:
-    make_run_dir(folder)
-    tmp = Path(folder) / f".{RAY_RECORD}.tmp"
-    tmp.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, Path(folder) / RAY_RECORD)
-
-
-def _fits(have: dict[str, float], bundle: dict[str, float]) -> int:
-    """How many bundles fit in ``have``."""
-    return int(min(have.get(k, 0.0) // v for k, v in bundle.items())) if bundle else 0
-
-
-def _node_label(node_ip: str | None, node_id: str | None) -> str:
-    return f"node {node_ip or '?'} ({(node_id or '?')[:8]})"
-
-
-def _plain(resources: dict[str, float]) -> str:
-    """Resources without Ray's per-node and per-placement-group entries, as JSON."""
-    return json.dumps({k: v for k, v in resources.items() if not k.startswith("node:") and "_group_" not in k
-                       and k not in ("memory", "object_store_memory")}, sort_keys=True)
-
-
-def describe_nodes(nodes: list[dict[str, Any]]) -> str:
-    """What each alive node has, for error messages."""
-    shown = []
-    for n in nodes:
-        shown.append(f"{_node_label(n['NodeManagerAddress'], n['NodeID'])} {_plain(n['Resources'])}")
-    return "; ".join(shown) or "no alive node"
-
-
-def lost_report(where: str, run_dir: str, why: str) -> StopReport:
-    """The report of a server whose node (or actor) is gone: nothing could be measured there."""
-    return StopReport(run_dir=f"{where}:{run_dir}", verdict="dirty",
-                      steps=(StopStep("node", 0.0, f"lost: {why}", ok=False),), escalated=False,
-                      problems=(f"{where} lost ({why}): the verified stop could not run there",))
 
 
 @dataclass
@@ -162,7 +113,7 @@ class _Member:
     @property
     def label(self) -> str:
         i = self.info or {}
-        return _node_label(i.get("node_ip"), i.get("node_id"))
+        return node_label(i.get("node_ip"), i.get("node_id"))
 
     def record(self) -> dict[str, Any]:
         return {"slot": self.slot, "name": self.name, "state": self.state, "info": self.info,
@@ -170,99 +121,10 @@ class _Member:
                 "error": self.history[-1].get("error") if self.history else None}
 
 
-class _Quiet(logging.Filter):
-    """Drops Ray's note that it left SIGTERM alone (harvest connects from a thread on purpose)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "SIGTERM handler is not set" not in record.getMessage()
-
-
-class _Ray:
-    """One connection to the cluster and this run's names in it (each call bounded)."""
-
-    def __init__(self, cluster: ClusterConfig, source: str):
-        self.cluster = cluster
-        self.source = source
-        self.ray = import_ray(source)
-        self.owned = False
-
-    def connect(self) -> None:
-        """``ray.init`` from a worker thread (as the group calls it): Ray then leaves the process's
-        SIGTERM handler alone, so a SIGTERM still reaches harvest's own graceful stop."""
-        ray = self.ray
-        if ray.is_initialized():
-            return
-        self._reachable()
-        quiet = _Quiet()
-        worker_log = logging.getLogger("ray._private.worker")
-        worker_log.addFilter(quiet)
-        try:
-            ray.init(address=self.cluster.address, namespace=self.cluster.namespace,
-                     runtime_env=self.cluster.runtime_env or None, log_to_driver=False,
-                     logging_level=logging.WARNING, configure_logging=False)
-        except Exception as exc:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ValueError...
-            raise ClusterError(self.source, f"{self.source} [cluster] address",
-                               f"cannot connect to Ray at {self.cluster.address!r}: {exc}".splitlines()[0]) from None
-        finally:
-            worker_log.removeFilter(quiet)
-        self.owned = True
-
-    def _reachable(self) -> None:
-        """A ClusterError unless something answers at the cluster's address within connect_timeout
-        (``ray.init`` itself retries an unreachable address without end)."""
-        import socket
-
-        where = f"{self.source} [cluster] address"
-        address = self.cluster.address
-        if address == "auto":
-            try:
-                from ray._private.services import canonicalize_bootstrap_address  # private; checked below
-
-                address = canonicalize_bootstrap_address("auto") or ""
-            except Exception as exc:  # noqa: BLE001 - Ray says there is no cluster to join
-                raise ClusterError(self.source, where, f"address \"auto\" found no running Ray cluster: "
-                                   f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
-            if not address:
-                raise ClusterError(self.source, where, 'address "auto" found no running Ray cluster (no '
-                                   'RAY_ADDRESS, no `ray start` on this machine)')
-        host, sep, port = address.removeprefix("ray://").rpartition(":")
-        if not sep or not port.isdigit():
-            raise ClusterError(self.source, where, f"{self.cluster.address!r} is not HOST:PORT, ray://HOST:PORT "
-                               f"or auto")
-        try:
-            with socket.create_connection((host.strip("[]"), int(port)), timeout=self.cluster.connect_timeout):
-                pass
-        except OSError as exc:
-            raise ClusterError(self.source, where, f"cannot connect to Ray at {address} within "
-                               f"{self.cluster.connect_timeout:g} s: {exc.strerror or exc}") from None
-
-    def close(self) -> None:
-        if self.owned and self.ray.is_initialized():
-            self.ray.shutdown()
-        self.owned = False
-
-    def alive_nodes(self) -> list[dict[str, Any]]:
-        return [n for n in self.ray.nodes() if n.get("Alive")]
-
-    def actor_class(self) -> Any:
-        from harvest.campaign.ray_actor import ServerActor
-
-        return self.ray.remote(max_concurrency=4)(ServerActor)
-
-    def get_actor(self, name: str) -> Any:
-        try:
-            return self.ray.get_actor(name, namespace=self.cluster.namespace)
-        except ValueError:
-            return None
-
-    def get(self, ref: Any, timeout: float) -> Any:
-        return self.ray.get(ref, timeout=timeout)
-
-
 class RayServerGroup:
     """The servers of one run on a Ray cluster; the same lifecycle as Server / ServerGroup."""
 
-    def __init__(self, config: HarvestConfig, server: ServerConfig, *, run_dir: Path, conn: _Ray,
+    def __init__(self, config: HarvestConfig, server: ServerConfig, *, run_dir: Path, conn: RayConnection,
                  preflight: PreflightConfig | None = None, force: bool = False, budget: dict[str, Any] | None = None,
                  on_preflight: Any = None):
         assert config.cluster is not None
@@ -358,7 +220,7 @@ class RayServerGroup:
         self.conn.connect()
         bundle = self.cluster.bundle()
         nodes = self.conn.alive_nodes()
-        fit = {n["NodeID"]: _fits(n["Resources"], bundle) for n in nodes}
+        fit = {n["NodeID"]: bundles_that_fit(n["Resources"], bundle) for n in nodes}
         room = sum(fit.values())
         where = f"{self.config.source} [cluster]"
         if room == 0:
@@ -399,14 +261,14 @@ class RayServerGroup:
                 state = self.conn.get(actor.poll.remote(), POLL_TIMEOUT_S)
             except Exception as exc:  # noqa: BLE001 - any Ray error: that actor cannot be used
                 log.warning("server %s of an earlier session does not answer (%s); it is replaced", doc["name"],
-                            _short(exc))
+                            short_error(exc))
                 gone = _Member(int(doc["slot"]), doc["name"], actor=actor, info=doc.get("info"), state="lost")
-                gone.pg = self._pg_named(doc["name"])
+                gone.pg = self.conn.placement_group(doc["name"])
                 self._stop_member(gone, "it did not answer when this session began")
                 self.retired.append(gone)
                 continue
             m = _Member(int(doc["slot"]), doc["name"], actor=actor, info=state["info"], adopted=True)
-            m.pg = self._pg_named(doc["name"])
+            m.pg = self.conn.placement_group(doc["name"])
             if state["returncode"] is not None or state["info"] is None or state["stopped"]:
                 log.warning("server %s of an earlier session has exited; it is stopped and replaced", doc["name"])
                 self._stop_member(m, None)
@@ -416,14 +278,6 @@ class RayServerGroup:
             log.warning("found server %s of an earlier session serving at %s on %s", m.name, m.info["url"], m.label)
             out.append(m)
         return out
-
-    def _pg_named(self, name: str) -> Any:
-        from ray.util import get_placement_group
-
-        try:
-            return get_placement_group(name)
-        except ValueError:
-            return None
 
     @staticmethod
     def _spread(nodes: list[dict[str, Any]], fit: dict[str, int], count: int, adopted: list[_Member]) -> list[str]:
@@ -461,7 +315,7 @@ class RayServerGroup:
                "preflight": self.preflight_config.model_dump(mode="json") if self.preflight_config else None,
                "force": self.force, "name": name, "run_id": self.run_id, "port_offset": slot}
         resources = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
-        m.actor = self.conn.actor_class().options(
+        m.actor = _actor_class(self.conn).options(
             name=name, namespace=self.cluster.namespace, lifetime="detached", max_restarts=0,
             num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), resources=resources or None,
             scheduling_strategy=PlacementGroupSchedulingStrategy(m.pg, placement_group_bundle_index=0),
@@ -478,11 +332,11 @@ class RayServerGroup:
             except self.conn.ray.exceptions.GetTimeoutError:
                 raise LaunchError(f"Ray placed no bundle {json.dumps(self.cluster.bundle(), sort_keys=True)} within "
                                   f"{self.cluster.connect_timeout:g} s; available now: "
-                                  f"{_plain(self.conn.ray.available_resources())}", reason="spawn_failed") from None
+                                  f"{plain_resources(self.conn.ray.available_resources())}", reason="spawn_failed") from None
             m.info = self.conn.get(m.actor.launch.remote(cfg.api_key().get_secret_value() if cfg.api_key() else None),
                                    cfg.ready_timeout + LAUNCH_SLACK_S)
         except Exception as exc:  # noqa: BLE001 - Ray wraps the actor's error; its text names the cause
-            why = _short(exc)
+            why = short_error(exc)
             log.warning("server %s left out: %s", m.name, why)
             m.history.append({"at": time.time(), "error": why})
             m.state = "failed"
@@ -530,7 +384,7 @@ class RayServerGroup:
             try:
                 state = ray.get(ref, timeout=1.0)
             except Exception as exc:  # noqa: BLE001 - the actor died, or its node was lost
-                out.append(f"its actor is gone: {_short(exc)}")
+                out.append(f"its actor is gone: {short_error(exc)}")
                 continue
             m.misses = 0
             code = state["returncode"]
@@ -588,15 +442,15 @@ class RayServerGroup:
                 doc = self.conn.get(m.actor.stop.remote(deadline), deadline + STOP_SLACK_S)
                 if doc is not None:
                     report = stop_report_from_dict(doc, host=m.label)
-                    report = _on_node(report, m.label)
+                    report = on_node(report, m.label)
             except RemoteError as exc:
                 log.error("server %s: the stop report does not parse: %s", m.name, exc)
             except Exception as exc:  # noqa: BLE001 - actor gone with its node, or no answer in time
                 if m.info is not None:
-                    report = lost_report(m.label, m.info.get("run_dir", "?"), lost or _short(exc))
+                    report = lost_report(m.label, m.info.get("run_dir", "?"), lost or short_error(exc))
         elif m.info is not None:
             report = lost_report(m.label, m.info.get("run_dir", "?"), lost or "no actor")
-        self._forget(m)
+        self.conn.remove(m.actor, m.pg)
         m.report = report
         if m.state != "failed":
             m.state = "lost" if lost else "stopped"
@@ -604,17 +458,6 @@ class RayServerGroup:
             log.log(logging.INFO if report.clean else logging.ERROR, "server %s on %s stopped: %s", m.name,
                     m.label, "clean" if report.clean else "DIRTY: " + "; ".join(report.problems))
         return report
-
-    def _forget(self, m: _Member) -> None:
-        """Remove ``m``'s actor and placement group from the cluster (after its stop, or once gone)."""
-        from ray.util.placement_group import remove_placement_group
-
-        if m.actor is not None:
-            with contextlib.suppress(Exception):
-                self.conn.ray.kill(m.actor, no_restart=True)
-        if m.pg is not None:
-            with contextlib.suppress(Exception):
-                remove_placement_group(m.pg)
 
     async def stop(self, deadline: float | None = None) -> list[StopReport]:
         """Every server's verified stop on its node, together; one report each (lost ones included)."""
@@ -636,25 +479,16 @@ class RayServerGroup:
 
     def _save(self) -> None:
         members = [*self.retired, *self.members]
-        _write_record(self.run_dir, {"run_id": self.run_id, "address": self.cluster.address,
+        write_ray_record(self.run_dir, {"run_id": self.run_id, "address": self.cluster.address,
                                      "namespace": self.cluster.namespace, "next_slot": self.budget["next_slot"],
                                      "stop_deadline": self.server_config.stop_deadline,
                                      "members": [m.record() for m in members]})
 
 
-def _on_node(report: StopReport, label: str) -> StopReport:
-    from dataclasses import replace
+def _actor_class(conn: RayConnection) -> Any:
+    from harvest.campaign.ray_actor import ServerActor
 
-    return replace(report, run_dir=f"{label}:{report.run_dir}")
-
-
-def _short(exc: BaseException) -> str:
-    """One line of a (Ray-wrapped) exception: the innermost cause."""
-    cause = getattr(exc, "cause", None)
-    if isinstance(cause, BaseException):
-        exc = cause
-    text = str(exc).strip().splitlines()
-    return (text[-1] if text else type(exc).__name__)[:400]
+    return conn.ray.remote(max_concurrency=4)(ServerActor)
 
 
 def ray_server_factory(config: HarvestConfig) -> Any:
@@ -666,7 +500,7 @@ def ray_server_factory(config: HarvestConfig) -> Any:
 
     def make(cfg: ServerConfig, *, run_dir: Path, preflight: PreflightConfig | None = None, force: bool = False,
              on_preflight: Any = None, **_: Any) -> RayServerGroup:
-        return RayServerGroup(config, cfg, run_dir=Path(run_dir), conn=_Ray(config.cluster, config.source),
+        return RayServerGroup(config, cfg, run_dir=Path(run_dir), conn=RayConnection(config.cluster, config.source),
                               preflight=preflight, force=force, budget=budget, on_preflight=on_preflight)
 
     return make
@@ -678,7 +512,7 @@ def stop_ray_run(folder: Path, deadline: float | None = None) -> list[StopReport
     if record is None:
         raise ConfigError(str(folder), [(str(folder), f"no {RAY_RECORD} here: not a Ray run")])
     cluster = ClusterConfig(address=record["address"], namespace=record["namespace"])
-    conn = _Ray(cluster, str(folder))
+    conn = RayConnection(cluster, str(folder))
     conn.connect()
     out: list[StopReport] = []
     try:
@@ -687,10 +521,7 @@ def stop_ray_run(folder: Path, deadline: float | None = None) -> list[StopReport
                 continue
             m = _Member(int(doc["slot"]), doc["name"], info=doc.get("info"))
             m.actor = conn.get_actor(doc["name"])
-            from ray.util import get_placement_group
-
-            with contextlib.suppress(ValueError):
-                m.pg = get_placement_group(doc["name"])
+            m.pg = conn.placement_group(doc["name"])
             budget = float(deadline if deadline is not None else record.get("stop_deadline", 60.0))
             report: StopReport | None = None
             if m.actor is None:
@@ -698,35 +529,19 @@ def stop_ray_run(folder: Path, deadline: float | None = None) -> list[StopReport
             else:
                 try:
                     got = conn.get(m.actor.stop.remote(deadline), budget + STOP_SLACK_S)
-                    report = _on_node(stop_report_from_dict(got, host=m.label), m.label) if got else None
+                    report = on_node(stop_report_from_dict(got, host=m.label), m.label) if got else None
                 except Exception as exc:  # noqa: BLE001 - the actor went with its node
-                    report = lost_report(m.label, (m.info or {}).get("run_dir", "?"), _short(exc))
-            _remove(conn, m)
+                    report = lost_report(m.label, (m.info or {}).get("run_dir", "?"), short_error(exc))
+            conn.remove(m.actor, m.pg)
             doc["state"] = "stopped"
             doc["verdict"] = report.verdict if report is not None else None
             if report is not None:
                 out.append(report)
-        _write_record(read_record_dir(folder), record)
+        write_ray_record(record_dir(folder), record)
     finally:
         conn.close()
     return out
 
 
-def _remove(conn: _Ray, m: _Member) -> None:
-    from ray.util.placement_group import remove_placement_group
-
-    if m.actor is not None:
-        with contextlib.suppress(Exception):
-            conn.ray.kill(m.actor, no_restart=True)
-    if m.pg is not None:
-        with contextlib.suppress(Exception):
-            remove_placement_group(m.pg)
-
-
-def read_record_dir(folder: Path) -> Path:
-    """The folder that holds ``ray.json`` (the run's server folder, or ``folder`` itself)."""
-    return Path(folder) if (Path(folder) / RAY_RECORD).exists() else Path(folder) / "server"
-
-
-__all__ = ["ClusterError", "RAY_RECORD", "RayServerGroup", "import_ray", "lost_report", "ray_server_factory",
-           "read_ray_record", "run_id_of", "stop_ray_run"]
+__all__ = ["ClusterError", "RAY_RECORD", "RayServerGroup", "import_ray", "ray_server_factory", "read_ray_record",
+           "stop_ray_run"]

@@ -115,3 +115,30 @@ def test_a_command_that_needs_server_says_so():
     with pytest.raises(ConfigError) as info:
         cfg.require_server()
     assert "empty.toml [server]" in str(info.value)
+
+
+def test_cluster_table_loads_and_refuses_bad_values(tmp_path):
+    cfg = load_config(write(tmp_path, """
+[cluster]
+backend = "ray"
+address = "ray://head:10001"
+servers = "per_node"
+gpus_per_server = 2
+resources = { engine = 1 }
+runtime_env = { env_vars = { A = "1" } }
+"""))
+    assert cfg.cluster is not None and cfg.cluster.servers == "per_node"
+    assert cfg.cluster.bundle() == {"CPU": 1.0, "GPU": 2.0, "engine": 1.0}
+    assert cfg.cluster.runtime_env == {"env_vars": {"A": "1"}}
+    for bad, where, what in [('servers = 0', "[cluster] servers", ">= 1"),
+                             ('servers = "all"', "[cluster] servers", "per_node"),
+                             ('backend = "dask"', "[cluster] backend", "ray"),
+                             ('resources = { GPU = 1 }', "[cluster] resources", "gpus_per_server"),
+                             ('gpus_per_server = -1', "[cluster] gpus_per_server", "0")]:
+        text = str(error_of(write(tmp_path, f"[cluster]\n{bad}\n")))
+        assert where in text and what in text, text
+
+
+def test_cluster_with_host_is_refused(tmp_path):
+    text = str(error_of(write(tmp_path, '[cluster]\nservers = 2\n[host]\nssh = "a@b"\n')))
+    assert "[cluster]" in text and "[host]" in text and "not both" in text

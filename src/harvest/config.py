@@ -11,6 +11,7 @@ A file holds any of these tables; each command reads the ones it needs:
     [output]      the run folder
     [host]        the box (over SSH, and/or inside a container) where the server runs; absent: here
     [[hosts]]     several such boxes, one server each, driven as one campaign
+    [cluster]     a Ray cluster: servers placed as Ray actors, one supervised server each
 
 Validation errors name the file, the table and the field. This module never touches the machine:
 no probing, no folders created; relative paths are resolved against the config file's folder.
@@ -389,6 +390,52 @@ class HostConfig(_Model):
         return self.ssh + (f":{self.port}" if self.port != 22 else "")
 
 
+class ClusterConfig(_Model):
+    """A Ray cluster the servers run on (see :mod:`harvest.campaign.ray_servers`); needs ``harvest[ray]``."""
+
+    backend: Literal["ray"] = "ray"
+    #: ``auto`` (the cluster this machine belongs to, ``ray start``), ``HOST:PORT`` or ``ray://HEAD:10001``.
+    address: str = "auto"
+    #: Servers to place, or ``"per_node"``: one on each node with room for one.
+    servers: int | Literal["per_node"] = 1
+    #: GPUs of each server (its tensor-parallel ranks), from Ray's assignment; 0 for CPU engines.
+    gpus_per_server: int = Field(1, ge=0)
+    #: Custom Ray resources each server's bundle asks for besides one CPU and its GPUs.
+    resources: dict[str, float] = Field(default_factory=dict)
+    #: Ray runtime_env of the servers' actors (``env_vars``, ``py_modules``, ...): harvest must be
+    #: importable on every node, the same version as here.
+    runtime_env: dict[str, Any] = Field(default_factory=dict)
+    #: Ray namespace of the servers' named actors and placement groups.
+    namespace: str = "harvest"
+    #: Seconds to connect to the cluster and to wait for a placement.
+    connect_timeout: float = Field(60.0, gt=0)
+
+    @field_validator("servers")
+    @classmethod
+    def _servers(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 1:
+            raise ValueError('must be >= 1 or "per_node"')
+        return v
+
+    @field_validator("resources")
+    @classmethod
+    def _resources(cls, v: dict[str, float]) -> dict[str, float]:
+        for name, amount in v.items():
+            if name in ("CPU", "GPU", "memory", "object_store_memory"):
+                raise ValueError(f"{name!r} is a Ray default resource: set gpus_per_server instead")
+            if amount <= 0:
+                raise ValueError(f"{name} = {amount:g}: an amount must be > 0")
+        return v
+
+    def bundle(self) -> dict[str, float]:
+        """The one bundle of a server's placement group."""
+        out: dict[str, float] = {"CPU": 1.0}
+        if self.gpus_per_server:
+            out["GPU"] = float(self.gpus_per_server)
+        out.update({k: float(v) for k, v in self.resources.items()})
+        return out
+
+
 class HarvestConfig(_Model):
     """A whole harvest configuration file. Every table is optional; commands say which they need."""
 
@@ -401,6 +448,7 @@ class HarvestConfig(_Model):
     run: RunConfig = Field(default_factory=RunConfig)
     host: HostConfig | None = None
     hosts: list[HostConfig] = Field(default_factory=list)
+    cluster: ClusterConfig | None = None
     #: The file this configuration came from (not a TOML field).
     source: str = Field("<memory>", exclude=True)
 
@@ -415,6 +463,9 @@ class HarvestConfig(_Model):
     def _one_host_form(self) -> HarvestConfig:
         if self.host is not None and self.hosts:
             raise ValueError("use either [host] or [[hosts]], not both")
+        if self.cluster is not None and (self.host is not None or self.hosts):
+            raise ValueError("use either [cluster] or [host] / [[hosts]], not both: on a Ray cluster "
+                             "Ray places the servers")
         return self
 
     def far_hosts(self) -> list[HostConfig]:
@@ -512,6 +563,7 @@ def load_config(path: str | Path) -> HarvestConfig:
 
 __all__ = [
     "ClientConfig",
+    "ClusterConfig",
     "DataConfig",
     "EngineKind",
     "HarvestConfig",

@@ -578,6 +578,9 @@ class _Campaign:
                                 await self.start_server()
                                 urls = getattr(self.server, "urls", None)  # far servers: their tunnels
                                 async with Client.from_config(self.config, urls) as client:
+                                    attach = getattr(self.server, "attach_client", None)
+                                    if attach is not None:  # Ray: endpoints follow replacement servers
+                                        attach(client)
                                     progress.begin("generating")
                                     await self.dispatch(writer, client, progress)
                             finally:

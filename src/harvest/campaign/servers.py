@@ -439,6 +439,10 @@ def probe_server_factory(config: HarvestConfig) -> tuple[Any, str | None]:
 
 def server_factory_for(config: HarvestConfig, *, all_hosts: bool = False) -> Any:
     """What the runner calls to get its server(s): Server here, else one far server per host."""
+    if config.cluster is not None:  # servers as Ray actors (a missing Ray is a ClusterError here)
+        from harvest.campaign.ray_servers import ray_server_factory
+
+        return ray_server_factory(config)
     hosts = config.far_hosts()
     if not hosts:
         return Server

@@ -285,6 +285,13 @@ def stop(run_dir: Path | None, deadline: float | None, grace: float | None, marg
         remote_stop_run(far, str(run_dir) if run_dir is not None else None, deadline, as_json)
         return
     if run_dir is not None:
+        from harvest.hosts.ray_cluster import read_ray_record
+
+        if read_ray_record(run_dir) is not None:  # servers of a Ray run: each stopped on its node
+            from harvest.cli.ray_stop import ray_stop
+
+            ray_stop(run_dir, deadline, as_json)
+            return
         from harvest.campaign.servers import read_remote_record
 
         record = read_remote_record(run_dir)

@@ -44,7 +44,7 @@ from pydantic import SecretStr
 
 from harvest.client import protocol
 from harvest.client.autoconc import GAUGE_NAMES, AutoSettings
-from harvest.client.endpoints import Endpoint, EndpointPool
+from harvest.client.endpoints import Endpoint, EndpointPool, normalize_url
 from harvest.client.metrics import scrape_metrics
 from harvest.client.policy import backoff_delay, classify_status, error_message, parse_retry_after, redact
 from harvest.client.records import ClientStats, Completion, EndpointState, FailureKind
@@ -244,6 +244,27 @@ class Client:
     @property
     def endpoints(self) -> tuple[str, ...]:
         return tuple(e.url for e in self._pool.endpoints)
+
+    def replace_endpoint(self, old: str, new: str) -> None:
+        """Point endpoint ``old`` at ``new``: a replacement server (on a Ray cluster, another node).
+        The endpoint turns sick with a fresh health deadline; its held requests, and those still on
+        the wire to the old server, wait uncharged until ``new`` answers its health probe."""
+        old_url, new_url = normalize_url(old), normalize_url(new)
+        endpoint = next((e for e in self._pool.endpoints if e.url == old_url), None)
+        if endpoint is None:
+            raise ValueError(f"no endpoint {old_url}")
+        if new_url != old_url and any(e.url == new_url for e in self._pool.endpoints):
+            raise ValueError(f"{new_url} is already an endpoint")
+        endpoint.url = new_url
+        if self._steer is not None:
+            self._steer.renamed(old_url, new_url)
+        endpoint.seen_down = True
+        endpoint.failing_since = self._clock()
+        if endpoint.state is not EndpointState.SICK:
+            self._pool.set_state(endpoint, EndpointState.SICK)
+        if not self._closed and (endpoint.recovery is None or endpoint.recovery.done()):
+            endpoint.recovery = asyncio.get_running_loop().create_task(self._recover(endpoint))
+        log.warning("endpoint %s now points at %s (a replacement server)", old_url, new_url)
 
     @property
     def model(self) -> str | None:

@@ -55,6 +55,12 @@ class Steering:
         for endpoint in pool.endpoints:
             pool.set_limit(endpoint, settings.start)
 
+    def renamed(self, old: str, new: str) -> None:
+        """An endpoint now points at another server (``Client.replace_endpoint``): its controller follows."""
+        self._controllers[new] = self._controllers.pop(old)
+        if old in self._no_metrics:
+            self._no_metrics[new] = self._no_metrics.pop(old)
+
     def record(self, endpoint: Endpoint, completion_tokens: int | None, latency_s: float) -> None:
         """One answer from ``endpoint``."""
         self._controllers[endpoint.url].record(completion_tokens, latency_s)

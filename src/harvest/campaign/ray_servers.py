@@ -1,0 +1,547 @@
+"""Servers on a Ray cluster: one campaign, each server a Ray actor supervised on its own node.
+
+    [cluster]
+    backend = "ray"
+    address = "auto"            # or "HEAD:6379", "ray://HEAD:10001"
+    servers = 4                 # or "per_node"
+    gpus_per_server = 1
+
+    factory = ray_server_factory(config)       # what server_factory_for returns for [cluster]
+    group = factory(config.server, run_dir=...); await group.start(); group.urls; await group.stop()
+
+The driver (where ``harvest run`` runs) keeps the ledger and the client; the servers are Ray actors
+(:class:`harvest.campaign.ray_actor.ServerActor`) that run harvest's own supervisor on their nodes.
+Steps, each with its budget:
+
+1. Connect (a TCP check of the address within ``connect_timeout``, then ``ray.init``), then check
+   room: the bundle ``{"CPU": 1, "GPU": gpus_per_server, **resources}`` against every alive node's
+   total resources. Room for no server
+   at all, or fewer than ``servers`` asks, is refused before anything is placed, naming the bundle
+   and what each node has. A node whose address is not loopback needs ``[server] api_key_env``
+   (the engine binds the node's address so that the driver can reach it).
+2. Find: actors of this run (named ``harvest-<run id>-<slot>``, detached, recorded in
+   ``server/ray.json``) that a killed earlier driver left serving are adopted as they are
+   (``poll``, ``POLL_TIMEOUT_S``); the others are replaced.
+3. Place: one placement group per server (one bundle, STRICT_PACK, so a tensor-parallel server
+   never spans nodes), spread round-robin over the nodes with room (each group pinned to its node
+   by Ray's ``ray.io/node-id`` label); waits ``connect_timeout`` for Ray to place it.
+4. Launch: each actor's preflight, launch and readiness on its node, all together (each bounded by
+   ``[server] ready_timeout`` + ``LAUNCH_SLACK_S``). A server that fails is named and left out;
+   none left is a LaunchError.
+5. Watch (beside the dispatch): every ``POLL_S`` each actor is polled (``POLL_TIMEOUT_S``). An
+   engine that exited is stopped (verified) on its node; an actor that is gone (its node lost)
+   cannot be: its report says so, unverified. Either way the client's endpoint for that server
+   already holds its requests uncharged and sends them to the survivors; a replacement is placed
+   wherever Ray has room (at most ``run.max_relaunches`` for the run) and the client's endpoint is
+   pointed at it (``Client.replace_endpoint``).
+6. Stop: each actor's verified stop on its node (``stop_deadline`` + ``STOP_SLACK_S``), one
+   StopReport per server, then the actor and its placement group are removed.
+
+harvest on the nodes: each actor imports harvest where Ray placed it, so every node needs the same
+harvest as the driver (the actor refuses another version, naming both): installed on each node
+(``pip install 'harvest[ray]'``), or shipped with ``[cluster] runtime_env`` (``py_modules``, or
+``env_vars = { PYTHONPATH = ... }`` for a shared source tree). Nodes started by ``ray start`` from
+an environment where harvest imports pass that environment to their workers (the tests do this).
+The API key (``[server] api_key_env``) reaches each actor as an argument of its launch, never in
+the runtime_env or a record.
+
+Promises: the driver never signals a process (only each actor's supervisor does, on its node, by
+its record) and never stops Ray itself; ``ray.kill`` and ``remove_placement_group`` touch only this
+run's named actors and groups, after their verified stop or once they are gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harvest import __version__
+from harvest.campaign.far_records import preflight_report_from_dict, stop_report_from_dict
+from harvest.campaign.servers import RemoteReady
+from harvest.config import ClusterConfig, HarvestConfig, PreflightConfig, ServerConfig, is_loopback
+from harvest.errors import ConfigError, LaunchError, RemoteError
+from harvest.hosts.ray_cluster import (
+    RAY_RECORD,
+    ClusterError,
+    RayConnection,
+    bundles_that_fit,
+    describe_nodes,
+    import_ray,
+    lost_report,
+    node_label,
+    on_node,
+    plain_resources,
+    read_ray_record,
+    record_dir,
+    run_id_of,
+    short_error,
+    write_ray_record,
+)
+from harvest.server import StopReport
+
+log = logging.getLogger("harvest.cluster")
+
+POLL_S = 2.0
+POLL_TIMEOUT_S = 10.0
+#: Polls in a row without an answer before a server counts as lost (a busy node may answer late).
+POLL_MISSES = 3
+LAUNCH_SLACK_S = 60.0
+STOP_SLACK_S = 30.0
+
+
+@dataclass
+class _Member:
+    """One server slot: its actor, placement group and what the actor reported."""
+
+    slot: int
+    name: str
+    actor: Any = None
+    pg: Any = None
+    info: dict[str, Any] | None = None
+    state: str = "new"  # new, ready, lost, stopped, failed
+    report: StopReport | None = None
+    adopted: bool = False
+    misses: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        i = self.info or {}
+        return node_label(i.get("node_ip"), i.get("node_id"))
+
+    def record(self) -> dict[str, Any]:
+        return {"slot": self.slot, "name": self.name, "state": self.state, "info": self.info,
+                "verdict": self.report.verdict if self.report else None,
+                "error": self.history[-1].get("error") if self.history else None}
+
+
+class RayServerGroup:
+    """The servers of one run on a Ray cluster; the same lifecycle as Server / ServerGroup."""
+
+    def __init__(self, config: HarvestConfig, server: ServerConfig, *, run_dir: Path, conn: RayConnection,
+                 preflight: PreflightConfig | None = None, force: bool = False, budget: dict[str, Any] | None = None,
+                 on_preflight: Any = None):
+        assert config.cluster is not None
+        self.config = config
+        self.cluster = config.cluster
+        self.server_config = server
+        self.run_dir = Path(run_dir)
+        self.conn = conn
+        self.preflight_config = preflight
+        self.force = force
+        self.on_preflight = on_preflight
+        self.run_id = run_id_of(self.run_dir.parent if self.run_dir.name == "server" else self.run_dir)
+        self.members: list[_Member] = []
+        self.retired: list[_Member] = []
+        #: Replacements placed during this run, the client and its URLs (shared by one factory's groups).
+        self.budget = budget if budget is not None else {"relaunches": 0, "next_slot": 0}
+        self.shared: dict[str, Any] = self.budget.setdefault("shared", {})
+        self.ready: RemoteReady | None = None
+        self.kv_capacity_tokens: int | None = None
+        self.left_out: list[tuple[str, str]] = []
+        self._client: Any = None
+        self._watch: asyncio.Task[None] | None = None
+        self._replacing: set[asyncio.Task[None]] = set()
+        self._cancelled = False
+        self._stopping = False
+        self._gave_up = False
+
+    # --- what the runner reads ------------------------------------------------------------------
+
+    @property
+    def urls(self) -> list[str]:
+        return [m.info["url"] for m in self.members if m.state == "ready" and m.info]
+
+    @property
+    def url(self) -> str:
+        return self.urls[0]
+
+    def returncode(self) -> int | None:
+        """-1 once no server is left and no replacement may be placed, else None."""
+        return -1 if self._gave_up else None
+
+    def cancel(self) -> None:
+        """Give up the start-up: launches in flight are told to stop on their nodes (without waiting)."""
+        self._cancelled = True
+        for m in self.members:
+            if m.state == "new" and m.actor is not None:
+                with contextlib.suppress(Exception):
+                    m.actor.stop.remote()
+
+    def attach_client(self, client: Any) -> None:
+        """The client whose endpoints follow the replacements (called once the client exists)."""
+        self._client = client
+        self.shared["client"], self.shared["urls"] = client, list(self.urls)
+
+    # --- start ------------------------------------------------------------------------------------
+
+    async def start(self) -> RayServerGroup:
+        try:
+            await asyncio.to_thread(self._plan)
+            await asyncio.gather(*(asyncio.to_thread(self._launch, m) for m in self.members if m.state == "new"))
+        except BaseException:
+            await asyncio.shield(self.stop())
+            raise
+        if self._cancelled:
+            await asyncio.shield(self.stop())
+            raise LaunchError("start-up on the Ray cluster was cancelled; its servers were stopped",
+                              reason="cancelled")
+        for m in self.members:
+            if m.state == "failed":
+                self.left_out.append((m.name, m.history[-1].get("error", "?") if m.history else "?"))
+                self.retired.append(m)
+        self.members = [m for m in self.members if m.state == "ready"]
+        self._save()
+        if not self.members:
+            await asyncio.shield(self.stop())
+            raise LaunchError("no server launched on the Ray cluster: "
+                              + "; ".join(f"{n}: {w}" for n, w in self.left_out), reason="exited")
+        seconds = [m.info["ready_s"] for m in self.members if m.info and m.info.get("ready_s") is not None]
+        self.ready = RemoteReady(max(seconds) if seconds else 0.0)
+        caps = [m.info.get("kv_capacity_tokens") for m in self.members if m.info]
+        self.kv_capacity_tokens = min((c for c in caps if c), default=None)
+        client = self.shared.get("client")
+        if client is not None:  # the runner relaunched the whole group: its client follows the new servers
+            self._client = client
+            for old, new in zip(self.shared.get("urls", []), self.urls):
+                client.replace_endpoint(old, new)
+            self.shared["urls"] = list(self.urls)
+        self._watch = asyncio.create_task(self._watch_loop())
+        return self
+
+    def _plan(self) -> None:
+        """Connect, check room, adopt what an earlier driver left serving, place the rest."""
+        self.conn.connect()
+        bundle = self.cluster.bundle()
+        nodes = self.conn.alive_nodes()
+        fit = {n["NodeID"]: bundles_that_fit(n["Resources"], bundle) for n in nodes}
+        room = sum(fit.values())
+        where = f"{self.config.source} [cluster]"
+        if room == 0:
+            raise ClusterError(self.config.source, where, f"no node has room for one server: each asks "
+                               f"{json.dumps(bundle, sort_keys=True)}; the cluster has {describe_nodes(nodes)}")
+        wanted = sum(1 for n in fit.values() if n) if self.cluster.servers == "per_node" else int(self.cluster.servers)
+        if wanted > room:
+            raise ClusterError(self.config.source, f"{where} servers",
+                               f"{wanted} servers of {json.dumps(bundle, sort_keys=True)} asked, the cluster has "
+                               f"room for {room}: {describe_nodes(nodes)}")
+        public = sorted({n["NodeManagerAddress"] for n in nodes if fit[n["NodeID"]]
+                         and not is_loopback(n["NodeManagerAddress"])})
+        if public and not self.server_config.api_key_env:
+            raise ClusterError(self.config.source, f"{self.config.source} [server] api_key_env",
+                               f"the servers bind their node's address ({', '.join(public)}), not loopback: "
+                               f"serving there needs an API key (set api_key_env)")
+        record = read_ray_record(self.run_dir) or {}
+        adopted = self._adopt(record)
+        self.budget["next_slot"] = max(int(record.get("next_slot", 0)), self.budget["next_slot"],
+                                       *(m.slot + 1 for m in adopted))
+        self.members = list(adopted)
+        plan = self._spread(nodes, fit, wanted - len(adopted), adopted)
+        for node_id in plan:
+            self.members.append(self._place(node_id))
+        self._save()
+
+    def _adopt(self, record: dict[str, Any]) -> list[_Member]:
+        """Members of the record whose actor still answers with a running engine."""
+        out: list[_Member] = []
+        for doc in record.get("members", []):
+            if doc.get("state") not in ("ready", "new"):
+                continue
+            actor = self.conn.get_actor(doc["name"])
+            if actor is None:
+                log.warning("server %s of an earlier session is gone; a new one replaces it", doc["name"])
+                continue
+            try:
+                state = self.conn.get(actor.poll.remote(), POLL_TIMEOUT_S)
+            except Exception as exc:  # noqa: BLE001 - any Ray error: that actor cannot be used
+                log.warning("server %s of an earlier session does not answer (%s); it is replaced", doc["name"],
+                            short_error(exc))
+                gone = _Member(int(doc["slot"]), doc["name"], actor=actor, info=doc.get("info"), state="lost")
+                gone.pg = self.conn.placement_group(doc["name"])
+                self._stop_member(gone, "it did not answer when this session began")
+                self.retired.append(gone)
+                continue
+            m = _Member(int(doc["slot"]), doc["name"], actor=actor, info=state["info"], adopted=True)
+            m.pg = self.conn.placement_group(doc["name"])
+            if state["returncode"] is not None or state["info"] is None or state["stopped"]:
+                log.warning("server %s of an earlier session has exited; it is stopped and replaced", doc["name"])
+                self._stop_member(m, None)
+                self.retired.append(m)
+                continue
+            m.state = "ready"
+            log.warning("found server %s of an earlier session serving at %s on %s", m.name, m.info["url"], m.label)
+            out.append(m)
+        return out
+
+    @staticmethod
+    def _spread(nodes: list[dict[str, Any]], fit: dict[str, int], count: int, adopted: list[_Member]) -> list[str]:
+        """Node ids for ``count`` new servers, round-robin over the nodes with room (fewest first)."""
+        used: dict[str, int] = {n["NodeID"]: 0 for n in nodes}
+        for m in adopted:
+            if m.info and m.info.get("node_id") in used:
+                used[m.info["node_id"]] += 1
+        out: list[str] = []
+        for _ in range(count):
+            free = [nid for nid, n in fit.items() if n - used[nid] > 0]
+            if not free:
+                break
+            nid = min(free, key=lambda i: (used[i], list(fit).index(i)))
+            used[nid] += 1
+            out.append(nid)
+        return out
+
+    def _place(self, node_id: str | None) -> _Member:
+        """A placement group of one bundle (pinned to ``node_id`` when given) and the actor in it."""
+        ray = self.conn.ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        slot = self.budget["next_slot"]
+        self.budget["next_slot"] = slot + 1
+        name = f"harvest-{self.run_id}-{slot}"
+        m = _Member(slot, name)
+        bundle = self.cluster.bundle()
+        kwargs: dict[str, Any] = {"strategy": "STRICT_PACK", "name": name, "lifetime": "detached"}
+        if node_id is not None:
+            kwargs["bundle_label_selector"] = [{"ray.io/node-id": node_id}]
+        m.pg = placement_group([bundle], **kwargs)
+        doc = {"version": __version__, "server": self.server_config.model_dump(mode="json"),
+               "preflight": self.preflight_config.model_dump(mode="json") if self.preflight_config else None,
+               "force": self.force, "name": name, "run_id": self.run_id, "port_offset": slot}
+        resources = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
+        m.actor = _actor_class(self.conn).options(
+            name=name, namespace=self.cluster.namespace, lifetime="detached", max_restarts=0,
+            num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), resources=resources or None,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(m.pg, placement_group_bundle_index=0),
+        ).remote(doc)
+        del ray
+        return m
+
+    def _launch(self, m: _Member) -> None:
+        """Wait for the placement, then the actor's launch on its node (bounded); records the outcome."""
+        cfg = self.server_config
+        try:
+            try:
+                self.conn.get(m.pg.ready(), self.cluster.connect_timeout)
+            except self.conn.ray.exceptions.GetTimeoutError:
+                raise LaunchError(f"Ray placed no bundle {json.dumps(self.cluster.bundle(), sort_keys=True)} within "
+                                  f"{self.cluster.connect_timeout:g} s; available now: "
+                                  f"{plain_resources(self.conn.ray.available_resources())}", reason="spawn_failed") from None
+            m.info = self.conn.get(m.actor.launch.remote(cfg.api_key().get_secret_value() if cfg.api_key() else None),
+                                   cfg.ready_timeout + LAUNCH_SLACK_S)
+        except Exception as exc:  # noqa: BLE001 - Ray wraps the actor's error; its text names the cause
+            why = short_error(exc)
+            log.warning("server %s left out: %s", m.name, why)
+            m.history.append({"at": time.time(), "error": why})
+            m.state = "failed"
+            self._stop_member(m, None)
+            m.state = "failed"
+            return
+        m.state = "ready"
+        preflight = m.info.pop("preflight", None)  # the node's own preflight, shown as a local one would be
+        if preflight is not None and self.on_preflight is not None:
+            with contextlib.suppress(RemoteError):
+                self.on_preflight(preflight_report_from_dict(preflight, host=m.label))
+        log.info("server %s ready at %s on %s (GPUs %s)", m.name, m.info["url"], m.label, m.info.get("gpus"))
+
+    # --- watch ------------------------------------------------------------------------------------
+
+    async def _watch_loop(self) -> None:
+        """Poll every server together each POLL_S; a lost one is replaced beside the others."""
+        while not self._stopping:
+            await asyncio.sleep(POLL_S)
+            watched = [m for m in self.members if m.state == "ready"]
+            if not watched or self._stopping:
+                continue
+            verdicts = await asyncio.to_thread(self._check, watched)
+            for m, why in zip(watched, verdicts):
+                if why is not None and not self._stopping and m.state == "ready":
+                    m.state = "lost"
+                    task = asyncio.create_task(self._replace(m, why))
+                    self._replacing.add(task)
+                    task.add_done_callback(self._replacing.discard)
+
+    def _check(self, members: list[_Member]) -> list[str | None]:
+        """For each member: None while it serves, else why it is lost (one poll each, all at once,
+        bounded by POLL_TIMEOUT_S together)."""
+        ray = self.conn.ray
+        refs = [m.actor.poll.remote() for m in members]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=POLL_TIMEOUT_S)
+        answered = set(ready)
+        out: list[str | None] = []
+        for m, ref in zip(members, refs):
+            if ref not in answered:
+                m.misses += 1
+                out.append(f"no answer to {m.misses} polls of {POLL_TIMEOUT_S:g} s" if m.misses >= POLL_MISSES
+                           else None)
+                continue
+            try:
+                state = ray.get(ref, timeout=1.0)
+            except Exception as exc:  # noqa: BLE001 - the actor died, or its node was lost
+                out.append(f"its actor is gone: {short_error(exc)}")
+                continue
+            m.misses = 0
+            code = state["returncode"]
+            out.append(f"its engine exited (code {code})" if code is not None else None)
+        return out
+
+    async def _replace(self, m: _Member, why: str) -> None:
+        """Stop (or write off) the lost server, then place and launch its replacement where Ray has
+        room; the client's endpoint follows it once it is ready."""
+        log.warning("server %s on %s lost: %s", m.name, m.label, why)
+        old_url = m.info["url"] if m.info else None
+        await asyncio.to_thread(self._stop_member, m, why)
+        self.members.remove(m)
+        self.retired.append(m)
+        self._save()
+        if self._stopping:
+            return
+        if self.budget["relaunches"] >= self.config.run.max_relaunches:
+            log.error("no replacement for %s: run.max_relaunches (%d) used up", m.name, self.config.run.max_relaunches)
+            self._give_up_if_empty()
+            return
+        self.budget["relaunches"] += 1
+        new = await asyncio.to_thread(self._place, None)  # wherever Ray has room
+        self.members.append(new)  # from now on a stop finds it, also mid-launch
+        self._save()
+        await asyncio.to_thread(self._launch, new)
+        if new.state != "ready":
+            if new in self.members:
+                self.members.remove(new)
+                self.retired.append(new)
+            self._save()
+            self._give_up_if_empty()
+            return
+        self._save()
+        log.warning("replacement %d of %d: server %s at %s on %s", self.budget["relaunches"],
+                    self.config.run.max_relaunches, new.name, new.info["url"] if new.info else "?", new.label)
+        if self._client is not None and old_url is not None and new.info is not None and not self._stopping:
+            self._client.replace_endpoint(old_url, new.info["url"])
+            urls = self.shared.get("urls", [])
+            self.shared["urls"] = [new.info["url"] if u == old_url else u for u in urls]
+
+    def _give_up_if_empty(self) -> None:
+        if not any(m.state in ("ready", "new") for m in self.members):
+            self._gave_up = True
+
+    # --- stop -------------------------------------------------------------------------------------
+
+    def _stop_member(self, m: _Member, lost: str | None) -> StopReport | None:
+        """The verified stop on ``m``'s node (or, its actor gone, a report saying so); then its actor
+        and placement group are removed."""
+        deadline = self.server_config.stop_deadline
+        report: StopReport | None = None
+        if m.actor is not None:
+            try:
+                doc = self.conn.get(m.actor.stop.remote(deadline), deadline + STOP_SLACK_S)
+                if doc is not None:
+                    report = stop_report_from_dict(doc, host=m.label)
+                    report = on_node(report, m.label)
+            except RemoteError as exc:
+                log.error("server %s: the stop report does not parse: %s", m.name, exc)
+            except Exception as exc:  # noqa: BLE001 - actor gone with its node, or no answer in time
+                if m.info is not None:
+                    report = lost_report(m.label, m.info.get("run_dir", "?"), lost or short_error(exc))
+        elif m.info is not None:
+            report = lost_report(m.label, m.info.get("run_dir", "?"), lost or "no actor")
+        self.conn.remove(m.actor, m.pg)
+        m.report = report
+        if m.state != "failed":
+            m.state = "lost" if lost else "stopped"
+        if report is not None:
+            log.log(logging.INFO if report.clean else logging.ERROR, "server %s on %s stopped: %s", m.name,
+                    m.label, "clean" if report.clean else "DIRTY: " + "; ".join(report.problems))
+        return report
+
+    async def stop(self, deadline: float | None = None) -> list[StopReport]:
+        """Every server's verified stop on its node, together; one report each (lost ones included)."""
+        self._stopping = True
+        watch = self._watch
+        if watch is not None and not watch.done():
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+        live = [m for m in self.members if m.state in ("ready", "new")]
+        with contextlib.suppress(Exception):
+            await asyncio.gather(*(asyncio.to_thread(self._stop_member, m, None) for m in live))
+        if self._replacing:  # a replacement mid-launch was stopped above: let its task see that and end
+            await asyncio.wait(list(self._replacing), timeout=self.server_config.stop_deadline + STOP_SLACK_S)
+        reports = [m.report for m in [*self.retired, *live] if m.report is not None]
+        if self.members or self.retired:  # nothing placed (refused before placement): no record
+            self._save()
+        await asyncio.to_thread(self.conn.close)
+        return reports
+
+    def _save(self) -> None:
+        members = [*self.retired, *self.members]
+        write_ray_record(self.run_dir, {"run_id": self.run_id, "address": self.cluster.address,
+                                     "namespace": self.cluster.namespace, "next_slot": self.budget["next_slot"],
+                                     "stop_deadline": self.server_config.stop_deadline,
+                                     "members": [m.record() for m in members]})
+
+
+def _actor_class(conn: RayConnection) -> Any:
+    from harvest.campaign.ray_actor import ServerActor
+
+    return conn.ray.remote(max_concurrency=4)(ServerActor)
+
+
+def ray_server_factory(config: HarvestConfig) -> Any:
+    """What the runner calls to get its servers on the cluster; Ray is imported now (a missing Ray
+    is a ClusterError before anything else happens)."""
+    assert config.cluster is not None
+    import_ray(config.source)
+    budget: dict[str, Any] = {"relaunches": 0, "next_slot": 0}
+
+    def make(cfg: ServerConfig, *, run_dir: Path, preflight: PreflightConfig | None = None, force: bool = False,
+             on_preflight: Any = None, **_: Any) -> RayServerGroup:
+        return RayServerGroup(config, cfg, run_dir=Path(run_dir), conn=RayConnection(config.cluster, config.source),
+                              preflight=preflight, force=force, budget=budget, on_preflight=on_preflight)
+
+    return make
+
+
+def stop_ray_run(folder: Path, deadline: float | None = None) -> list[StopReport]:
+    """``harvest stop RUN_DIR`` of a Ray run: every recorded server stopped on its node (verified)."""
+    record = read_ray_record(folder)
+    if record is None:
+        raise ConfigError(str(folder), [(str(folder), f"no {RAY_RECORD} here: not a Ray run")])
+    cluster = ClusterConfig(address=record["address"], namespace=record["namespace"])
+    conn = RayConnection(cluster, str(folder))
+    conn.connect()
+    out: list[StopReport] = []
+    try:
+        for doc in record.get("members", []):
+            if doc.get("state") not in ("ready", "new"):
+                continue
+            m = _Member(int(doc["slot"]), doc["name"], info=doc.get("info"))
+            m.actor = conn.get_actor(doc["name"])
+            m.pg = conn.placement_group(doc["name"])
+            budget = float(deadline if deadline is not None else record.get("stop_deadline", 60.0))
+            report: StopReport | None = None
+            if m.actor is None:
+                report = lost_report(m.label, (m.info or {}).get("run_dir", "?"), "its actor is gone")
+            else:
+                try:
+                    got = conn.get(m.actor.stop.remote(deadline), budget + STOP_SLACK_S)
+                    report = on_node(stop_report_from_dict(got, host=m.label), m.label) if got else None
+                except Exception as exc:  # noqa: BLE001 - the actor went with its node
+                    report = lost_report(m.label, (m.info or {}).get("run_dir", "?"), short_error(exc))
+            conn.remove(m.actor, m.pg)
+            doc["state"] = "stopped"
+            doc["verdict"] = report.verdict if report is not None else None
+            if report is not None:
+                out.append(report)
+        write_ray_record(record_dir(folder), record)
+    finally:
+        conn.close()
+    return out
+
+
+__all__ = ["ClusterError", "RAY_RECORD", "RayServerGroup", "import_ray", "ray_server_factory", "read_ray_record",
+           "stop_ray_run"]

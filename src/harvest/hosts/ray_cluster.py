@@ -1,0 +1,230 @@
+"""A Ray cluster as harvest sees it: the connection, the run's record and the words for errors.
+
+    conn = RayConnection(config.cluster, source=config.source)   # Ray imported here (ClusterError if absent)
+    conn.connect()                                               # bounded: a TCP check first, then ray.init
+    conn.alive_nodes(); conn.get(ref, timeout); conn.remove(actor, pg); conn.close()
+
+The campaign's servers on the cluster live in :mod:`harvest.campaign.ray_servers`; this module holds
+what they and ``harvest stop`` share. Budgets: the address check takes at most ``connect_timeout``
+(``ray.init`` would retry an unreachable address without end); every other call names its own
+timeout. It never starts or stops Ray itself, and removes only the actors and placement groups it
+is given (this run's, by name).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from harvest.config import ClusterConfig
+from harvest.errors import ConfigError
+from harvest.server import StopReport, StopStep
+from harvest.server.state import make_run_dir
+
+RAY_RECORD = "ray.json"
+INSTALL_HINT = "pip install 'harvest[ray]'"
+
+
+class ClusterError(ConfigError):
+    """The cluster cannot take the job as configured (no Ray, no room, an unreachable address): one line."""
+
+    def __init__(self, source: str, where: str, message: str):
+        self.source = source
+        self.problems = [(where, message)]
+        Exception.__init__(self, f"{where}: {message}")
+
+
+def import_ray(source: str = "[cluster]") -> Any:
+    """Ray, or a ClusterError saying how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise ClusterError(source, f"{source} [cluster]", f'backend = "ray" needs Ray: {INSTALL_HINT}') from None
+    return ray
+
+
+def run_id_of(run_dir: Path) -> str:
+    """A short, stable id of a run folder: the names of its actors and placement groups."""
+    return hashlib.blake2b(str(Path(run_dir).resolve()).encode(), digest_size=6).hexdigest()
+
+
+def read_ray_record(folder: Path) -> dict[str, Any] | None:
+    """The driver's record of a Ray run's servers (``folder`` is the run or its server folder)."""
+    for path in (Path(folder) / RAY_RECORD, Path(folder) / "server" / RAY_RECORD):
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def write_ray_record(folder: Path, doc: dict[str, Any]) -> None:
+    make_run_dir(folder)
+    tmp = Path(folder) / f".{RAY_RECORD}.tmp"
+    tmp.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, Path(folder) / RAY_RECORD)
+
+
+def bundles_that_fit(have: dict[str, float], bundle: dict[str, float]) -> int:
+    """How many bundles fit in ``have``."""
+    return int(min(have.get(k, 0.0) // v for k, v in bundle.items())) if bundle else 0
+
+
+def node_label(node_ip: str | None, node_id: str | None) -> str:
+    return f"node {node_ip or '?'} ({(node_id or '?')[:8]})"
+
+
+def plain_resources(resources: dict[str, float]) -> str:
+    """Resources without Ray's per-node and per-placement-group entries, as JSON."""
+    return json.dumps({k: v for k, v in resources.items() if not k.startswith("node:") and "_group_" not in k
+                       and k not in ("memory", "object_store_memory")}, sort_keys=True)
+
+
+def describe_nodes(nodes: list[dict[str, Any]]) -> str:
+    """What each alive node has, for error messages."""
+    shown = []
+    for n in nodes:
+        shown.append(f"{node_label(n['NodeManagerAddress'], n['NodeID'])} {plain_resources(n['Resources'])}")
+    return "; ".join(shown) or "no alive node"
+
+
+def lost_report(where: str, run_dir: str, why: str) -> StopReport:
+    """The report of a server whose node (or actor) is gone: nothing could be measured there."""
+    return StopReport(run_dir=f"{where}:{run_dir}", verdict="dirty",
+                      steps=(StopStep("node", 0.0, f"lost: {why}", ok=False),), escalated=False,
+                      problems=(f"{where} lost ({why}): the verified stop could not run there",))
+
+
+class _Quiet(logging.Filter):
+    """Drops Ray's note that it left SIGTERM alone (harvest connects from a thread on purpose)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "SIGTERM handler is not set" not in record.getMessage()
+
+
+class RayConnection:
+    """One connection to the cluster and this run's names in it (each call bounded)."""
+
+    def __init__(self, cluster: ClusterConfig, source: str = "[cluster]"):
+        self.cluster = cluster
+        self.source = source
+        self.ray = import_ray(source)
+        self.owned = False
+
+    def connect(self) -> None:
+        """``ray.init`` from a worker thread (as the group calls it): Ray then leaves the process's
+        SIGTERM handler alone, so a SIGTERM still reaches harvest's own graceful stop."""
+        ray = self.ray
+        if ray.is_initialized():
+            return
+        self._reachable()
+        quiet = _Quiet()
+        worker_log = logging.getLogger("ray._private.worker")
+        worker_log.addFilter(quiet)
+        try:
+            ray.init(address=self.cluster.address, namespace=self.cluster.namespace,
+                     runtime_env=self.cluster.runtime_env or None, log_to_driver=False,
+                     logging_level=logging.WARNING, configure_logging=False)
+        except Exception as exc:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ValueError...
+            raise ClusterError(self.source, f"{self.source} [cluster] address",
+                               f"cannot connect to Ray at {self.cluster.address!r}: {exc}".splitlines()[0]) from None
+        finally:
+            worker_log.removeFilter(quiet)
+        self.owned = True
+
+    def _reachable(self) -> None:
+        """A ClusterError unless something answers at the cluster's address within connect_timeout
+        (``ray.init`` itself retries an unreachable address without end)."""
+        import socket
+
+        where = f"{self.source} [cluster] address"
+        address = self.cluster.address
+        if address == "auto":
+            try:
+                from ray._private.services import canonicalize_bootstrap_address  # private; checked below
+
+                address = canonicalize_bootstrap_address("auto") or ""
+            except Exception as exc:  # noqa: BLE001 - Ray says there is no cluster to join
+                raise ClusterError(self.source, where, f"address \"auto\" found no running Ray cluster: "
+                                   f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+            if not address:
+                raise ClusterError(self.source, where, 'address "auto" found no running Ray cluster (no '
+                                   'RAY_ADDRESS, no `ray start` on this machine)')
+        host, sep, port = address.removeprefix("ray://").rpartition(":")
+        if not sep or not port.isdigit():
+            raise ClusterError(self.source, where, f"{self.cluster.address!r} is not HOST:PORT, ray://HOST:PORT "
+                               f"or auto")
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=self.cluster.connect_timeout):
+                pass
+        except OSError as exc:
+            raise ClusterError(self.source, where, f"cannot connect to Ray at {address} within "
+                               f"{self.cluster.connect_timeout:g} s: {exc.strerror or exc}") from None
+
+    def close(self) -> None:
+        if self.owned and self.ray.is_initialized():
+            self.ray.shutdown()
+        self.owned = False
+
+    def alive_nodes(self) -> list[dict[str, Any]]:
+        return [n for n in self.ray.nodes() if n.get("Alive")]
+
+    def remove(self, actor: Any, pg: Any) -> None:
+        """Remove this run's actor and placement group from the cluster (after its verified stop, or
+        once it is gone)."""
+        from ray.util.placement_group import remove_placement_group
+
+        if actor is not None:
+            with contextlib.suppress(Exception):
+                self.ray.kill(actor, no_restart=True)
+        if pg is not None:
+            with contextlib.suppress(Exception):
+                remove_placement_group(pg)
+
+    def placement_group(self, name: str) -> Any:
+        """This run's placement group of that name, or None."""
+        from ray.util import get_placement_group
+
+        try:
+            return get_placement_group(name)
+        except ValueError:
+            return None
+
+    def get_actor(self, name: str) -> Any:
+        try:
+            return self.ray.get_actor(name, namespace=self.cluster.namespace)
+        except ValueError:
+            return None
+
+    def get(self, ref: Any, timeout: float) -> Any:
+        return self.ray.get(ref, timeout=timeout)
+
+
+def on_node(report: StopReport, label: str) -> StopReport:
+    from dataclasses import replace
+
+    return replace(report, run_dir=f"{label}:{report.run_dir}")
+
+
+def short_error(exc: BaseException) -> str:
+    """One line of a (Ray-wrapped) exception: the innermost cause."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException):
+        exc = cause
+    text = str(exc).strip().splitlines()
+    return (text[-1] if text else type(exc).__name__)[:400]
+
+
+def record_dir(folder: Path) -> Path:
+    """The folder that holds ``ray.json`` (the run's server folder, or ``folder`` itself)."""
+    return Path(folder) if (Path(folder) / RAY_RECORD).exists() else Path(folder) / "server"
+
+
+__all__ = ["INSTALL_HINT", "RAY_RECORD", "ClusterError", "RayConnection", "bundles_that_fit", "describe_nodes",
+           "import_ray", "lost_report", "node_label", "on_node", "plain_resources", "read_ray_record", "record_dir",
+           "run_id_of", "short_error", "write_ray_record"]

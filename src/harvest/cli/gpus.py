@@ -27,7 +27,8 @@ from harvest.gpu import host_state, open_probe
 @click.option("--count", type=click.IntRange(min=1), default=None,
               help="with --watch: stop after this many refreshes")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="show the [host] / [[hosts]] of this config instead (one table, a host column)")
+              help="show the [host] / [[hosts]] (a host column) or the [cluster] (a node column) "
+                   "of this config instead")
 @host_options
 @click.option("--cluster", is_flag=False, flag_value="auto", default=None, metavar="[ADDRESS]",
               help="show every node of a Ray cluster (one table, a node column); ADDRESS: host:port, "
@@ -40,12 +41,20 @@ def gpus(ctx: click.Context, as_json: bool, watch: float | None, count: int | No
     """Show GPUs (memory, utilization, compute processes) and host RAM/swap."""
     from harvest.cli.remote import hosts_of, remote_gpus
 
+    runtime_env = None
+    if cluster is None and config_path is not None and far_host is None:
+        from harvest.config import load_config
+
+        cfg = load_config(config_path)
+        if cfg.cluster is not None:  # a job's [cluster]: its nodes, reached as the job reaches them
+            cluster, runtime_env = cfg.cluster.address, cfg.cluster.runtime_env
+            config_path = None
     if cluster is not None:
         if config_path is not None or far_host is not None:
             raise click.UsageError("--cluster shows a Ray cluster's nodes: not with --config or --host")
         from harvest.cli.cluster import DEFAULT_TIMEOUT, cluster_gpus
 
-        ctx.exit(cluster_gpus(cluster, as_json, timeout or DEFAULT_TIMEOUT))
+        ctx.exit(cluster_gpus(cluster, as_json, timeout or DEFAULT_TIMEOUT, runtime_env))
     far = hosts_of(config_path, far_host)
     if far:
         remote_gpus(far, as_json)

@@ -91,6 +91,9 @@ def preflight(ctx: click.Context, config: Path, wait_s: float | None, as_json: b
     if far_host is not None:  # --host: that host instead of the config's own host tables
         cfg = cfg.model_copy(update={"host": far_host, "hosts": []})
     server = cfg.require_server()
+    runtime_env = None
+    if cluster is None and cfg.cluster is not None and far_host is None:  # the job's [cluster]: every node
+        cluster, runtime_env = cfg.cluster.address, cfg.cluster.runtime_env
     if cluster is not None:
         from harvest.cli.cluster import DEFAULT_TIMEOUT, cluster_preflight
 
@@ -101,7 +104,7 @@ def preflight(ctx: click.Context, config: Path, wait_s: float | None, as_json: b
             raise click.UsageError("--wait does not combine with --cluster (each node is checked once)")
 
         ctx.exit(cluster_preflight(cfg, cluster, as_json, timeout or DEFAULT_TIMEOUT,
-                                   str(output_dir) if output_dir is not None else None))
+                                   str(output_dir) if output_dir is not None else None, runtime_env))
     if cfg.far_hosts():
         ctx.exit(remote_preflight(cfg, as_json))
     out_dir = output_dir if output_dir is not None else Path(cfg.output.dir)

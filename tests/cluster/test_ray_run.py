@@ -237,6 +237,8 @@ def test_worker_node_lost_mid_run(tmp_path, ray_cluster, llama_server_bin, tiny_
             os.killpg(paused.pid, signal.SIGCONT)
             paused = None
         output, _ = proc.communicate(timeout=400)
+        if what == "raylet":  # what the DIRTY report tells the user to do on that machine: harvest stop there
+            hinted = run(harvest_argv("stop", victim["info"]["run_dir"], "--json"), ray_cluster.env, timeout=120)
     finally:
         if paused is not None and paused.is_running():
             os.killpg(paused.pid, signal.SIGCONT)
@@ -259,6 +261,10 @@ def test_worker_node_lost_mid_run(tmp_path, ray_cluster, llama_server_bin, tiny_
     if what == "raylet":  # the actor went with its raylet: nothing could stop or measure the engine
         assert lost[0]["verdict"] == "dirty"
         assert "lost" in output and "could not run there" in output
+        assert f"harvest stop {victim['info']['run_dir']}" in output  # the way out, named
+        # ... and it works: run on that machine, the node's own record stops and verifies the engine
+        assert hinted.returncode == 0 and json.loads(hinted.stdout)["verdict"] == "clean", \
+            hinted.stdout + hinted.stderr
     replacements = [m for m in after["members"] if m["name"] not in {x["name"] for x in rec["members"]}]
     if what == "node":
         assert replacements and replacements[0]["state"] == "stopped", (replacements, output[-3000:])

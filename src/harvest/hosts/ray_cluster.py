@@ -97,7 +97,9 @@ def lost_report(where: str, run_dir: str, why: str) -> StopReport:
     """The report of a server whose node (or actor) is gone: nothing could be measured there."""
     return StopReport(run_dir=f"{where}:{run_dir}", verdict="dirty",
                       steps=(StopStep("node", 0.0, f"lost: {why}", ok=False),), escalated=False,
-                      problems=(f"{where} lost ({why}): the verified stop could not run there",))
+                      problems=(f"{where} lost ({why}): the verified stop could not run there; if that "
+                                f"machine is still up, its engine may be too: `harvest stop {run_dir}` on it "
+                                f"stops and verifies what that launch recorded",))
 
 
 class _Quiet(logging.Filter):

@@ -327,3 +327,27 @@ def test_unreachable_cluster_is_one_clear_line(tmp_path, llama_server_bin, tiny_
     assert len(lines) == 1 and f"cannot connect to Ray at 127.0.0.1:{port}" in lines[0], out.stderr
     assert "[cluster] address" in lines[0] and "Traceback" not in out.stderr
     assert not (run_dir / "server" / "ray.json").exists()
+
+
+def test_a_silent_cluster_address_is_bounded_by_connect_timeout(tmp_path, llama_server_bin, tiny_gguf):
+    """Something accepts TCP at the address but never speaks Ray: `ray.init` would wait on it for
+    minutes; `harvest run` gives up after [cluster] connect_timeout with one line, nothing placed."""
+    pytest.importorskip("ray", reason="needs Ray (pip install 'harvest[ray]')")
+    with socket.socket() as s:  # accepts connections (the kernel's backlog) and never says a word
+        s.bind(("127.0.0.1", 0))
+        s.listen(16)
+        port = s.getsockname()[1]
+
+        class Silent:
+            address = f"127.0.0.1:{port}"
+        job, run_dir = write_job(tmp_path, Silent, llama_server_bin, tiny_gguf, 5)
+        job.write_text(job.read_text().replace("connect_timeout = 60", "connect_timeout = 4"))
+        t0 = time.monotonic()
+        out = run(harvest_argv("run", str(job), "--no-live"), dict(os.environ), timeout=180)
+        took = time.monotonic() - t0
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and f"127.0.0.1:{port}" in lines[0] and "[cluster] address" in lines[0], out.stderr
+    assert "Traceback" not in out.stderr
+    assert took < 90, took  # connect_timeout (4 s) and the process's own start, not Ray's retries
+    assert not (run_dir / "server" / "ray.json").exists()

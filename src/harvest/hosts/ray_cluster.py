@@ -18,6 +18,8 @@ import hashlib
 import json
 import logging
 import os
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +104,37 @@ def lost_report(where: str, run_dir: str, why: str) -> StopReport:
                                 f"stops and verifies what that launch recorded",))
 
 
+def split_address(address: str) -> tuple[str, int] | None:
+    """``(host, port)`` of ``HOST:PORT`` or ``ray://HOST:PORT``; None for anything else (``auto``)."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    return (host.strip("[]"), int(port)) if sep and port.isdigit() else None
+
+
+def init_bounded(ray: Any, timeout: float, **init_kwargs: Any) -> tuple[BaseException | None, float, bool]:
+    """``ray.init(**init_kwargs)`` on a watchdog thread, waited for at most ``timeout`` seconds: (the
+    error it raised or None, seconds waited, whether it was still going). On a thread of its own Ray
+    leaves the process's SIGTERM handler alone, so a SIGTERM still reaches harvest's graceful stop."""
+    outcome: dict[str, BaseException] = {}
+
+    def init() -> None:
+        try:
+            ray.init(**init_kwargs)
+        except Exception as exc:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ValueError...
+            outcome["error"] = exc
+
+    quiet = _Quiet()
+    worker_log = logging.getLogger("ray._private.worker")
+    worker_log.addFilter(quiet)
+    t0 = time.monotonic()
+    try:
+        thread = threading.Thread(target=init, name="ray-connect", daemon=True)
+        thread.start()
+        thread.join(timeout)
+    finally:
+        worker_log.removeFilter(quiet)
+    return outcome.get("error"), time.monotonic() - t0, thread.is_alive()
+
+
 class _Quiet(logging.Filter):
     """Drops Ray's note that it left SIGTERM alone (harvest connects from a thread on purpose)."""
 
@@ -125,18 +158,17 @@ class RayConnection:
         if ray.is_initialized():
             return
         self._reachable()
-        quiet = _Quiet()
-        worker_log = logging.getLogger("ray._private.worker")
-        worker_log.addFilter(quiet)
-        try:
-            ray.init(address=self.cluster.address, namespace=self.cluster.namespace,
-                     runtime_env=self.cluster.runtime_env or None, log_to_driver=False,
-                     logging_level=logging.WARNING, configure_logging=False)
-        except Exception as exc:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ValueError...
-            raise ClusterError(self.source, f"{self.source} [cluster] address",
-                               f"cannot connect to Ray at {self.cluster.address!r}: {exc}".splitlines()[0]) from None
-        finally:
-            worker_log.removeFilter(quiet)
+        error, waited, hung = init_bounded(
+            ray, self.cluster.connect_timeout, address=self.cluster.address, namespace=self.cluster.namespace,
+            runtime_env=self.cluster.runtime_env or None, log_to_driver=False, logging_level=logging.WARNING,
+            configure_logging=False)
+        where = f"{self.source} [cluster] address"
+        if hung:
+            raise ClusterError(self.source, where, f"Ray at {self.cluster.address!r} did not accept this driver "
+                               f"within {waited:.1f} s (connect_timeout)")
+        if error is not None:
+            raise ClusterError(self.source, where,
+                               f"cannot connect to Ray at {self.cluster.address!r}: {error}".splitlines()[0])
         self.owned = True
 
     def _reachable(self) -> None:
@@ -157,12 +189,12 @@ class RayConnection:
             if not address:
                 raise ClusterError(self.source, where, 'address "auto" found no running Ray cluster (no '
                                    'RAY_ADDRESS, no `ray start` on this machine)')
-        host, sep, port = address.removeprefix("ray://").rpartition(":")
-        if not sep or not port.isdigit():
+        target = split_address(address)
+        if target is None:
             raise ClusterError(self.source, where, f"{self.cluster.address!r} is not HOST:PORT, ray://HOST:PORT "
                                f"or auto")
         try:
-            with socket.create_connection((host.strip("[]"), int(port)), timeout=self.cluster.connect_timeout):
+            with socket.create_connection(target, timeout=self.cluster.connect_timeout):
                 pass
         except OSError as exc:
             raise ClusterError(self.source, where, f"cannot connect to Ray at {address} within "
@@ -228,5 +260,5 @@ def record_dir(folder: Path) -> Path:
 
 
 __all__ = ["INSTALL_HINT", "RAY_RECORD", "ClusterError", "RayConnection", "bundles_that_fit", "describe_nodes",
-           "import_ray", "lost_report", "node_label", "on_node", "plain_resources", "read_ray_record", "record_dir",
-           "run_id_of", "short_error", "write_ray_record"]
+           "import_ray", "init_bounded", "lost_report", "node_label", "on_node", "plain_resources", "read_ray_record", "record_dir",
+           "run_id_of", "short_error", "split_address", "write_ray_record"]

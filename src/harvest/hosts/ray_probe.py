@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from harvest.errors import RemoteError
+from harvest.hosts.ray_cluster import init_bounded, split_address
 
 #: What a missing Ray says, one line (the CLI exits 2 with it).
 INSTALL_HINT = "Ray is not installed: pip install 'harvest[ray]'"
@@ -125,13 +125,12 @@ def far_preflight(server: dict[str, Any], preflight: dict[str, Any], output_dir:
 def _tcp_check(address: str, timeout: float) -> None:
     """A TCP connection to ``host:port`` (or ``ray://host:port``): a closed or unreachable address
     fails here at once instead of inside Ray's own retries."""
-    target = address.removeprefix("ray://")
-    host, sep, port = target.rpartition(":")
-    if not sep or not port.isdigit():
+    target = split_address(address)
+    if target is None:
         return  # "auto" and friends: Ray resolves them itself
     t0 = time.monotonic()
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+        with socket.create_connection(target, timeout=timeout):
             pass
     except OSError as exc:
         raise RemoteError(f"ray {address}", "connect", time.monotonic() - t0,
@@ -140,33 +139,15 @@ def _tcp_check(address: str, timeout: float) -> None:
 
 def connect(address: str, *, timeout: float, runtime_env: dict[str, Any] | None = None) -> Any:
     """Join the cluster at ``address`` as a driver, bounded by ``timeout``; returns the ``ray`` module."""
-    import logging
-
     ray = import_ray()
     _tcp_check(address, timeout)
-    # ray.init runs on a watchdog thread, where it cannot (and need not) install its SIGTERM handler.
-    logging.getLogger("ray._private.worker").addFilter(
-        lambda record: "SIGTERM handler is not set" not in record.getMessage())
-    outcome: dict[str, Any] = {}
-
-    def init() -> None:
-        try:
-            ray.init(address=address, log_to_driver=False, configure_logging=False,
-                     runtime_env=runtime_env or None, namespace="harvest-probe")
-            outcome["ok"] = True
-        except Exception as exc:  # noqa: BLE001 - any failure to join is reported as one line below
-            outcome["error"] = exc
-
-    t0 = time.monotonic()
-    thread = threading.Thread(target=init, name="ray-connect", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    waited = time.monotonic() - t0
-    if thread.is_alive():
+    error, waited, hung = init_bounded(ray, timeout, address=address, log_to_driver=False, configure_logging=False,
+                                       runtime_env=runtime_env or None, namespace="harvest-probe")
+    if hung:
         raise RemoteError(f"ray {address}", "connect", waited, "the cluster did not accept this driver in time")
-    if "error" in outcome:
-        first = str(outcome["error"]).strip().splitlines()[0] if str(outcome["error"]).strip() else ""
-        raise RemoteError(f"ray {address}", "connect", waited, f"{type(outcome['error']).__name__}: {first}")
+    if error is not None:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise RemoteError(f"ray {address}", "connect", waited, f"{type(error).__name__}: {first}")
     return ray
 
 

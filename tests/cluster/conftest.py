@@ -21,6 +21,9 @@ import pytest
 import harvest
 
 OBJECT_STORE = 100 * 1024 * 1024
+#: Every node's address, given explicitly: the environment switch below is read when Ray is first
+#: imported, which another test of the session may have done already.
+LOOPBACK = "127.0.0.1"
 #: Node liveness checked every second, dead after 3 misses (Ray's defaults take ~30 s).
 SYSTEM_CONFIG = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3,
                  "health_check_initial_delay_ms": 1000}
@@ -38,6 +41,7 @@ class LocalCluster:
 
     def add_worker(self, label: str) -> Any:
         node = self.cluster.add_node(num_cpus=2, resources={label: 1, "engine": ENGINE_SLOTS},
+                                     node_ip_address=LOOPBACK,
                                      object_store_memory=OBJECT_STORE, include_dashboard=False)
         self.cluster.wait_for_nodes(timeout=120)
         self.workers[label] = node
@@ -66,6 +70,7 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory):
 
     cluster = Cluster(initialize_head=True, connect=False,
                       head_node_args={"num_cpus": 1, "include_dashboard": False, "object_store_memory": OBJECT_STORE,
+                                      "node_ip_address": LOOPBACK,
                                       "_system_config": SYSTEM_CONFIG})
     try:
         local = LocalCluster(cluster, cluster.address, state, dict(os.environ))

@@ -210,7 +210,7 @@ def test_worker_node_lost_mid_run(tmp_path, ray_cluster, llama_server_bin, tiny_
     loss until the replacement is ready: the requests wait on it, the remaining items in the ledger.
     (``raylet``: the unsupervised engine goes on answering what it was sent until its endpoint points
     at the replacement, so the items may all be done before the replacement gets any.)"""
-    n = 200
+    n = 200 if what == "node" else 600  # raylet: long enough, most days, for Ray to notice the loss mid-run
     job, run_dir = write_job(tmp_path, ray_cluster, llama_server_bin, tiny_gguf, n)
     proc = subprocess.Popen(harvest_argv("run", str(job), "--no-live"), env=ray_cluster.env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -256,8 +256,13 @@ def test_worker_node_lost_mid_run(tmp_path, ray_cluster, llama_server_bin, tiny_
     lost = [m for m in after["members"] if m["name"] == victim["name"]]
     # Lost; its stop ran on the node if the actor still answered (clean: the engine is gone), else the
     # report says the node was lost (dirty, unverified).
-    assert lost and lost[0]["state"] == "lost" and lost[0]["verdict"] in ("clean", "dirty")
     assert engine_process(victim["info"]) is None
+    if what == "raylet" and lost and lost[0]["state"] == "stopped":
+        # The run ended before Ray declared the node dead (its actor process outlives the raylet for a
+        # few seconds): the end-of-run stop still reached the engine through that actor, verified there.
+        assert lost[0]["verdict"] == "clean", lost
+        return
+    assert lost and lost[0]["state"] == "lost" and lost[0]["verdict"] in ("clean", "dirty")
     if what == "raylet":  # the actor went with its raylet: nothing could stop or measure the engine
         assert lost[0]["verdict"] == "dirty"
         assert "lost" in output and "could not run there" in output

@@ -12,7 +12,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,3 +163,29 @@ def main() -> int:  # pragma: no cover - manual helper: python tests/engines.py
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
+
+
+@contextmanager
+def not_http_peer() -> Iterator[int]:
+    """A loopback port whose one peer reads a request and answers bytes that are not HTTP; yields the port."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    listener.settimeout(30)
+
+    def serve() -> None:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        thread.join(30)
+        listener.close()

@@ -18,6 +18,7 @@ import pytest
 
 from harvest import http
 from harvest.client.transport import MockTransport, RawResponse, TimedOut, Unreachable
+from tests.engines import not_http_peer
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -152,26 +153,6 @@ def test_a_mock_transport_replaces_the_network():
 
 def test_an_answer_that_is_not_http_is_an_http_error():
     """A peer that writes garbage: an error of this module, not aiohttp's own exception."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(1)
-    listener.settimeout(30)
-
-    def serve() -> None:
-        try:
-            conn, _ = listener.accept()
-        except OSError:
-            return
-        with conn:
-            conn.recv(65536)
-            conn.sendall(b"NOT HTTP AT ALL\r\n\r\n")
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        with pytest.raises(http.HttpError) as info:
-            http.get(f"http://127.0.0.1:{listener.getsockname()[1]}/x", timeout=10)
-    finally:
-        thread.join(30)
-        listener.close()
+    with not_http_peer() as port, pytest.raises(http.HttpError) as info:
+        http.get(f"http://127.0.0.1:{port}/x", timeout=10)
     assert info.value.__cause__ is not None

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import threading
 from urllib.parse import urlsplit
 
 import pytest
@@ -20,6 +19,7 @@ from harvest.client.transport import MockTransport, RawResponse, Unreachable
 from harvest.config import ServerConfig
 from harvest.errors import RequestError, ServerSick
 from harvest.quality.probe import ProbePrompt
+from tests.engines import not_http_peer
 from harvest.quality.wire import (
     ChatWire,
     SGLangWire,
@@ -200,34 +200,15 @@ def test_a_refused_port_on_loopback_is_the_server_being_sick():
 
 
 def test_an_answer_that_is_not_http_is_the_server_being_sick():
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(1)
-    listener.settimeout(30)
+    with not_http_peer() as port:
+        cfg = ServerConfig(engine="vllm", model="m", port=port)
 
-    def serve() -> None:
-        try:
-            conn, _ = listener.accept()
-        except OSError:
-            return
-        with conn:
-            conn.recv(65536)
-            conn.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+        async def go():
+            async with VLLMWire(cfg, timeout=10.0) as wire:
+                await wire.generate(PROMPT, [1, 2], 3)
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    cfg = ServerConfig(engine="vllm", model="m", port=listener.getsockname()[1])
-
-    async def go():
-        async with VLLMWire(cfg, timeout=10.0) as wire:
-            await wire.generate(PROMPT, [1, 2], 3)
-
-    try:
         with pytest.raises(ServerSick, match=r"POST /v1/completions: "):
             asyncio.run(go())
-    finally:
-        thread.join(30)
-        listener.close()
 
 
 def test_the_wire_talks_to_a_loopback_server_with_its_key(monkeypatch):

@@ -173,6 +173,12 @@ class ServerConfig(_Model):
         return self.engine in LAUNCHED_ENGINES
 
     @property
+    def requested_model(self) -> str | None:
+        """The model name every request asks for: ``served_model_name``, else ``model`` (the name
+        an engine serves a model folder under, or an endpoint's model); None: the first listed."""
+        return self.served_model_name or self.model
+
+    @property
     def url(self) -> str:
         """Base URL of the server, without a trailing slash and without ``/v1``."""
         if self.base_url:
@@ -256,6 +262,9 @@ class DataConfig(_Model):
     #: Items whose prompt has more tokens are skipped, never sent (besides the model's own context,
     #: which is learned from the server; see campaign/context.py).
     max_prompt_tokens: int | None = Field(None, ge=1)
+    #: A run that ends with more than this share of its unique input rows skipped exits non-zero
+    #: (1: never; every row skipped always does). The skipped rows stay in the ledger.
+    max_skipped_share: float = Field(0.5, ge=0, le=1)
 
 
 class SamplingConfig(_Model):
@@ -283,6 +292,10 @@ class ClientConfig(_Model):
     max_retries: int = Field(3, ge=0)
     endpoints: list[str] = Field(default_factory=list, description="extra base URLs served by the same model")
     health_deadline: float = Field(600.0, gt=0, description="seconds a sick server may take to recover")
+    #: Seconds an endpoint harvest does not manage (engine "openai", [client] endpoints) may take
+    #: to answer ``GET /v1/models`` when the run starts; past it the run ends, items left pending.
+    #: Shorter than ``health_deadline``: an endpoint that never answered is not one recovering.
+    start_deadline: float = Field(60.0, gt=0, description="seconds an unmanaged endpoint may take to answer at start")
 
     @field_validator("concurrency")
     @classmethod

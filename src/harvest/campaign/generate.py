@@ -69,6 +69,9 @@ class Generated:
     #: answer that stayed empty); ``drop_class`` is the failure's error class.
     dropped: str | None = None
     drop_class: str = "truncated"
+    #: Seconds the item's requests spent on the wire (each from being sent to its answer), summed:
+    #: the item's latency without its wait in harvest's own queue.
+    latency_s: float = 0.0
 
 
 async def generate_item(client: ChatClient, item: Item, *, run: RunConfig, sampling: SamplingConfig,
@@ -81,28 +84,32 @@ async def generate_item(client: ChatClient, item: Item, *, run: RunConfig, sampl
     users = [m.content for m in item.messages if m.role == "user"]
     model: str | None = None
     truncated_at: int | None = None
-    prompt_tokens = completion_tokens = attempts = 0
+    prompt_tokens = completion_tokens = requests = 0
+    latency = 0.0
     for k in range(item.turns):
         history = item.history(k, replies if run.history == "regenerated" else None)
         request = [{"role": m.role, "content": m.content} for m in history]
         completion = await client.chat(request)
-        attempts += completion.attempts
+        requests, latency = requests + completion.attempts, latency + completion.latency_s
         if completion.truncated and run.truncated == "retry":
             larger = run.retry_max_tokens or 2 * sampling.max_tokens
             completion = await client.chat(request, max_tokens=larger)
-            attempts += completion.attempts
+            requests, latency = requests + completion.attempts, latency + completion.latency_s
         for _ in range(run.empty_retries):
             if not _empty(completion.text, run):
                 break
             completion = await client.chat(request)  # the same settings, asked again
-            attempts += completion.attempts
+            requests, latency = requests + completion.attempts, latency + completion.latency_s
+        # One attempt of the item asks each turn once; every further request is another attempt.
+        attempts = requests - k
         if _empty(completion.text, run):
             asked = 1 + run.empty_retries
             why = (f"empty answer at turn {k} (finish_reason={completion.finish_reason}, "
                    f"{completion.completion_tokens} tokens; asked {asked} time{'s' if asked > 1 else ''})")
             return Generated({}, Status.FAILED, completion.finish_reason,
                              prompt_tokens + (completion.prompt_tokens or 0),
-                             completion_tokens + (completion.completion_tokens or 0), attempts, why, "empty")
+                             completion_tokens + (completion.completion_tokens or 0), attempts, why, "empty",
+                             latency)
         model = completion.model or model
         text, reasoning = completion.text, completion.reasoning_content
         if run.reasoning != "none":
@@ -128,7 +135,9 @@ async def generate_item(client: ChatClient, item: Item, *, run: RunConfig, sampl
     dropped = None
     if truncated_at is not None and run.truncated == "drop":
         dropped = f"finish_reason=length at turn {truncated_at} (max_tokens {sampling.max_tokens})"
-    return Generated(output, status, last_reason, prompt_tokens, completion_tokens, attempts, dropped)
+    attempts = requests - max(item.turns - 1, 0)
+    return Generated(output, status, last_reason, prompt_tokens, completion_tokens, attempts, dropped,
+                     latency_s=latency)
 
 
 __all__ = ["ChatClient", "Generated", "generate_item", "split_reasoning"]

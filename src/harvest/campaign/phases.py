@@ -20,9 +20,9 @@ from typing import Any
 from harvest.events import Event
 
 #: Display order; ``trial`` (a sweep's trial k of n) comes first.
-ORDER = ("trial", "ingest", "preflight", "launching", "generating", "stopping")
+ORDER = ("trial", "ingest", "preflight", "launching", "connecting", "generating", "stopping")
 #: Phases that follow one another: one starting ends the one before.
-SEQUENTIAL = ("preflight", "launching", "generating", "stopping")
+SEQUENTIAL = ("preflight", "launching", "connecting", "generating", "stopping")
 
 
 @dataclass
@@ -140,8 +140,34 @@ def _launching(info: dict[str, Any], active: bool, ok: bool) -> str:
     return " · ".join(parts)
 
 
+def _connecting(info: dict[str, Any], active: bool, ok: bool) -> str:
+    if active:
+        deadline = info.get("deadline_s")
+        waited = info.get("waited_s")
+        text = "asking /v1/models"
+        if info.get("url"):
+            text += f" of {info['url']}: no answer yet"
+        if isinstance(waited, (int, float)) and isinstance(deadline, (int, float)):
+            text += f", {waited:.0f} s of the {deadline:g} s start_deadline"
+        return text
+    if info.get("silent"):
+        return f"no answer from {', '.join(info['silent'])} within the start_deadline"
+    if info.get("refused"):
+        return f"model {info['refused']!r} is not served there"
+    return f"model {info['model']!r} served" if info.get("model") else "answered"
+
+
 def _generating(info: dict[str, Any], active: bool, ok: bool) -> str:
-    return "sending requests" if active else "dispatch ended"
+    if active:
+        return "sending requests"
+    outcome = info.get("outcome") or "ended"
+    text = {"finished": "finished: nothing left to send",
+            "interrupted": "stopped: interrupted (run again to resume)",
+            "stopped": "stopped by the circuit breaker",
+            "server_down": "stopped: the server is down"}.get(str(outcome), f"ended: {outcome}")
+    if info.get("note") and outcome != "interrupted":
+        text += f" ({info['note']})"
+    return text
 
 
 def _stopping(info: dict[str, Any], active: bool, ok: bool) -> str:
@@ -163,7 +189,8 @@ def _trial(info: dict[str, Any], active: bool, ok: bool) -> str:
     return text
 
 
-_DESCRIBE = {"ingest": _ingest, "preflight": _preflight, "launching": _launching, "generating": _generating,
+_DESCRIBE = {"ingest": _ingest, "preflight": _preflight, "launching": _launching, "connecting": _connecting,
+             "generating": _generating,
              "stopping": _stopping, "trial": _trial}
 
 

@@ -91,6 +91,16 @@ class Progress:
         self._live: Live | None = None
         #: The run's timeline recorder (harvest.campaign.timeline), fed beside the counts; optional.
         self.timeline: Any = None
+        #: The client's ``stats`` (a callable returning ClientStats) while requests go out: what is
+        #: *sent* (on the wire), as opposed to ``in_flight`` (claimed from the ledger, some of them
+        #: still waiting in harvest's own queue for a slot).
+        self.client_stats: Any = None
+        #: ``[client] health_deadline``: how long a sick endpoint may take before the run gives up.
+        self.health_deadline: float | None = None
+        #: Seconds items waited in harvest's own queue (claimed, not yet sent), this session.
+        self.queue_wait_s = 0.0
+        #: The client's fixed concurrency (None with "auto": see ``concurrency`` targets).
+        self.concurrency_limit: int | None = None
 
     # --- phases ----------------------------------------------------------------------------------
 
@@ -161,18 +171,22 @@ class Progress:
     # --- feeding ---------------------------------------------------------------------------------
 
     def record(self, status: str, prompt_tokens: int = 0, completion_tokens: int = 0,
-               latency_s: float | None = None) -> None:
+               latency_s: float | None = None, queue_s: float | None = None) -> None:
+        """One item reached ``status``; ``latency_s`` from its requests being sent, ``queue_s`` its
+        wait in harvest's own queue before that."""
         with self._lock:
-            self._record(status, prompt_tokens, completion_tokens, latency_s)
+            self._record(status, prompt_tokens, completion_tokens, latency_s, queue_s)
 
     def _record(self, status: str, prompt_tokens: int, completion_tokens: int,
-                latency_s: float | None) -> None:
+                latency_s: float | None, queue_s: float | None = None) -> None:
         self.done += 1
         self.statuses[status] += 1
         self.prompt_tokens += prompt_tokens
         self.completion_tokens += completion_tokens
+        if queue_s is not None:
+            self.queue_wait_s += queue_s
         if self.timeline is not None:
-            self.timeline.item(status, latency_s, prompt_tokens, completion_tokens)
+            self.timeline.item(status, latency_s, prompt_tokens, completion_tokens, queue_s)
 
     def error(self, error_class: str) -> None:
         with self._lock:  # the display's thread copies the counters under the same lock
@@ -207,13 +221,35 @@ class Progress:
             "note": self.note, "total": self.total, "ingesting": self.ingesting,
             "final_before_session": self.already_final,
             "done_this_session": self.done, "in_flight": self.in_flight, "eta_s": eta,
+            **self._client_view(),
             "statuses_this_session": dict(self.statuses), "errors_by_class": dict(self.errors),
             "server": dict(self.server),
             "concurrency_targets": dict(self.concurrency),
+            "concurrency": self.concurrency_limit,
             "server_endpoints": dict(self.server_endpoints),
             "phases": [r.name for r in self.phases.rows() if r.active],
             **{k: round(v, 3) for k, v in rates.items()},
         }
+
+    def _client_view(self) -> dict[str, Any]:
+        """``sent`` (requests on the wire), ``queued`` (claimed, waiting in harvest for a slot),
+        ``concurrency``, ``sick`` endpoints with the seconds waited and the deadline, and the mean
+        queue wait of the items finished this session."""
+        out: dict[str, Any] = {"sent": None, "queued": None, "sick": [],
+                               "queue_wait_s_mean": round(self.queue_wait_s / self.done, 3) if self.done else None}
+        stats = self.client_stats() if self.client_stats is not None and self.state == "running" else None
+        if stats is None:
+            if self.state != "running":
+                out["sent"], out["queued"] = 0, 0
+            return out
+        out["sent"] = stats.in_flight
+        out["queued"] = max(self.in_flight - stats.in_flight, 0)
+        now = time.monotonic()
+        for e in stats.endpoints:
+            if e.state.value != "healthy" and e.failing_since is not None:
+                out["sick"].append({"url": e.url, "state": e.state.value, "waited_s": round(now - e.failing_since, 1),
+                                    "deadline_s": self.health_deadline, "last_error": e.last_error})
+        return out
 
     # --- output ----------------------------------------------------------------------------------
 
@@ -242,9 +278,10 @@ class Progress:
         errors = " errors " + ",".join(f"{k}={v}" for k, v in sorted(snap["errors_by_class"].items())) \
             if snap["errors_by_class"] else ""
         more = "+ (ingesting)" if snap.get("ingesting") else ""
+        sick = "".join(f", {_sick(e)}" for e in snap.get("sick") or [])
         return (f"[harvest] {final}/{snap['total']}{more} items, {snap['items_per_s']:.1f} items/s, "
                 f"gen {snap['gen_tokens_per_s']:.0f} tok/s, prompt {snap['prompt_tokens_per_s']:.0f} tok/s, "
-                f"in flight {snap['in_flight']}{_targets(snap)}{queue}, ETA {_duration(eta)}{errors}")
+                f"{_load(snap)}{queue}{sick}, ETA {_duration(eta)}{errors}")
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         """The live panel, built from the current state at every refresh."""
@@ -274,7 +311,7 @@ class Progress:
         body.add_row("", status_counts(self.before, snap["statuses_this_session"]))
         body.add_row("rate", f"{snap['items_per_s']:.1f} items/s   gen {snap['gen_tokens_per_s']:,.0f} tok/s   "
                              f"prompt {snap['prompt_tokens_per_s']:,.0f} tok/s")
-        load = f"in flight {snap['in_flight']}" + _targets(snap)
+        load = _load(snap)
         server = snap["server"]
         endpoints = snap.get("server_endpoints") or {}
         if len(endpoints) > 1:
@@ -285,6 +322,8 @@ class Progress:
             if server.get("running") is not None:
                 load += f"   server running {server['running']:.0f}   waiting {server.get('waiting') or 0:.0f}"
             body.add_row("load", load)
+        for e in snap.get("sick") or []:
+            body.add_row("endpoint", Text(_sick(e), style="yellow"))
         if snap["errors_by_class"]:
             body.add_row("errors", Text(", ".join(f"{k} {v}" for k, v in sorted(snap["errors_by_class"].items())),
                                         style="red"))
@@ -311,6 +350,29 @@ class Progress:
         if self._live is not None:
             self._live.__exit__(None, None, None)
             self._live = None
+
+
+def _load(snap: dict[str, Any]) -> str:
+    """``sent 32 (concurrency 32), 32 more claimed ahead in harvest's queue``: what is on the wire
+    and what waits in harvest, apart; ``claimed 64`` before any request went out."""
+    sent, queued = snap.get("sent"), snap.get("queued")
+    if sent is None:
+        return f"claimed {snap['in_flight']}" + _targets(snap)
+    text = f"sent {sent}"
+    if snap.get("concurrency"):
+        text += f" (concurrency {snap['concurrency']})"
+    text += _targets(snap)
+    if queued:
+        text += f", {queued} more claimed ahead in harvest's queue"
+    return text
+
+
+def _sick(e: dict[str, Any]) -> str:
+    """``http://h:8000 not answering: 35 s waited of the 600 s health_deadline (last: ...)``."""
+    deadline = e.get("deadline_s")
+    of = f" of the {deadline:g} s health_deadline" if deadline else ""
+    last = f" (last: {e['last_error']})" if e.get("last_error") else ""
+    return f"{e['url']} {e.get('state', 'sick')}, not answering: {e['waited_s']:.0f} s waited{of}{last}"
 
 
 def _targets(snap: dict[str, Any]) -> str:

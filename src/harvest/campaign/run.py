@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import logging
 import os
 import signal
@@ -44,6 +45,8 @@ from harvest.campaign.timeline import Timeline
 from harvest.client import Client
 from harvest.config import HarvestConfig
 from harvest.dataset import iter_items
+from harvest.events import Event
+from harvest.dataset.skips import SkipReason, describe_skips, shape_settings
 from harvest.errors import ConfigError, LedgerError, RequestError, ServerSick, StopError
 from harvest.ledger import (
     Completion,
@@ -90,11 +93,46 @@ class RunReport:
     trip: Trip | None = None
     #: Items ``--retry`` put back to pending at the start of this session.
     requeued: int = 0
+    #: Why rows were skipped (all sessions), most frequent first.
+    skip_reasons: tuple[SkipReason, ...] = ()
+    #: Set when every row, or more than ``[data] max_skipped_share`` of them, was skipped.
+    skip_problem: str | None = None
+    #: What the session found in the run folder when it began (None: a new run).
+    resumed: str | None = None
 
     @property
     def ok(self) -> bool:
-        """The run finished and every unique input item is accounted for."""
-        return self.outcome == "finished" and self.totals.ok
+        """The run finished, every unique input item is accounted for, and not too many were skipped."""
+        return self.outcome == "finished" and self.totals.ok and self.skip_problem is None
+
+
+def resume_line(counts: dict[Status, int], recovered: int, ingest: dict[str, Any], ingesting: bool) -> str:
+    """What a session found in an existing run folder and what it will do, in one line:
+    ``resuming: 470 done, 1530 pending (12 truncated, 3 failed); generating the 1530 pending``."""
+    done, pending = counts[Status.DONE], counts[Status.PENDING] + counts[Status.RUNNING]
+    others = [f"{counts[s]:,} {s.value}" for s in (Status.TRUNCATED, Status.FAILED, Status.SKIPPED) if counts[s]]
+    line = f"resuming: {done:,} done, {pending:,} pending" + (f" ({', '.join(others)})" if others else "")
+    if recovered:
+        line += f"; {recovered:,} left running by an interrupted session are pending again"
+    todo = []
+    if pending:
+        todo.append(f"generating the {pending:,} pending")
+    if ingesting or not ingest.get("complete", True):
+        todo.append(f"reading the dataset on after row {ingest.get('rows', 0):,}")
+    return line + "; " + (" and ".join(todo) if todo else "nothing left to do")
+
+
+def skipped_problem(totals: Totals, max_share: float) -> str | None:
+    """Why the skipped rows fail the run (all of them, or more than ``max_share``), else None."""
+    skipped, unique = totals.counts[Status.SKIPPED], totals.unique
+    if not unique or not skipped:
+        return None
+    if skipped == unique:
+        return f"every input row ({unique:,}) was skipped: nothing was generated"
+    if skipped / unique > max_share:
+        return (f"{skipped:,} of {unique:,} input rows were skipped ({skipped / unique:.0%}, more than "
+                f"[data] max_skipped_share {max_share:.0%})")
+    return None
 
 
 def output_settings(config: HarvestConfig) -> dict[str, Any]:
@@ -183,6 +221,11 @@ class _Campaign:
         #: The report's record of this session (timeline.json): intervals, histograms, launches.
         self.timeline: Timeline | None = None
         self._first_rows: int | None = None  # input rows read before the display started (this session)
+        #: (error class, reason) -> rows skipped by this session's ingest, for the input line.
+        self._skip_reasons: dict[tuple[str, str], int] = {}
+        self.resumed: str | None = None
+        #: The model name sent with every request (checked against /v1/models), once known.
+        self.model: str | None = None
 
     # --- ledger and dataset --------------------------------------------------------------------
 
@@ -206,6 +249,7 @@ class _Campaign:
                               f"{fingerprint}); resuming would mix inputs. Use a new output dir, or "
                               f"--allow-mixed to accept it")
         ledger.set_meta("dataset_fingerprint", fingerprint)
+        self._reread_skipped(ledger)
         for what in self.retry:  # after open: settings that change outputs were checked there
             count = ledger.requeue(what, reason=f"harvest run --retry {what}")
             log.info("--retry %s: %d items back to pending", what, count)
@@ -216,6 +260,7 @@ class _Campaign:
             self._records = iter_items(data, skip=state["rows"])
             try:
                 first = prepare_ingest(self._records, INGEST_BATCH)
+                self._count_skips(first)
                 report = ledger.commit_ingest(first, resumed_from=state["rows"])
                 self._first_rows = report.total_rows
             except BaseException:
@@ -229,9 +274,42 @@ class _Campaign:
                 self._log_input(report)
         return ledger
 
+    def _reread_skipped(self, ledger: Ledger) -> None:
+        """Rows skipped at ingest are read again from the source when the [data] settings that
+        decide a row's shape changed since they were read, or on ``--retry skipped``."""
+        data = self.config.data
+        assert data is not None
+        shape = shape_settings(data)
+        known = ledger.meta().get("data_shape")
+        changed = known is not None and known != shape
+        if (changed or "skipped" in self.retry) and ledger.counts()[Status.SKIPPED]:
+            why = ("[data] " + ", ".join(f"{k} {known.get(k)!r} -> {v!r}" for k, v in shape.items()
+                                         if known.get(k) != v)) if changed else "--retry skipped"
+            rows = ledger.ingest_state()["rows"]
+            records = iter_items(data)
+            try:
+                recovered, still = ledger.reread_skipped(itertools.islice(records, rows),
+                                                         ("shape", "input"), reason=why)
+            finally:
+                with contextlib.suppress(ValueError):
+                    records.close()  # type: ignore[attr-defined]
+            log.info("skipped rows read again (%s): %d now items to generate, %d still skipped",
+                     why, recovered, still)
+            self.requeued += recovered
+        ledger.set_meta("data_shape", shape)
+
     def _log_input(self, report: IngestReport) -> None:
         log.info("input: %d rows, %d unique, %d duplicates, %d skipped; %s", report.total_rows, report.unique,
                  report.duplicates, report.skipped, describe_ids(self.config.data, report))
+        if self._skip_reasons:
+            reasons = sorted((SkipReason(c, r, n) for (c, r), n in self._skip_reasons.items()),
+                             key=lambda r: -r.count)
+            for line in describe_skips(reasons):
+                log.warning("  %s", line)
+
+    def _count_skips(self, batch: IngestBatch) -> None:
+        for key, n in batch.skip_reasons.items():
+            self._skip_reasons[key] = self._skip_reasons.get(key, 0) + n
 
     def _close_records(self) -> None:
         if self._records is not None:
@@ -248,6 +326,7 @@ class _Campaign:
                 batch: IngestBatch = await asyncio.to_thread(prepare_ingest, records, INGEST_BATCH)
                 if self._ingest_stop:
                     return  # not committed: the next session reads it again
+                self._count_skips(batch)
                 report = await writer.ingest(batch)
                 progress.rows_read = report.total_rows
                 progress.total = report.unique
@@ -356,6 +435,41 @@ class _Campaign:
         await self.start_server()
         return True
 
+    async def _check_endpoints(self, client: Client, progress: Progress) -> bool:
+        """Ask every endpoint's ``/v1/models`` (an endpoint harvest does not manage gets ``[client]
+        start_deadline`` to answer) and send the configured model: one not listed is refused with
+        the list. False (outcome "server_down") when an endpoint never answered."""
+        cfg = self.config
+        deadline = cfg.client.start_deadline
+        progress.begin("connecting", deadline_s=deadline, endpoints=len(client.endpoints))
+
+        def waiting(url: str, waited: float) -> None:
+            progress.on_event(Event("connecting", "update", {"url": url, "waited_s": waited}))
+
+        served = await client.served_models(deadline, waiting)
+        silent = [url for url, ids in served.items() if ids is None]
+        if silent:
+            self.outcome = "server_down"
+            self.note = (f"{', '.join(silent)} did not answer GET /v1/models within [client] start_deadline "
+                         f"{deadline:g} s; nothing was sent, every item is still pending")
+            progress.on_event(Event("connecting", "end", {"silent": silent}, ok=False))
+            return False
+        requested = cfg.server.requested_model if cfg.server is not None else None
+        field = "served_model_name" if cfg.server is not None and cfg.server.served_model_name else "model"
+        for url, ids in served.items():
+            if requested is not None and ids and requested not in ids:
+                progress.on_event(Event("connecting", "end", {"refused": requested}, ok=False))
+                raise ConfigError(cfg.source, [(f"{cfg.source} [server] {field}",
+                                                f"{requested!r} is not served by {url}; it serves "
+                                                f"{', '.join(repr(i) for i in ids)}")])
+        listed = next((ids for ids in served.values() if ids), [])
+        model = requested or (listed[0] if listed else None)
+        if model is not None:
+            client.use_model(model)
+        self.model = model
+        progress.on_event(Event("connecting", "end", {"model": model}))
+        return True
+
     # --- dispatch -----------------------------------------------------------------------------
 
     async def dispatch(self, writer: LedgerWriter, client: Client, progress: Progress) -> None:
@@ -372,6 +486,8 @@ class _Campaign:
             if scrape is not None and not scrape.done():
                 scrape.cancel()
                 await asyncio.gather(scrape, return_exceptions=True)
+            # Dispatch is over: the server's last gauges no longer describe this run.
+            progress.server, progress.server_endpoints = {"running": None, "waiting": None}, {}
 
     async def _dispatch(self, writer: LedgerWriter, client: Client, progress: Progress,
                         tasks: dict[asyncio.Task[Any], str]) -> None:
@@ -384,7 +500,7 @@ class _Campaign:
         async def one(row_id: str, item: Any) -> None:
             if await self.context.skipped(client, writer, progress, row_id, item):
                 return  # its prompt cannot fit the model's context: never sent
-            t0 = time.monotonic()
+            t0 = time.monotonic()  # claimed; the request waits for a slot in the client
             try:
                 gen = await generate_item(client, item, run=cfg.run, sampling=cfg.sampling,
                                           settings_hash=self.settings_hash)
@@ -398,15 +514,18 @@ class _Campaign:
             self._commit_failures(writer, progress, self.breaker.succeeded())
             for _ in range(gen.attempts):
                 writer.charge_attempt(row_id)
+            # Latency from each request being sent; the rest of the time since the claim is the
+            # item's wait in harvest's own queue (claimed ahead, waiting for a slot).
+            queued = max(time.monotonic() - t0 - gen.latency_s, 0.0)
             if gen.dropped is not None:
                 writer.fail(Failure(row_id, gen.dropped, gen.drop_class))
-                progress.record(Status.FAILED.value, gen.prompt_tokens, gen.completion_tokens,
-                                time.monotonic() - t0)
+                progress.record(Status.FAILED.value, gen.prompt_tokens, gen.completion_tokens, gen.latency_s,
+                                queued)
                 progress.error(gen.drop_class)
                 return
             writer.complete(Completion(row_id, gen.output, gen.status, gen.finish_reason, gen.prompt_tokens,
                                        gen.completion_tokens))
-            progress.record(gen.status.value, gen.prompt_tokens, gen.completion_tokens, time.monotonic() - t0)
+            progress.record(gen.status.value, gen.prompt_tokens, gen.completion_tokens, gen.latency_s, queued)
 
         # Finished requests arrive here from their done callbacks: a loop turn costs O(answers), where
         # asyncio.wait(tasks) cost O(requests in flight) per answer (P6: x1.47 driver CPU per request
@@ -558,6 +677,9 @@ class _Campaign:
         try:
             counts = ledger.counts()
             total = sum(counts.values())
+            if not ledger.created:
+                self.resumed = resume_line(counts, ledger.recovered, ledger.ingest_state(), self._records is not None)
+                log.info("%s", self.resumed)
             final_before = sum(counts[s] for s in (Status.DONE, Status.TRUNCATED, Status.FAILED, Status.SKIPPED))
             progress = Progress(self.run_dir, total=total, already_final=final_before, live=self.live,
                                 console=self.console, data_path=self.config.data.path if self.config.data else None,
@@ -581,8 +703,16 @@ class _Campaign:
                                     attach = getattr(self.server, "attach_client", None)
                                     if attach is not None:  # Ray: endpoints follow replacement servers
                                         attach(client)
-                                    progress.begin("generating")
-                                    await self.dispatch(writer, client, progress)
+                                    progress.client_stats = client.stats
+                                    progress.health_deadline = self.config.client.health_deadline
+                                    if not self.config.client.auto:
+                                        progress.concurrency_limit = int(self.config.client.concurrency)
+                                    if await self._check_endpoints(client, progress):
+                                        progress.begin("generating", concurrency=client.capacity())
+                                        await self.dispatch(writer, client, progress)
+                                    progress.on_event(Event("generating", "end", {
+                                        "outcome": self.outcome, "note": self.note},
+                                        ok=self.outcome == "finished"))
                             finally:
                                 await self._finish_ingest()
                     finally:
@@ -590,7 +720,10 @@ class _Campaign:
                 progress.state = self.outcome
                 progress.note = self.note
                 progress.update()
+            if self.model is not None:
+                ledger.set_meta("model_used", self.model)
             totals = ledger.check_totals()
+            skip_reasons = tuple(ledger.skip_reasons())
         finally:
             if self.timeline is not None:
                 self.timeline.close(self.outcome)
@@ -598,9 +731,12 @@ class _Campaign:
                 loop.remove_signal_handler(sig)
             self._close_records()
             ledger.close()
+        data = self.config.data
+        assert data is not None
         return RunReport(self.run_dir, totals, progress.done, time.monotonic() - t0, self.outcome,
                          self.relaunches, tuple(self.stop_reports), ledger.recovered, self.note,
-                         self.breaker.trip, self.requeued)
+                         self.breaker.trip, self.requeued, skip_reasons,
+                         skipped_problem(totals, data.max_skipped_share) if totals.ok else None, self.resumed)
 
     def _request_stop(self) -> None:
         if not self.stop_requested.is_set():
@@ -628,4 +764,4 @@ async def run_campaign(config: HarvestConfig, *, allow_mixed: bool = False, forc
                            console=console).run()
 
 
-__all__ = ["RunReport", "dataset_fingerprint", "output_settings", "run_campaign"]
+__all__ = ["RunReport", "dataset_fingerprint", "output_settings", "run_campaign", "skipped_problem"]

@@ -40,6 +40,7 @@ from typing import Any
 import psutil
 
 from harvest.campaign.progress import PROGRESS_FILE
+from harvest.dataset.skips import SkipReason
 from harvest.ledger import LOCK_FILE, Ledger, Status, Totals
 
 #: Runner states progress.json records (shown as recorded; only ``running`` makes its rates live).
@@ -74,6 +75,8 @@ class Progress:
     note: str | None = None
     #: ``concurrency = "auto"``: each endpoint's target when progress.json was written ({} when fixed).
     concurrency_targets: Mapping[str, int] = field(default_factory=dict)
+    #: Requests on the wire (``in_flight`` counts the items claimed, some waiting in harvest's queue).
+    sent: int | None = None
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,10 @@ class RunStatus:
     harvest_version: str | None
     #: Things a person should know about how these numbers were read (unreadable progress.json, ...).
     notes: tuple[str, ...] = ()
+    #: Why rows were skipped (error class, reason, count, an example row, a fix hint), most first.
+    skip_reasons: tuple[SkipReason, ...] = ()
+    #: The model the last session sent its requests to (checked against /v1/models), when recorded.
+    model: str | None = None
 
     @property
     def skipped(self) -> int:
@@ -202,6 +209,7 @@ def read_progress(run_dir: str | Path) -> tuple[Progress | None, str | None]:
         prompt_tokens_per_s=_num(data, "prompt_tokens_per_s", float), in_flight=_num(data, "in_flight", int),
         errors_by_class=errors, server_running=_num(server, "running", float),
         server_waiting=_num(server, "waiting", float), note=note, concurrency_targets=targets,
+        sent=_num(data, "sent", int),
     ), None
 
 
@@ -371,6 +379,7 @@ def run_status(run_dir: str | Path, *, now: float | None = None, window_s: float
         with _snapshot(ledger):
             totals = ledger.check_totals()
             failed_by_class, recent = ledger.errors(errors_limit)
+            skip_reasons = tuple(ledger.skip_reasons())
             meta = ledger.meta()
             if _progress_fresh(progress, runner, now, stale_after_s):
                 assert progress is not None
@@ -405,7 +414,8 @@ def run_status(run_dir: str | Path, *, now: float | None = None, window_s: float
         runner=runner, progress=progress, created_at=_num(meta, "created_at", float),
         settings_hashes=tuple(str(h) for h in hashes),
         harvest_version=meta.get("harvest_version") if isinstance(meta.get("harvest_version"), str) else None,
-        notes=tuple(notes),
+        notes=tuple(notes), skip_reasons=skip_reasons,
+        model=meta.get("model_used") if isinstance(meta.get("model_used"), str) else None,
     )
 
 

@@ -182,6 +182,8 @@ class Timeline:
         self.launches: list[dict[str, Any]] = list(doc.get("launches") or [])
         hist = doc.get("histograms") or {}
         self.latency = Histogram.from_dict(hist.get("latency_s"), *LATENCY)
+        #: Seconds items waited in harvest's own queue (claimed, not yet sent): apart from latency.
+        self.queue = Histogram.from_dict(hist.get("queue_s"), *LATENCY)
         self.prompt = Histogram.from_dict(hist.get("prompt_tokens"), *TOKENS)
         self.lengths = {s: Histogram.from_dict((hist.get("completion_tokens") or {}).get(s), *TOKENS)
                         for s in LENGTH_STATUSES}
@@ -223,12 +225,15 @@ class Timeline:
 
     # --- feeding -----------------------------------------------------------------------------------
 
-    def item(self, status: str, latency_s: float | None, prompt_tokens: int, completion_tokens: int) -> None:
-        """One item reached ``status`` after ``latency_s`` seconds of generation (O(1): buffered)."""
+    def item(self, status: str, latency_s: float | None, prompt_tokens: int, completion_tokens: int,
+             queue_s: float | None = None) -> None:
+        """One item reached ``status`` after ``latency_s`` seconds of generation, measured from its
+        requests being sent, having waited ``queue_s`` in harvest's own queue (O(1): buffered)."""
         buf = self._buffer.get(status)
         if buf is None:
             buf = self._buffer[status] = array("d")
-        buf.extend((-1.0 if latency_s is None else latency_s, prompt_tokens, completion_tokens))
+        buf.extend((-1.0 if latency_s is None else latency_s, prompt_tokens, completion_tokens,
+                    -1.0 if queue_s is None else queue_s))
         self._buffered += 1
         if self._buffered >= FLUSH_EVERY:
             self._flush()
@@ -238,8 +243,9 @@ class Timeline:
         for status, buf in list(self._buffer.items()):
             if not buf:
                 continue
-            rows = np.array(buf, dtype=np.float64).reshape(-1, 3)
-            lat, prompt, completion = rows[:, 0], rows[:, 1], rows[:, 2]
+            rows = np.array(buf, dtype=np.float64).reshape(-1, 4)
+            lat, prompt, completion, queued = rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3]
+            self.queue.add_many(queued[queued >= 0])
             self._statuses[status] += len(lat)
             self._prompt_tokens += int(prompt.sum())
             self._completion_tokens += int(completion.sum())
@@ -352,7 +358,8 @@ class Timeline:
     def to_dict(self) -> dict[str, Any]:
         return {"schema": TIMELINE_SCHEMA, "stride": self.stride, "max_points": MAX_POINTS,
                 "sessions": self.sessions, "intervals": self.intervals, "launches": self.launches,
-                "histograms": {"latency_s": self.latency.to_dict(), "prompt_tokens": self.prompt.to_dict(),
+                "histograms": {"latency_s": self.latency.to_dict(), "queue_s": self.queue.to_dict(),
+                               "prompt_tokens": self.prompt.to_dict(),
                                "completion_tokens": {s: h.to_dict() for s, h in self.lengths.items()}}}
 
     def write(self) -> None:
@@ -392,6 +399,7 @@ def histograms(doc: Mapping[str, Any]) -> dict[str, Histogram]:
     ``completion_tokens:<status>``)."""
     hist = doc.get("histograms") or {}
     out = {"latency_s": Histogram.from_dict(hist.get("latency_s"), *LATENCY),
+           "queue_s": Histogram.from_dict(hist.get("queue_s"), *LATENCY),
            "prompt_tokens": Histogram.from_dict(hist.get("prompt_tokens"), *TOKENS)}
     for status in LENGTH_STATUSES:
         out[f"completion_tokens:{status}"] = Histogram.from_dict(

@@ -38,7 +38,7 @@ def show_preflight(report: Any, console: Any = None) -> None:
         console.print(rule_line(result))
 
 
-def print_report(report: RunReport) -> None:
+def print_report(report: RunReport, job: str | None = None) -> None:
     click.echo(f"run folder: {report.run_dir}")
     if report.recovered:
         click.echo(f"recovered {report.recovered} items left running by an earlier crash")
@@ -48,7 +48,19 @@ def print_report(report: RunReport) -> None:
         click.echo(f"server relaunched {report.relaunches} time(s)")
     for stop in report.stop_reports:
         click.echo(f"server stop: {'clean' if stop.clean else 'DIRTY'} in {stop.total_s:.2f} s")
-    click.echo(("OK    " if report.totals.ok else "CHECK ") + report.totals.describe())
+    click.echo(("OK    " if report.totals.ok and report.skip_problem is None else "CHECK ") + report.totals.describe())
+    if report.skip_reasons:
+        from harvest.dataset.skips import describe_skips
+
+        for line in describe_skips(report.skip_reasons):
+            click.echo(line, err=report.skip_problem is not None)
+    if report.skip_problem is not None:
+        click.echo(f"FAILED: {report.skip_problem}; fix [data] and run again: the skipped rows are read "
+                   f"again (or raise [data] max_skipped_share to accept them)", err=True)
+    again = f"harvest run {job}" if job else "harvest run"
+    if report.outcome == "interrupted":
+        click.echo(f"interrupted: {report.totals.counts[Status.PENDING]:,} items pending; run `{again}` again "
+                   f"to resume where it stopped", err=True)
     if report.trip is not None:
         click.echo(f"STOPPED: {report.trip.describe()}", err=True)
         click.echo(f"  the {report.totals.counts[Status.PENDING]} items not finished are pending, no attempt "
@@ -57,9 +69,10 @@ def print_report(report: RunReport) -> None:
 
 def _check_retry(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[str, ...]:
     for value in values:
-        if value in ("done", "pending", "running", "skipped") or not _RETRY_NAME.fullmatch(value):
+        if value in ("done", "pending", "running") or not _RETRY_NAME.fullmatch(value):
             raise click.BadParameter(
-                f"{value!r}: retry 'failed', 'truncated' or an error class (e.g. http_400)", ctx=ctx, param=param)
+                f"{value!r}: retry 'failed', 'truncated', 'skipped' or an error class (e.g. http_400)",
+                ctx=ctx, param=param)
     return values
 
 
@@ -69,8 +82,9 @@ def _check_retry(ctx: click.Context, param: click.Parameter, values: tuple[str, 
 @click.option("--force", is_flag=True, help="Launch the server even if preflight fails (failures still printed).")
 @click.option("--live/--no-live", default=None, help="Live display (default: when on a terminal).")
 @click.option("--retry", "retry", multiple=True, metavar="WHAT", callback=_check_retry,
-              help="First put items back to pending: 'failed', 'truncated' or an error class such as "
-                   "'http_400' or 'empty' (repeatable; recorded in the ledger).")
+              help="First put items back to pending: 'failed', 'truncated', 'skipped' (rows read again "
+                   "from the source under the current [data]) or an error class such as 'http_400' or "
+                   "'empty' (repeatable; recorded in the ledger).")
 @click.option("--all-hosts", is_flag=True, help="With [[hosts]]: refuse to run unless every host passes preflight.")
 def run(job: str, allow_mixed: bool, force: bool, live: bool | None, retry: tuple[str, ...],
         all_hosts: bool) -> None:
@@ -98,7 +112,7 @@ def run(job: str, allow_mixed: bool, force: bool, live: bool | None, retry: tupl
     except LaunchError as exc:
         click.echo(f"error: the server did not start: {exc}", err=True)
         sys.exit(130 if exc.reason == "cancelled" else 1)
-    print_report(report)
+    print_report(report, job)
     from harvest.cli.report import report_line
 
     click.echo(report_line(report.run_dir))

@@ -1,4 +1,4 @@
-"""``harvest status RUN_DIR [--json]``: where a run stands (counts, totals, throughput, ETA, errors).
+"""``harvest status RUN_DIR|JOB.toml [--json]``: where a run stands (counts, totals, throughput, ETA, errors).
 
 Parses options and renders a :class:`~harvest.campaign.status.RunStatus`; the reading and measuring
 live in ``harvest.campaign.status``. The ``--json`` document (``harvest.status/1``) is documented in
@@ -61,8 +61,10 @@ def status_payload(st: RunStatus) -> dict[str, Any]:
             "done_this_session": p.done_this_session, "in_flight": p.in_flight,
             "errors_by_class": dict(p.errors_by_class),
             "server": {"running": p.server_running, "waiting": p.server_waiting}, "note": p.note,
-            "concurrency_targets": dict(p.concurrency_targets),
+            "concurrency_targets": dict(p.concurrency_targets), "sent": p.sent,
         },
+        "skipped_reasons": [r.to_dict() for r in st.skip_reasons],
+        "model": st.model,
         "failed_by_class": dict(st.failed_by_class),
         "last_errors": [{"id": e.item_id, "error_class": e.error_class, "message": e.message,
                          "attempts": e.attempts, "source": e.source, "source_line": e.source_line}
@@ -111,6 +113,11 @@ def print_status(console: Console, st: RunStatus) -> None:
         style = "yellow" if st.remaining or not t.ingest_complete else "bold red"
         console.print(Text(f"totals: {t.describe()}", style=style))
     console.print(Text(f"input: {t.input_rows:,} rows, {t.duplicates:,} duplicates, {st.skipped:,} skipped"))
+    if st.skip_reasons:
+        from harvest.dataset.skips import describe_skips
+
+        for line in describe_skips(st.skip_reasons):
+            console.print(Text(line, style="magenta" if line.startswith("skipped") else "dim"))
 
     tp = st.throughput
     if tp.source == "progress":
@@ -129,7 +136,8 @@ def print_status(console: Console, st: RunStatus) -> None:
     console.print(Text(f"runner: {alive} ({st.runner.detail})", style=style))
     p = st.progress
     if p is not None and st.runner.alive:
-        extra = f"in flight {p.in_flight if p.in_flight is not None else '-'}"
+        extra = (f"sent {p.sent}, claimed {p.in_flight if p.in_flight is not None else '-'}" if p.sent is not None
+                 else f"claimed {p.in_flight if p.in_flight is not None else '-'}")
         if p.server_running is not None:
             extra += f", server running {p.server_running:.0f} waiting {p.server_waiting or 0:.0f}"
         if p.errors_by_class:
@@ -153,13 +161,26 @@ def print_status(console: Console, st: RunStatus) -> None:
         console.print(Text(f"note: {note}", style="dim"))
 
 
+def run_dir_of(target: str) -> str:
+    """The run folder ``target`` names: the folder itself, or a job file's ``[output] dir``."""
+    from pathlib import Path
+
+    if Path(target).is_file():
+        from harvest.config import load_config
+
+        return load_config(target).output.dir
+    return target
+
+
 @click.command("status")
-@click.argument("run_dir", type=click.Path(file_okay=False, path_type=str))
+@click.argument("run_dir", metavar="RUN_DIR|JOB.toml", type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="print the documented JSON document (harvest.status/1)")
 @click.option("--errors", "errors_limit", type=click.IntRange(min=0), default=10, show_default=True,
               help="how many of the most recent failures to list")
 def status(run_dir: str, as_json: bool, errors_limit: int) -> None:
-    """Show where a run stands: counts by status, totals, throughput, ETA, last errors."""
+    """Show where a run stands: counts by status, totals, throughput, ETA, skip reasons, last errors.
+    RUN_DIR is the run folder, or the job file whose [output] dir it is."""
+    run_dir = run_dir_of(run_dir)
     try:
         st = run_status(run_dir, errors_limit=errors_limit)
     except LedgerError as exc:

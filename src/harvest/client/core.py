@@ -167,7 +167,7 @@ class Client:
         if config.server is not None:
             urls.extend(server_urls if server_urls is not None else [config.server.url])
             api_key = config.server.api_key()
-            model = config.server.served_model_name
+            model = config.server.requested_model
         urls.extend(config.client.endpoints)
         kwargs.setdefault("api_key", api_key)
         kwargs.setdefault("model", model)
@@ -519,6 +519,39 @@ class Client:
             if response.status not in (404, 405):
                 return False
         return False
+
+    async def served_models(self, deadline_s: float,
+                            on_wait: Callable[[str, float], None] | None = None) -> dict[str, list[str] | None]:
+        """Each endpoint's model ids from ``GET /v1/models``, asked until it answers 2xx or
+        ``deadline_s`` seconds pass (then None for it). ``on_wait(url, waited_s)`` is called while
+        an endpoint does not answer yet. Nothing here changes the endpoints' health state."""
+        out: dict[str, list[str] | None] = {}
+        start = self._clock()
+        for endpoint in self._pool.endpoints:
+            while True:
+                try:
+                    response = await self._transport.request("GET", endpoint.url + protocol.MODELS_PATH,
+                                                             headers=self._headers,
+                                                             timeout=self.retry.probe_timeout)
+                except TransportError:
+                    response = None
+                if response is not None and response.status < 500 and response.status not in (408, 429):
+                    # An endpoint without /v1/models (404) answers, but lists nothing to check against.
+                    out[endpoint.url] = protocol.model_ids(response.body) if response.status < 300 else []
+                    break
+                waited = self._clock() - start
+                if waited >= deadline_s:
+                    out[endpoint.url] = None
+                    break
+                if on_wait is not None:
+                    on_wait(endpoint.url, waited)
+                await self._sleep(min(1.0, max(deadline_s - waited, 0.0)))
+        return out
+
+    def use_model(self, model: str) -> None:
+        """Send ``model`` with every request from now on (the name checked against /v1/models)."""
+        self._model, self._model_known = model, True
+        self._base = protocol.base_body(self.sampling, model)
 
     async def _discover_model(self) -> None:
         """Learn the model name from ``/v1/models`` once; a refused connection waits for health."""

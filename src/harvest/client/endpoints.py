@@ -71,7 +71,7 @@ class Endpoint:
     def stats(self) -> EndpointStats:
         return EndpointStats(url=self.url, state=self.state, outstanding=self.outstanding,
                              completed=self.completed, consecutive_failures=self.run,
-                             last_error=self.last_error, target=self.limit)
+                             last_error=self.last_error, target=self.limit, failing_since=self.failing_since)
 
 
 class EndpointPool:

@@ -116,6 +116,18 @@ def parse_text(raw: bytes, *, endpoint: str, latency_s: float, attempts: int) ->
     )
 
 
+def model_ids(raw: bytes) -> list[str]:
+    """Every model id of a ``/v1/models`` answer, in its order ([] when it lists none)."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return []
+    models = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(models, list):
+        return []
+    return [str(m["id"]) for m in models if isinstance(m, dict) and m.get("id")]
+
+
 def first_model_id(raw: bytes) -> str | None:
     """The first model id of a ``/v1/models`` answer, or None when there is none."""
     try:
@@ -137,6 +149,7 @@ __all__ = [
     "base_body",
     "encode",
     "first_model_id",
+    "model_ids",
     "parse_chat",
     "parse_text",
 ]

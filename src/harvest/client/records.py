@@ -93,6 +93,9 @@ class EndpointStats:
     #: Its own bound of requests in flight (``concurrency = "auto"``'s current target); None when
     #: the client's one fixed concurrency bounds all endpoints together.
     target: int | None = None
+    #: ``time.monotonic()`` when its current failure run began (None while it answers): a sick
+    #: endpoint is DOWN ``health_deadline`` seconds after it.
+    failing_since: float | None = None
 
 
 @dataclass(frozen=True)

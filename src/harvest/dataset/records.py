@@ -52,6 +52,10 @@ class Skipped:
     source: str
     line: int
     reason: str
+    #: ``"shape"``: the row was read but does not fit the ``[data]`` field mapping (so a changed
+    #: mapping may read it); ``"input"``: the row itself cannot be read (bad JSON, bad encoding...).
+    #: It is the skipped item's error class in the ledger.
+    kind: str = "input"
 
     @property
     def id(self) -> str:

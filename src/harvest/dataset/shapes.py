@@ -51,6 +51,8 @@ ROLE_ALIASES: Mapping[str, Role] = {
 #: The field read as a row's own id when ``[data] id_field`` is not set.
 DEFAULT_ID_FIELD = "id"
 
+#: Error class of a row that was read but does not fit the [data] field mapping.
+SHAPE_KIND = "shape"
 #: Ids with this prefix are reserved for skipped rows (see ``Skipped.id``).
 SKIP_PREFIX = "skip:"
 
@@ -201,8 +203,10 @@ def _pick_shape(data: Mapping[str, Any], config: DataConfig) -> str:
         return "conversations"
     if config.prompt_field in data:
         return "prompt"
+    fields = ", ".join(repr(str(k)) for k in list(data)[:8]) + (", ..." if len(data) > 8 else "")
     raise _Bad(
         f"no {config.prompt_field!r}, {config.messages_field!r} or {config.conversations_field!r} field"
+        f" (the row has {fields or 'no fields'})"
     )
 
 
@@ -242,8 +246,8 @@ def normalize(row: Row, config: DataConfig) -> Item | Skipped:
             raw_id = _raw_id(row.data, DEFAULT_ID_FIELD, required=False)
             item_id = raw_id if config.id_field is None and _usable_id(raw_id) else content_hash(messages)
     except _Bad as bad:
-        return Skipped(row.source, row.line, bad.reason)
+        return Skipped(row.source, row.line, bad.reason, SHAPE_KIND)
     return Item(id=item_id, source=row.source, source_line=row.line, messages=messages, raw_id=raw_id)
 
 
-__all__ = ["DEFAULT_ID_FIELD", "ROLE_ALIASES", "SKIP_PREFIX", "content_hash", "normalize"]
+__all__ = ["DEFAULT_ID_FIELD", "ROLE_ALIASES", "SHAPE_KIND", "SKIP_PREFIX", "content_hash", "normalize"]

@@ -41,12 +41,13 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from harvest import __version__
 from harvest.dataset.records import Item, Skipped
+from harvest.dataset.skips import SkipReason
 from harvest.errors import LedgerError
 from harvest.ledger.records import (
     FINAL_STATUSES,
@@ -142,6 +143,8 @@ class IngestBatch:
     last: bool
     #: Items known by the user's own id (not a content hash).
     own_ids: int = 0
+    #: (error class, reason) -> rows of this batch skipped for it.
+    skip_reasons: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
 
 
 def prepare_ingest(records: Iterator[Item | Skipped], batch_size: int = 10_000) -> IngestBatch:
@@ -151,17 +154,19 @@ def prepare_ingest(records: Iterator[Item | Skipped], batch_size: int = 10_000) 
     params = []
     inputs: dict[str, str] = {}  # first occurrence in this batch wins, as in the table
     skipped = own_ids = 0
+    reasons: dict[tuple[str, str], int] = {}
     for rec in batch:
         if isinstance(rec, Skipped):
             skipped += 1
-            params.append((rec.id, Status.SKIPPED.value, rec.reason, "input", rec.source, rec.line, None, now))
+            reasons[(rec.kind, rec.reason)] = reasons.get((rec.kind, rec.reason), 0) + 1
+            params.append((rec.id, Status.SKIPPED.value, rec.reason, rec.kind, rec.source, rec.line, None, now))
         else:
             text = rec.to_json()
             own_ids += rec.id == rec.raw_id
             inputs.setdefault(rec.id, text)
             params.append((rec.id, Status.PENDING.value, None, None, rec.source, rec.source_line,
                            _input_hash(text), now))
-    return IngestBatch(params, inputs, len(batch), skipped, len(batch) < batch_size, own_ids)
+    return IngestBatch(params, inputs, len(batch), skipped, len(batch) < batch_size, own_ids, reasons)
 
 
 class Ledger:
@@ -577,8 +582,12 @@ class Ledger:
         """
         if what in (Status.FAILED.value, Status.TRUNCATED.value):
             where, params = "status = ?", (what,)
+        elif what == Status.SKIPPED.value:
+            # Items skipped after ingest (their input is stored: e.g. a prompt too long for the
+            # context); rows skipped at ingest have none and are read again by reread_skipped.
+            where, params = "status = 'skipped' AND seq IN (SELECT item FROM inputs)", ()
         elif what in {s.value for s in Status}:
-            raise LedgerError(f"cannot requeue {what!r} items (only failed, truncated or an error class)")
+            raise LedgerError(f"cannot requeue {what!r} items (only failed, truncated, skipped or an error class)")
         else:
             where, params = "status = 'failed' AND error_class = ?", (what,)
         with self._write() as conn:
@@ -594,7 +603,79 @@ class Ledger:
             conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('requeues', ?)", (_dumps(log),))
         return count
 
+    def reread_skipped(self, records: Iterable[Item | Skipped], classes: Collection[str], *,
+                       reason: str, batch_size: int = 10_000) -> tuple[int, int]:
+        """Read rows skipped at ingest again: ``records`` is the input read again from its start
+        (under the current ``[data]`` settings, at most as many records as were ingested). A
+        skipped row of one of ``classes`` whose record is now an item becomes that item (pending,
+        or a duplicate of an item already there); one still skipped keeps its row with the new
+        reason. Returns ``(items recovered, rows still skipped)``; recorded in meta ``requeues``."""
+        wanted = dict(self.conn.execute(
+            f"SELECT id, seq FROM items WHERE status = 'skipped' AND error_class IN "
+            f"({', '.join('?' * len(classes))}) AND seq NOT IN (SELECT item FROM inputs)", tuple(classes)))
+        if not wanted:
+            return 0, 0
+        recovered = still = 0
+        it = iter(records)
+        while wanted:
+            batch = list(itertools.islice(it, batch_size))
+            if not batch:
+                break
+            found: list[tuple[int, Item | Skipped]] = []
+            for rec in batch:
+                key = rec.id if isinstance(rec, Skipped) else Skipped(rec.source, rec.source_line, "").id
+                seq = wanted.pop(key, None)
+                if seq is not None:
+                    found.append((seq, rec))
+            if not found:
+                continue
+            items = [rec for _, rec in found if isinstance(rec, Item)]
+            now = time.time()
+            with self._write() as conn:
+                conn.executemany("UPDATE items SET last_error = ?, error_class = ?, updated_at = ? WHERE seq = ?",
+                                 [(rec.reason, rec.kind, now, seq) for seq, rec in found
+                                  if isinstance(rec, Skipped)])
+                conn.executemany("DELETE FROM items WHERE seq = ?",
+                                 [(seq,) for seq, rec in found if isinstance(rec, Item)])
+                before = conn.execute("SELECT max(seq) FROM items").fetchone()[0] or 0
+                inputs: dict[str, str] = {}
+                params = []
+                for rec in items:
+                    text = rec.to_json()
+                    inputs.setdefault(rec.id, text)
+                    params.append((rec.id, Status.PENDING.value, None, None, rec.source, rec.source_line,
+                                   _input_hash(text), now))
+                conn.executemany(_SQL_INGEST, params)
+                new = conn.execute("SELECT seq, id FROM items WHERE seq > ?", (before,)).fetchall()
+                conn.executemany("INSERT INTO inputs(item, input) VALUES (?, ?)",
+                                 [(q, inputs[i]) for q, i in new if i in inputs])
+                state = self._read_meta(conn)["ingest"]
+                state["skipped"] -= len(items)
+                state["duplicates"] += len(items) - len(new)
+                conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('ingest', ?)", (_dumps(state),))
+            recovered += len(items)
+            still += len(found) - len(items)
+        with self._write() as conn:
+            row = conn.execute("SELECT value FROM meta WHERE key = 'requeues'").fetchone()
+            log = json.loads(row[0]) if row else []
+            log.append({"at": time.time(), "what": "skipped", "reason": reason, "count": recovered,
+                        "settings_hash": self.settings_hash})
+            conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('requeues', ?)", (_dumps(log),))
+        return recovered, still
+
     # ---------------------------------------------------------------- reading
+
+    def skip_reasons(self, limit: int = 20) -> list[SkipReason]:
+        """Skipped items grouped by error class and reason, most frequent first, each with the file
+        and line of its first row (reads the skipped rows only, through the status index)."""
+        rows = self.conn.execute(
+            "SELECT COALESCE(error_class, 'input'), COALESCE(last_error, '?'), COUNT(*), MIN(seq) FROM items"
+            " WHERE status = 'skipped' GROUP BY 1, 2 ORDER BY 3 DESC, 4 LIMIT ?", (limit,)).fetchall()
+        out = []
+        for error_class, reason, count, seq in rows:
+            where = self.conn.execute("SELECT source, source_line FROM items WHERE seq = ?", (seq,)).fetchone()
+            out.append(SkipReason(error_class, reason, count, *(where or (None, None))))
+        return out
 
     def counts(self) -> dict[Status, int]:
         """Items per status (every status present, zeros included). Reads the tallies the triggers

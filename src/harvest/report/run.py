@@ -64,13 +64,15 @@ def _header(st: RunStatus, meta: dict[str, Any], launches: list[dict[str, Any]])
     engine = server.get("engine") or ("endpoints" if client.get("endpoints") else None)
     version = next((x.get("engine_version") for x in reversed(launches) if x.get("engine_version")), None)
     settings = {k: v for k, v in server.items() if v not in (None, [], {}, "") and k not in ("env", "command")}
+    asked = server.get("served_model_name") or server.get("model")
+    used = st.model
     pairs = [
         ("job file", meta.get("job_file")),
-        ("model", server.get("served_model_name") or server.get("model")),
+        ("model", (used or asked) if used is None or asked is None or used == asked
+         else f"{used} (the job names {asked})"),
         ("engine", f"{engine or '-'}" + (f" {version}" if version else "")),
         ("endpoints", ", ".join(client.get("endpoints") or []) or None),
         ("dataset", data.get("path")),
-        ("sampling", json.dumps(sampling, sort_keys=True) if sampling else None),
         ("concurrency", client.get("concurrency")),
         ("harvest version", st.harvest_version),
         ("created", when(st.created_at)),
@@ -78,9 +80,27 @@ def _header(st: RunStatus, meta: dict[str, Any], launches: list[dict[str, Any]])
         ("runner", st.runner.detail),
     ]
     out = ["<h2>Run</h2>", kv(pairs)]
+    if sampling:
+        out.append("<h3>Sampling settings</h3>" + settings_table(sampling, name="sampling"))
     if settings:
-        out.append("<h3>Server settings</h3><pre>" + esc(json.dumps(settings, sort_keys=True)) + "</pre>")
+        out.append("<h3>Server settings</h3>" + settings_table(settings, name="server-settings"))
     return "".join(out)
+
+
+def settings_table(settings: dict[str, Any], *, name: str) -> str:
+    """One row per setting: its name and its value as a person reads it (lists joined, tables as
+    ``key = value`` pairs, unset values left out)."""
+    def shown(value: Any) -> str:
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, list):
+            return " ".join(str(v) for v in value) if value else "-"
+        if isinstance(value, dict):
+            return ", ".join(f"{k} = {json.dumps(v)}" for k, v in sorted(value.items())) if value else "-"
+        return "-" if value is None else str(value)
+
+    rows = [(k, shown(v)) for k, v in sorted(settings.items()) if v not in (None, [], {}, "")]
+    return table(("setting", "value"), rows, name=name)
 
 
 def _totals(st: RunStatus) -> str:
@@ -205,7 +225,8 @@ def _distributions(st: RunStatus, doc: dict[str, Any], meta: dict[str, Any]) -> 
     lat = hs["latency_s"]
     out = ["<h2>Latency and output length</h2>"]
     rows = []
-    for name, h, unit in (("latency", lat, "s"), ("prompt tokens", hs["prompt_tokens"], ""),
+    for name, h, unit in (("latency (from sent)", lat, "s"), ("wait in harvest's queue", hs["queue_s"], "s"),
+                          ("prompt tokens", hs["prompt_tokens"], ""),
                           *[(f"output tokens ({s})", hs[f"completion_tokens:{s}"], "")
                             for s in ("done", "truncated", "failed")]):
         if h.n:
@@ -219,7 +240,8 @@ def _distributions(st: RunStatus, doc: dict[str, Any], meta: dict[str, Any]) -> 
         marks = [(q, f"p{int(p * 100)}") for p in (0.5, 0.99) if (q := lat.quantile(p)) is not None]
         out.append(figure("latency", charts.histograms([_hist_series(lat, "all items")], title="latency per item",
                                                         xlabel="seconds (log)", marks=marks),
-                          "Seconds from dispatch to the answer (retries included), log bins."))
+                          "Seconds from each request being sent to its answer, summed over the item's "
+                          "requests (retries included; the wait in harvest's own queue is apart), log bins."))
     series = [_hist_series(hs[f"completion_tokens:{s}"], s) for s in ("done", "truncated", "failed")
               if hs[f"completion_tokens:{s}"].n]
     max_tokens = ((meta.get("job") or {}).get("sampling") or {}).get("max_tokens")
@@ -256,6 +278,12 @@ def _errors(st: RunStatus, doc: dict[str, Any] | None) -> str:
                                               for k, v in sorted(st.failed_by_class.items())], name="failed"))
     else:
         out.append("<p>No failed item.</p>")
+    if st.skip_reasons:
+        out.append("<h3>Skipped rows by reason (ledger)</h3>")
+        rows = [(r.error_class, Cell(val(r.count, f"skipped_reasons.{i}.count"), True), r.reason,
+                 f"{r.source or '-'}:{r.line if r.line is not None else '-'}", r.hint)
+                for i, r in enumerate(st.skip_reasons)]
+        out.append(table(("class", "rows", "reason", "example", "what fixes it"), rows, name="skipped"))
     if doc is not None:
         seen: dict[str, int] = {}
         for p in doc.get("intervals") or []:

@@ -58,7 +58,28 @@ def test_out_of_range_value_names_file_table_and_field(tmp_path):
 def test_unknown_field_names_its_table(tmp_path):
     err = error_of(write(tmp_path, "[preflight]\nmemory_margin = 3\n"))
     ((loc, msg),) = err.problems
-    assert loc.endswith("job.toml [preflight] memory_margin") and msg == "unknown field"
+    assert loc.endswith("job.toml [preflight] memory_margin") and msg == "unknown key (did you mean 'memory_margin_mib'?)"
+
+
+def test_a_misspelled_table_or_key_gets_the_closest_name(tmp_path):
+    err = error_of(write(tmp_path, '[clinet]\nconcurrency = 4\n[sampling]\nmax_token = 5\n[output]\nzzz = 1\n'))
+    problems = dict(err.problems)
+    table = str(tmp_path / "job.toml") + " [clinet]"
+    assert problems[table].startswith("unknown table (did you mean 'client'?); tables: server, "), problems
+    assert problems[str(tmp_path / "job.toml") + " [sampling] max_token"] == "unknown key (did you mean 'max_tokens'?)"
+    assert problems[str(tmp_path / "job.toml") + " [output] zzz"] == "unknown key"  # nothing close: no guess
+
+
+def test_one_line_per_mistake_and_no_pydantic_prefixes(tmp_path):
+    err = error_of(write(tmp_path, '[client]\nconcurrency = "16"\n[server]\nengine = "vllm"\n'))
+    lines = str(err).splitlines()[1:]
+    assert len(lines) == 2, lines  # the union's two members are one mistake
+    concurrency = next(line for line in lines if "concurrency" in line)
+    assert concurrency.endswith("[client] concurrency: should be a valid integer or 'auto' (got '16')"), concurrency
+    assert "int" not in concurrency.split("concurrency")[0] and "literal" not in concurrency
+    server = next(line for line in lines if "[server]" in line)
+    assert server.endswith("[server]: engine 'vllm' needs `model`"), server
+    assert "Value error" not in str(err)
 
 
 def test_every_problem_is_reported_not_only_the_first(tmp_path):

@@ -383,8 +383,8 @@ class HostConfig(_Model):
             return ServerConfig.model_validate({**base.model_dump(), **self.server})
         except ValidationError as exc:
             where = f"[host {self.label}] server"
-            raise ConfigError(where, [(f"{where}.{'.'.join(str(p) for p in e['loc'])}", e["msg"])
-                                      for e in exc.errors()]) from None
+            raise ConfigError(where, [(f"{where}.{'.'.join(str(p) for p in _field_path(tuple(e['loc'])))}",
+                                       e["msg"].removeprefix("Value error, ")) for e in exc.errors()]) from None
 
     @field_validator("ssh_options")
     @classmethod
@@ -544,15 +544,70 @@ def parse_config(data: dict[str, Any], source: str = "<memory>", base: Path | No
     try:
         return HarvestConfig.model_validate({**data, "source": source})
     except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
+        raise ConfigError(source, _problems(source, exc.errors())) from None
+
+
+#: The model of each table, for "did you mean" (``hosts`` is an array of [host] tables).
+_TABLES: dict[str, type[BaseModel]] = {
+    "server": ServerConfig, "preflight": PreflightConfig, "data": DataConfig, "sampling": SamplingConfig,
+    "client": ClientConfig, "output": OutputConfig, "run": RunConfig, "host": HostConfig, "hosts": HostConfig,
+    "cluster": ClusterConfig,
+}
+#: pydantic's own prefixes of a validator's message, which say nothing to a person.
+_PREFIXES = ("Value error, ", "Assertion failed, ")
+
+
+def _field_path(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``loc`` without pydantic's tags of union members and validators (``int``, ``literal['auto']``,
+    ``function-after[...]``): what is left names the table and the key."""
+    tags = {"int", "float", "str", "bool", "list", "dict", "none", "json-or-python"}
+    return tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p in tags)))
+
+
+def _did_you_mean(name: str, choices: list[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _unknown(loc: tuple[Any, ...]) -> tuple[str | None, str]:
+    """The message of an unknown table or key, with the closest known name; the location to show
+    (None: the usual one)."""
+    name = str(loc[-1])
+    if len(loc) == 1:  # a top-level name: a table
+        tables = [t for t in HarvestConfig.model_fields if t != "source"]
+        return f"[{name}]", f"unknown table{_did_you_mean(name, tables)}; tables: {', '.join(tables)}"
+    model = _TABLES.get(str(loc[0]))
+    keys = list(model.model_fields) if model is not None and not (loc[0] == "server" and loc[1:2] == ("env",)) else []
+    return None, "unknown key" + _did_you_mean(name, keys)
+
+
+def _problems(source: str, errors: list[Any]) -> list[tuple[str, str]]:
+    """One ``(location, message)`` per mistake: the errors of a union's members are one mistake."""
+    merged: dict[tuple[Any, ...], list[Any]] = {}
+    for err in errors:
+        merged.setdefault(_field_path(tuple(err["loc"])), []).append(err)
+    problems = []
+    for loc, errs in merged.items():
+        where = _location(source, loc)
+        if errs[0]["type"] == "extra_forbidden":
+            shown, msg = _unknown(loc)
+            if shown is not None:
+                where = f"{source} {shown}"
+        elif len(errs) > 1:  # a value of none of the union's types: one line, every accepted form
+            forms = [e["msg"].removeprefix("Input should be ") for e in errs]
+            msg = f"should be {' or '.join(forms)} (got {errs[0].get('input')!r})"
+        else:
+            err = errs[0]
             msg = err["msg"]
-            if err["type"] == "extra_forbidden":
-                msg = "unknown field"
-            elif err["type"] == "literal_error":
+            for prefix in _PREFIXES:
+                msg = msg.removeprefix(prefix)
+            if err["type"] in ("literal_error", "int_type", "float_type", "string_type", "bool_type",
+                               "int_from_float", "list_type", "dict_type"):
                 msg = f"{msg} (got {err.get('input')!r})"
-            problems.append((_location(source, err["loc"]), msg))
-        raise ConfigError(source, problems) from None
+        problems.append((where, msg))
+    return problems
 
 
 def load_config(path: str | Path) -> HarvestConfig:

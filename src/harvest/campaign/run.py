@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import hashlib
 import itertools
+import json
 import logging
 import os
 import signal
@@ -49,6 +50,7 @@ from harvest.events import Event
 from harvest.dataset.skips import SkipReason, describe_skips, shape_settings
 from harvest.errors import ConfigError, LedgerError, RequestError, ServerSick, StopError
 from harvest.ledger import (
+    LEDGER_FILE,
     Completion,
     Failure,
     IngestBatch,
@@ -152,6 +154,62 @@ def output_settings(config: HarvestConfig) -> dict[str, Any]:
     }
 
 
+#: The table each output setting comes from, to name it as the job file spells it.
+_SETTING_TABLES = {"model": "server", "engine": "server", "kv_cache_dtype": "server", "dtype": "server",
+                   "extra_args": "server", "history": "run", "reasoning": "run", "truncated": "run",
+                   "system_prompt": "data"}
+
+
+def settings_diff(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """The output settings that differ, as ``[sampling] max_tokens: 256 -> 64``, in a stable order."""
+    out = []
+    for key in sorted(set(before) | set(now)):
+        old, new = before.get(key), now.get(key)
+        if old == new:
+            continue
+        if isinstance(old, dict) or isinstance(new, dict):
+            old, new = old or {}, new or {}
+            out += [f"[{key}] {k}: {_shown(old.get(k))} -> {_shown(new.get(k))}"
+                    for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+        elif key == "truncated":
+            out.append(f"[run] truncated, retry_max_tokens: {_shown(old)} -> {_shown(new)}")
+        else:
+            out.append(f"[{_SETTING_TABLES.get(key, 'server')}] {key}: {_shown(old)} -> {_shown(new)}")
+    return out
+
+
+def _shown(value: Any) -> str:
+    return "(unset)" if value is None else json.dumps(value) if not isinstance(value, (int, float)) else str(value)
+
+
+def other_job(run_dir: Path, config: HarvestConfig) -> str | None:
+    """Why the run folder ``run_dir`` belongs to another job (its output settings or its dataset
+    differ from ``config``'s, each named), or None when it holds no ledger or the same job."""
+    if not (run_dir / LEDGER_FILE).is_file():
+        return None
+    try:
+        ledger = Ledger.open_readonly(run_dir)
+        try:
+            meta = ledger.meta()
+        finally:
+            ledger.close()
+    except LedgerError:
+        return None  # Ledger.open says what is wrong with it
+    differences = []
+    before = meta.get("output_settings")
+    if isinstance(before, dict) and meta.get("settings_hash") != hash_settings(output_settings(config)):
+        differences += settings_diff(before, output_settings(config))
+    old_path = ((meta.get("job") or {}).get("data") or {}).get("path")
+    new_path = config.data.path if config.data else None
+    if old_path and new_path and Path(old_path).resolve() != Path(new_path).resolve():
+        differences.append(f"[data] path: {old_path} -> {new_path}")
+    if not differences:
+        return None
+    made_by = f" (made by {meta['job_file']})" if meta.get("job_file") else ""
+    return (f"{run_dir} belongs to another job{made_by}; this job differs in " + "; ".join(differences)
+            + ". Give this job its own [output] dir, or --allow-mixed to continue that run with these settings")
+
+
 def dataset_fingerprint(path: str) -> str:
     """Size plus a hash of the first and last MiB of every file: cheap, catches edits and swaps."""
     p = Path(path)
@@ -232,6 +290,10 @@ class _Campaign:
     def open_ledger(self) -> Ledger:
         data = self.config.data
         assert data is not None
+        if not self.allow_mixed:
+            foreign = other_job(self.run_dir, self.config)
+            if foreign is not None:
+                raise LedgerError(foreign)
         meta = {"job": self.config.recorded(), "job_file": self.config.source,
                 "output_settings": output_settings(self.config)}
         ledger = Ledger.open(self.run_dir, settings_hash=self.settings_hash, meta=meta,

@@ -2,6 +2,7 @@
 
 Parses options and reports; the writing lives in ``harvest.campaign.export``. Exit codes: 0 the file
 was written with every selected item, 1 some results were malformed and left out (they are named),
+or no item was selected (unless ``--allow-empty``),
 2 the folder holds no readable ledger or the options do not fit. Never changes the ledger.
 """
 
@@ -15,7 +16,7 @@ from harvest.errors import LedgerError
 
 
 @click.command("export")
-@click.argument("run_dir", type=click.Path(file_okay=False, path_type=str))
+@click.argument("run_dir", metavar="RUN_DIR|JOB.toml", type=click.Path(path_type=str))
 @click.option("--format", "fmt", type=click.Choice(FORMATS), required=True, help="what to write")
 @click.option("--status", "statuses", multiple=True, default=("done",), show_default=True,
               help="item statuses to export, comma-separated or repeated (done, truncated, failed, skipped,"
@@ -26,9 +27,15 @@ from harvest.errors import LedgerError
               show_default=True, help="sharegpt turns as role/content, or from/value with human/gpt/system")
 @click.option("--row-group-size", type=click.IntRange(min=1), default=ROW_GROUP_SIZE, show_default=True,
               help="parquet: rows per row group")
+@click.option("--allow-empty", is_flag=True, help="exit 0 even when no item was exported")
 def export(run_dir: str, fmt: str, statuses: tuple[str, ...], output: str | None, sharegpt_style: str,
-           row_group_size: int) -> None:
-    """Export a run's results (streamed from its ledger, written atomically)."""
+           row_group_size: int, allow_empty: bool) -> None:
+    """Export a run's results (streamed from its ledger, written atomically). RUN_DIR is the run
+    folder, or the job file whose [output] dir it is. Writing no item at all exits 1 (with the
+    run's counts) unless --allow-empty."""
+    from harvest.cli.status import run_dir_of
+
+    run_dir = run_dir_of(run_dir)
     err = make_console(stderr=True)
     try:
         report = export_run(run_dir, fmt, output=output, statuses=statuses, sharegpt_style=sharegpt_style,
@@ -38,12 +45,31 @@ def export(run_dir: str, fmt: str, statuses: tuple[str, ...], output: str | None
         raise SystemExit(2) from None
     parts = ", ".join(f"{status} {n:,}" for status, n in report.by_status.items())
     click.echo(f"wrote {report.written:,} items to {report.path}" + (f" ({parts})" if parts else ""))
+    if report.written == 0 and not allow_empty:
+        err.print(f"warning: no item exported: {_what_is_there(run_dir)}; pick other statuses with --status, "
+                  f"or --allow-empty to accept an empty file", markup=False)
+        raise SystemExit(1)
     if report.malformed:
         err.print(f"error: {report.malformed:,} results are not in the documented result schema and were"
                   " left out:", markup=False)
         for item_id, why in report.malformed_examples:
             err.print(f"  {item_id}: {why}", markup=False)
         raise SystemExit(1)
+
+
+def _what_is_there(run_dir: str) -> str:
+    """The run's items per status, e.g. ``the run holds skipped 20``."""
+    from harvest.ledger import Ledger
+
+    try:
+        ledger = Ledger.open_readonly(run_dir)
+    except LedgerError:
+        return "the run holds no readable ledger"
+    try:
+        counts = {s.value: n for s, n in ledger.counts().items() if n}
+    finally:
+        ledger.close()
+    return "the run holds " + (", ".join(f"{s} {n:,}" for s, n in counts.items()) if counts else "no item")
 
 
 __all__ = ["export"]

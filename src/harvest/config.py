@@ -174,9 +174,11 @@ class ServerConfig(_Model):
 
     @property
     def requested_model(self) -> str | None:
-        """The model name every request asks for: ``served_model_name``, else ``model`` (the name
-        an engine serves a model folder under, or an endpoint's model); None: the first listed."""
-        return self.served_model_name or self.model
+        """The model name every request asks for, checked against ``/v1/models`` at start:
+        ``served_model_name``, else for an endpoint harvest does not launch its ``model``. None (a
+        launched engine without a served name, which serves ``model`` and nothing else, under a
+        name of its own choosing): the first model the server lists."""
+        return self.served_model_name or (None if self.launched else self.model)
 
     @property
     def url(self) -> str:

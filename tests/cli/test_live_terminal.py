@@ -241,3 +241,123 @@ def test_stop_shows_each_step_as_it_happens(tmp_path):
             from harvest.server import stop_run
 
             stop_run(run_dir, deadline=15)
+
+
+SIM_ENGINE = Path(__file__).resolve().parents[2] / "bench" / "sim_engine.py"
+
+
+def _start_sim(folder: Path) -> tuple[object, str]:
+    """bench/sim_engine.py on a port it picks and prints: an endpoint harvest does not manage, slow
+    enough (4 at a time, 0.05 s a token) that requests queue in harvest while the panel is watched."""
+    import subprocess
+
+    log = open(folder / "sim.log", "w")  # noqa: SIM115 - closed with the process below
+    proc = subprocess.Popen([sys.executable, str(SIM_ENGINE), "--port", "0", "--token-latency", "0.05",
+                             "--max-batch", "4", "--output-tokens", "3", "--model", "sim-model"], stdout=subprocess.PIPE, stderr=log,
+                            text=True, start_new_session=True)
+    line = proc.stdout.readline()  # type: ignore[union-attr]
+    m = re.search(r"listening on ([\d.]+):(\d+)", line)
+    assert m, f"the simulated engine did not start: {line!r}"
+    proc._log = log  # type: ignore[attr-defined]
+    return proc, f"http://{m.group(1)}:{m.group(2)}"
+
+
+def _stop_sim(proc: object) -> None:
+    import signal
+    import subprocess
+
+    assert isinstance(proc, subprocess.Popen)
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)  # the group this test started
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=15)
+    proc._log.close()  # type: ignore[attr-defined]
+
+
+def _load(screen: Screen) -> tuple[int, int] | None:
+    """(sent, queued in harvest) from the panel's load row, None when it shows none."""
+    for line in screen.inside():
+        m = re.search(r"load\s+sent (\d+) \(concurrency (\d+)\)(?:, (\d+) more claimed ahead)?", line)
+        if m:
+            return int(m.group(1)), int(m.group(3) or 0)
+    return None
+
+
+def test_run_against_a_running_endpoint_shows_sent_the_resume_line_and_the_final_phase(tmp_path):
+    concurrency, n = 4, 120
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"Topic {i}."}) + "\n"
+                                                    for i in range(n)))
+    sim, url = _start_sim(tmp_path)
+    (tmp_path / "job.toml").write_text(f"""
+[server]
+engine = "openai"
+base_url = "{url}"
+model = "sim-model"
+
+[data]
+path = "prompts.jsonl"
+
+[sampling]
+max_tokens = 6
+
+[client]
+concurrency = {concurrency}
+
+[run]
+progress_interval = 0.5
+
+[output]
+dir = "run"
+""")
+    env = {**os.environ, "HARVEST_STATE_DIR": str(tmp_path / "state")}
+    try:
+        # First session: interrupted with Ctrl-C once a part is done.
+        term = Terminal(tmp_path / "screens-1")
+        try:
+            term.start([*HARVEST, "run", "job.toml"], env=env, cwd=tmp_path)
+
+            def some_done(s: Screen) -> bool:
+                m = re.search(r"━.*?(\d+) / \d+", s.text)
+                return m is not None and int(m.group(1)) >= 20
+
+            assert watch(term, time.monotonic() + 120, stop_when=some_done) is None, term.screens[-1].text
+            term.send("C-c")
+            status = watch(term, time.monotonic() + 60)
+            assert status == 130, term.screens[-1].text
+            loads = [x for x in (_load(s) for s in term.screens) if x is not None]
+            assert loads, "no screen showed what is sent:\n" + term.screens[-1].text
+            assert all(sent <= concurrency for sent, _ in loads), loads  # never more than the concurrency
+            assert any(queued > 0 for _, queued in loads), loads  # the claim-ahead shown apart
+            final = term.screens[-1].text
+            assert "run `harvest run job.toml` again to resume" in final, final
+            assert any("generating" in line and "stopped: interrupted" in line for line in term.screens[-1].inside())
+            assert_clean_frames(term.screens)
+        finally:
+            term.stop()
+
+        # Second session: says what it found and what it does, then ends with the phase finished.
+        term = Terminal(tmp_path / "screens-2")
+        try:
+            term.start([*HARVEST, "run", "job.toml"], env=env, cwd=tmp_path)
+            status = watch(term, time.monotonic() + 180)
+            assert status == 0, term.screens[-1].text
+            resume = [re.search(r"resuming: (\d+) done, (\d+) pending", s.text) for s in term.screens]
+            found = next((m for m in resume if m), None)
+            assert found, term.screens[-1].text
+            done, pending = int(found.group(1)), int(found.group(2))
+            assert done >= 20 and done + pending == n, (done, pending)
+            assert f"generating the {pending} pending" in term.screens[-1].text
+            last = term.screens[-1]
+            generating = [line for line in last.inside() if re.search(r"[✓✗]\s+generating", line)]
+            assert generating and "finished" in generating[0], last.text
+            assert not any("sending requests" in line for line in last.inside()), last.text
+            assert not re.search(r"server running [1-9]", "\n".join(last.inside())), last.text
+            assert re.search(rf"^OK .* = {n} of {n} unique input items", last.text, re.M), last.text
+            assert_clean_frames(term.screens)
+        finally:
+            term.stop()
+    finally:
+        _stop_sim(sim)

@@ -286,6 +286,17 @@ def _load(screen: Screen) -> tuple[int, int] | None:
     return None
 
 
+def _exited(term: Terminal, until: float) -> int | None:
+    """The command's own exit status: :func:`watch`, then the screen read again until the shell's
+    exit mark shows (the pane can be dead, status 0 of the shell, a moment before it is captured)."""
+    status = watch(term, until)
+    for _ in range(20):
+        if "[command exited" in term.capture().text:
+            return term.exit_status()
+        time.sleep(0.25)
+    return status
+
+
 def test_run_against_a_running_endpoint_shows_sent_the_resume_line_and_the_final_phase(tmp_path):
     concurrency, n = 4, 120
     (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"Topic {i}."}) + "\n"
@@ -325,7 +336,7 @@ dir = "run"
 
             assert watch(term, time.monotonic() + 120, stop_when=some_done) is None, term.screens[-1].text
             term.send("C-c")
-            status = watch(term, time.monotonic() + 60)
+            status = _exited(term, time.monotonic() + 60)
             assert status == 130, term.screens[-1].text
             loads = [x for x in (_load(s) for s in term.screens) if x is not None]
             assert loads, "no screen showed what is sent:\n" + term.screens[-1].text
@@ -342,14 +353,14 @@ dir = "run"
         term = Terminal(tmp_path / "screens-2")
         try:
             term.start([*HARVEST, "run", "job.toml"], env=env, cwd=tmp_path)
-            status = watch(term, time.monotonic() + 180)
+            status = _exited(term, time.monotonic() + 180)
             assert status == 0, term.screens[-1].text
-            resume = [re.search(r"resuming: (\d+) done, (\d+) pending", s.text) for s in term.screens]
+            resume = [re.search(r"resuming: (\d+) done, (\d+) pending.*", s.text) for s in term.screens]
             found = next((m for m in resume if m), None)
             assert found, term.screens[-1].text
             done, pending = int(found.group(1)), int(found.group(2))
             assert done >= 20 and done + pending == n, (done, pending)
-            assert f"generating the {pending} pending" in term.screens[-1].text
+            assert found.group(0).endswith(f"; generating the {pending} pending"), found.group(0)
             last = term.screens[-1]
             generating = [line for line in last.inside() if re.search(r"[✓✗]\s+generating", line)]
             assert generating and "finished" in generating[0], last.text

@@ -100,8 +100,8 @@ def test_every_row_skipped_exits_non_zero_then_fixing_data_finishes_them_all(tmp
     assert proc.returncode == 1, proc.stdout + proc.stderr
     out = proc.stdout + proc.stderr
     # The reason with its count (naming the rows' fields), at the input line and at the end, and the fix.
-    assert out.count("skipped 20: no 'prompt', 'messages' or 'conversations' field (the row has 'qid', "
-                     "'question')") >= 2, out
+    assert out.count("skipped 20: no 'prompt', 'messages' or 'conversations' field; the row has 'qid', "
+                     "'question'") >= 2, out
     assert "fix: the rows do not fit [data]: set prompt_field" in out
     assert "FAILED: every input row (20) was skipped" in proc.stderr
     st = status(tmp_path)

@@ -344,3 +344,43 @@ def test_report_refuses_a_folder_of_another_kind(tmp_path: Path):
     proc = harvest("report", str(tmp_path), check=False)
     assert proc.returncode == 2
     assert str(tmp_path) in proc.stderr and "tune.json" in proc.stderr
+
+
+def test_run_report_shows_skip_reasons_and_settings_as_tables(tmp_path: Path):
+    """A run with rows of an unexpected shape and broken lines (the chat stand-in generates the
+    rest): the report lists the skip reasons with their counts, an example row and the fix, beside
+    the failures, and the sampling and server settings as tables, in Chromium."""
+    data = tmp_path / "in.jsonl"
+    good = [json.dumps({"id": f"r{i}", "prompt": f"Tell me about item {i}."}) for i in range(16)]
+    odd = [json.dumps({"id": f"q{i}", "question": f"Why {i}?"}) for i in range(5)]
+    data.write_text("\n".join(good + odd + ['{"id": "broken", "prompt": '] * 2) + "\n")
+    job = _chat_job_file(tmp_path, data)
+    env = {**os.environ, "HARVEST_STATE_DIR": str(tmp_path / "state")}
+    proc = harvest("run", str(job), "--no-live", env=env)
+    assert "skipped 5: no 'prompt', 'messages' or 'conversations' field" in proc.stdout, proc.stdout
+    run_dir = tmp_path / "run"
+    out = tmp_path / "skips.html"
+    harvest("report", str(run_dir), "-o", str(out))
+    status = json.loads(harvest("status", str(run_dir), "--json").stdout)
+    assert status["counts"]["skipped"] == 7
+    with Browser.start(tmp_path / "chromium") as browser:
+        page = browser.open(out)
+        shown = check_page(page, out, status, {"status"}, tmp_path)
+        tables = page.evaluate("""Object.fromEntries([...document.querySelectorAll('table[data-table]')].map(
+            t => [t.dataset.table, [...t.querySelectorAll('tbody tr')].map(
+                r => [...r.querySelectorAll('td')].map(c => c.innerText))]))""")
+        visible = page.evaluate("document.querySelector('table[data-table=\"skipped\"]').getBoundingClientRect().height")
+    skipped = tables["skipped"]
+    assert visible > 0
+    by_class = {row[0]: row for row in skipped}
+    shape, broken = by_class["shape"], by_class["input"]
+    assert shape[1] == "5" and "no 'prompt', 'messages' or 'conversations' field; the row has 'id', 'question'" \
+        in shape[2] and shape[3].endswith("in.jsonl:17") and "prompt_field" in shape[4], shape
+    assert broken[1] == "2" and broken[2] == "bad JSON: Expecting value" and broken[3].endswith("in.jsonl:22"), broken
+    assert {"skipped_reasons.0.count", "skipped_reasons.1.count"} <= {p for p, _ in shown["numbers"]}
+    # the settings, one row each, no raw JSON
+    sampling = dict((r[0], r[1]) for r in tables["sampling"])
+    assert sampling["max_tokens"] == "8" and sampling["temperature"] == "0.0", sampling
+    server = dict((r[0], r[1]) for r in tables["server-settings"])
+    assert server["engine"] == "command" and server["max_running_requests"] == "4", server
+    assert "{" not in "".join([*server.values(), *sampling.values()]).replace("{host}", "").replace("{port}", "")

@@ -206,7 +206,7 @@ def _pick_shape(data: Mapping[str, Any], config: DataConfig) -> str:
     fields = ", ".join(repr(str(k)) for k in list(data)[:8]) + (", ..." if len(data) > 8 else "")
     raise _Bad(
         f"no {config.prompt_field!r}, {config.messages_field!r} or {config.conversations_field!r} field"
-        f" (the row has {fields or 'no fields'})"
+        f"; the row has {fields or 'no fields'}"
     )
 
 

@@ -35,7 +35,8 @@ _HINTS = {
 
 @dataclass(frozen=True)
 class SkipReason:
-    """Skipped rows that share an error class and a reason, with an example of where one is."""
+    """Skipped rows that share an error class and a reason (:func:`reason_key`), with an example
+    of where one is."""
 
     error_class: str
     reason: str
@@ -52,6 +53,19 @@ class SkipReason:
         return {"error_class": self.error_class, "reason": self.reason, "count": self.count,
                 "example": None if self.source is None else {"source": self.source, "line": self.line},
                 "hint": self.hint}
+
+
+def reason_key(reason: str) -> str:
+    """The part of a skip reason that rows share: without a trailing ``(...)`` that places the
+    fault inside the row (``bad JSON: Expecting value (line 23, column 27)`` -> ``bad JSON:
+    Expecting value``); the row's own line is kept with the row. Same as :data:`REASON_KEY_SQL`."""
+    cut = reason.find(" (")
+    return reason[:cut] if cut > 0 else reason
+
+
+#: :func:`reason_key` in SQLite, over the column ``last_error``.
+REASON_KEY_SQL = ("CASE WHEN instr(last_error, ' (') > 1 THEN substr(last_error, 1, instr(last_error, ' (') - 1)"
+                  " ELSE COALESCE(last_error, '?') END")
 
 
 def skip_hint(error_class: str | None) -> str:
@@ -89,4 +103,5 @@ def _name(source: str) -> str:
     return PurePath(source).name
 
 
-__all__ = ["DEFAULT_MAX_SKIPPED_SHARE", "SkipReason", "describe_skips", "shape_settings", "skip_hint"]
+__all__ = ["DEFAULT_MAX_SKIPPED_SHARE", "REASON_KEY_SQL", "SkipReason", "describe_skips", "reason_key", "shape_settings",
+           "skip_hint"]

@@ -47,7 +47,7 @@ from typing import Any
 
 from harvest import __version__
 from harvest.dataset.records import Item, Skipped
-from harvest.dataset.skips import SkipReason
+from harvest.dataset.skips import REASON_KEY_SQL, SkipReason, reason_key
 from harvest.errors import LedgerError
 from harvest.ledger.records import (
     FINAL_STATUSES,
@@ -158,7 +158,8 @@ def prepare_ingest(records: Iterator[Item | Skipped], batch_size: int = 10_000) 
     for rec in batch:
         if isinstance(rec, Skipped):
             skipped += 1
-            reasons[(rec.kind, rec.reason)] = reasons.get((rec.kind, rec.reason), 0) + 1
+            key = (rec.kind, reason_key(rec.reason))
+            reasons[key] = reasons.get(key, 0) + 1
             params.append((rec.id, Status.SKIPPED.value, rec.reason, rec.kind, rec.source, rec.line, None, now))
         else:
             text = rec.to_json()
@@ -669,7 +670,7 @@ class Ledger:
         """Skipped items grouped by error class and reason, most frequent first, each with the file
         and line of its first row (reads the skipped rows only, through the status index)."""
         rows = self.conn.execute(
-            "SELECT COALESCE(error_class, 'input'), COALESCE(last_error, '?'), COUNT(*), MIN(seq) FROM items"
+            f"SELECT COALESCE(error_class, 'input'), {REASON_KEY_SQL}, COUNT(*), MIN(seq) FROM items"
             " WHERE status = 'skipped' GROUP BY 1, 2 ORDER BY 3 DESC, 4 LIMIT ?", (limit,)).fetchall()
         out = []
         for error_class, reason, count, seq in rows:

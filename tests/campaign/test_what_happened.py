@@ -68,11 +68,13 @@ def status(folder: Path, target: str = "job.toml") -> dict[str, Any]:
 
 def test_a_model_the_endpoint_does_not_serve_is_refused_with_the_list(tmp_path, llama_server):
     names = served(llama_server.url)
-    rows(tmp_path / "in.jsonl", [{"prompt": f"Say {i}."} for i in range(6)])
+    two_turns = {"messages": [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."},
+                              {"role": "user", "content": "And then?"}]}
+    rows(tmp_path / "in.jsonl", [{"prompt": f"Say {i}."} for i in range(5)] + [two_turns])
     write_job(tmp_path, llama_server.url, "model-b")
     proc = harvest("run", "job.toml", cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    line = next(x for x in proc.stderr.splitlines() if "model-b" in x)
+    line = next(x for x in proc.stderr.splitlines() if "[server] model:" in x)
     assert "[server] model: 'model-b' is not served by " + llama_server.url in line, proc.stderr
     assert all(repr(n) in line for n in names), (names, line)
     st = status(tmp_path)
@@ -83,12 +85,15 @@ def test_a_model_the_endpoint_does_not_serve_is_refused_with_the_list(tmp_path, 
     proc = harvest("run", "job.toml", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert status(tmp_path)["model"] == names[0]
-    proc = harvest("export", "job.toml", "--format", "parquet", "-o", "out.parquet", cwd=tmp_path)
+    proc = harvest("export", "job.toml", "--format", "parquet", "--status", "done,truncated", "-o", "out.parquet",
+                   cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     import pyarrow.parquet as pq
 
     table = pq.read_table(tmp_path / "out.parquet").to_pylist()
     assert len(table) == 6 and {r["model"] for r in table} == {names[0]}
+    # attempts count attempts: the two-turn item, never retried, was attempted once (two requests)
+    assert [len(r["conversations"]) for r in table].count(4) == 1
     assert {r["attempts"] for r in table} == {1}
 
 

@@ -189,3 +189,27 @@ def test_an_endpoint_that_never_answers_ends_after_the_start_deadline(tmp_path):
     assert "did not answer GET /v1/models within [client] start_deadline 4 s" in proc.stdout, proc.stdout
     assert took < 90, took  # the 600 s health deadline was not waited
     assert status(tmp_path)["counts"]["pending"] == 1
+
+
+def test_a_first_batch_all_skipped_stops_before_anything_is_sent(tmp_path, monkeypatch):
+    """A dataset longer than one ingest batch whose first batch is all skipped: the run stops before
+    it would launch or send (no endpoint is asked: the one named does not exist), the rest of the
+    file left to be read next time under fixed settings."""
+    import asyncio
+
+    from harvest.campaign import run as run_module
+    from harvest.campaign.run import run_campaign
+    from harvest.config import parse_config
+
+    monkeypatch.setattr(run_module, "INGEST_BATCH", 10)  # a batch of 10 rows stands for 10,000
+    rows(tmp_path / "in.jsonl", [{"qid": i, "question": f"q{i}"} for i in range(25)])
+
+    def config(**data: Any) -> Any:
+        return parse_config({"server": {"engine": "openai", "base_url": "http://127.0.0.1:9", "model": "m"},
+                             "data": {"path": str(tmp_path / "in.jsonl"), **data},
+                             "output": {"dir": str(tmp_path / "run")}}, source=str(tmp_path / "job.toml"))
+
+    report = asyncio.run(run_campaign(config(), live=False))
+    assert report.outcome == "stopped" and "rows read first were all skipped" in (report.note or ""), report
+    assert not report.ok and report.totals.counts[run_module.Status.SKIPPED] == 10
+    assert report.skip_reasons and report.skip_reasons[0].error_class == "shape"

@@ -279,6 +279,7 @@ class _Campaign:
         #: The report's record of this session (timeline.json): intervals, histograms, launches.
         self.timeline: Timeline | None = None
         self._first_rows: int | None = None  # input rows read before the display started (this session)
+        self._first_batch = (0, 0)  # rows of this session's first ingest batch, and how many were skipped
         #: (error class, reason) -> rows skipped by this session's ingest, for the input line.
         self._skip_reasons: dict[tuple[str, str], int] = {}
         self.resumed: str | None = None
@@ -323,6 +324,7 @@ class _Campaign:
             try:
                 first = prepare_ingest(self._records, INGEST_BATCH)
                 self._count_skips(first)
+                self._first_batch = (first.rows, first.skipped)
                 report = ledger.commit_ingest(first, resumed_from=state["rows"])
                 self._first_rows = report.total_rows
             except BaseException:
@@ -368,6 +370,13 @@ class _Campaign:
                              key=lambda r: -r.count)
             for line in describe_skips(reasons):
                 log.warning("  %s", line)
+
+    def _first_batch_all_skipped(self, counts: dict[Status, int]) -> bool:
+        """True when this session's first ingest batch was a whole batch, every row of it skipped,
+        the dataset goes on, and nothing in the ledger waits to be generated."""
+        rows, skipped = self._first_batch
+        return (self._records is not None and rows >= INGEST_BATCH and skipped == rows
+                and not counts[Status.PENDING] and not counts[Status.RUNNING])
 
     def _count_skips(self, batch: IngestBatch) -> None:
         for key, n in batch.skip_reasons.items():
@@ -508,7 +517,17 @@ class _Campaign:
         def waiting(url: str, waited: float) -> None:
             progress.on_event(Event("connecting", "update", {"url": url, "waited_s": waited}))
 
-        served = await client.served_models(deadline, waiting)
+        asking = asyncio.create_task(client.served_models(deadline, waiting))
+        stop = asyncio.create_task(self.stop_requested.wait())
+        await asyncio.wait({asking, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if not asking.done():  # Ctrl-C while waiting for the endpoint to answer
+            asking.cancel()
+            await asyncio.gather(asking, return_exceptions=True)
+            self.outcome = "interrupted"
+            progress.on_event(Event("connecting", "end", {}, ok=False))
+            return False
+        served = asking.result()
         silent = [url for url, ids in served.items() if ids is None]
         if silent:
             self.outcome = "server_down"
@@ -752,7 +771,14 @@ class _Campaign:
             progress.timeline = self.timeline = Timeline.open(self.run_dir)
             with progress:
                 await asyncio.to_thread(self.stop_leftover)  # also when nothing is left to generate
-                if counts[Status.PENDING] or counts[Status.RUNNING] or self._records is not None:
+                if self._first_batch_all_skipped(counts):
+                    # A whole first batch of rows that do not fit [data] is the job's mistake: no
+                    # launch for it; the rest of the dataset is read next time, under fixed settings.
+                    self._close_records()
+                    self.outcome = "stopped"
+                    self.note = (f"the {self._first_batch[0]:,} rows read first were all skipped: fix [data] "
+                                 f"and run again (the skipped rows are read again)")
+                elif counts[Status.PENDING] or counts[Status.RUNNING] or self._records is not None:
                     try:
                         async with LedgerWriter(ledger) as writer:
                             try:

@@ -34,7 +34,7 @@ def harvest(*argv: str, cwd: Path, timeout: float = 300) -> subprocess.Completed
 def served(url: str) -> list[str]:
     import urllib.request
 
-    with urllib.request.urlopen(url + "/v1/models", timeout=10) as r:  # noqa: S310 - loopback test server
+    with urllib.request.urlopen(url + "/v1/models", timeout=10) as r:
         return [m["id"] for m in json.loads(r.read())["data"]]
 
 

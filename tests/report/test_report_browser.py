@@ -379,8 +379,8 @@ def test_run_report_shows_skip_reasons_and_settings_as_tables(tmp_path: Path):
     assert broken[1] == "2" and broken[2] == "bad JSON: Expecting value" and broken[3].endswith("in.jsonl:22"), broken
     assert {"skipped_reasons.0.count", "skipped_reasons.1.count"} <= {p for p, _ in shown["numbers"]}
     # the settings, one row each, no raw JSON
-    sampling = dict((r[0], r[1]) for r in tables["sampling"])
+    sampling = {r[0]: r[1] for r in tables["sampling"]}
     assert sampling["max_tokens"] == "8" and sampling["temperature"] == "0.0", sampling
-    server = dict((r[0], r[1]) for r in tables["server-settings"])
+    server = {r[0]: r[1] for r in tables["server-settings"]}
     assert server["engine"] == "command" and server["max_running_requests"] == "4", server
     assert "{" not in "".join([*server.values(), *sampling.values()]).replace("{host}", "").replace("{port}", "")

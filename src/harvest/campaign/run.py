@@ -28,7 +28,6 @@ import asyncio
 import contextlib
 import hashlib
 import itertools
-import json
 import logging
 import os
 import signal
@@ -40,17 +39,17 @@ from typing import Any
 
 from harvest.campaign.breaker import Breaker, Trip
 from harvest.campaign.context import ContextGuard
+from harvest.campaign.folder import other_job, resume_line, skipped_problem
 from harvest.campaign.generate import generate_item
 from harvest.campaign.progress import Progress
 from harvest.campaign.timeline import Timeline
 from harvest.client import Client
 from harvest.config import HarvestConfig
 from harvest.dataset import iter_items
-from harvest.events import Event
 from harvest.dataset.skips import SkipReason, describe_skips, shape_settings
 from harvest.errors import ConfigError, LedgerError, RequestError, ServerSick, StopError
+from harvest.events import Event
 from harvest.ledger import (
-    LEDGER_FILE,
     Completion,
     Failure,
     IngestBatch,
@@ -108,35 +107,6 @@ class RunReport:
         return self.outcome == "finished" and self.totals.ok and self.skip_problem is None
 
 
-def resume_line(counts: dict[Status, int], recovered: int, ingest: dict[str, Any], ingesting: bool) -> str:
-    """What a session found in an existing run folder and what it will do, in one line:
-    ``resuming: 470 done, 1530 pending (12 truncated, 3 failed); generating the 1530 pending``."""
-    done, pending = counts[Status.DONE], counts[Status.PENDING] + counts[Status.RUNNING]
-    others = [f"{counts[s]:,} {s.value}" for s in (Status.TRUNCATED, Status.FAILED, Status.SKIPPED) if counts[s]]
-    line = f"resuming: {done:,} done, {pending:,} pending" + (f" ({', '.join(others)})" if others else "")
-    if recovered:
-        line += f"; {recovered:,} left running by an interrupted session are pending again"
-    todo = []
-    if pending:
-        todo.append(f"generating the {pending:,} pending")
-    if ingesting or not ingest.get("complete", True):
-        todo.append(f"reading the dataset on after row {ingest.get('rows', 0):,}")
-    return line + "; " + (" and ".join(todo) if todo else "nothing left to do")
-
-
-def skipped_problem(totals: Totals, max_share: float) -> str | None:
-    """Why the skipped rows fail the run (all of them, or more than ``max_share``), else None."""
-    skipped, unique = totals.counts[Status.SKIPPED], totals.unique
-    if not unique or not skipped:
-        return None
-    if skipped == unique:
-        return f"every input row ({unique:,}) was skipped: nothing was generated"
-    if skipped / unique > max_share:
-        return (f"{skipped:,} of {unique:,} input rows were skipped ({skipped / unique:.0%}, more than "
-                f"[data] max_skipped_share {max_share:.0%})")
-    return None
-
-
 def output_settings(config: HarvestConfig) -> dict[str, Any]:
     """The settings that change what the model writes: their hash guards a resume."""
     server = config.server
@@ -152,62 +122,6 @@ def output_settings(config: HarvestConfig) -> dict[str, Any]:
         "truncated": [config.run.truncated, config.run.retry_max_tokens],
         "system_prompt": config.data.system_prompt if config.data else None,
     }
-
-
-#: The table each output setting comes from, to name it as the job file spells it.
-_SETTING_TABLES = {"model": "server", "engine": "server", "kv_cache_dtype": "server", "dtype": "server",
-                   "extra_args": "server", "history": "run", "reasoning": "run", "truncated": "run",
-                   "system_prompt": "data"}
-
-
-def settings_diff(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    """The output settings that differ, as ``[sampling] max_tokens: 256 -> 64``, in a stable order."""
-    out = []
-    for key in sorted(set(before) | set(now)):
-        old, new = before.get(key), now.get(key)
-        if old == new:
-            continue
-        if isinstance(old, dict) or isinstance(new, dict):
-            old, new = old or {}, new or {}
-            out += [f"[{key}] {k}: {_shown(old.get(k))} -> {_shown(new.get(k))}"
-                    for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
-        elif key == "truncated":
-            out.append(f"[run] truncated, retry_max_tokens: {_shown(old)} -> {_shown(new)}")
-        else:
-            out.append(f"[{_SETTING_TABLES.get(key, 'server')}] {key}: {_shown(old)} -> {_shown(new)}")
-    return out
-
-
-def _shown(value: Any) -> str:
-    return "(unset)" if value is None else json.dumps(value) if not isinstance(value, (int, float)) else str(value)
-
-
-def other_job(run_dir: Path, config: HarvestConfig) -> str | None:
-    """Why the run folder ``run_dir`` belongs to another job (its output settings or its dataset
-    differ from ``config``'s, each named), or None when it holds no ledger or the same job."""
-    if not (run_dir / LEDGER_FILE).is_file():
-        return None
-    try:
-        ledger = Ledger.open_readonly(run_dir)
-        try:
-            meta = ledger.meta()
-        finally:
-            ledger.close()
-    except LedgerError:
-        return None  # Ledger.open says what is wrong with it
-    differences = []
-    before = meta.get("output_settings")
-    if isinstance(before, dict) and meta.get("settings_hash") != hash_settings(output_settings(config)):
-        differences += settings_diff(before, output_settings(config))
-    old_path = ((meta.get("job") or {}).get("data") or {}).get("path")
-    new_path = config.data.path if config.data else None
-    if old_path and new_path and Path(old_path).resolve() != Path(new_path).resolve():
-        differences.append(f"[data] path: {old_path} -> {new_path}")
-    if not differences:
-        return None
-    made_by = f" (made by {meta['job_file']})" if meta.get("job_file") else ""
-    return (f"{run_dir} belongs to another job{made_by}; this job differs in " + "; ".join(differences)
-            + ". Give this job its own [output] dir, or --allow-mixed to continue that run with these settings")
 
 
 def dataset_fingerprint(path: str) -> str:
@@ -292,7 +206,8 @@ class _Campaign:
         data = self.config.data
         assert data is not None
         if not self.allow_mixed:
-            foreign = other_job(self.run_dir, self.config)
+            foreign = other_job(self.run_dir, output_settings(self.config),
+                                self.config.data.path if self.config.data else None)
             if foreign is not None:
                 raise LedgerError(foreign)
         meta = {"job": self.config.recorded(), "job_file": self.config.source,
@@ -540,9 +455,9 @@ class _Campaign:
         for url, ids in served.items():
             if requested is not None and ids and requested not in ids:
                 progress.on_event(Event("connecting", "end", {"refused": requested}, ok=False))
+                served_list = ", ".join(repr(i) for i in ids)
                 raise ConfigError(cfg.source, [(f"{cfg.source} [server] {field}",
-                                                f"{requested!r} is not served by {url}; it serves "
-                                                f"{', '.join(repr(i) for i in ids)}")])
+                                                f"{requested!r} is not served by {url}; it serves {served_list}")])
         listed = next((ids for ids in served.values() if ids), [])
         model = requested or (listed[0] if listed else None)
         if model is not None:
@@ -852,4 +767,4 @@ async def run_campaign(config: HarvestConfig, *, allow_mixed: bool = False, forc
                            console=console).run()
 
 
-__all__ = ["RunReport", "dataset_fingerprint", "output_settings", "run_campaign", "skipped_problem"]
+__all__ = ["RunReport", "dataset_fingerprint", "output_settings", "run_campaign"]

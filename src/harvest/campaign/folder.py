@@ -1,0 +1,106 @@
+"""What a run folder holds, said to a person: which job it belongs to, what a session found in it,
+and whether its skipped rows fail the run.
+
+    other_job(run_dir, settings, data_path)   # why the folder is another job's (settings named), or None
+    resume_line(counts, recovered, ingest, ingesting)   # "resuming: 470 done, 1530 pending; ..."
+    skipped_problem(totals, max_share)         # every row skipped, or more than the share, or None
+
+It reads the ledger read-only and only formats; the runner decides what to do with the answers.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from harvest.errors import LedgerError
+from harvest.ledger import LEDGER_FILE, Ledger, Status, Totals, hash_settings
+
+
+def resume_line(counts: dict[Status, int], recovered: int, ingest: dict[str, Any], ingesting: bool) -> str:
+    """What a session found in an existing run folder and what it will do, in one line:
+    ``resuming: 470 done, 1530 pending (12 truncated, 3 failed); generating the 1530 pending``."""
+    done, pending = counts[Status.DONE], counts[Status.PENDING] + counts[Status.RUNNING]
+    others = [f"{counts[s]:,} {s.value}" for s in (Status.TRUNCATED, Status.FAILED, Status.SKIPPED) if counts[s]]
+    line = f"resuming: {done:,} done, {pending:,} pending" + (f" ({', '.join(others)})" if others else "")
+    if recovered:
+        line += f"; {recovered:,} left running by an interrupted session are pending again"
+    todo = []
+    if pending:
+        todo.append(f"generating the {pending:,} pending")
+    if ingesting or not ingest.get("complete", True):
+        todo.append(f"reading the dataset on after row {ingest.get('rows', 0):,}")
+    return line + "; " + (" and ".join(todo) if todo else "nothing left to do")
+
+
+def skipped_problem(totals: Totals, max_share: float) -> str | None:
+    """Why the skipped rows fail the run (all of them, or more than ``max_share``), else None."""
+    skipped, unique = totals.counts[Status.SKIPPED], totals.unique
+    if not unique or not skipped:
+        return None
+    if skipped == unique:
+        return f"every input row ({unique:,}) was skipped: nothing was generated"
+    if skipped / unique > max_share:
+        return (f"{skipped:,} of {unique:,} input rows were skipped ({skipped / unique:.0%}, more than "
+                f"[data] max_skipped_share {max_share:.0%})")
+    return None
+
+
+#: The table each output setting comes from, to name it as the job file spells it.
+_SETTING_TABLES = {"model": "server", "engine": "server", "kv_cache_dtype": "server", "dtype": "server",
+                   "extra_args": "server", "history": "run", "reasoning": "run", "truncated": "run",
+                   "system_prompt": "data"}
+
+
+def settings_diff(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """The output settings that differ, as ``[sampling] max_tokens: 256 -> 64``, in a stable order."""
+    out = []
+    for key in sorted(set(before) | set(now)):
+        old, new = before.get(key), now.get(key)
+        if old == new:
+            continue
+        if isinstance(old, dict) or isinstance(new, dict):
+            old, new = old or {}, new or {}
+            out += [f"[{key}] {k}: {_shown(old.get(k))} -> {_shown(new.get(k))}"
+                    for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+        elif key == "truncated":
+            out.append(f"[run] truncated, retry_max_tokens: {_shown(old)} -> {_shown(new)}")
+        else:
+            out.append(f"[{_SETTING_TABLES.get(key, 'server')}] {key}: {_shown(old)} -> {_shown(new)}")
+    return out
+
+
+def _shown(value: Any) -> str:
+    return "(unset)" if value is None else json.dumps(value) if not isinstance(value, (int, float)) else str(value)
+
+
+def other_job(run_dir: Path, settings: dict[str, Any], data_path: str | None) -> str | None:
+    """Why the run folder ``run_dir`` belongs to another job (its output ``settings`` or its dataset
+    differ from this job's, each named), or None when it holds no ledger or the same job."""
+    if not (run_dir / LEDGER_FILE).is_file():
+        return None
+    try:
+        ledger = Ledger.open_readonly(run_dir)
+        try:
+            meta = ledger.meta()
+        finally:
+            ledger.close()
+    except LedgerError:
+        return None  # Ledger.open says what is wrong with it
+    differences = []
+    before = meta.get("output_settings")
+    if isinstance(before, dict) and meta.get("settings_hash") != hash_settings(settings):
+        differences += settings_diff(before, settings)
+    old_path = ((meta.get("job") or {}).get("data") or {}).get("path")
+    new_path = data_path
+    if old_path and new_path and Path(old_path).resolve() != Path(new_path).resolve():
+        differences.append(f"[data] path: {old_path} -> {new_path}")
+    if not differences:
+        return None
+    made_by = f" (made by {meta['job_file']})" if meta.get("job_file") else ""
+    return (f"{run_dir} belongs to another job{made_by}; this job differs in " + "; ".join(differences)
+            + ". Give this job its own [output] dir, or --allow-mixed to continue that run with these settings")
+
+
+__all__ = ["other_job", "resume_line", "settings_diff", "skipped_problem"]

@@ -75,9 +75,11 @@ def _shown(value: Any) -> str:
     return "(unset)" if value is None else json.dumps(value) if not isinstance(value, (int, float)) else str(value)
 
 
-def other_job(run_dir: Path, settings: dict[str, Any], data_path: str | None) -> str | None:
-    """Why the run folder ``run_dir`` belongs to another job (its output ``settings`` or its dataset
-    differ from this job's, each named), or None when it holds no ledger or the same job."""
+def other_job(run_dir: Path, settings: dict[str, Any], data_path: str | None,
+              fingerprint: str | None = None) -> str | None:
+    """Why the run folder ``run_dir`` belongs to another job (its output ``settings`` differ, or its
+    dataset is another file: another path with another ``fingerprint``; each named), or None when
+    it holds no ledger or the same job (a dataset moved, same content, is the same job)."""
     if not (run_dir / LEDGER_FILE).is_file():
         return None
     try:
@@ -94,7 +96,8 @@ def other_job(run_dir: Path, settings: dict[str, Any], data_path: str | None) ->
         differences += settings_diff(before, settings)
     old_path = ((meta.get("job") or {}).get("data") or {}).get("path")
     new_path = data_path
-    if old_path and new_path and Path(old_path).resolve() != Path(new_path).resolve():
+    if old_path and new_path and Path(old_path).resolve() != Path(new_path).resolve() \
+            and (fingerprint is None or meta.get("dataset_fingerprint") != fingerprint):
         differences.append(f"[data] path: {old_path} -> {new_path}")
     if not differences:
         return None

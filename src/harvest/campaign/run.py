@@ -206,8 +206,11 @@ class _Campaign:
         data = self.config.data
         assert data is not None
         if not self.allow_mixed:
-            foreign = other_job(self.run_dir, output_settings(self.config),
-                                self.config.data.path if self.config.data else None)
+            try:
+                now_fingerprint: str | None = dataset_fingerprint(data.path)
+            except OSError:
+                now_fingerprint = None  # said below, once the folder is open
+            foreign = other_job(self.run_dir, output_settings(self.config), data.path, now_fingerprint)
             if foreign is not None:
                 raise LedgerError(foreign)
         meta = {"job": self.config.recorded(), "job_file": self.config.source,
@@ -223,8 +226,8 @@ class _Campaign:
         known = ledger.meta().get("dataset_fingerprint")
         if known is not None and known != fingerprint and not self.allow_mixed:
             ledger.close()
-            raise LedgerError(f"{data.path} changed since this run ingested it (fingerprint {known} -> "
-                              f"{fingerprint}); resuming would mix inputs. Use a new output dir, or "
+            raise LedgerError(f"{data.path} changed since this run ingested it (its size, or its first or last "
+                              f"MiB, differ); resuming would mix inputs. Use a new output dir, or "
                               f"--allow-mixed to accept it")
         ledger.set_meta("dataset_fingerprint", fingerprint)
         self._reread_skipped(ledger)

@@ -213,3 +213,25 @@ def test_a_first_batch_all_skipped_stops_before_anything_is_sent(tmp_path, monke
     assert report.outcome == "stopped" and "rows read first were all skipped" in (report.note or ""), report
     assert not report.ok and report.totals.counts[run_module.Status.SKIPPED] == 10
     assert report.skip_reasons and report.skip_reasons[0].error_class == "shape"
+
+
+def test_the_configured_model_is_asked_for_on_a_server_with_several(tmp_path):
+    """The issue's case: a server listing model-a and model-b, `model = "model-b"`: every request
+    asks for model-b (the stand-in answers with the model asked for, and refuses one it does not
+    list), and the export and status record it; the report header says it."""
+    from tests.client.fakes import LiveServer
+
+    server = LiveServer("--models", "model-a,model-b")
+    try:
+        rows(tmp_path / "in.jsonl", [{"prompt": f"Say {i}."} for i in range(5)])
+        write_job(tmp_path, server.url, "model-b")
+        proc = harvest("run", "job.toml", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert harvest("export", "job.toml", "--format", "openai-batch", "-o", "out.jsonl", cwd=tmp_path).returncode == 0
+        models = {json.loads(line)["response"]["body"]["model"] for line in (tmp_path / "out.jsonl").read_text().splitlines()}
+        assert models == {"model-b"}
+        assert status(tmp_path)["model"] == "model-b"
+        assert harvest("report", "run", "-o", "report.html", cwd=tmp_path).returncode == 0
+        assert "<dt>model</dt><dd>model-b</dd>" in (tmp_path / "report.html").read_text()
+    finally:
+        server.kill()

@@ -34,8 +34,13 @@ def build_app(args: argparse.Namespace, port: int) -> web.Application:
             await asyncio.sleep(3600)
         if args.chat_delay:
             await asyncio.sleep(args.chat_delay)
+        names = args.models.split(",")
+        asked = body.get("model")
+        if asked is not None and asked not in names:  # as vLLM answers a model it does not serve
+            return web.json_response({"error": {"message": f"The model `{asked}` does not exist.",
+                                                "type": "NotFoundError"}}, status=404)
         return web.json_response({
-            "id": "x", "object": "chat.completion", "model": "live-model",
+            "id": "x", "object": "chat.completion", "model": asked or names[0],
             "choices": [{"index": 0, "finish_reason": "stop",
                          "message": {"role": "assistant", "content": f"reply from {port}",
                                      "reasoning_content": f"saw {len(body['messages'])} messages"}}],
@@ -46,7 +51,8 @@ def build_app(args: argparse.Namespace, port: int) -> web.Application:
         return web.Response(status=args.health_status)
 
     async def models(request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "live-model", "object": "model"}]})
+        return web.json_response({"object": "list", "data": [{"id": name, "object": "model"}
+                                                             for name in args.models.split(",")]})
 
     async def metrics(request: web.Request) -> web.Response:
         if not args.metrics:
@@ -95,6 +101,7 @@ def main() -> None:
     parser.add_argument("--api-key")
     parser.add_argument("--metrics", action="store_true")
     parser.add_argument("--health-status", type=int, default=200)
+    parser.add_argument("--models", default="live-model", help="served model names, comma-separated")
     asyncio.run(serve(parser.parse_args()))
 
 

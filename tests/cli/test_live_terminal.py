@@ -144,22 +144,26 @@ dir = "run"
     finally:
         term.stop()
     docs = Path(__file__).resolve().parents[2] / "docs"
-    _keep_for_docs(screens, docs, tmp_path)
+    _keep_for_docs(screens, docs, tmp_path, tiny_model)
 
 
-def _neutral(text: str, folder: Path) -> str:
-    """The screen with the test's folder left out of paths (the frame's top border re-fitted)."""
+def _neutral(text: str, folder: Path, model: Path | None = None) -> str:
+    """The screen with the test's folder left out of paths and the model's path named ``tiny-model``
+    (the frame's borders re-fitted)."""
+    if model is not None:
+        text = "\n".join(line.replace(str(model), "tiny-model")[:-1].ljust(len(line) - 1) + line[-1]
+                         if str(model) in line and line.startswith("│") else line for line in text.splitlines())
     lines = text.replace(f"{folder}/", "").splitlines()
     width = max((len(line) for line in lines if line.startswith("╰")), default=0)
     return "\n".join(line[:-1].ljust(width - 1, "─") + "╮" if line.startswith("╭") and width else line
                      for line in lines)
 
 
-def _keep_for_docs(screens: list[Screen], docs: Path, folder: Path) -> None:
+def _keep_for_docs(screens: list[Screen], docs: Path, folder: Path, model: Path | None = None) -> None:
     """With HARVEST_UPDATE_DOCS=1, write one screen of the launch and one of the generation to docs/."""
     if os.environ.get("HARVEST_UPDATE_DOCS") != "1":
         return
-    screens = [Screen(s.at, _neutral(s.text, folder)) for s in screens]
+    screens = [Screen(s.at, _neutral(s.text, folder, model)) for s in screens]
     launch = [s for s in screens if (s.phase("launching") or ("",))[0] == "▶"]
     launch = [s for s in launch if "log:" in s.text] or launch  # one with the engine's step, if any
     gen = [s for s in screens if (s.phase("generating") or ("",))[0] == "▶"]

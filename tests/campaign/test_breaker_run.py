@@ -178,10 +178,10 @@ def test_retry_with_changed_output_settings_is_refused(tmp_path):
 
 
 @pytest.mark.engine
-def test_a_wrong_model_name_on_vllm_stops_within_the_window(tmp_path, vllm_server):
-    """vLLM answers HTTP 404 ("The model `tyni` does not exist.") to every request of a job with a
-    wrong model name. (Five ``stop`` strings are no error for vLLM 0.32.0: it sets no limit on them,
-    so the rejected-sampling case is the stand-in's, above.)"""
+def test_a_wrong_model_name_on_vllm_is_refused_before_any_request(tmp_path, vllm_server):
+    """A job naming a model vLLM does not serve: harvest asks vLLM's /v1/models when the run
+    starts and refuses, naming the field and what vLLM serves, before one request is sent (it used
+    to take the breaker's window of HTTP 404s: "The model `tyni` does not exist.")."""
     data = tmp_path / "in.jsonl"
     data.write_text("".join(json.dumps({"id": f"v{i}", "prompt": f"Question {i}?"}) + "\n"
                             for i in range(40)))
@@ -215,17 +215,17 @@ dir = {json.dumps(str(tmp_path / "run"))}
         return job
 
     proc = harvest("run", str(write("tyni")), "--no-live")
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "STOPPED" in proc.stderr and "http_404" in proc.stderr and "tyni" in proc.stderr
-    assert "served_model_name" in proc.stderr  # what to change
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"[server] served_model_name: 'tyni' is not served by {vllm_server.url}; it serves " \
+           f"{vllm_server.model!r}" in proc.stderr, proc.stderr  # what to change, and to what
     got = rows(tmp_path / "run")
     assert len(got) == 40 and {r.status for r in got.values()} == {Status.PENDING}
     assert all(r.attempts == 0 for r in got.values())
 
-    # The model name is an output setting: the fixed job is refused as a resume ...
+    # The model name is an output setting: the fixed job is refused as another job's, naming it ...
     fixed = write(vllm_server.model)
     proc = harvest("run", str(fixed), "--no-live")
-    assert proc.returncode == 2 and "settings" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and f'[server] model: "tyni" -> "{vllm_server.model}"' in proc.stderr, proc.stderr
     # ... and, since nothing was generated under the wrong name, resumed with --allow-mixed it finishes.
     proc = harvest("run", str(fixed), "--no-live", "--allow-mixed")
     assert proc.returncode == 0, proc.stdout + proc.stderr

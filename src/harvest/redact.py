@@ -91,9 +91,17 @@ def escape_controls(text: str, *, one_line: bool = False) -> str:
     return pattern.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
+#: A secret flag and its value inside free text (an engine echoing its argv, as a list or a line):
+#: ``--api-key xyz``, ``--hf-token=xyz``, ``'--api-key', 'xyz'``, ``api_key='xyz'`` (the value hidden).
+_FLAG_IN_TEXT = re.compile(r"((?<![\w-])-{0,2}[\w-]*(?:key|token|secret|passw(?:or)?d)['\"]?(?:[\s=:,]|, ')+['\"]?)"
+                           r"(?!None\b|\*\*\*)([^\s'\",)\]}]+)", re.IGNORECASE)
+
+
 def safe_line(text: str, secrets: Sequence[str] = ()) -> str:
-    """A line of engine output or server error fit to echo: redacted and control-escaped."""
-    return escape_controls(redact_text(text, secrets))
+    """Engine output or a server error fit to echo or record: known secrets, URL passwords and
+    the value after a secret flag become ``***``; control characters are escaped."""
+    text = _FLAG_IN_TEXT.sub(lambda m: m.group(1) + REDACTED, redact_text(text, secrets))
+    return escape_controls(text)
 
 
 def redact_server_settings(server: Mapping[str, Any], secrets: Sequence[str] = ()) -> dict[str, Any]:

@@ -72,18 +72,22 @@ def check_dir(path: Path | str) -> Path:
 
 
 def ensure_dir(path: Path | str) -> Path:
-    """``path`` as a safe folder: created 0700 (with missing parents) when absent, else checked
+    """``path`` as a safe folder: created 0700 when absent (missing parents too), else checked
     with :func:`check_dir` (never chmod-ed)."""
     path = Path(path)
-    if not os.path.lexists(path):
+    missing: list[Path] = []
+    p = path
+    while not os.path.lexists(p) and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    for folder in reversed(missing):  # the missing parents too: 0700, made by us
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            os.mkdir(path, DIR_MODE)
-            os.chmod(path, DIR_MODE)  # mkdir's mode is filtered by the umask; this folder is ours, new
+            os.mkdir(folder, DIR_MODE)
+            os.chmod(folder, DIR_MODE)  # mkdir's mode is filtered by the umask; this folder is ours, new
         except FileExistsError:
-            pass  # made meanwhile by someone: checked below like any existing folder
+            pass  # made meanwhile by someone: the folder itself is checked below like any existing one
         except OSError as exc:
-            raise UnsafePathError(path, f"cannot be created: {exc.strerror or exc}") from None
+            raise UnsafePathError(folder, f"cannot be created: {exc.strerror or exc}") from None
     return check_dir(path)
 
 

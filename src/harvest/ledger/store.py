@@ -45,7 +45,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harvest import __version__
+from harvest import __version__, safefiles
 from harvest.dataset.records import Item, Skipped
 from harvest.errors import LedgerError
 from harvest.ledger.records import (
@@ -207,9 +207,8 @@ class Ledger:
         run_dir = Path(run_dir)
         path = run_dir / LEDGER_FILE
         try:
-            if not run_dir.exists():
-                run_dir.mkdir(parents=True, mode=0o700)
-                os.chmod(run_dir, 0o700)  # mkdir's mode is filtered by the umask
+            safefiles.ensure_dir(run_dir)  # created 0700, or this user's own and not group/other-writable
+            safefiles.check_ledger(path, run_dir / LOCK_FILE)  # nothing SQLite would follow or share
             lock_fd = cls._lock(run_dir)
         except OSError as exc:  # a full disk, a read-only or missing parent folder
             raise LedgerError(f"{path}: cannot open the ledger: {exc.strerror or exc}") from None
@@ -217,8 +216,7 @@ class Ledger:
             created = not path.exists()
             if created:
                 try:
-                    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
-                    os.chmod(path, 0o600)  # -wal and -shm files take the database file's mode
+                    safefiles.write_new(path, b"")  # -wal and -shm files take the database file's mode (0600)
                 except OSError as exc:
                     raise LedgerError(f"{path}: cannot create the ledger: {exc.strerror or exc}") from None
             conn = connect(path)
@@ -259,7 +257,7 @@ class Ledger:
 
     @staticmethod
     def _lock(run_dir: Path) -> int:
-        fd = os.open(run_dir / LOCK_FILE, os.O_CREAT | os.O_RDWR, 0o600)
+        fd = safefiles.open_fd(run_dir / LOCK_FILE, os.O_CREAT | os.O_RDWR)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -531,10 +531,16 @@ class HarvestConfig(_Model):
     source: str = Field("<memory>", exclude=True)
 
     def recorded(self) -> dict[str, Any]:
-        """The configuration as JSON, fit to write down: secrets in ``[server]`` redacted."""
+        """The configuration as JSON, fit to write down: secrets in ``[server]``, URL passwords
+        and secret-named variables (``[cluster] runtime_env.env_vars``) redacted."""
+        from harvest.redact import redact_doc
+
         data = self.model_dump(mode="json", exclude={"source"})
         if self.server is not None:
-            data["server"] = self.server.recorded()
+            data["server"] = redact_doc(self.server.recorded())  # a password in base_url
+        for table in ("client", "cluster", "host", "hosts"):  # endpoint URLs, runtime_env env_vars
+            if data.get(table) is not None:
+                data[table] = redact_doc(data[table])
         return data
 
     @model_validator(mode="after")

@@ -65,7 +65,8 @@ def check_dir(path: Path | str) -> Path:
         raise UnsafePathError(path, f"is owned by {_who(st.st_uid)}, not by {_who(uid)} who runs harvest; "
                                     f"use a folder of your own")
     if st.st_mode & 0o022:
-        raise UnsafePathError(path, f"is writable by {'group' if st.st_mode & 0o020 else 'others'} "
+        who = " and ".join(w for w, bit in (("group", 0o020), ("others", 0o002)) if st.st_mode & bit)
+        raise UnsafePathError(path, f"is writable by {who} "
                                     f"(mode {stat.S_IMODE(st.st_mode):04o}); harvest does not change it: "
                                     f"use a folder only you can write to (e.g. a new one, created 0700)")
     return path

@@ -57,7 +57,7 @@ from harvest.ledger import (
     hash_settings,
     prepare_ingest,
 )
-from harvest.redact import redact_argv
+from harvest.redact import escape_controls, redact_argv
 from harvest.server import procs
 from harvest.server import RunStatus, Server, StateFile, StopReport, stop_run
 
@@ -231,8 +231,21 @@ class _Campaign:
         return ledger
 
     def _log_input(self, report: IngestReport) -> None:
-        log.info("input: %d rows, %d unique, %d duplicates, %d skipped; %s", report.total_rows, report.unique,
-                 report.duplicates, report.skipped, describe_ids(self.config.data, report))
+        conflicts = ""
+        if report.duplicates:  # a reader of its own: the writer thread may hold the run's connection
+            with contextlib.suppress(LedgerError):
+                ro = Ledger.open_readonly(self.run_dir)
+                try:
+                    n = ro.id_conflicts()
+                    ids = ro.conflicting_ids() if n else []
+                finally:
+                    ro.close()
+                if n:
+                    shown = ", ".join(f"'{escape_controls(i, one_line=True)}'" for i in ids)
+                    conflicts = (f" ({n} of them id conflicts: same id, different content; the first row "
+                                 f"with the id is kept: {shown}{', ...' if n > len(ids) else ''})")
+        log.info("input: %d rows, %d unique, %d duplicates%s, %d skipped; %s", report.total_rows, report.unique,
+                 report.duplicates, conflicts, report.skipped, describe_ids(self.config.data, report))
 
     def _close_records(self) -> None:
         if self._records is not None:

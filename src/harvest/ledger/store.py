@@ -637,7 +637,8 @@ class Ledger:
             problems.append(f"{results} results for {with_result} done/truncated items")
         assert sum(counts[s] for s in FINAL_STATUSES) + unfinished == unique
         return Totals(input_rows=state["rows"], unique=unique, duplicates=state["duplicates"], counts=counts,
-                      results=results, ingest_complete=state["complete"], problems=tuple(problems))
+                      results=results, ingest_complete=state["complete"], problems=tuple(problems),
+                      id_conflicts=self.id_conflicts())
 
     def iter_results(self, statuses: Iterable[Status | str] = RESULT_STATUSES,
                      fetch: int = 1000) -> Iterator[ResultRow]:
@@ -681,6 +682,20 @@ class Ledger:
                         created_at=r[14])
         finally:
             cur.close()
+
+    def id_conflicts(self) -> int:
+        """Duplicate rows whose content differed from the first row with their id (a tally: constant
+        time; a version-1 ledger opened read-only counts in full)."""
+        if not self._tallied:
+            return int(self.conn.execute("SELECT total(dup_conflicts) FROM items").fetchone()[0])
+        row = self.conn.execute("SELECT n FROM tallies WHERE name = 'id_conflicts'").fetchone()
+        return row[0] if row else 0
+
+    def conflicting_ids(self, limit: int = 5) -> list[str]:
+        """Up to ``limit`` ids seen again with different content, in input order (a scan: for the
+        end of an ingest and for reports, not a hot path)."""
+        return [r[0] for r in self.conn.execute(
+            "SELECT id FROM items WHERE dup_conflicts > 0 ORDER BY seq LIMIT ?", (limit,))]
 
     def duplicates(self, limit: int = 20) -> list[tuple[str, int, int]]:
         """Up to ``limit`` ids seen more than once: ``(id, extra occurrences, with different input)``.

@@ -429,7 +429,7 @@ def export_run(run_dir: str | Path, fmt: str, *, output: str | Path | None = Non
                     "sharegpt": lambda row: sharegpt_record(row, sharegpt_style),
                     "openai-batch": openai_batch_record,
                 }[fmt]
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                fd = safefiles.open_fd(tmp, os.O_WRONLY | os.O_TRUNC)  # made O_EXCL by _atomic
                 with open(fd, "w", encoding="utf-8", newline="\n") as f:
                     _write_jsonl(f, rows, make, tally)
     finally:

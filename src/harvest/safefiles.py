@@ -217,6 +217,16 @@ def write_new(path: Path | str, data: str | bytes, *, encoding: str = "utf-8") -
     return path
 
 
+def check_no_links(*paths: Path | str) -> None:
+    """Refuse a symlink at any of ``paths`` (``lstat``; absent paths pass). For files harvest only
+    reads, which may belong to another user (``harvest status`` of someone's run, as root)."""
+    for p in map(Path, paths):
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISLNK(os.lstat(p).st_mode):
+                raise UnsafePathError(p, f"is a symlink (to {_readlink(p)}); harvest does not follow links in "
+                                         f"run folders")
+
+
 def check_ledger(path: Path | str, lock: Path | str | None = None) -> None:
     """``lstat`` the SQLite file, its ``-wal`` and ``-shm`` (and the lock) before SQLite opens
     them: each absent, or this user's own regular file."""
@@ -232,6 +242,7 @@ __all__ = [
     "check_dir",
     "check_file",
     "check_ledger",
+    "check_no_links",
     "ensure_dir",
     "open_fd",
     "open_text",

@@ -287,3 +287,17 @@ def test_a_sleep_in_a_reused_group_survives_stop_and_resume(tmp_path, env):
         assert f"{sleeper} (sleep)" in out, out
     finally:
         _end_sleeper(sleeper, sleeper_ct)
+
+
+def test_status_and_export_do_not_follow_a_linked_ledger(tmp_path, shared_tmp, env):
+    """Read-only commands may read another user's run, but never through a link planted in it."""
+    real = tmp_path / "real"
+    Ledger.open(real, settings_hash="h").close()
+    evil = shared_tmp / "evilrun"
+    as_nobody(f"mkdir -m 755 {evil} && ln -s {real / 'ledger.sqlite'} {evil}/ledger.sqlite")
+    for args in (("status", str(evil)), ("export", str(evil), "--format", "sharegpt", "--output",
+                                         str(tmp_path / "out.jsonl"))):
+        done = harvest(env, *args)
+        assert done.returncode == 2 and f"{evil / 'ledger.sqlite'}: is a symlink" in done.stderr, \
+            done.stdout + done.stderr
+    assert not (tmp_path / "out.jsonl").exists()

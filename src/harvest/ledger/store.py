@@ -239,6 +239,7 @@ class Ledger:
         """Open an existing ledger for reading only (``harvest status``/``export``), even while a
         run is writing to it. No lock, no recovery; every mutating call raises :class:`LedgerError`."""
         path = Path(run_dir) / LEDGER_FILE
+        safefiles.check_no_links(path, f"{path}-wal", f"{path}-shm")  # read, not followed
         if not path.is_file():
             raise LedgerError(f"no ledger in {run_dir} (expected {LEDGER_FILE})")
         conn = connect(path, readonly=True)

@@ -253,9 +253,12 @@ class ServerConfig(_Model):
     def recorded(self, exclude: set[str] | None = None) -> dict[str, Any]:
         """The ``[server]`` table as JSON, fit to write down: literal keys in ``extra_args`` or
         ``command``, secret-named ``[server.env]`` variables and the ``api_key_env`` value redacted."""
+        from harvest.redact import redact_doc
+
         key = self.api_key()
-        return redact_server_settings(self.model_dump(mode="json", exclude=exclude),
-                                      [key.get_secret_value()] if key is not None else [])
+        secrets = [key.get_secret_value()] if key is not None else []
+        # then URL passwords (base_url, health_url) anywhere in the table
+        return redact_doc(redact_server_settings(self.model_dump(mode="json", exclude=exclude), secrets), secrets)
 
 
 def _engine_values(server: ServerConfig) -> None:
@@ -537,7 +540,7 @@ class HarvestConfig(_Model):
 
         data = self.model_dump(mode="json", exclude={"source"})
         if self.server is not None:
-            data["server"] = redact_doc(self.server.recorded())  # a password in base_url
+            data["server"] = self.server.recorded()
         for table in ("client", "cluster", "host", "hosts"):  # endpoint URLs, runtime_env env_vars
             if data.get(table) is not None:
                 data[table] = redact_doc(data[table])

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from harvest.config import parse_config
-from harvest.redact import redact_argv, redact_env, redact_text
+from harvest.errors import ConfigError
+from harvest.redact import escape_controls, redact_argv, redact_doc, redact_env, redact_text, safe_line
 
 
 @pytest.mark.parametrize(("argv", "want"), [
@@ -38,12 +39,94 @@ def test_secret_named_environment_variables_are_redacted():
 def test_the_recorded_config_redacts_server_secrets_and_keeps_the_rest(monkeypatch):
     monkeypatch.setenv("K", "sk-live-1")
     cfg = parse_config({"server": {"engine": "sglang", "model": "m", "api_key_env": "K", "tp": 8,
-                                   "extra_args": ["--admin-api-key", "adm", "--watchdog", "sk-live-1"],
+                                   "extra_args": ["--watchdog", "sk-live-1"],
                                    "env": {"HF_TOKEN": "hf_x", "NCCL_DEBUG": "WARN"}},
+                        "cluster": {"runtime_env": {"env_vars": {"HF_TOKEN": "hf_y", "OMP_NUM_THREADS": "1"}}},
                         "data": {"path": "d.jsonl"}}, source="job.toml")
     rec = cfg.recorded()
-    assert rec["server"]["extra_args"] == ["--admin-api-key", "***", "--watchdog", "***"]
+    assert rec["server"]["extra_args"] == ["--watchdog", "***"]
+    assert rec["cluster"]["runtime_env"]["env_vars"] == {"HF_TOKEN": "***", "OMP_NUM_THREADS": "1"}
     assert rec["server"]["env"] == {"HF_TOKEN": "***", "NCCL_DEBUG": "WARN"}
     assert rec["server"]["tp"] == 8 and rec["server"]["api_key_env"] == "K"
     assert "source" not in rec
-    assert cfg.server.extra_args[1] == "adm"  # the live config is untouched
+    assert cfg.server.extra_args[1] == "sk-live-1"  # the live config is untouched
+    assert cfg.cluster.runtime_env["env_vars"]["HF_TOKEN"] == "hf_y"
+    plain = parse_config({"server": {"engine": "openai", "base_url": "http://u:pw-2@127.0.0.1:8/v1"},
+                          "client": {"endpoints": ["http://u:pw-1@127.0.0.1:9/v1"]}, "data": {"path": "d.jsonl"}})
+    rec = plain.recorded()
+    assert rec["client"]["endpoints"] == ["http://u:***@127.0.0.1:9/v1"]
+    assert rec["server"]["base_url"] == "http://u:***@127.0.0.1:8/v1"
+
+
+# --- refused at load, redacted where shown ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [
+    ["--api-key", "sv-Q1"], ["--api-key=sv-Q1"], ["--admin-api-key", "sv-Q1"], ["--hf-token", "sv-Q1"],
+    ["-hft", "sv-Q1"], ["--hf_token=sv-Q1"], ["--password", "sv-Q1"], ["--db-secret", "sv-Q1"],
+    ["--aws-credentials", "sv-Q1"], ["--API-KEY", "sv-Q1"],
+])
+def test_a_secret_flag_in_extra_args_or_command_is_refused_with_the_way_to_pass_it(args):
+    for field, extra in (("extra_args", {}), ("command", {"engine": "command", "health_url": "http://x/h"})):
+        table = {"engine": "llamacpp", "model": "m.gguf", **extra, field: ["bin", *args] if field == "command" else args}
+        with pytest.raises(ConfigError) as exc:
+            parse_config({"server": table}, source="job.toml")
+        text = str(exc.value)
+        assert f"job.toml [server] {field}" in text and args[0].partition("=")[0] in text, text
+        assert "api_key_env" in text and "[server.env]" in text, text
+        assert "sv-Q1" not in text  # the value itself is never repeated
+
+
+@pytest.mark.parametrize("args", [["--max-num-batched-tokens", "64"], ["--ssl-keyfile", "k.pem"],
+                                  ["--api-key-file", "f"], ["--tokenizer", "t"], ["--kv-cache-dtype", "fp8"]])
+def test_flags_that_only_contain_a_secret_word_are_accepted(args):
+    assert parse_config({"server": {"engine": "vllm", "model": "m", "extra_args": args}}).server.extra_args == args
+
+
+@pytest.mark.parametrize("args", [["--host", "0.0.0.0"], ["--host=0.0.0.0"], ["--port", "9"], ["--port=9"]])
+def test_host_and_port_in_extra_args_are_refused(args):
+    with pytest.raises(ConfigError) as exc:
+        parse_config({"server": {"engine": "vllm", "model": "m", "extra_args": args}}, source="job.toml")
+    flag = args[0].partition("=")[0]
+    assert f"holds {flag}: set [server] {flag[2:]} instead" in str(exc.value)
+
+
+def test_a_url_password_with_api_key_env_is_one_clear_error_that_hides_the_password():
+    for table in ({"server": {"engine": "openai", "base_url": "http://u:pw-9@127.0.0.1:1/v1", "api_key_env": "K"}},
+                  {"server": {"engine": "vllm", "model": "m", "api_key_env": "K"},
+                   "client": {"endpoints": ["http://u:pw-9@127.0.0.1:2"]}}):
+        with pytest.raises(ConfigError) as exc:
+            parse_config(table, source="job.toml")
+        assert "carries a password" in str(exc.value) and "pw-9" not in str(exc.value)
+
+
+@pytest.mark.parametrize(("table", "field", "words"), [
+    ({"client": {"concurrency": 9223372036854775807}}, "[client] concurrency", "out of range"),
+    ({"client": {"concurrency": 10**7}}, "[client] concurrency", "above 1000000"),
+    ({"client": {"max_concurrency": 10**7}}, "[client] max_concurrency", "above 1000000"),
+    ({"sampling": {"max_tokens": 2**60}}, "[sampling] max_tokens", "out of range"),
+    ({"server": {"engine": "vllm", "model": "/m/" + "a" * 300}}, "[server] model", "at most 255 bytes"),
+    ({"output": {"dir": "x" * 256}}, "[output] dir", "at most 255 bytes"),
+    ({"data": {"path": "d/" * 2100}}, "[data] path", "a path is at most"),
+])
+def test_extreme_values_end_in_one_clear_error(table, field, words):
+    with pytest.raises(ConfigError) as exc:
+        parse_config(table, source="job.toml")
+    assert f"job.toml {field}" in str(exc.value) and words in str(exc.value), str(exc.value)
+
+
+def test_redact_doc_hides_url_passwords_in_keys_and_values_and_secret_named_values():
+    doc = {"endpoints": {"http://u:pw@h:1": {"running": 1}}, "url": "https://a:b@c/v1",
+           "env_vars": {"HF_TOKEN": "hf", "PATH": "/bin"}, "n": 3, "api_key_env": "K"}
+    assert redact_doc(doc) == {"endpoints": {"http://u:***@h:1": {"running": 1}}, "url": "https://a:***@c/v1",
+                               "env_vars": {"HF_TOKEN": "***", "PATH": "/bin"}, "n": 3, "api_key_env": "K"}
+
+
+def test_echoed_lines_lose_secret_flag_values_and_terminal_controls():
+    assert safe_line("argv: ['srv', '--api-key', 'sk-9', '-c', '1']") == "argv: ['srv', '--api-key', '***', '-c', '1']"
+    assert safe_line("--hf-token=hf_9 --port 8") == "--hf-token=*** --port 8"
+    assert safe_line("HF_TOKEN=hf_9 ok") == "HF_TOKEN=*** ok"
+    assert safe_line("max_tokens 12, n_tokens = 4") == "max_tokens 12, n_tokens = 4"
+    assert safe_line("said s3cr3t", ["s3cr3t"]) == "said ***"
+    assert safe_line("id \x1b[2J\x07 end\r") == "id \\x1b[2J\\x07 end\\x0d"
+    assert escape_controls("a\nb\tc") == "a\nb\tc" and escape_controls("a\nb", one_line=True) == "a\\x0ab"

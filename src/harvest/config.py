@@ -49,6 +49,40 @@ LAUNCHED_ENGINES = ("sglang", "vllm", "transformers", "llamacpp", "command")
 KEYLESS_ENGINES = ("transformers",)
 
 
+#: Largest integer any setting takes (exact in JSON and in a float, and far below SQLite's limit).
+MAX_INT = 2**53 - 1
+#: Largest ``concurrency`` / ``max_concurrency``: requests in flight, all endpoints together.
+MAX_CONCURRENCY = 1_000_000
+#: Longest file name one path component may have (Linux NAME_MAX, bytes), and longest path (PATH_MAX).
+NAME_MAX, PATH_MAX = 255, 4096
+
+
+def check_path_text(value: str) -> str:
+    """A path the system can open: no component over 255 bytes, the whole under 4096."""
+    if len(value.encode("utf-8", "surrogateescape")) >= PATH_MAX:
+        raise ValueError(f"is {len(value.encode())} bytes long; a path is at most {PATH_MAX - 1} bytes")
+    for part in value.split("/"):
+        n = len(part.encode("utf-8", "surrogateescape"))
+        if n > NAME_MAX:
+            raise ValueError(f"has a name of {n} bytes ({part[:24]}...); a file name is at most {NAME_MAX} bytes")
+    return value
+
+
+def secret_flag_problem(argv: list[str], field: str) -> str | None:
+    """Why ``argv`` may not hold a secret-looking flag (see :data:`harvest.redact.SECRET_FLAG`):
+    every user on the machine reads a process's argv in /proc/PID/cmdline."""
+    from harvest.redact import SECRET_FLAG
+
+    for arg in argv:
+        flag = arg.partition("=")[0]
+        if SECRET_FLAG.match(flag):
+            return (f"`{field}` holds {flag}: every user of this machine can read a server's command line "
+                    f"(/proc/PID/cmdline). Pass an API key with `api_key_env` (the name of an environment "
+                    f"variable holding it), and other secrets as environment variables in [server.env] "
+                    f"(e.g. HF_TOKEN)")
+    return None
+
+
 def is_loopback(host: str) -> bool:
     """Whether binding ``host`` exposes the server to this machine only (no name resolution: any
     host name other than ``localhost`` counts as public, and so do ``0.0.0.0``, ``::`` and "")."""
@@ -74,6 +108,8 @@ class _Model(BaseModel):
         # A NUL cannot be part of a path, an argv element or an environment variable.
         if _has_nul(value):
             raise ValueError("contains a NUL character (\\u0000)")
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+            raise ValueError(f"{value} is out of range (at most {MAX_INT}, 2**53 - 1)")
         return value
 
 
@@ -134,6 +170,29 @@ class ServerConfig(_Model):
         if isinstance(v, int) and not isinstance(v, bool) and v < 1:
             raise ValueError(f"must be >= 1 GB (got {v}): to SGLang 0 means automatic sizing (hicache_ratio x "
                              f"the device KV pool); leave hicache_size unset for that")
+        return v
+
+    @field_validator("model", "python")
+    @classmethod
+    def _path_length(cls, v: str | None) -> str | None:
+        return check_path_text(v) if v is not None else v
+
+    @field_validator("extra_args", "command")
+    @classmethod
+    def _no_secret_flags(cls, v: list[str], info: Any) -> list[str]:
+        problem = secret_flag_problem(v, info.field_name)
+        if problem:
+            raise ValueError(problem)
+        return v
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_bind_flags(cls, v: list[str]) -> list[str]:
+        for arg in v:
+            flag = arg.partition("=")[0]
+            if flag in ("--host", "--port"):
+                raise ValueError(f"`extra_args` holds {flag}: set [server] {flag[2:]} instead (harvest checks "
+                                 f"the address there: a non-loopback host needs `api_key_env`)")
         return v
 
     @field_validator("gpus")
@@ -202,9 +261,12 @@ class ServerConfig(_Model):
     def recorded(self, exclude: set[str] | None = None) -> dict[str, Any]:
         """The ``[server]`` table as JSON, fit to write down: literal keys in ``extra_args`` or
         ``command``, secret-named ``[server.env]`` variables and the ``api_key_env`` value redacted."""
+        from harvest.redact import redact_doc
+
         key = self.api_key()
-        return redact_server_settings(self.model_dump(mode="json", exclude=exclude),
-                                      [key.get_secret_value()] if key is not None else [])
+        secrets = [key.get_secret_value()] if key is not None else []
+        # then URL passwords (base_url, health_url) anywhere in the table
+        return redact_doc(redact_server_settings(self.model_dump(mode="json", exclude=exclude), secrets), secrets)
 
 
 def _engine_values(server: ServerConfig) -> None:
@@ -268,6 +330,11 @@ class DataConfig(_Model):
     #: (1: never; every row skipped always does). The skipped rows stay in the ledger.
     max_skipped_share: float = Field(0.5, ge=0, le=1)
 
+    @field_validator("path")
+    @classmethod
+    def _path_length(cls, v: str) -> str:
+        return check_path_text(v)
+
 
 class SamplingConfig(_Model):
     """Generation parameters sent with every request."""
@@ -304,6 +371,15 @@ class ClientConfig(_Model):
     def _concurrency(cls, value: int | str) -> int | str:
         if isinstance(value, int) and value < 1:
             raise ValueError('must be >= 1 or "auto"')
+        if isinstance(value, int) and value > MAX_CONCURRENCY:
+            raise ValueError(f'{value} is above {MAX_CONCURRENCY} requests in flight; set a real number or "auto"')
+        return value
+
+    @field_validator("max_concurrency", "auto_start")
+    @classmethod
+    def _concurrency_bound(cls, value: int) -> int:
+        if value > MAX_CONCURRENCY:
+            raise ValueError(f"{value} is above {MAX_CONCURRENCY} requests in flight")
         return value
 
     @model_validator(mode="after")
@@ -350,6 +426,11 @@ class OutputConfig(_Model):
     """Where the run folder lives."""
 
     dir: str = "harvest-run"
+
+    @field_validator("dir")
+    @classmethod
+    def _path_length(cls, v: str) -> str:
+        return check_path_text(v)
 
 
 class HostConfig(_Model):
@@ -468,11 +549,28 @@ class HarvestConfig(_Model):
     source: str = Field("<memory>", exclude=True)
 
     def recorded(self) -> dict[str, Any]:
-        """The configuration as JSON, fit to write down: secrets in ``[server]`` redacted."""
+        """The configuration as JSON, fit to write down: secrets in ``[server]``, URL passwords
+        and secret-named variables (``[cluster] runtime_env.env_vars``) redacted."""
+        from harvest.redact import redact_doc
+
         data = self.model_dump(mode="json", exclude={"source"})
         if self.server is not None:
             data["server"] = self.server.recorded()
+        for table in ("client", "cluster", "host", "hosts"):  # endpoint URLs, runtime_env env_vars
+            if data.get(table) is not None:
+                data[table] = redact_doc(data[table])
         return data
+
+    @model_validator(mode="after")
+    def _one_credential(self) -> HarvestConfig:
+        from harvest.redact import URL_PASSWORD, redact_text
+
+        if self.server is not None and self.server.api_key_env:
+            for url in [self.server.base_url or "", *self.client.endpoints]:
+                if URL_PASSWORD.search(url):
+                    raise ValueError(f"{redact_text(url)} carries a password and [server] api_key_env names a "
+                                     f"key: give one credential (the key, through api_key_env)")
+        return self
 
     @model_validator(mode="after")
     def _one_host_form(self) -> HarvestConfig:

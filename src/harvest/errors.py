@@ -12,7 +12,8 @@
     │   └── StopError                 a stop could not be carried out (state file unreadable, ...)
     ├── RemoteError                   a step on a far host failed or timed out (host, step, time waited)
     ├── RequestError                  one request failed for a reason that belongs to the item (4xx)
-    └── LedgerError                   the run's ledger refuses an operation (settings mismatch, ...)
+    ├── LedgerError                   the run's ledger refuses an operation (settings mismatch, ...)
+    └── UnsafePathError               a folder or file harvest would write is not safely its own (path named)
 
 The split matters: "this item is bad" (InputError, RequestError), "the server is sick" (ServerSick)
 and "the job is misconfigured" (ConfigError) are handled differently by the runner, and always by
@@ -144,6 +145,15 @@ class LedgerError(HarvestError):
     """The ledger refuses an operation (e.g. resuming with settings that change outputs)."""
 
 
+class UnsafePathError(HarvestError):
+    """A folder or file harvest would write in is not safely the user's own: owned by another user,
+    writable by group or others, a symlink, or the record of a live server. Nothing was written."""
+
+    def __init__(self, path: object, reason: str):
+        self.path, self.reason = str(path), reason
+        super().__init__(f"{path}: {reason}")
+
+
 __all__ = [
     "ConfigError",
     "HarvestError",
@@ -158,4 +168,5 @@ __all__ = [
     "ServerError",
     "ServerSick",
     "StopError",
+    "UnsafePathError",
 ]

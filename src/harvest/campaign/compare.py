@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from harvest import safefiles
 from harvest.campaign.servers import client_config, probe_server_factory
 from harvest.events import Listener
 from harvest.config import HarvestConfig, PreflightConfig, ServerConfig
@@ -244,9 +245,9 @@ class QualityBench:
         self.floor, self.floor_source = self.floors[best], best
         if store:
             path = self.folder / FLOOR_FILES[source]
-            path.parent.mkdir(parents=True, exist_ok=True)
+            safefiles.ensure_dir(path.parent)
             lines = [json.dumps(_floor_header(self.settings_hash, source))]
-            path.write_text("\n".join(lines + [json.dumps(output_json(o)) for o in outputs]) + "\n")
+            safefiles.write_atomic(path, "\n".join(lines + [json.dumps(output_json(o)) for o in outputs]) + "\n")
         return report
 
     @property
@@ -451,8 +452,8 @@ async def compare(reference: HarvestConfig, candidates: Sequence[HarvestConfig],
     report = CompareReport(out_dir, server_settings(ref_cfg),
                            len(bench.reference.entries) if bench.reference else 0,
                            bench.floor_source, bench.reused, tuple(rows), tuple(launches), tuple(notes))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "compare.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    safefiles.ensure_dir(out_dir)
+    safefiles.write_atomic(out_dir / "compare.json", json.dumps(report.to_dict(), indent=2) + "\n")
     return report
 
 

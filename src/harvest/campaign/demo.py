@@ -14,6 +14,7 @@ import os
 import subprocess
 from pathlib import Path
 
+from harvest import safefiles
 from harvest.errors import ConfigError
 
 DEMO_DIR = Path(__file__).resolve().parent.parent / "demo"
@@ -59,10 +60,10 @@ def ensure_tiny_model(engine_python: str, *, timeout: float = 900.0) -> Path:
 def write_demo_job(workdir: Path, *, engine_python: str, model: Path, port: int, max_tokens: int,
                    concurrency: int) -> Path:
     """The demo's job file (TOML), written into ``workdir``."""
-    workdir.mkdir(parents=True, exist_ok=True)
+    safefiles.ensure_dir(workdir)  # it will hold the run folder: this user's own
     job = workdir / "job.toml"
     q = json.dumps  # TOML basic strings share JSON's escapes for these values
-    job.write_text(
+    safefiles.write_atomic(job, (
         "# The demo job: written by `harvest demo`; run it again with `harvest run job.toml`.\n"
         "[server]\n"
         'engine = "vllm"\n'
@@ -90,7 +91,7 @@ def write_demo_job(workdir: Path, *, engine_python: str, model: Path, port: int,
         "health_deadline = 120\n\n"
         "[output]\n"
         'dir = "run"\n'
-    )
+    ))
     return job
 
 

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from harvest import safefiles
 from harvest.errors import ConfigError
 from harvest.ledger import RESULT_STATUSES, Ledger, ResultRow, Status
 
@@ -325,16 +326,18 @@ def _pyarrow() -> tuple[Any, Any]:
 @contextlib.contextmanager
 def _atomic(path: Path) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success fsync it and rename it over ``path``."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    safefiles.check_file(path)  # an existing output must be this user's own file, never a link
+    tmp, fd = safefiles.temp_beside(path)  # O_EXCL, 0600: like the ledger, prompts and answers may be private
+    os.close(fd)
     try:
         yield tmp
-        os.chmod(tmp, 0o600)  # like the ledger: prompts and answers may be private
+        os.chmod(tmp, 0o600)
         fd = os.open(tmp, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, path)
+        safefiles.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
@@ -409,6 +412,8 @@ def export_run(run_dir: str | Path, fmt: str, *, output: str | Path | None = Non
     if fmt == "parquet":
         _pyarrow()
     path = Path(output) if output is not None else default_output(run_dir, fmt)
+    if output is None:
+        safefiles.check_dir(path.parent)  # the run folder: this user's own
     if output is not None and not path.parent.is_dir():
         raise ConfigError("harvest export options", [("--output", f"folder {path.parent} does not exist")])
     tally = _Tally()
@@ -424,7 +429,7 @@ def export_run(run_dir: str | Path, fmt: str, *, output: str | Path | None = Non
                     "sharegpt": lambda row: sharegpt_record(row, sharegpt_style),
                     "openai-batch": openai_batch_record,
                 }[fmt]
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                fd = safefiles.open_fd(tmp, os.O_WRONLY | os.O_TRUNC)  # made O_EXCL by _atomic
                 with open(fd, "w", encoding="utf-8", newline="\n") as f:
                     _write_jsonl(f, rows, make, tally)
     finally:

@@ -28,8 +28,10 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from harvest import safefiles
 from harvest.campaign.phases import PhaseBoard
 from harvest.events import Event
+from harvest.redact import redact_doc
 
 PROGRESS_FILE = "progress.json"
 #: Widest the live panel is drawn (narrower terminals get their width): a fixed frame, not one
@@ -39,11 +41,7 @@ PANEL_WIDTH = 120
 
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON to ``path`` through a temporary file and a rename (mode 0600)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    safefiles.write_atomic(path, json.dumps(redact_doc(data), indent=1, sort_keys=True), fsync=False)
 
 
 class Progress:

@@ -61,7 +61,8 @@ from harvest.ledger import (
     hash_settings,
     prepare_ingest,
 )
-from harvest.redact import redact_argv
+from harvest.redact import escape_controls, redact_argv
+from harvest.server import procs
 from harvest.server import RunStatus, Server, StateFile, StopReport, stop_run
 
 log = logging.getLogger("harvest.campaign")
@@ -281,8 +282,21 @@ class _Campaign:
         ledger.set_meta("data_shape", shape)
 
     def _log_input(self, report: IngestReport) -> None:
-        log.info("input: %d rows, %d unique, %d duplicates, %d skipped; %s", report.total_rows, report.unique,
-                 report.duplicates, report.skipped, describe_ids(self.config.data, report))
+        conflicts = ""
+        if report.duplicates:  # a reader of its own: the writer thread may hold the run's connection
+            with contextlib.suppress(LedgerError):
+                ro = Ledger.open_readonly(self.run_dir)
+                try:
+                    n = ro.id_conflicts()
+                    ids = ro.conflicting_ids() if n else []
+                finally:
+                    ro.close()
+                if n:
+                    shown = ", ".join(f"'{escape_controls(i, one_line=True)}'" for i in ids)
+                    conflicts = (f" ({n} of them id conflicts: same id, different content; the first row "
+                                 f"with the id is kept: {shown}{', ...' if n > len(ids) else ''})")
+        log.info("input: %d rows, %d unique, %d duplicates%s, %d skipped; %s", report.total_rows, report.unique,
+                 report.duplicates, conflicts, report.skipped, describe_ids(self.config.data, report))
         if self._skip_reasons:
             reasons = sorted((SkipReason(c, r, n) for (c, r), n in self._skip_reasons.items()),
                              key=lambda r: -r.count)
@@ -386,14 +400,23 @@ class _Campaign:
         if cfg is None or not cfg.launched or not state_file.exists():
             return
         try:
-            if state_file.read().status is RunStatus.STOPPED:
+            state = state_file.read()
+            if state.status is RunStatus.STOPPED:
                 return
+            # Signals go only where a recorded process, create time verified, is alive (the proof);
+            # otherwise the stop signals nothing and only measures, and this says what it found.
+            proven = procs.alive(state.processes())
             report = stop_run(state_file.run_dir)
         except StopError as exc:  # no readable record: nothing is provably ours to stop
             log.warning("a server record of an earlier session is unreadable, not stopped: %s", exc)
             return
-        log.warning("stopped the server left running by an earlier session of this run: %s",
-                    "clean" if report.clean else "DIRTY: " + "; ".join(report.problems))
+        verdict = "clean" if report.clean else "DIRTY: " + "; ".join(report.problems)
+        if proven:
+            log.warning("stopped the server left running by an earlier session of this run (pid %s): %s",
+                        ", ".join(str(r.pid) for r in proven), verdict)
+        else:
+            log.warning("the server record of an earlier session of this run names no process still running "
+                        "(%s); nothing was signalled; measured: %s", procs.group_findings(state), verdict)
         self.stop_reports.append(report)
         if self.timeline is not None:
             self.timeline.stop(report, leftover=True)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import secrets
 import threading
 import time
@@ -35,9 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from harvest import safefiles
 from harvest.campaign.far_records import preflight_report_from_dict, stop_report_from_dict
 from harvest.config import HarvestConfig, HostConfig, PreflightConfig, ServerConfig
-from harvest.errors import LaunchError, PreflightFailed, RemoteError
+from harvest.errors import LaunchError, PreflightFailed, RemoteError, UnsafePathError
 from harvest.hosts.remote import SCHEMAS, FarHost
 from harvest.hosts.tunnel import Tunnel
 from harvest.server import Server, StopReport
@@ -67,18 +67,14 @@ class RemoteReady:
 def read_remote_record(folder: Path) -> dict[str, Any] | None:
     """The near record of a far server (None when the folder holds none)."""
     try:
-        return json.loads((Path(folder) / REMOTE_RECORD).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return json.loads(safefiles.read_text(Path(folder) / REMOTE_RECORD))
+    except (OSError, ValueError, UnsafePathError):
         return None
 
 
 def _write_record(folder: Path, doc: dict[str, Any]) -> None:
     make_run_dir(folder)
-    tmp = Path(folder) / f".{REMOTE_RECORD}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps(doc, indent=2) + "\n")
-    os.replace(tmp, Path(folder) / REMOTE_RECORD)
+    safefiles.write_atomic(Path(folder) / REMOTE_RECORD, json.dumps(doc, indent=2) + "\n")
 
 
 def far_preflight(host: FarHost, server: ServerConfig, preflight: PreflightConfig | None) -> Any:

@@ -34,7 +34,6 @@ import contextlib
 import json
 import logging
 import math
-import os
 import time
 from array import array
 from collections import Counter
@@ -43,6 +42,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from harvest import safefiles
+from harvest.redact import redact_doc
 
 log = logging.getLogger("harvest.campaign")
 
@@ -364,19 +366,14 @@ class Timeline:
 
     def write(self) -> None:
         self._last_write = self._clock()
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(self.to_dict(), fh, separators=(",", ":"))
-            os.replace(tmp, self.path)
+            safefiles.write_atomic(self.path, json.dumps(redact_doc(self.to_dict()), separators=(",", ":")),
+                                   fsync=False)
             self._write_failed = False
         except OSError as exc:  # a full disk must not end the run here; the ledger write will say so
             if not self._write_failed:
                 log.warning("%s not written: %s", self.path, exc)
             self._write_failed = True
-            with contextlib.suppress(OSError):
-                tmp.unlink()
 
 
 def read_timeline(run_dir: Path | str) -> tuple[dict[str, Any] | None, str | None]:

@@ -40,6 +40,7 @@ launches and stops go through the server factory
 from __future__ import annotations
 
 import csv
+import io
 import itertools
 import json
 import random
@@ -52,6 +53,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from harvest import safefiles
 from harvest.campaign.compare import (
     SAME_LAUNCH,
     SECOND_LAUNCH,
@@ -311,14 +313,15 @@ class TuneReport:
 
 def write_results(report: TuneReport) -> tuple[Path, Path]:
     """``tune.json`` and ``tune.csv`` in the tune folder."""
-    report.out_dir.mkdir(parents=True, exist_ok=True)
+    safefiles.ensure_dir(report.out_dir)
     json_path, csv_path = report.out_dir / "tune.json", report.out_dir / "tune.csv"
-    json_path.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    safefiles.write_atomic(json_path, json.dumps(report.to_dict(), indent=2) + "\n")
     rows = [t.row() for t in report.trials]
-    with open(csv_path, "w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["trial"])
-        writer.writeheader()
-        writer.writerows(rows)
+    buf = io.StringIO(newline="")
+    writer = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else ["trial"])
+    writer.writeheader()
+    writer.writerows(rows)
+    safefiles.write_atomic(csv_path, buf.getvalue())
     return json_path, csv_path
 
 

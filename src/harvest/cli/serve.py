@@ -20,7 +20,6 @@ signals a process itself.
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -34,6 +33,7 @@ import click
 import psutil
 from rich.console import Console
 
+from harvest import safefiles
 from harvest.cli.live import PhaseDisplay, setup_console_logging
 from harvest.cli.remote import host_options
 from harvest.cli.render import make_console, rule_line
@@ -85,7 +85,7 @@ def print_stop_report(report: StopReport, *, err: bool = False, console: Console
 
 
 def _spawn_watcher(run_dir: Path) -> ProcessRef:
-    log = open(os.open(run_dir / "watch.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
+    log = safefiles.open_text(run_dir / "watch.log", "ab")
     try:
         p = subprocess.Popen([sys.executable, "-m", "harvest.server.watch", str(run_dir)], stdin=subprocess.DEVNULL,
                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)

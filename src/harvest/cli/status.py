@@ -22,6 +22,7 @@ from harvest.campaign.status import RunStatus, run_status
 from harvest.cli.render import make_console
 from harvest.errors import LedgerError
 from harvest.ledger import Status
+from harvest.redact import escape_controls
 
 STATUS_SCHEMA = "harvest.status/1"
 
@@ -43,6 +44,7 @@ def status_payload(st: RunStatus) -> dict[str, Any]:
         "counts": {s.value: st.counts[s] for s in Status},
         "totals": {
             "input_rows": t.input_rows, "unique": t.unique, "duplicates": t.duplicates,
+            "id_conflicts": t.id_conflicts,
             "skipped": st.skipped, "results": t.results, "settled": st.settled, "remaining": st.remaining,
             "ingest_complete": t.ingest_complete, "ok": t.ok, "problems": list(t.problems),
             "summary": t.describe(),
@@ -112,7 +114,8 @@ def print_status(console: Console, st: RunStatus) -> None:
     else:
         style = "yellow" if st.remaining or not t.ingest_complete else "bold red"
         console.print(Text(f"totals: {t.describe()}", style=style))
-    console.print(Text(f"input: {t.input_rows:,} rows, {t.duplicates:,} duplicates, {st.skipped:,} skipped"))
+    conflicts = f" ({t.id_conflicts:,} id conflicts: same id, different content)" if t.id_conflicts else ""
+    console.print(Text(f"input: {t.input_rows:,} rows, {t.duplicates:,} duplicates{conflicts}, {st.skipped:,} skipped"))
     if st.skip_reasons:
         from harvest.dataset.skips import describe_skips
 
@@ -155,7 +158,8 @@ def print_status(console: Console, st: RunStatus) -> None:
             errors.add_column(col)
         for e in st.last_errors:
             message = e.message if len(e.message) <= 160 else e.message[:157] + "..."
-            errors.add_row(Text(e.item_id), Text(e.error_class), str(e.attempts), Text(message))
+            errors.add_row(Text(escape_controls(e.item_id, one_line=True)), Text(escape_controls(e.error_class)),
+                           str(e.attempts), Text(escape_controls(message, one_line=True)))
         console.print(errors)
     for note in st.notes:
         console.print(Text(f"note: {note}", style="dim"))

@@ -60,6 +60,7 @@ from harvest.client.transport import (
 )
 from harvest.config import ClientConfig, HarvestConfig, SamplingConfig
 from harvest.errors import HarvestError, RequestError, ServerSick
+from harvest.redact import redact_text
 
 log = logging.getLogger("harvest.client")
 
@@ -357,7 +358,7 @@ class Client:
                 kind = classify_status(status)
                 if kind is None:
                     try:
-                        completion = parse(response.body, endpoint=endpoint.url,
+                        completion = parse(response.body, endpoint=redact_text(endpoint.url),
                                            latency_s=time.perf_counter() - started, attempts=charged + 1)
                     except (ValueError, LookupError, TypeError, AttributeError) as exc:
                         kind, detail = FailureKind.BAD_RESPONSE, f"HTTP {status} without a completion: {exc!r}"
@@ -596,7 +597,7 @@ class Client:
         if last is not None:
             message += f"; last error: {last.last_error}"
         statuses = [e.last_status for e in endpoints if e.last_status is not None]
-        return ServerSick(self._redact(message), endpoint=", ".join(e.url for e in endpoints),
+        return ServerSick(self._redact(message), endpoint=", ".join(redact_text(e.url) for e in endpoints),
                           status=statuses[-1] if statuses else None)
 
 

@@ -126,10 +126,11 @@ def _message_from_json(data: object) -> str | None:
 
 
 def redact(text: str, secret: str | None) -> str:
-    """``text`` with every occurrence of ``secret`` replaced by ``***`` (servers echo bad keys)."""
-    if secret and secret in text:
-        return text.replace(secret, "***")
-    return text
+    """``text`` with every occurrence of ``secret`` and every URL password replaced by ``***``
+    (servers echo bad keys), and terminal control characters escaped (it reaches the console)."""
+    from harvest.redact import escape_controls, redact_text
+
+    return escape_controls(redact_text(text, [secret] if secret else []))
 
 
 __all__ = [

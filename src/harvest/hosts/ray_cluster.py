@@ -17,14 +17,14 @@ import contextlib
 import hashlib
 import json
 import logging
-import os
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from harvest import safefiles
 from harvest.config import ClusterConfig
-from harvest.errors import ConfigError
+from harvest.errors import ConfigError, UnsafePathError
 from harvest.server import StopReport, StopStep
 from harvest.server.state import make_run_dir
 
@@ -59,17 +59,15 @@ def read_ray_record(folder: Path) -> dict[str, Any] | None:
     """The driver's record of a Ray run's servers (``folder`` is the run or its server folder)."""
     for path in (Path(folder) / RAY_RECORD, Path(folder) / "server" / RAY_RECORD):
         try:
-            return json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            return json.loads(safefiles.read_text(path))
+        except (OSError, ValueError, UnsafePathError):
             continue
     return None
 
 
 def write_ray_record(folder: Path, doc: dict[str, Any]) -> None:
     make_run_dir(folder)
-    tmp = Path(folder) / f".{RAY_RECORD}.tmp"
-    tmp.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, Path(folder) / RAY_RECORD)
+    safefiles.write_atomic(Path(folder) / RAY_RECORD, json.dumps(doc, indent=2) + "\n")
 
 
 def bundles_that_fit(have: dict[str, float], bundle: dict[str, float]) -> int:

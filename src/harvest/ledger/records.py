@@ -152,6 +152,8 @@ class Totals:
     results: int
     ingest_complete: bool
     problems: tuple[str, ...] = field(default=())
+    #: Duplicate rows whose content differs from the first row with their id (that one is kept).
+    id_conflicts: int = 0
 
     @property
     def ok(self) -> bool:
@@ -164,7 +166,9 @@ class Totals:
         line = (
             f"done {c[Status.DONE]} + truncated {c[Status.TRUNCATED]} + failed {c[Status.FAILED]}"
             f" + skipped {c[Status.SKIPPED]} = {final} of {self.unique} unique input items"
-            f" ({self.input_rows} rows, {self.duplicates} duplicates)"
+            f" ({self.input_rows} rows, {self.duplicates} duplicates"
+            + (f", {self.id_conflicts} of them an id conflict: same id, different content" if self.id_conflicts
+               else "") + ")"
         )
         return line if self.ok else line + "; " + "; ".join(self.problems)
 

@@ -101,6 +101,12 @@ END;
 CREATE TRIGGER IF NOT EXISTS results_tally_delete AFTER DELETE ON results BEGIN
     UPDATE tallies SET n = n - 1 WHERE name = 'results';
 END;
+-- Rows whose id was seen before with another content (``id_conflicts``; the first row is kept).
+CREATE TRIGGER IF NOT EXISTS items_conflict_tally AFTER UPDATE OF dup_conflicts ON items
+WHEN new.dup_conflicts > old.dup_conflicts BEGIN
+    INSERT INTO tallies(name, n) VALUES ('id_conflicts', new.dup_conflicts - old.dup_conflicts)
+    ON CONFLICT(name) DO UPDATE SET n = n + new.dup_conflicts - old.dup_conflicts;
+END;
 COMMIT;
 """
 
@@ -109,6 +115,7 @@ RETALLY = (
     "DELETE FROM tallies",
     "INSERT INTO tallies(name, n) SELECT status, COUNT(*) FROM items GROUP BY status",
     "INSERT INTO tallies(name, n) SELECT 'results', COUNT(*) FROM results",
+    "INSERT INTO tallies(name, n) SELECT 'id_conflicts', total(dup_conflicts) FROM items",
 )
 
 

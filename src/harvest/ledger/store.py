@@ -45,7 +45,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harvest import __version__
+from harvest import __version__, safefiles
 from harvest.dataset.records import Item, Skipped
 from harvest.dataset.skips import REASON_KEY_SQL, SkipReason, reason_key
 from harvest.errors import LedgerError
@@ -213,9 +213,8 @@ class Ledger:
         run_dir = Path(run_dir)
         path = run_dir / LEDGER_FILE
         try:
-            if not run_dir.exists():
-                run_dir.mkdir(parents=True, mode=0o700)
-                os.chmod(run_dir, 0o700)  # mkdir's mode is filtered by the umask
+            safefiles.ensure_dir(run_dir)  # created 0700, or this user's own and not group/other-writable
+            safefiles.check_ledger(path, run_dir / LOCK_FILE)  # nothing SQLite would follow or share
             lock_fd = cls._lock(run_dir)
         except OSError as exc:  # a full disk, a read-only or missing parent folder
             raise LedgerError(f"{path}: cannot open the ledger: {exc.strerror or exc}") from None
@@ -223,8 +222,7 @@ class Ledger:
             created = not path.exists()
             if created:
                 try:
-                    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
-                    os.chmod(path, 0o600)  # -wal and -shm files take the database file's mode
+                    safefiles.write_new(path, b"")  # -wal and -shm files take the database file's mode (0600)
                 except OSError as exc:
                     raise LedgerError(f"{path}: cannot create the ledger: {exc.strerror or exc}") from None
             conn = connect(path)
@@ -247,6 +245,7 @@ class Ledger:
         """Open an existing ledger for reading only (``harvest status``/``export``), even while a
         run is writing to it. No lock, no recovery; every mutating call raises :class:`LedgerError`."""
         path = Path(run_dir) / LEDGER_FILE
+        safefiles.check_no_links(path, f"{path}-wal", f"{path}-shm")  # read, not followed
         if not path.is_file():
             raise LedgerError(f"no ledger in {run_dir} (expected {LEDGER_FILE})")
         conn = connect(path, readonly=True)
@@ -265,7 +264,7 @@ class Ledger:
 
     @staticmethod
     def _lock(run_dir: Path) -> int:
-        fd = os.open(run_dir / LOCK_FILE, os.O_CREAT | os.O_RDWR, 0o600)
+        fd = safefiles.open_fd(run_dir / LOCK_FILE, os.O_CREAT | os.O_RDWR)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -721,7 +720,8 @@ class Ledger:
             problems.append(f"{results} results for {with_result} done/truncated items")
         assert sum(counts[s] for s in FINAL_STATUSES) + unfinished == unique
         return Totals(input_rows=state["rows"], unique=unique, duplicates=state["duplicates"], counts=counts,
-                      results=results, ingest_complete=state["complete"], problems=tuple(problems))
+                      results=results, ingest_complete=state["complete"], problems=tuple(problems),
+                      id_conflicts=self.id_conflicts())
 
     def iter_results(self, statuses: Iterable[Status | str] = RESULT_STATUSES,
                      fetch: int = 1000) -> Iterator[ResultRow]:
@@ -765,6 +765,20 @@ class Ledger:
                         created_at=r[14])
         finally:
             cur.close()
+
+    def id_conflicts(self) -> int:
+        """Duplicate rows whose content differed from the first row with their id (a tally: constant
+        time; a version-1 ledger opened read-only counts in full)."""
+        if not self._tallied:
+            return int(self.conn.execute("SELECT total(dup_conflicts) FROM items").fetchone()[0])
+        row = self.conn.execute("SELECT n FROM tallies WHERE name = 'id_conflicts'").fetchone()
+        return row[0] if row else 0
+
+    def conflicting_ids(self, limit: int = 5) -> list[str]:
+        """Up to ``limit`` ids seen again with different content, in input order (a scan: for the
+        end of an ingest and for reports, not a hot path)."""
+        return [r[0] for r in self.conn.execute(
+            "SELECT id FROM items WHERE dup_conflicts > 0 ORDER BY seq LIMIT ?", (limit,))]
 
     def duplicates(self, limit: int = 20) -> list[tuple[str, int, int]]:
         """Up to ``limit`` ids seen more than once: ``(id, extra occurrences, with different input)``.

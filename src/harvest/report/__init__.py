@@ -12,11 +12,9 @@ records. Module map: :mod:`.html` (page, tables), :mod:`.charts` (figures, and w
 
 from __future__ import annotations
 
-import contextlib
-import os
 from pathlib import Path
 
-from harvest import __version__
+from harvest import __version__, safefiles
 from harvest.errors import ConfigError
 from harvest.ledger import LEDGER_FILE
 
@@ -57,19 +55,12 @@ def write_report(folder: str | Path, output: str | Path | None = None) -> Path:
     ``folder/report.html``); returns the path written."""
     text, _ = render_report(folder)
     out = Path(output) if output is not None else Path(folder) / REPORT_FILE
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    if output is None:
+        safefiles.check_dir(out.parent)  # the run folder: this user's own
+    else:
+        out.parent.mkdir(parents=True, exist_ok=True)
     # private like every file harvest writes in a run folder (it shows the job's settings)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, out)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    return out
+    return safefiles.write_atomic(out, text)
 
 
 __all__ = ["KINDS", "REPORT_FILE", "folder_kind", "render_report", "write_report"]

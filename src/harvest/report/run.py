@@ -121,6 +121,7 @@ def _totals(st: RunStatus) -> str:
            f"<p>{esc(t.describe())}</p>",
            kv([("input rows", Cell(val(t.input_rows, "totals.input_rows"))),
                ("duplicates", Cell(val(t.duplicates, "totals.duplicates"))),
+               ("id conflicts (same id, different content)", Cell(val(t.id_conflicts, "totals.id_conflicts"))),
                ("results", Cell(val(t.results, "totals.results"))),
                ("remaining (pending + running)", Cell(val(st.remaining, "totals.remaining"))),
                ("ingest complete", "yes" if t.ingest_complete else "no")]),

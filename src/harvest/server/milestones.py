@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 
 from harvest.events import Listener, emit
+from harvest.redact import safe_line
 from harvest.server.base import ReadinessCheck
 
 #: Longest line handed to a display.
@@ -54,6 +55,7 @@ def milestone(line: str) -> str | None:
     text = strip_prefix(line)
     if not text or _NOISE.search(text) or not _MATTERS.search(text):
         return None
+    text = safe_line(text)  # shown on the console: no secret flag's value, no terminal control
     return text if len(text) <= MAX_CHARS else text[:MAX_CHARS - 1] + "…"
 
 

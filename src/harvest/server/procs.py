@@ -74,17 +74,17 @@ def alive(refs: Iterable[ProcessRef]) -> list[ProcessRef]:
 
 
 def group_is_ours(state: RunState) -> bool:
-    """True when the recorded process group is still the one harvest started.
+    """True when the recorded process group is provably still the one harvest started: one
+    recorded process (the leader or a recorded descendant), alive with its recorded create time
+    (a zombie counts: it keeps its pid and group taken), sits in it now.
 
-    Linux does not hand out a number while it is still some process group's or session's id. So
-    the group is ours (a) while one recorded process (zombies included) sits in it, or (b) when its
-    leader is gone and no process at all has the leader's pid, yet members remain that sit in
-    both the recorded group and the recorded session and were created after the leader: the
-    number then never became free, so those members are the leader's own (e.g. workers of a
-    server whose launcher was killed before it recorded them).
+    Nothing else is proof. Once every recorded process is gone, the group number can be handed to
+    a new process (pids wrap within hours where ``pid_max`` is 32768; a double-forking daemon that
+    got the leader's pid makes a group and session of that number whose members were all created
+    after the leader), so members that remain are not signalled: :func:`group_findings` says
+    what is there instead.
     """
-    rec = state.record
-    pgid = rec.pgid
+    pgid = state.record.pgid
     for ref in state.processes():
         p = verified(ref, include_zombies=True)
         if p is None:
@@ -92,19 +92,32 @@ def group_is_ours(state: RunState) -> bool:
         with contextlib.suppress(OSError):
             if os.getpgid(p.pid) == pgid:
                 return True
-    if pgid != rec.pid or psutil.pid_exists(pgid):
-        return False  # the leader's pid is in use by a process that is not our leader
-    members = 0
+    return False
+
+
+def group_findings(state: RunState) -> str:
+    """What sits in the recorded group when it is not provably ours, for a person to judge (never
+    a reason to signal): the members by pid and name, and what holds the leader's pid now."""
+    rec = state.record
+    members: list[str] = []
     for p in psutil.process_iter():
+        with contextlib.suppress(OSError, psutil.Error):
+            if os.getpgid(p.pid) == rec.pgid:
+                members.append(f"{p.pid} ({p.name()})")
+    parts = []
+    if psutil.pid_exists(rec.pid):
         try:
-            if os.getpgid(p.pid) != pgid:
-                continue
-            if os.getsid(p.pid) != pgid or p.create_time() < rec.create_time - CREATE_TIME_TOLERANCE:
-                return False
-            members += 1
-        except (OSError, psutil.Error):
-            continue
-    return members > 0
+            name = psutil.Process(rec.pid).name()
+        except psutil.Error:
+            name = "?"
+        parts.append(f"pid {rec.pid} is now another process ({name}, created after the recorded one)")
+    else:
+        parts.append(f"recorded leader pid {rec.pid} is gone")
+    if members:
+        parts.append(f"group {rec.pgid} holds {', '.join(members[:8])}"
+                     + (f" and {len(members) - 8} more" if len(members) > 8 else "")
+                     + ", not proven ours (no recorded process with its create time among them)")
+    return "; ".join(parts)
 
 
 def discover(state: RunState) -> list[ProcessRef]:
@@ -177,6 +190,7 @@ __all__ = [
     "alive",
     "describe",
     "discover",
+    "group_findings",
     "group_is_ours",
     "ref_of",
     "signal_group",

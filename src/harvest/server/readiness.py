@@ -20,6 +20,7 @@ from pathlib import Path
 from harvest.config import ServerConfig
 from harvest.errors import LaunchError
 from harvest.http import HttpError, SyncHttp
+from harvest.redact import safe_line
 from harvest.server.base import COMMON_FATAL, FatalPattern, ReadinessCheck, bearer_headers
 
 #: Lines of log kept for error messages.
@@ -31,8 +32,10 @@ FATAL_SETTLE_S = 1.0
 class LogWatcher:
     """Reads a growing log file incrementally and keeps its last lines."""
 
-    def __init__(self, path: Path, tail_lines: int = TAIL_LINES):
+    def __init__(self, path: Path, tail_lines: int = TAIL_LINES, secrets: Sequence[str] = ()):
         self.path = Path(path)
+        #: Values never shown in :meth:`tail` (the API key, secret [server.env] values).
+        self.secrets = [s for s in secrets if s]
         self._offset = 0
         self._partial = ""
         self._tail: deque[str] = deque(maxlen=tail_lines)
@@ -73,7 +76,8 @@ class LogWatcher:
         return text
 
     def tail(self) -> str:
-        return "\n".join(self._tail)
+        """The last lines, fit to show: secrets redacted, control characters escaped."""
+        return safe_line("\n".join(self._tail), self.secrets)
 
     def text(self) -> str:
         """The log read so far (up to about 2 MB from its start)."""
@@ -169,7 +173,8 @@ def wait_ready(
     def fail(message: str, reason: str, returncode: int | None = None) -> LaunchError:
         if log is not None:
             log.flush()
-        return LaunchError(message, argv=argv, returncode=returncode, log_path=log_path,
+        return LaunchError(safe_line(message, log.secrets if log else ()), argv=argv, returncode=returncode,
+                           log_path=log_path,
                            log_tail=log.tail() if log else "", reason=reason)
 
     with SyncHttp(max_connections=2) as client:

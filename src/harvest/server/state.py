@@ -26,7 +26,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from harvest.errors import StopError
+from harvest import safefiles
+from harvest.errors import StopError, UnsafePathError
 from harvest.redact import redact_argv
 
 STATE_FILE = "launch.json"
@@ -109,27 +110,13 @@ class RunState:
 
 
 def make_run_dir(path: Path) -> Path:
-    """Create the run folder with mode 0700 (or tighten an existing one)."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(path, 0o700)
-    return path
+    """The run folder: created 0700 when absent; an existing one must be this user's own and
+    not writable by group or others (never chmod-ed; see :mod:`harvest.safefiles`)."""
+    return safefiles.ensure_dir(path)
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
+    safefiles.write_atomic(path, text)
 
 
 def _ref_from(d: dict[str, Any]) -> ProcessRef:
@@ -200,7 +187,7 @@ class StateFile:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = safefiles.open_fd(self._lock_path, os.O_RDWR | os.O_CREAT)
         try:
             if self.lock_timeout is None:
                 fcntl.flock(fd, fcntl.LOCK_EX)
@@ -223,8 +210,11 @@ class StateFile:
     def read(self) -> RunState:
         """The recorded state. Raises :class:`StopError` when there is none or it cannot be read."""
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
+            safefiles.check_dir(self.run_dir)
+            data = json.loads(safefiles.read_text(self.path))
             return state_from_dict(data)
+        except UnsafePathError as exc:  # a folder or record another user could have written
+            raise StopError(f"refused launch record: {exc}") from None
         except FileNotFoundError:
             raise StopError(f"no launch record in {self.run_dir} ({STATE_FILE} missing)") from None
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -276,8 +266,8 @@ class StateFile:
 
     def read_stop_report(self) -> dict[str, Any] | None:
         try:
-            return json.loads(self.stop_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            return json.loads(safefiles.read_text(self.stop_path))
+        except (OSError, ValueError, UnsafePathError):
             return None
 
 
@@ -313,8 +303,8 @@ class IndexEntry:
 
 def register_run(run_dir: Path, engine: str, port: int) -> IndexEntry:
     """Add a run folder to the index (one small 0600 file per run)."""
-    runs = state_dir() / "runs"
-    runs.mkdir(parents=True, exist_ok=True, mode=0o700)
+    safefiles.ensure_dir(state_dir())
+    runs = safefiles.ensure_dir(state_dir() / "runs")
     now = time.time()
     name = f"{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}-{os.getpid()}-{int(now * 1e6) % 1000000}"
     entry = IndexEntry(str(Path(run_dir).resolve()), engine, port, now, name)
@@ -328,11 +318,12 @@ def list_runs() -> list[IndexEntry]:
     out: list[IndexEntry] = []
     if not runs.is_dir():
         return out
+    safefiles.check_dir(runs)
     for f in runs.glob("*.json"):
         try:
-            d = json.loads(f.read_text(encoding="utf-8"))
+            d = json.loads(safefiles.read_text(f))
             entry = IndexEntry(d["run_dir"], d["engine"], int(d["port"]), float(d["registered_at"]), f.stem)
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, UnsafePathError):
             continue
         if Path(entry.run_dir).is_dir():
             out.append(entry)

@@ -216,7 +216,8 @@ def _terminate(sf: StateFile, state: RunState, clock: _Clock, grace: float, poll
     refs = state.processes()
     live = procs.alive(refs)
     if not live:
-        steps.append(StopStep("sigterm", 0.0, "not sent: no recorded process alive"))
+        steps.append(StopStep("sigterm", 0.0, "not sent: no recorded process alive ("
+                              + procs.group_findings(state) + ")"))
         return False, state
 
     t = time.monotonic()

@@ -30,12 +30,14 @@ from types import TracebackType
 
 import psutil
 
+from harvest import safefiles
 from harvest.config import PreflightConfig, ServerConfig, is_loopback
 from harvest.engine_pins import version_warning
-from harvest.errors import ConfigError, LaunchError, PreflightFailed, StopError
+from harvest.errors import ConfigError, LaunchError, PreflightFailed, StopError, UnsafePathError
 from harvest.events import Listener, emit
 from harvest.http import HttpError, SyncHttp
 from harvest.gpu.records import GpuProbe
+from harvest.redact import SECRET_ENV
 from harvest.server import procs
 from harvest.server.base import EngineAdapter, adapter_for, private_files
 from harvest.server.milestones import LaunchReporter
@@ -99,9 +101,26 @@ class DescendantRecorder:
 
 def _write_private(path: Path, text: str) -> None:
     """Write ``text`` readable by its owner only (0600 from the first byte)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
+    with safefiles.open_text(path, "w") as fh:
         fh.write(text)
+
+
+def _refuse_live_record(run_dir: Path) -> None:
+    """A folder holding the record of a server still running is that server's: a second launch
+    there would overwrite its record and log, and ``ps``/``stop`` would lose it."""
+    state_file = StateFile(run_dir)
+    if not state_file.exists():
+        return
+    try:
+        state = state_file.read()
+    except StopError:
+        return  # unreadable: the writes below refuse a record that is not this user's own
+    live = procs.alive(state.processes()) + ([state.watcher] if state.watcher and procs.alive([state.watcher])
+                                              else [])
+    if live:
+        raise UnsafePathError(state_file.path, f"is the record of a live server ({state.record.engine}, pid "
+                                               f"{', '.join(str(r.pid) for r in live)}); stop it with "
+                                               f"`harvest stop {run_dir}` or launch into another folder")
 
 
 def _still_there(ref: ProcessRef) -> bool:
@@ -236,6 +255,7 @@ class Server:
                    f"{cfg.host!r}, not a loopback address, needs an API key")
             raise ConfigError(name, [(name, why)])
         run_dir = make_run_dir(self.run_dir)
+        _refuse_live_record(run_dir)
         probe = self._get_probe()
         from harvest.gpu.preflight import run_preflight
 
@@ -271,7 +291,7 @@ class Server:
             if self._cancel.is_set():
                 raise LaunchError("start-up was cancelled before the spawn", argv=shown, reason="cancelled")
             baseline = probe.memory_used(gpus) if gpus else {}
-            fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            fd = safefiles.open_fd(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             try:
                 self._popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.STDOUT,
                                                env=env, start_new_session=True, close_fds=True)
@@ -294,7 +314,8 @@ class Server:
         self._recorder = DescendantRecorder(self.state_file, self.record_interval)
         self._recorder.start()
 
-        watcher = LogWatcher(log_path)
+        watcher = LogWatcher(log_path, secrets=[*([key.get_secret_value()] if key is not None else []),
+                                                *(v for k, v in cfg.env.items() if SECRET_ENV.search(k))])
         try:
             self.ready = wait_ready(config=cfg, checks=self.adapter.readiness(cfg),
                                     fatal_patterns=self.adapter.fatal_patterns, log=watcher,

@@ -16,8 +16,19 @@ from typing import Any
 from harvest.dataset.records import Item
 
 
+#: An item row's key: its id and sample index (``[sampling] n`` rows per input). A bare id means
+#: sample 0 (every ledger call that takes keys accepts both).
+Key = tuple[str, int]
+
+
+def as_key(key: str | Key) -> Key:
+    """``(id, sample)`` for a key or a bare id (sample 0)."""
+    return (key, 0) if isinstance(key, str) else (key[0], int(key[1]))
+
+
 class Status(str, Enum):
-    """Where one item of a run stands. Every unique input id has exactly one status."""
+    """Where one item row (one sample of one input) of a run stands. Every unique input id has
+    exactly one status per sample."""
 
     #: Waiting to be generated (new, released after a sick-server pause, or recovered after a crash).
     PENDING = "pending"
@@ -56,6 +67,12 @@ class ItemRow:
     id: str
     attempts: int
     item: Item
+    #: Which of the input's ``[sampling] n`` samples this row is (0 when n = 1).
+    sample: int = 0
+
+    @property
+    def key(self) -> Key:
+        return (self.id, self.sample)
 
 
 @dataclass(frozen=True)
@@ -68,6 +85,9 @@ class Completion:
     finish_reason: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    sample: int = 0
+    #: The sample's token log-probabilities, one encoded record (ledger/logprobs.py), or None.
+    logprobs: bytes | None = None
 
     def __post_init__(self) -> None:
         if self.status not in RESULT_STATUSES:
@@ -81,6 +101,7 @@ class Failure:
     item_id: str
     error: str
     error_class: str
+    sample: int = 0
 
 
 @dataclass(frozen=True)
@@ -103,6 +124,9 @@ class ResultRow:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     created_at: float | None = None
+    sample: int = 0
+    #: Where the result's logprob record lies: ``(shard, offset, bytes)``, or None.
+    logprobs_at: tuple[int, int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -154,10 +178,12 @@ class Totals:
     problems: tuple[str, ...] = field(default=())
     #: Duplicate rows whose content differs from the first row with their id (that one is kept).
     id_conflicts: int = 0
+    #: Rows per unique input (``[sampling] n``): final statuses must add up to ``unique * samples``.
+    samples: int = 1
 
     @property
     def ok(self) -> bool:
-        """True when done + truncated + failed + skipped == unique input, and results match."""
+        """True when done + truncated + failed + skipped == unique input x samples, and results match."""
         return not self.problems
 
     def describe(self) -> str:
@@ -166,7 +192,8 @@ class Totals:
         line = (
             f"done {c[Status.DONE]} + truncated {c[Status.TRUNCATED]} + failed {c[Status.FAILED]}"
             f" + skipped {c[Status.SKIPPED]} = {final} of {self.unique} unique input items"
-            f" ({self.input_rows} rows, {self.duplicates} duplicates"
+            + (f" x {self.samples} samples = {self.unique * self.samples}" if self.samples > 1 else "")
+            + f" ({self.input_rows} rows, {self.duplicates} duplicates"
             + (f", {self.id_conflicts} of them an id conflict: same id, different content" if self.id_conflicts
                else "") + ")"
         )
@@ -180,9 +207,11 @@ __all__ = [
     "Failure",
     "IngestReport",
     "ItemRow",
+    "Key",
     "RESULT_STATUSES",
     "ResultRow",
     "Status",
     "Totals",
+    "as_key",
     "hash_settings",
 ]

@@ -4,11 +4,16 @@ One file, ``ledger.sqlite``, in the run folder:
 
     meta     key -> JSON value: schema version, harvest version, settings hash(es), job spec,
              engine version, creation time, ingest progress
-    items    one row per unique input id: status, attempts, last error, source and line,
+    items    one row per unique input id and sample (``[sampling] n`` rows per input, samples
+             0..n-1 at consecutive seqs): status, attempts, last error, source and line,
              duplicate counts (small rows: status changes are cheap)
-    inputs   the normalized input (JSON) of each item, by item seq
-    results  at most one row per item (the item's seq is the primary key): the output, the
-             settings hash it came from, finish reason, token usage
+    inputs   the normalized input (JSON) of each input, keyed by the seq of its sample 0 (a
+             sample's input is at ``seq - sample``)
+    results  at most one row per item row (the row's seq is the primary key): the output, the
+             settings hash it came from, finish reason, token usage, and where its token
+             log-probabilities lie in the run's logprob shards (schema version 3)
+    lp_shards the logprob shard files of the run and the bytes of each that committed results
+             cover (schema version 3; ledger/logprobs.py)
     tallies  name -> count: items per status (one row per status name) and ``results`` (rows in
              results), kept by triggers (schema version 2)
 
@@ -30,12 +35,37 @@ from harvest.errors import LedgerError
 
 #: 2 added ``tallies`` and its triggers; a version-1 ledger is migrated when opened for writing
 #: (tallies built once by a full count) and read with full counts when opened read-only.
-SCHEMA_VERSION = 2
+#: 3 added samples (``items.sample``, unique with the id) and the logprob references (``results``
+#: lp_* columns, ``lp_shards``); older ledgers are migrated on a writable open (the items table is
+#: rebuilt once, every row sample 0) and read as sample 0 without logprobs when opened read-only.
+SCHEMA_VERSION = 3
 LEDGER_FILE = "ledger.sqlite"
 LOCK_FILE = "ledger.lock"
 
 #: SQLite 3.24 brought upserts (INSERT ... ON CONFLICT DO UPDATE), which dedupe during ingest.
 MIN_SQLITE = (3, 24, 0)
+
+#: The tally triggers on ``items`` (recreated by the version 3 migration, which rebuilds the table).
+ITEMS_TRIGGERS = """
+CREATE TRIGGER IF NOT EXISTS items_tally_insert AFTER INSERT ON items BEGIN
+    INSERT INTO tallies(name, n) VALUES (new.status, 1) ON CONFLICT(name) DO UPDATE SET n = n + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS items_tally_update AFTER UPDATE OF status ON items
+WHEN old.status IS NOT new.status BEGIN
+    UPDATE tallies SET n = n - 1 WHERE name = old.status;
+    INSERT INTO tallies(name, n) VALUES (new.status, 1) ON CONFLICT(name) DO UPDATE SET n = n + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS items_tally_delete AFTER DELETE ON items BEGIN
+    UPDATE tallies SET n = n - 1 WHERE name = old.status;
+END;
+-- Rows whose id was seen before with another content (``id_conflicts``; the first row is kept),
+-- counted on sample 0's row (every sample row of the input counts the same duplicate).
+CREATE TRIGGER IF NOT EXISTS items_conflict_tally AFTER UPDATE OF dup_conflicts ON items
+WHEN new.dup_conflicts > old.dup_conflicts AND new.sample = 0 BEGIN
+    INSERT INTO tallies(name, n) VALUES ('id_conflicts', new.dup_conflicts - old.dup_conflicts)
+    ON CONFLICT(name) DO UPDATE SET n = n + new.dup_conflicts - old.dup_conflicts;
+END;
+"""
 
 DDL = """
 BEGIN IMMEDIATE;
@@ -49,7 +79,8 @@ CREATE TABLE IF NOT EXISTS meta (
 -- so ``inputs`` and ``results`` can key on it.
 CREATE TABLE IF NOT EXISTS items (
     seq           INTEGER PRIMARY KEY,
-    id            TEXT NOT NULL UNIQUE,
+    id            TEXT NOT NULL,
+    sample        INTEGER NOT NULL DEFAULT 0,
     status        TEXT NOT NULL,
     attempts      INTEGER NOT NULL DEFAULT 0,
     last_error    TEXT,
@@ -59,7 +90,8 @@ CREATE TABLE IF NOT EXISTS items (
     input_hash    INTEGER,
     dup_count     INTEGER NOT NULL DEFAULT 0,
     dup_conflicts INTEGER NOT NULL DEFAULT 0,
-    updated_at    REAL
+    updated_at    REAL,
+    UNIQUE(id, sample)
 );
 CREATE INDEX IF NOT EXISTS items_status ON items(status);
 -- The normalized input of each item (Item.to_json), keyed by the item's seq; none for skipped rows.
@@ -77,45 +109,56 @@ CREATE TABLE IF NOT EXISTS results (
     finish_reason     TEXT,
     prompt_tokens     INTEGER,
     completion_tokens INTEGER,
-    created_at        REAL NOT NULL
+    created_at        REAL NOT NULL,
+    lp_shard          INTEGER,
+    lp_offset         INTEGER,
+    lp_bytes          INTEGER
+);
+-- Logprob shard files (logprobs/shard-NNNNNN.bin) and the bytes of each that committed results
+-- reference; bytes past ``committed`` were written by a batch that never committed (schema 3).
+CREATE TABLE IF NOT EXISTS lp_shards (
+    shard     INTEGER PRIMARY KEY,
+    committed INTEGER NOT NULL
 );
 -- Items per status and results in all, kept in the transaction of every change (schema version 2).
 CREATE TABLE IF NOT EXISTS tallies (
     name TEXT PRIMARY KEY,
     n    INTEGER NOT NULL
 ) WITHOUT ROWID;
-CREATE TRIGGER IF NOT EXISTS items_tally_insert AFTER INSERT ON items BEGIN
-    INSERT INTO tallies(name, n) VALUES (new.status, 1) ON CONFLICT(name) DO UPDATE SET n = n + 1;
-END;
-CREATE TRIGGER IF NOT EXISTS items_tally_update AFTER UPDATE OF status ON items
-WHEN old.status IS NOT new.status BEGIN
-    UPDATE tallies SET n = n - 1 WHERE name = old.status;
-    INSERT INTO tallies(name, n) VALUES (new.status, 1) ON CONFLICT(name) DO UPDATE SET n = n + 1;
-END;
-CREATE TRIGGER IF NOT EXISTS items_tally_delete AFTER DELETE ON items BEGIN
-    UPDATE tallies SET n = n - 1 WHERE name = old.status;
-END;
-CREATE TRIGGER IF NOT EXISTS results_tally_insert AFTER INSERT ON results BEGIN
+""" + ITEMS_TRIGGERS + """CREATE TRIGGER IF NOT EXISTS results_tally_insert AFTER INSERT ON results BEGIN
     INSERT INTO tallies(name, n) VALUES ('results', 1) ON CONFLICT(name) DO UPDATE SET n = n + 1;
 END;
 CREATE TRIGGER IF NOT EXISTS results_tally_delete AFTER DELETE ON results BEGIN
     UPDATE tallies SET n = n - 1 WHERE name = 'results';
 END;
--- Rows whose id was seen before with another content (``id_conflicts``; the first row is kept).
-CREATE TRIGGER IF NOT EXISTS items_conflict_tally AFTER UPDATE OF dup_conflicts ON items
-WHEN new.dup_conflicts > old.dup_conflicts BEGIN
-    INSERT INTO tallies(name, n) VALUES ('id_conflicts', new.dup_conflicts - old.dup_conflicts)
-    ON CONFLICT(name) DO UPDATE SET n = n + new.dup_conflicts - old.dup_conflicts;
-END;
 COMMIT;
 """
+
+#: Version 1/2 -> 3 (inside the open's write transaction, after the DDL): rebuild ``items`` with a
+#: ``sample`` column (every old row is sample 0) and the (id, sample) key; add the logprob columns.
+MIGRATE_3 = (
+    "DROP TABLE IF EXISTS items_v3",
+    "CREATE TABLE items_v3 (seq INTEGER PRIMARY KEY, id TEXT NOT NULL, sample INTEGER NOT NULL DEFAULT 0,"
+    " status TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, last_error TEXT, error_class TEXT,"
+    " source TEXT, source_line INTEGER, input_hash INTEGER, dup_count INTEGER NOT NULL DEFAULT 0,"
+    " dup_conflicts INTEGER NOT NULL DEFAULT 0, updated_at REAL, UNIQUE(id, sample))",
+    "INSERT INTO items_v3(seq, id, sample, status, attempts, last_error, error_class, source, source_line,"
+    " input_hash, dup_count, dup_conflicts, updated_at) SELECT seq, id, 0, status, attempts, last_error,"
+    " error_class, source, source_line, input_hash, dup_count, dup_conflicts, updated_at FROM items",
+    "DROP TABLE items",
+    "ALTER TABLE items_v3 RENAME TO items",
+    "CREATE INDEX IF NOT EXISTS items_status ON items(status)",
+    *[t.strip() + "\nEND;" for t in ITEMS_TRIGGERS.split("END;") if t.strip()],
+)
+#: Columns the version 3 results table has beyond version 2's (added by the migration).
+RESULT_LP_COLUMNS = ("lp_shard", "lp_offset", "lp_bytes")
 
 #: Rebuild the tallies from full counts (the version 1 -> 2 migration; inside a write transaction).
 RETALLY = (
     "DELETE FROM tallies",
     "INSERT INTO tallies(name, n) SELECT status, COUNT(*) FROM items GROUP BY status",
     "INSERT INTO tallies(name, n) SELECT 'results', COUNT(*) FROM results",
-    "INSERT INTO tallies(name, n) SELECT 'id_conflicts', total(dup_conflicts) FROM items",
+    "INSERT INTO tallies(name, n) SELECT 'id_conflicts', total(dup_conflicts) FROM items WHERE sample = 0",
 )
 
 
@@ -166,4 +209,4 @@ def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
     return conn
 
 
-__all__ = ["DDL", "LEDGER_FILE", "LOCK_FILE", "MIN_SQLITE", "RETALLY", "SCHEMA_VERSION", "connect"]
+__all__ = ["DDL", "ITEMS_TRIGGERS", "MIGRATE_3", "RESULT_LP_COLUMNS", "LEDGER_FILE", "LOCK_FILE", "MIN_SQLITE", "RETALLY", "SCHEMA_VERSION", "connect"]

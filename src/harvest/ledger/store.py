@@ -57,24 +57,27 @@ from harvest.ledger.records import (
     Failure,
     IngestReport,
     ItemRow,
+    Key,
     ResultRow,
     Status,
     Totals,
+    as_key,
 )
-from harvest.ledger.schema import DDL, LEDGER_FILE, LOCK_FILE, RETALLY, SCHEMA_VERSION, connect
+from harvest.ledger.logprobs import ShardStore, TurnLogprobs
+from harvest.ledger.schema import DDL, LEDGER_FILE, LOCK_FILE, MIGRATE_3, RETALLY, SCHEMA_VERSION, connect
 
 #: Schema versions this harvest opens: older ones are migrated on a writable open (see ``_migrate``)
 #: and read with full counts on a read-only one.
-_READABLE_VERSIONS = (1, SCHEMA_VERSION)
+_READABLE_VERSIONS = (1, 2, SCHEMA_VERSION)
 
 #: Meta keys the ledger owns; callers cannot set them through ``meta``.
 RESERVED_META = frozenset({"schema_version", "harvest_version", "settings_hash", "settings_hashes",
-                           "created_at", "ingest"})
+                           "created_at", "ingest", "samples"})
 
 _SQL_INGEST = (
-    "INSERT INTO items(id, status, last_error, error_class, source, source_line, input_hash, updated_at)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-    " ON CONFLICT(id) DO UPDATE SET dup_count = dup_count + 1,"
+    "INSERT INTO items(id, sample, status, last_error, error_class, source, source_line, input_hash, updated_at)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT(id, sample) DO UPDATE SET dup_count = dup_count + 1,"
     " dup_conflicts = dup_conflicts + (items.input_hash IS NOT excluded.input_hash)"
 )
 # Hot-path statements address items by ``seq`` (claimed items' seqs are remembered), so a batch
@@ -84,7 +87,8 @@ _SQL_INGEST = (
 # matched). Guards are OR chains: an IN list costs an ephemeral table per execution.
 _SQL_RESULT = (
     "INSERT INTO results(item, status, output, settings_hash, finish_reason, prompt_tokens,"
-    " completion_tokens, created_at) SELECT seq, ?, ?, ?, ?, ?, ?, ? FROM items"
+    " completion_tokens, created_at, lp_shard, lp_offset, lp_bytes) SELECT seq, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?"
+    " FROM items"
     " WHERE seq = ? AND (+status = 'pending' OR +status = 'running' OR +status = 'failed')"
     " ON CONFLICT(item) DO NOTHING"
 )
@@ -102,10 +106,19 @@ _SQL_SKIP = (
 )
 _SQL_RELEASE = "UPDATE items SET status = 'pending', updated_at = ? WHERE seq = ? AND +status = 'running'"
 _SQL_CHARGE = "UPDATE items SET attempts = attempts + 1 WHERE seq = ?"
+# An input lies at the seq of its sample 0: the samples of one input are inserted together, at
+# consecutive seqs (a duplicate inserts none of them).
 _SQL_SELECT = (
     "SELECT i.id, i.status, i.attempts, i.source, i.source_line, n.input, i.dup_count, i.last_error,"
     " i.error_class, r.output, r.settings_hash, r.finish_reason, r.prompt_tokens, r.completion_tokens,"
-    " r.created_at FROM items AS i LEFT JOIN inputs AS n ON n.item = i.seq"
+    " r.created_at, i.sample, r.lp_shard, r.lp_offset, r.lp_bytes FROM items AS i"
+    " LEFT JOIN inputs AS n ON n.item = i.seq - i.sample LEFT JOIN results AS r ON r.item = i.seq "
+)
+# The same for a version 1/2 ledger opened read-only: every row is sample 0, no logprobs.
+_SQL_SELECT_V2 = (
+    "SELECT i.id, i.status, i.attempts, i.source, i.source_line, n.input, i.dup_count, i.last_error,"
+    " i.error_class, r.output, r.settings_hash, r.finish_reason, r.prompt_tokens, r.completion_tokens,"
+    " r.created_at, 0, NULL, NULL, NULL FROM items AS i LEFT JOIN inputs AS n ON n.item = i.seq"
     " LEFT JOIN results AS r ON r.item = i.seq "
 )
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
@@ -147,8 +160,9 @@ class IngestBatch:
     skip_reasons: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
 
 
-def prepare_ingest(records: Iterator[Item | Skipped], batch_size: int = 10_000) -> IngestBatch:
-    """Read up to ``batch_size`` records from ``records`` and build their rows (any thread)."""
+def prepare_ingest(records: Iterator[Item | Skipped], batch_size: int = 10_000, samples: int = 1) -> IngestBatch:
+    """Read up to ``batch_size`` records from ``records`` and build their rows (any thread): ``samples``
+    rows per record (sample 0..samples-1, at consecutive seqs once inserted)."""
     batch = list(itertools.islice(records, batch_size))
     now = time.time()
     params = []
@@ -160,13 +174,15 @@ def prepare_ingest(records: Iterator[Item | Skipped], batch_size: int = 10_000) 
             skipped += 1
             key = (rec.kind, reason_key(rec.reason))
             reasons[key] = reasons.get(key, 0) + 1
-            params.append((rec.id, Status.SKIPPED.value, rec.reason, rec.kind, rec.source, rec.line, None, now))
+            params.extend((rec.id, k, Status.SKIPPED.value, rec.reason, rec.kind, rec.source, rec.line, None, now)
+                          for k in range(samples))
         else:
             text = rec.to_json()
             own_ids += rec.id == rec.raw_id
             inputs.setdefault(rec.id, text)
-            params.append((rec.id, Status.PENDING.value, None, None, rec.source, rec.source_line,
-                           _input_hash(text), now))
+            digest = _input_hash(text)
+            params.extend((rec.id, k, Status.PENDING.value, None, None, rec.source, rec.source_line, digest, now)
+                          for k in range(samples))
     return IngestBatch(params, inputs, len(batch), skipped, len(batch) < batch_size, own_ids, reasons)
 
 
@@ -175,8 +191,13 @@ class Ledger:
 
     def __init__(self, conn: sqlite3.Connection, path: Path, *, settings_hash: str | None,
                  readonly: bool, lock_fd: int | None, created: bool, recovered: int,
-                 tallied: bool = True):
+                 tallied: bool = True, version: int = SCHEMA_VERSION, samples: int = 1):
         self._conn = conn
+        self._version = version
+        #: Rows per unique input (``[sampling] n`` when the run began).
+        self.samples = samples
+        #: The run's logprob shards (ledger/logprobs.py).
+        self.shards = ShardStore(path.parent)
         # False only for a version-1 ledger opened read-only: no tallies, so counts are full counts.
         self._tallied = tallied
         self._lock_fd = lock_fd
@@ -189,15 +210,15 @@ class Ledger:
         self.created = created
         #: Rows found ``running`` at open (left by a crash) and put back to ``pending``.
         self.recovered = recovered
-        # id -> seq of the items claimed through this handle and not yet settled (bounded by what is
-        # in flight): lets the hot path address rows by seq.
-        self._seqs: dict[str, int] = {}
+        # (id, sample) -> seq of the rows claimed through this handle and not yet settled (bounded by
+        # what is in flight): lets the hot path address rows by seq.
+        self._seqs: dict[Key, int] = {}
 
     # ---------------------------------------------------------------- opening and closing
 
     @classmethod
     def open(cls, run_dir: str | Path, *, settings_hash: str, meta: Mapping[str, Any] | None = None,
-             allow_mixed: bool = False) -> Ledger:
+             allow_mixed: bool = False, samples: int = 1) -> Ledger:
         """Create the ledger of a new run in ``run_dir``, or resume the one there.
 
         ``meta`` (JSON-able values: job spec, engine version, ...) is stored; on resume its keys are
@@ -205,6 +226,9 @@ class Ledger:
         hashes, unless ``allow_mixed`` (then the new hash is recorded and results carry their own).
         Rows left ``running`` by a crash go back to ``pending``; see :attr:`recovered`. A second
         process opening the same run folder for writing gets :class:`LedgerError` at once.
+        ``samples`` (``[sampling] n``) is fixed when the run is created: resuming with another
+        number raises :class:`LedgerError` (the rows of each input exist already). Logprob shard
+        bytes no committed result references (a crash mid-commit) are cut off here.
         """
         meta = dict(meta or {})
         bad = sorted(RESERVED_META & meta.keys())
@@ -227,7 +251,8 @@ class Ledger:
                     raise LedgerError(f"{path}: cannot create the ledger: {exc.strerror or exc}") from None
             conn = connect(path)
             try:
-                recovered = cls._prepare(conn, path, settings_hash, meta, allow_mixed)
+                recovered = cls._prepare(conn, path, settings_hash, meta, allow_mixed, samples)
+                committed = dict(conn.execute("SELECT shard, committed FROM lp_shards"))
             except sqlite3.Error as exc:
                 conn.close()
                 raise LedgerError(f"{path}: cannot prepare the ledger: {exc}") from exc
@@ -237,8 +262,14 @@ class Ledger:
         except BaseException:
             os.close(lock_fd)
             raise
-        return cls(conn, path, settings_hash=settings_hash, readonly=False, lock_fd=lock_fd,
-                   created=created, recovered=recovered)
+        ledger = cls(conn, path, settings_hash=settings_hash, readonly=False, lock_fd=lock_fd,
+                     created=created, recovered=recovered, samples=samples)
+        try:
+            ledger.shards.trim(committed)
+        except BaseException:
+            ledger.close()
+            raise
+        return ledger
 
     @classmethod
     def open_readonly(cls, run_dir: str | Path) -> Ledger:
@@ -250,7 +281,8 @@ class Ledger:
             raise LedgerError(f"no ledger in {run_dir} (expected {LEDGER_FILE})")
         conn = connect(path, readonly=True)
         try:
-            version = cls._read_meta(conn).get("schema_version")
+            stored = cls._read_meta(conn)
+            version = stored.get("schema_version")
         except sqlite3.Error as exc:
             conn.close()
             raise LedgerError(f"{path}: not a harvest ledger: {exc}") from exc
@@ -260,7 +292,7 @@ class Ledger:
                 f"{path}: ledger schema version {version!r}, this harvest reads versions"
                 f" {', '.join(map(str, _READABLE_VERSIONS))}; open it with the harvest that wrote it")
         return cls(conn, path, settings_hash=None, readonly=True, lock_fd=None, created=False, recovered=0,
-                   tallied=version == SCHEMA_VERSION)
+                   tallied=version != 1, version=version, samples=int(stored.get("samples", 1)))
 
     @staticmethod
     def _lock(run_dir: Path) -> int:
@@ -285,7 +317,7 @@ class Ledger:
 
     @classmethod
     def _prepare(cls, conn: sqlite3.Connection, path: Path, settings_hash: str, meta: dict[str, Any],
-                 allow_mixed: bool) -> int:
+                 allow_mixed: bool, samples: int = 1) -> int:
         now = time.time()
         conn.executescript(DDL)  # idempotent, its own transaction
         conn.execute("BEGIN IMMEDIATE")
@@ -293,11 +325,11 @@ class Ledger:
             stored = cls._read_meta(conn)
             if not stored:
                 stored = {"schema_version": SCHEMA_VERSION, "created_at": now, "settings_hash": settings_hash,
-                          "settings_hashes": [settings_hash],
+                          "settings_hashes": [settings_hash], "samples": samples,
                           "ingest": {"rows": 0, "duplicates": 0, "skipped": 0, "complete": False}}
             elif stored.get("schema_version") not in _READABLE_VERSIONS:
                 raise LedgerError(f"{path}: ledger schema version {stored.get('schema_version')!r},"
-                                  f" this harvest writes {SCHEMA_VERSION} (and migrates 1); open it"
+                                  f" this harvest writes {SCHEMA_VERSION} (and migrates 1 and 2); open it"
                                   " with the harvest that wrote it, or start a new run folder")
             if stored.get("settings_hash") != settings_hash:
                 if not allow_mixed:
@@ -310,8 +342,14 @@ class Ledger:
                 stored["settings_hash"] = settings_hash
                 if settings_hash not in stored["settings_hashes"]:
                     stored["settings_hashes"].append(settings_hash)
+            if stored.get("samples", 1) != samples:
+                raise LedgerError(
+                    f"{path} was created with [sampling] n = {stored.get('samples', 1)} samples per item;"
+                    f" this configuration asks for n = {samples}. The ledger holds one row per sample, so"
+                    " n cannot change within a run: use a new run folder (output dir).")
+            stored["samples"] = samples
             if stored["schema_version"] != SCHEMA_VERSION:
-                cls._migrate(conn)
+                cls._migrate(conn, stored["schema_version"])
                 stored["schema_version"] = SCHEMA_VERSION
             stored.update(meta)
             stored["harvest_version"] = __version__
@@ -328,15 +366,25 @@ class Ledger:
         return recovered
 
     @staticmethod
-    def _migrate(conn: sqlite3.Connection) -> None:
-        """Version 1 -> 2, inside the open's write transaction: the DDL (run just before, its own
-        transaction) added ``tallies`` and its triggers; count once what they will keep from now on.
-        Rebuilt from scratch, so a migration interrupted after the DDL is simply done again."""
+    def _migrate(conn: sqlite3.Connection, version: int) -> None:
+        """Version 1/2 -> 3, inside the open's write transaction (all of it commits or none does).
+        The DDL (run just before, its own transaction) added ``tallies`` and its triggers and
+        ``lp_shards``; ``items`` is rebuilt with its ``sample`` column (every old row sample 0),
+        ``results`` gains the logprob columns, and the tallies are counted once from scratch."""
+        columns = {r[1] for r in conn.execute("PRAGMA table_info(items)")}
+        if "sample" not in columns:
+            for sql in MIGRATE_3:
+                conn.execute(sql)
+        columns = {r[1] for r in conn.execute("PRAGMA table_info(results)")}
+        for column in ("lp_shard", "lp_offset", "lp_bytes"):
+            if column not in columns:
+                conn.execute(f"ALTER TABLE results ADD COLUMN {column} INTEGER")
         for sql in RETALLY:
             conn.execute(sql)
 
     def close(self) -> None:
         """Close the database and release the run folder's lock. Idempotent."""
+        self.shards.close()
         if self._conn is not None:
             self._conn.close()
             self._conn = None  # type: ignore[assignment]
@@ -412,7 +460,7 @@ class Ledger:
             pass
         rows_read = 0
         while True:
-            batch = prepare_ingest(it, batch_size)
+            batch = prepare_ingest(it, batch_size, self.samples)
             report = self.commit_ingest(batch, resumed_from=resumed_from)
             rows_read += batch.rows
             if report.complete:
@@ -432,7 +480,8 @@ class Ledger:
             before = conn.execute("SELECT max(seq) FROM items").fetchone()[0] or 0
             conn.executemany(_SQL_INGEST, batch.params)
             # New rows get increasing seqs; the rest of the batch were duplicates.
-            new = conn.execute("SELECT seq, id FROM items WHERE seq > ?", (before,)).fetchall()
+            # Sample 0 of each new input carries its input (the other samples read it at seq - sample).
+            new = conn.execute("SELECT seq, id FROM items WHERE seq > ? AND sample = 0", (before,)).fetchall()
             conn.executemany("INSERT INTO inputs(item, input) VALUES (?, ?)",
                              [(seq, batch.inputs[item_id]) for seq, item_id in new if item_id in batch.inputs])
             state["rows"] += batch.rows
@@ -469,41 +518,43 @@ class Ledger:
             return []
         with self._write() as conn:
             rows = conn.execute(
-                "SELECT i.seq, i.id, i.attempts, i.source, i.source_line, n.input FROM items AS i"
-                " JOIN inputs AS n ON n.item = i.seq WHERE i.status = 'pending' ORDER BY i.seq LIMIT ?",
+                "SELECT i.seq, i.id, i.attempts, i.source, i.source_line, n.input, i.sample FROM items AS i"
+                " JOIN inputs AS n ON n.item = i.seq - i.sample WHERE i.status = 'pending' ORDER BY i.seq"
+                " LIMIT ?",
                 (n,),
             ).fetchall()
             if rows:
                 # The rows read are exactly the pending ones up to the last seq read.
                 conn.execute("UPDATE items SET status = 'running', updated_at = ?"
                              " WHERE status = 'pending' AND seq <= ?", (time.time(), rows[-1][0]))
-        self._seqs.update((r[1], r[0]) for r in rows)
+        self._seqs.update(((r[1], r[6]), r[0]) for r in rows)
         return [r[1:] for r in rows]
 
     @staticmethod
     def item_rows(raw: Iterable[tuple[Any, ...]]) -> list[ItemRow]:
         """Build :class:`ItemRow` records from :meth:`claim_raw` tuples (any thread)."""
-        return [ItemRow(id=r[0], attempts=r[1], item=Item.from_json(r[0], r[2], r[3], r[4])) for r in raw]
+        return [ItemRow(id=r[0], attempts=r[1], item=Item.from_json(r[0], r[2], r[3], r[4]),
+                        sample=r[5] if len(r) > 5 else 0) for r in raw]
 
     def complete(self, results: Iterable[Completion]) -> int:
         """Commit results, each with its item's new status, in one transaction. Returns how many
         were newly committed; a result for an item that already has one is ignored (exactly once)."""
         return self.apply([("complete", r) for r in results]).committed
 
-    def fail(self, item_id: str, error: str, error_class: str) -> bool:
+    def fail(self, item_id: str, error: str, error_class: str, sample: int = 0) -> bool:
         """Mark a pending/running item failed with its error. False when the item was not in flight."""
-        return self.apply([("fail", Failure(item_id, error, error_class))]).failed == 1
+        return self.apply([("fail", Failure(item_id, error, error_class, sample))]).failed == 1
 
     def skip(self, item_id: str, reason: str, error_class: str) -> bool:
         """Mark a pending/running item skipped without sending it (e.g. its prompt cannot fit the
         model's context), ``reason`` saying why. False when the item was not in flight."""
         return self.apply([("skip", Failure(item_id, reason, error_class))]).skipped == 1
 
-    def charge_attempt(self, ids: Iterable[str]) -> int:
+    def charge_attempt(self, ids: Iterable[str | Key]) -> int:
         """Count one attempt against each item (an attempt that failed for the item's own reason)."""
         return self.apply([("charge", i) for i in ids]).charged
 
-    def release(self, ids: Iterable[str]) -> int:
+    def release(self, ids: Iterable[str | Key]) -> int:
         """Put running items back to pending without charging an attempt (a sick-server pause)."""
         return self.apply([("release", i) for i in ids]).released
 
@@ -511,55 +562,72 @@ class Ledger:
         """Apply a batch of operations in order, in one transaction.
 
         Each op is ``("complete", Completion)``, ``("fail", Failure)``, ``("skip", Failure)``,
-        ``("charge", item_id)`` or ``("release", item_id)``. Runs of the same kind go through one ``executemany``. This is the
-        async writer's entry point; the single-operation methods above use it too.
+        ``("charge", key)`` or ``("release", key)`` (a key: ``(id, sample)`` or a bare id for sample
+        0). Runs of the same kind go through one ``executemany``. This is the async writer's entry
+        point; the single-operation methods above use it too.
+
+        Completions that carry logprobs: their records are appended to the run's current shard and
+        fdatasync-ed before the transaction; the transaction inserts the rows that reference them
+        and moves the shard's committed length (ledger/logprobs.py explains the order).
         """
         counts = {"committed": 0, "ignored": 0, "failed": 0, "released": 0, "charged": 0, "skipped": 0}
         if not ops:
             return ApplyReport()
         settings_hash = self.settings_hash
-        settled: list[str] = []  # ids whose claim ends with this batch
+        settled: list[Key] = []  # keys whose claim ends with this batch
+        with_lp = [op[1] for op in ops if op[0] == "complete" and op[1].logprobs is not None]
+        lp_refs: dict[int, tuple[int, int, int]] = {}  # id(completion) -> (shard, offset, bytes)
+        if with_lp:
+            first_free = self.conn.execute("SELECT COALESCE(MAX(shard), -1) + 1 FROM lp_shards").fetchone()[0]
+            refs = self.shards.append([c.logprobs for c in with_lp], first_free)
+            lp_refs = {id(c): (shard, offset, len(c.logprobs)) for c, (shard, offset) in zip(with_lp, refs)}
         with self._write() as conn:
             now = time.time()
             for kind, group in itertools.groupby(ops, key=lambda op: op[0]):
                 payloads = [op[1] for op in group]
                 if kind == "complete":
-                    known = [(c, seq) for c in payloads if (seq := self._seq(conn, c.item_id)) is not None]
+                    known = [(c, seq) for c in payloads
+                             if (seq := self._seq(conn, (c.item_id, c.sample))) is not None]
                     new = _changed(conn, _SQL_RESULT, [
                         (c.status.value, _dumps(c.output), settings_hash, c.finish_reason,
-                         c.prompt_tokens, c.completion_tokens, now, seq) for c, seq in known])
+                         c.prompt_tokens, c.completion_tokens, now, *lp_refs.get(id(c), (None, None, None)), seq)
+                        for c, seq in known])
                     conn.executemany(_SQL_DONE, [(c.status.value, now, seq) for c, seq in known])
                     counts["committed"] += new
                     counts["ignored"] += len(payloads) - new
-                    settled.extend(c.item_id for c in payloads)
+                    settled.extend((c.item_id, c.sample) for c in payloads)
                 elif kind == "fail":
                     counts["failed"] += _changed(conn, _SQL_FAIL, [
                         (f.error, f.error_class, now, seq) for f in payloads
-                        if (seq := self._seq(conn, f.item_id)) is not None])
-                    settled.extend(f.item_id for f in payloads)
+                        if (seq := self._seq(conn, (f.item_id, f.sample))) is not None])
+                    settled.extend((f.item_id, f.sample) for f in payloads)
                 elif kind == "skip":
                     counts["skipped"] += _changed(conn, _SQL_SKIP, [
                         (f.error, f.error_class, now, seq) for f in payloads
-                        if (seq := self._seq(conn, f.item_id)) is not None])
-                    settled.extend(f.item_id for f in payloads)
+                        if (seq := self._seq(conn, (f.item_id, f.sample))) is not None])
+                    settled.extend((f.item_id, f.sample) for f in payloads)
                 elif kind == "release":
                     counts["released"] += _changed(conn, _SQL_RELEASE, [
                         (now, seq) for i in payloads if (seq := self._seq(conn, i)) is not None])
-                    settled.extend(payloads)
+                    settled.extend(as_key(i) for i in payloads)
                 elif kind == "charge":
                     counts["charged"] += _changed(conn, _SQL_CHARGE, [
                         (seq,) for i in payloads if (seq := self._seq(conn, i)) is not None])
                 else:
                     raise LedgerError(f"unknown ledger operation {kind!r}")
-        for item_id in settled:
-            self._seqs.pop(item_id, None)
+            for shard in {ref[0] for ref in lp_refs.values()}:
+                conn.execute("INSERT INTO lp_shards(shard, committed) VALUES (?, ?) ON CONFLICT(shard)"
+                             " DO UPDATE SET committed = excluded.committed", (shard, self.shards.end))
+        for key in settled:
+            self._seqs.pop(key, None)
         return ApplyReport(**counts)
 
-    def _seq(self, conn: sqlite3.Connection, item_id: str) -> int | None:
-        """The seq of ``item_id``: remembered from its claim, else looked up (None: not in the ledger)."""
-        seq = self._seqs.get(item_id)
+    def _seq(self, conn: sqlite3.Connection, key: str | Key) -> int | None:
+        """The seq of a row: remembered from its claim, else looked up (None: not in the ledger)."""
+        key = as_key(key)
+        seq = self._seqs.get(key)
         if seq is None:
-            row = conn.execute("SELECT seq FROM items WHERE id = ?", (item_id,)).fetchone()
+            row = conn.execute("SELECT seq FROM items WHERE id = ? AND sample = ?", key).fetchone()
             seq = row[0] if row else None
         return seq
 
@@ -702,15 +770,20 @@ class Ledger:
         """Check that every unique input item ended in a final status and results match statuses.
         Reads the tallies (constant time)."""
         counts = self.counts()
-        unique = sum(counts.values())
+        rows = sum(counts.values())
         results = self._result_count()
         state = self.meta()["ingest"]
+        unique = rows // self.samples  # unique inputs in the ledger (each has ``samples`` rows)
         problems = []
         if not state["complete"]:
             problems.append("the input was not fully ingested")
-        if unique != state["rows"] - state["duplicates"]:
-            expected = state["rows"] - state["duplicates"]
-            problems.append(f"{unique} items in the ledger, the input had {expected} unique rows")
+        expected = state["rows"] - state["duplicates"]
+        if rows != expected * self.samples:
+            if self.samples > 1:
+                problems.append(f"{rows} item rows in the ledger, the input had {expected} unique rows"
+                                f" x {self.samples} samples")
+            else:
+                problems.append(f"{rows} items in the ledger, the input had {expected} unique rows")
         unfinished = counts[Status.PENDING] + counts[Status.RUNNING]
         if unfinished:
             problems.append(
@@ -718,10 +791,10 @@ class Ledger:
         with_result = sum(counts[s] for s in RESULT_STATUSES)
         if results != with_result:
             problems.append(f"{results} results for {with_result} done/truncated items")
-        assert sum(counts[s] for s in FINAL_STATUSES) + unfinished == unique
+        assert sum(counts[s] for s in FINAL_STATUSES) + unfinished == rows
         return Totals(input_rows=state["rows"], unique=unique, duplicates=state["duplicates"], counts=counts,
                       results=results, ingest_complete=state["complete"], problems=tuple(problems),
-                      id_conflicts=self.id_conflicts())
+                      id_conflicts=self.id_conflicts(), samples=self.samples)
 
     def iter_results(self, statuses: Iterable[Status | str] = RESULT_STATUSES,
                      fetch: int = 1000) -> Iterator[ResultRow]:
@@ -736,9 +809,24 @@ class Ledger:
         # "+i.status" keeps SQLite from using the status index, which would need a sort by seq.
         yield from self._select(f"WHERE +i.status IN ({marks}) ORDER BY i.seq", wanted, fetch)
 
-    def get(self, item_id: str) -> ResultRow | None:
-        """One item with its result, or None when the id is not in the ledger."""
-        return next(self._select("WHERE i.id = ?", (item_id,)), None)
+    def get(self, item_id: str, sample: int = 0) -> ResultRow | None:
+        """One item row with its result, or None when the id (and sample) is not in the ledger."""
+        if self._version < 3:
+            return next(self._select("WHERE i.id = ?", (item_id,)), None) if sample == 0 else None
+        return next(self._select("WHERE i.id = ? AND i.sample = ?", (item_id, sample)), None)
+
+    def logprobs(self, row: ResultRow) -> list[TurnLogprobs] | None:
+        """The token log-probabilities of a result row, one entry per assistant turn (None: none)."""
+        if row.logprobs_at is None:
+            return None
+        return self.shards.read(*row.logprobs_at)
+
+    def logprob_usage(self) -> tuple[int, int]:
+        """``(shards, bytes)`` of logprob storage that committed results cover (a tiny table)."""
+        if self._version < 3:
+            return 0, 0
+        shards, size = self.conn.execute("SELECT COUNT(*), COALESCE(SUM(committed), 0) FROM lp_shards").fetchone()
+        return int(shards), int(size)
 
     def errors(self, limit: int = 10) -> tuple[dict[str, int], list[ResultRow]]:
         """Failed items per error class, and the ``limit`` most recent failures."""
@@ -749,7 +837,7 @@ class Ledger:
         return by_class, recent
 
     def _select(self, where: str, params: Sequence[Any], fetch: int = 1000) -> Iterator[ResultRow]:
-        cur = self.conn.execute(_SQL_SELECT + where, params)
+        cur = self.conn.execute((_SQL_SELECT if self._version >= 3 else _SQL_SELECT_V2) + where, params)
         try:
             while True:
                 rows = cur.fetchmany(fetch)
@@ -762,7 +850,8 @@ class Ledger:
                         dup_count=r[6], last_error=r[7], error_class=r[8],
                         output=json.loads(r[9]) if r[9] is not None else None, settings_hash=r[10],
                         finish_reason=r[11], prompt_tokens=r[12], completion_tokens=r[13],
-                        created_at=r[14])
+                        created_at=r[14], sample=r[15],
+                        logprobs_at=(r[16], r[17], r[18]) if r[16] is not None else None)
         finally:
             cur.close()
 
@@ -778,13 +867,13 @@ class Ledger:
         """Up to ``limit`` ids seen again with different content, in input order (a scan: for the
         end of an ingest and for reports, not a hot path)."""
         return [r[0] for r in self.conn.execute(
-            "SELECT id FROM items WHERE dup_conflicts > 0 ORDER BY seq LIMIT ?", (limit,))]
+            "SELECT id FROM items WHERE dup_conflicts > 0 AND sample = 0 ORDER BY seq LIMIT ?", (limit,))]
 
     def duplicates(self, limit: int = 20) -> list[tuple[str, int, int]]:
         """Up to ``limit`` ids seen more than once: ``(id, extra occurrences, with different input)``.
         Scans the items table (a report at the end of ingest, not a hot path)."""
         return list(self.conn.execute(
-            "SELECT id, dup_count, dup_conflicts FROM items WHERE dup_count > 0 ORDER BY seq LIMIT ?",
+            "SELECT id, dup_count, dup_conflicts FROM items WHERE dup_count > 0 AND sample = 0 ORDER BY seq LIMIT ?",
             (limit,)))
 
 

@@ -19,6 +19,7 @@ no probing, no folders created; relative paths are resolved against the config f
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 from typing import Any, Literal
@@ -346,6 +347,21 @@ class SamplingConfig(_Model):
     seed: int | None = None
     stop: list[str] = Field(default_factory=list)
     extra_body: dict[str, Any] = Field(default_factory=dict)
+    #: Samples per item: each is its own result with its index (0..n-1), exactly once. vLLM and
+    #: SGLang get one request with ``n``; other engines n requests with distinct seeds.
+    n: int = Field(1, ge=1, le=1024)
+    #: Top-k log-probabilities stored per generated token (0: none); see harvest/ledger/logprobs.py.
+    logprobs: int = Field(0, ge=0)
+    #: Ask for the n samples in one request (``n``): true for vLLM and SGLang when unset; false
+    #: (n requests, distinct seeds) for llama-server, which refuses n != 1, and for an endpoint of
+    #: unknown kind. Set true for ``[client] endpoints`` served by vLLM or SGLang.
+    n_per_request: bool | None = None
+
+    def one_request(self, engine: str | None) -> bool:
+        """Whether the samples of an item go out as one request with ``n`` (see ``n_per_request``)."""
+        if self.n_per_request is not None:
+            return self.n_per_request
+        return engine in ("vllm", "sglang")
 
 
 class ClientConfig(_Model):
@@ -581,6 +597,13 @@ class HarvestConfig(_Model):
                              "Ray places the servers")
         return self
 
+    @model_validator(mode="after")
+    def _logprobs_within_engine(self) -> HarvestConfig:
+        limit = engine_logprobs_limit(self.server)
+        if limit is not None and self.sampling.logprobs > limit[0]:
+            raise ValueError(f"[sampling] logprobs = {self.sampling.logprobs} is above what {limit[1]}")
+        return self
+
     def far_hosts(self) -> list[HostConfig]:
         """The hosts the server runs on: [[hosts]], else [host], else none (this machine)."""
         return list(self.hosts) if self.hosts else ([self.host] if self.host is not None else [])
@@ -589,6 +612,29 @@ class HarvestConfig(_Model):
         if self.server is None:
             raise ConfigError(self.source, [(f"{self.source} [server]", "this command needs a [server] table")])
         return self.server
+
+
+#: vLLM's default ``--max-logprobs``: top-k log-probabilities per token it returns at most.
+VLLM_MAX_LOGPROBS = 20
+
+
+def engine_logprobs_limit(server: ServerConfig | None) -> tuple[int, str] | None:
+    """The most top-k log-probabilities per token the job's engine returns, and where that limit
+    comes from; None when harvest knows of no limit (SGLang, llama-server, an unknown endpoint)."""
+    if server is None or server.engine != "vllm":
+        return None
+    args = list(server.extra_args)
+    for i, arg in enumerate(args):
+        value = None
+        if arg == "--max-logprobs" and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith("--max-logprobs="):
+            value = arg.split("=", 1)[1]
+        if value is not None:
+            with contextlib.suppress(ValueError):
+                return int(value), f"vLLM allows: its max_logprobs is {int(value)} ([server] extra_args --max-logprobs)"
+    return VLLM_MAX_LOGPROBS, (f"vLLM allows: its max_logprobs is {VLLM_MAX_LOGPROBS} by default "
+                               "(raise it with --max-logprobs N in [server] extra_args)")
 
 
 def _location(source: str, loc: tuple[Any, ...]) -> str:
@@ -741,6 +787,8 @@ __all__ = [
     "PreflightConfig",
     "RunConfig",
     "SamplingConfig",
+    "VLLM_MAX_LOGPROBS",
+    "engine_logprobs_limit",
     "ServerConfig",
     "is_loopback",
     "load_config",

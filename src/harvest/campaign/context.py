@@ -59,6 +59,7 @@ from harvest.config import HarvestConfig
 from harvest.dataset import Item
 from harvest.errors import ConfigError
 from harvest.ledger import Failure, Status
+from harvest.ledger.records import Key, as_key
 
 log = logging.getLogger("harvest.campaign")
 
@@ -222,13 +223,14 @@ class ContextGuard:
             return None
         return self._reason(tokens, how)
 
-    async def skipped(self, client: Any, writer: Any, progress: Any, row_id: str, item: Item) -> bool:
+    async def skipped(self, client: Any, writer: Any, progress: Any, row_id: str | Key, item: Item) -> bool:
         """The runner's hook: check the item; when it cannot fit, record it ``skipped`` (class
         ``context_length``, the reason as its error) through the ledger writer and return True."""
         reason = await self.check(client, item)
         if reason is None:
             return False
-        writer.skip(Failure(row_id, reason, CONTEXT_CLASS))
+        item_id, sample = as_key(row_id)
+        writer.skip(Failure(item_id, reason, CONTEXT_CLASS, sample))
         progress.record(Status.SKIPPED.value)
         progress.error(CONTEXT_CLASS)
         return True

@@ -10,12 +10,20 @@ An empty or whitespace-only answer (once reasoning is set apart) is asked again 
 empty_retries`` times with the same settings; if it stays empty the item fails with class ``empty``
 (no text stored): an empty answer is never training data.
 
+Samples (``[sampling] n`` > 1): each sample of an item is an independent full conversation rollout.
+The first assistant turn of the samples claimed together is one request with ``n`` where the engine
+honours it (the prompt is prefilled once), else one request per sample; every later turn is asked
+on that sample's own regenerated history. Token log-probabilities (``[sampling] logprobs``) are
+kept per assistant turn of each sample, as one record (ledger/logprobs.py).
+
 This module talks to the client only; it never touches the ledger or the server process. Errors
 propagate by type: RequestError (the item is bad), ServerSick (the server is gone).
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,6 +31,8 @@ from typing import Any, Protocol
 
 from harvest.config import RunConfig, SamplingConfig
 from harvest.dataset.records import ASSISTANT, Item
+from harvest.errors import RequestError
+from harvest.ledger.logprobs import TurnLogprobs, encode, from_openai
 from harvest.ledger.records import Status
 
 _THINK = re.compile(r"<think>(.*?)(?:</think>|$)\s*", re.DOTALL)
@@ -72,15 +82,73 @@ class Generated:
     #: Seconds the item's requests spent on the wire (each from being sent to its answer), summed:
     #: the item's latency without its wait in harvest's own queue.
     latency_s: float = 0.0
+    #: Which of the item's samples this is, and its encoded logprob record (ledger/logprobs.py).
+    sample: int = 0
+    logprobs: bytes | None = None
+
+
+def logprob_overrides(sampling: SamplingConfig) -> dict[str, Any]:
+    """Request fields that ask for ``[sampling] logprobs`` top-k log-probabilities with token ids
+    (vLLM's ``return_tokens_as_token_ids``; llama-server sends ids anyway; servers ignore what they
+    do not know)."""
+    if not sampling.logprobs:
+        return {}
+    return {"logprobs": True, "top_logprobs": sampling.logprobs,
+            "extra_body": {"return_tokens_as_token_ids": True}}
+
+
+def _seed(sampling: SamplingConfig, sample: int) -> dict[str, Any]:
+    """Sample ``s`` asked alone gets seed ``seed + s`` (distinct samples under a fixed seed)."""
+    return {"seed": sampling.seed + sample} if sampling.seed is not None and sample else {}
 
 
 async def generate_item(client: ChatClient, item: Item, *, run: RunConfig, sampling: SamplingConfig,
-                        settings_hash: str) -> Generated:
+                        settings_hash: str, sample: int = 0) -> Generated:
     """Regenerate each assistant turn of ``item`` in order, on top of the chosen history."""
+    return await _rollout(client, item, None, sample=sample, run=run, sampling=sampling,
+                          settings_hash=settings_hash)
+
+
+async def generate_samples(client: ChatClient, item: Item, samples: Sequence[int], *, run: RunConfig,
+                           sampling: SamplingConfig, settings_hash: str,
+                           one_request: bool) -> list[Generated | BaseException]:
+    """Samples ``samples`` of ``item``, each an independent full rollout of every assistant turn.
+
+    The first turn is shared work: with ``one_request`` (an engine that honours ``n``: vLLM,
+    SGLang) it is one request with ``n = len(samples)`` (the prompt is prefilled once), else one
+    request per sample with seed ``seed + sample`` when a seed is set. Each sample then continues on
+    its own regenerated history (turns 1.. are one request per sample). Returns one entry per
+    sample, in order: its :class:`Generated`, or the exception that ended that sample alone
+    (RequestError, ServerSick, ...); an error of the shared first request is raised.
+    """
+    overrides = logprob_overrides(sampling)
+    if len(samples) == 1 or not one_request:
+        firsts: list[Any] = [None] * len(samples)
+    else:
+        request = [{"role": m.role, "content": m.content} for m in item.history(0, [])]
+        completion = await client.chat(request, n=len(samples), **overrides)
+        firsts = list(completion.choices)
+        if len(firsts) != len(samples):
+            raise RequestError(f"asked for n = {len(samples)} choices, the server sent {len(firsts)}"
+                               " (an engine that ignores n: set [sampling] n_per_request = false)")
+    results = await asyncio.gather(*(
+        _rollout(client, item, first, sample=s, run=run, sampling=sampling, settings_hash=settings_hash)
+        for s, first in zip(samples, firsts)), return_exceptions=True)
+    for r in results:
+        if isinstance(r, BaseException) and not isinstance(r, Exception):
+            raise r  # cancellation and the like are not a sample's own failure
+    return list(results)
+
+
+async def _rollout(client: ChatClient, item: Item, first: Any, *, sample: int, run: RunConfig,
+                   sampling: SamplingConfig, settings_hash: str) -> Generated:
+    """Every assistant turn of one sample; ``first``: turn 0's completion when already asked for."""
+    overrides = {**logprob_overrides(sampling), **_seed(sampling, sample)}
     replies: list[str] = []
     messages_out: list[dict[str, Any]] = [{"role": m.role, "content": m.content} for m in item.messages
                                           if m.role == "system"]
     turns: list[dict[str, Any]] = []
+    token_logprobs: list[TurnLogprobs] = []
     users = [m.content for m in item.messages if m.role == "user"]
     model: str | None = None
     truncated_at: int | None = None
@@ -89,16 +157,19 @@ async def generate_item(client: ChatClient, item: Item, *, run: RunConfig, sampl
     for k in range(item.turns):
         history = item.history(k, replies if run.history == "regenerated" else None)
         request = [{"role": m.role, "content": m.content} for m in history]
-        completion = await client.chat(request)
+        if k == 0 and first is not None:
+            completion = dataclasses.replace(first, others=())
+        else:
+            completion = await client.chat(request, **overrides)
         requests, latency = requests + completion.attempts, latency + completion.latency_s
         if completion.truncated and run.truncated == "retry":
             larger = run.retry_max_tokens or 2 * sampling.max_tokens
-            completion = await client.chat(request, max_tokens=larger)
+            completion = await client.chat(request, max_tokens=larger, **overrides)
             requests, latency = requests + completion.attempts, latency + completion.latency_s
         for _ in range(run.empty_retries):
             if not _empty(completion.text, run):
                 break
-            completion = await client.chat(request)  # the same settings, asked again
+            completion = await client.chat(request, **overrides)  # the same settings, asked again
             requests, latency = requests + completion.attempts, latency + completion.latency_s
         # One attempt of the item asks each turn once; every further request is another attempt.
         attempts = requests - k
@@ -109,7 +180,12 @@ async def generate_item(client: ChatClient, item: Item, *, run: RunConfig, sampl
             return Generated({}, Status.FAILED, completion.finish_reason,
                              prompt_tokens + (completion.prompt_tokens or 0),
                              completion_tokens + (completion.completion_tokens or 0), attempts, why, "empty",
-                             latency)
+                             latency, sample=sample)
+        if sampling.logprobs:
+            try:
+                token_logprobs.append(from_openai(completion.logprobs, sampling.logprobs))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise RequestError(f"turn {k}: unusable logprobs from {completion.endpoint}: {exc}") from None
         model = completion.model or model
         text, reasoning = completion.text, completion.reasoning_content
         if run.reasoning != "none":
@@ -136,8 +212,9 @@ async def generate_item(client: ChatClient, item: Item, *, run: RunConfig, sampl
     if truncated_at is not None and run.truncated == "drop":
         dropped = f"finish_reason=length at turn {truncated_at} (max_tokens {sampling.max_tokens})"
     attempts = requests - max(item.turns - 1, 0)
+    record = encode(token_logprobs, sampling.logprobs) if sampling.logprobs and dropped is None else None
     return Generated(output, status, last_reason, prompt_tokens, completion_tokens, attempts, dropped,
-                     latency_s=latency)
+                     latency_s=latency, sample=sample, logprobs=record)
 
 
-__all__ = ["ChatClient", "Generated", "generate_item", "split_reasoning"]
+__all__ = ["ChatClient", "Generated", "generate_item", "generate_samples", "logprob_overrides", "split_reasoning"]

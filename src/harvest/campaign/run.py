@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import itertools
 import logging
@@ -40,7 +41,7 @@ from typing import Any
 from harvest.campaign.breaker import Breaker, Trip
 from harvest.campaign.context import ContextGuard
 from harvest.campaign.folder import other_job, resume_line, skipped_problem
-from harvest.campaign.generate import generate_item
+from harvest.campaign.generate import generate_samples
 from harvest.campaign.progress import Progress
 from harvest.campaign.timeline import Timeline
 from harvest.client import Client
@@ -117,12 +118,48 @@ def output_settings(config: HarvestConfig) -> dict[str, Any]:
         "kv_cache_dtype": server.kv_cache_dtype if server else None,
         "dtype": server.dtype if server else None,
         "extra_args": list(redact_argv(server.extra_args)) if server else [],  # a secret is no setting
-        "sampling": config.sampling.model_dump(mode="json"),
+        "sampling": _sampling_settings(config),
         "history": config.run.history,
         "reasoning": config.run.reasoning,
         "truncated": [config.run.truncated, config.run.retry_max_tokens],
         "system_prompt": config.data.system_prompt if config.data else None,
     }
+
+
+def _sampling_settings(config: HarvestConfig) -> dict[str, Any]:
+    """``[sampling]`` as hashed: ``n`` and ``logprobs`` only when set (a run begun before they
+    existed resumes under the same hash); ``n_per_request`` never (it changes no output)."""
+    out = config.sampling.model_dump(mode="json", exclude={"n_per_request"})
+    for key, default in (("n", 1), ("logprobs", 0)):
+        if out.get(key) == default:
+            out.pop(key)
+    return out
+
+
+class _Samples:
+    """The samples of one item claimed together: generated once (``generate_samples``: one request
+    with ``n`` where the engine takes it), handed to each sample's task by index. The shared work
+    starts with the first task that asks and is cancelled when every task waiting on it is."""
+
+    def __init__(self, start: Any):
+        self._start = start
+        self._task: asyncio.Future[Any] | None = None
+        self._waiting = 0
+
+    async def get(self, index: int) -> Any:
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._start())
+            self._task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved here
+        self._waiting += 1
+        try:
+            found = await asyncio.shield(self._task)
+        finally:
+            self._waiting -= 1
+            if self._waiting == 0 and not self._task.done():
+                self._task.cancel()
+        if isinstance(found[index], BaseException):
+            raise found[index]
+        return found[index]
 
 
 def dataset_fingerprint(path: str) -> str:
@@ -153,6 +190,14 @@ def describe_ids(data: Any, report: IngestReport) -> str:
         return f"ids: the rows' {field!r} field"
     return (f"ids: the rows' {field!r} field ({report.own_ids}), content hashes where a row has none "
             f"({usable - report.own_ids})")
+
+
+def _by_item(rows: Sequence[Any]) -> list[list[Any]]:
+    """Claimed rows grouped by item id, in claim order (an item's samples are consecutive rows)."""
+    groups: dict[str, list[Any]] = {}
+    for row in rows:
+        groups.setdefault(row.id, []).append(row)
+    return list(groups.values())
 
 
 class _Campaign:
@@ -217,7 +262,7 @@ class _Campaign:
         meta = {"job": self.config.recorded(), "job_file": self.config.source,
                 "output_settings": output_settings(self.config)}
         ledger = Ledger.open(self.run_dir, settings_hash=self.settings_hash, meta=meta,
-                             allow_mixed=self.allow_mixed)
+                             allow_mixed=self.allow_mixed, samples=self.config.sampling.n)
         try:
             fingerprint = dataset_fingerprint(data.path)
         except OSError as exc:
@@ -241,7 +286,7 @@ class _Campaign:
             # The first batch now, before any launch: a dataset that cannot be read fails here.
             self._records = iter_items(data, skip=state["rows"])
             try:
-                first = prepare_ingest(self._records, INGEST_BATCH)
+                first = prepare_ingest(self._records, INGEST_BATCH, self.config.sampling.n)
                 self._count_skips(first)
                 self._first_batch = (first.rows, first.skipped)
                 report = ledger.commit_ingest(first, resumed_from=state["rows"])
@@ -326,14 +371,15 @@ class _Campaign:
         records = self._records
         try:
             while not self._ingest_stop:
-                batch: IngestBatch = await asyncio.to_thread(prepare_ingest, records, INGEST_BATCH)
+                batch: IngestBatch = await asyncio.to_thread(prepare_ingest, records, INGEST_BATCH,
+                                                             self.config.sampling.n)
                 if self._ingest_stop:
                     return  # not committed: the next session reads it again
                 self._count_skips(batch)
                 report = await writer.ingest(batch)
                 progress.rows_read = report.total_rows
-                progress.total = report.unique
-                progress.already_final += report.new_skipped  # final without any work
+                progress.total = report.unique * self.config.sampling.n  # rows: one per sample
+                progress.already_final += report.new_skipped * self.config.sampling.n  # final without any work
                 self._ingested.set()
                 if report.complete:
                     self._log_input(report)
@@ -519,15 +565,17 @@ class _Campaign:
         last_update = 0.0
         server_down = False
 
-        async def one(row_id: str, item: Any) -> None:
-            if await self.context.skipped(client, writer, progress, row_id, item):
+        one_request = cfg.sampling.one_request(cfg.server.engine if cfg.server else None)
+
+        async def one(row: Any, samples: _Samples, index: int) -> None:
+            row_id = row.key  # (id, sample): one ledger row per sample
+            if await self.context.skipped(client, writer, progress, row_id, row.item):
                 return  # its prompt cannot fit the model's context: never sent
             t0 = time.monotonic()  # claimed; the request waits for a slot in the client
             try:
-                gen = await generate_item(client, item, run=cfg.run, sampling=cfg.sampling,
-                                          settings_hash=self.settings_hash)
+                gen = await samples.get(index)
             except RequestError as exc:
-                failure = Failure(row_id, str(exc), f"http_{exc.status}" if exc.status else "request")
+                failure = Failure(row.id, str(exc), f"http_{exc.status}" if exc.status else "request", row.sample)
                 if self.breaker.holds(failure.error_class):  # committed once the streak ends
                     self._commit_failures(writer, progress, self.breaker.failed(failure))
                 else:
@@ -540,13 +588,13 @@ class _Campaign:
             # item's wait in harvest's own queue (claimed ahead, waiting for a slot).
             queued = max(time.monotonic() - t0 - gen.latency_s, 0.0)
             if gen.dropped is not None:
-                writer.fail(Failure(row_id, gen.dropped, gen.drop_class))
+                writer.fail(Failure(row.id, gen.dropped, gen.drop_class, row.sample))
                 progress.record(Status.FAILED.value, gen.prompt_tokens, gen.completion_tokens, gen.latency_s,
                                 queued)
                 progress.error(gen.drop_class)
                 return
-            writer.complete(Completion(row_id, gen.output, gen.status, gen.finish_reason, gen.prompt_tokens,
-                                       gen.completion_tokens))
+            writer.complete(Completion(row.id, gen.output, gen.status, gen.finish_reason, gen.prompt_tokens,
+                                       gen.completion_tokens, sample=row.sample, logprobs=gen.logprobs))
             progress.record(gen.status.value, gen.prompt_tokens, gen.completion_tokens, gen.latency_s, queued)
 
         # Finished requests arrive here from their done callbacks: a loop turn costs O(answers), where
@@ -561,10 +609,14 @@ class _Campaign:
                 rows = await writer.claim(target - len(tasks))
                 if not rows and not ingesting:
                     exhausted = True
-                for row in rows:
-                    task = asyncio.create_task(one(row.id, row.item))
-                    task.add_done_callback(finished.put_nowait)
-                    tasks[task] = row.id
+                for group in _by_item(rows):  # the samples of one item claimed together: one request
+                    samples = _Samples(functools.partial(
+                        generate_samples, client, group[0].item, [r.sample for r in group], run=cfg.run,
+                        sampling=cfg.sampling, settings_hash=self.settings_hash, one_request=one_request))
+                    for index, row in enumerate(group):
+                        task = asyncio.create_task(one(row, samples, index))
+                        task.add_done_callback(finished.put_nowait)
+                        tasks[task] = row.key
             if not tasks:
                 if not exhausted and not server_down and not self.stop_requested.is_set() and self._ingesting():
                     await self._wait_ingested(0.5)  # everything ingested so far is done: wait for more
@@ -588,7 +640,7 @@ class _Campaign:
                 server_down = True
             if self.breaker.trip is not None:
                 # Every recent request failed the same way: the job, not the items, is wrong.
-                await self._release_in_flight(writer, tasks, [i for i, _ in self.breaker.held])
+                await self._release_in_flight(writer, tasks, [(f.item_id, f.sample) for _, f in self.breaker.held])
                 self.outcome, self.note = "stopped", self.breaker.trip.describe()
                 break
             if server_down and not tasks:
@@ -647,7 +699,7 @@ class _Campaign:
     def _commit_failures(writer: LedgerWriter, progress: Progress, failures: list[Failure]) -> None:
         """Commit item failures (each charged one attempt), e.g. those the breaker held and let go."""
         for failure in failures:
-            writer.charge_attempt(failure.item_id)
+            writer.charge_attempt((failure.item_id, failure.sample))
             writer.fail(failure)
             progress.error(failure.error_class)
             progress.record(Status.FAILED.value)

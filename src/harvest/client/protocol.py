@@ -7,6 +7,7 @@ module only builds and reads JSON; it never sends anything and never sees the AP
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -68,28 +69,44 @@ def encode(body: Mapping[str, Any]) -> bytes:
 def parse_chat(raw: bytes, *, endpoint: str, latency_s: float, attempts: int) -> Completion:
     """A chat completion response -> :class:`Completion`. Raises ValueError/KeyError/... if it is not one."""
     data = json.loads(raw)
-    choice = data["choices"][0]
-    message = choice["message"]
-    reasoning = message.get("reasoning_content")
-    if reasoning is None:
-        reasoning = message.get("reasoning")
+    choices = sorted(data["choices"], key=lambda c: c.get("index", 0))
     usage = data.get("usage") or {}
-    prompt_logprobs = data.get("prompt_logprobs")
-    if prompt_logprobs is None:
-        prompt_logprobs = choice.get("prompt_logprobs")
-    return Completion(
-        text=message.get("content") or "",
-        reasoning_content=reasoning,
-        finish_reason=choice.get("finish_reason"),
-        prompt_tokens=usage.get("prompt_tokens"),
-        completion_tokens=usage.get("completion_tokens"),
-        endpoint=endpoint,
-        latency_s=latency_s,
-        attempts=attempts,
-        model=data.get("model"),
-        logprobs=choice.get("logprobs"),
-        prompt_logprobs=prompt_logprobs,
-    )
+    total = usage.get("completion_tokens")
+    out = []
+    for i, choice in enumerate(choices):
+        message = choice["message"]
+        reasoning = message.get("reasoning_content")
+        if reasoning is None:
+            reasoning = message.get("reasoning")
+        prompt_logprobs = data.get("prompt_logprobs")
+        if prompt_logprobs is None:
+            prompt_logprobs = choice.get("prompt_logprobs")
+        out.append(Completion(
+            text=message.get("content") or "",
+            reasoning_content=reasoning,
+            finish_reason=choice.get("finish_reason"),
+            prompt_tokens=usage.get("prompt_tokens"),
+            completion_tokens=_choice_tokens(choice, total, i, len(choices)),
+            endpoint=endpoint,
+            latency_s=latency_s,
+            attempts=attempts,
+            model=data.get("model"),
+            logprobs=choice.get("logprobs"),
+            prompt_logprobs=prompt_logprobs,
+        ))
+    first = out[0]  # IndexError: no choices, not a completion
+    return dataclasses.replace(first, others=tuple(out[1:])) if len(out) > 1 else first
+
+
+def _choice_tokens(choice: Mapping[str, Any], total: int | None, index: int, count: int) -> int | None:
+    """Tokens of one choice: ``usage.completion_tokens`` for a single choice; for ``n`` > 1 (usage
+    counts all choices together) the length of its logprobs when it has them, else an even share."""
+    if count == 1 or total is None:
+        return total
+    logprobs = choice.get("logprobs")
+    if isinstance(logprobs, Mapping) and isinstance(logprobs.get("content"), list):
+        return len(logprobs["content"])
+    return total // count + (1 if index < total % count else 0)
 
 
 def parse_text(raw: bytes, *, endpoint: str, latency_s: float, attempts: int) -> Completion:

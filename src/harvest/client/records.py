@@ -69,6 +69,13 @@ class Completion:
     logprobs: Any = None
     #: vLLM ``prompt_logprobs`` (response or choice level) exactly as sent, when asked for.
     prompt_logprobs: Any = None
+    #: The request's other choices (``n`` > 1), in index order; this record is choice 0.
+    others: tuple[Completion, ...] = ()
+
+    @property
+    def choices(self) -> tuple[Completion, ...]:
+        """Every choice of the request: this one, then :attr:`others`."""
+        return (self, *self.others)
 
     @property
     def truncated(self) -> bool:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from harvest.errors import LedgerError
-from harvest.ledger.records import ApplyReport, Completion, Failure, IngestReport, ItemRow, Status, Totals
+from harvest.ledger.records import ApplyReport, Completion, Failure, IngestReport, ItemRow, Key, Status, Totals
 from harvest.ledger.store import IngestBatch, Ledger
 
 T = TypeVar("T")
@@ -111,7 +111,7 @@ class LedgerWriter:
         """Queue an item skipped without being sent (its reason and class in ``item``)."""
         self._submit("skip", item)
 
-    def charge_attempt(self, item_id: str) -> None:
+    def charge_attempt(self, item_id: str | Key) -> None:
         """Queue one charged attempt for an item."""
         self._submit("charge", item_id)
 
@@ -134,7 +134,7 @@ class LedgerWriter:
         """Return once everything submitted so far is committed."""
         await self._call(lambda: None)
 
-    async def release(self, ids: Iterable[str]) -> int:
+    async def release(self, ids: Iterable[str | Key]) -> int:
         """Put running items back to pending, no attempt charged. Returns how many moved."""
         ids = list(ids)
         return await self._call(functools.partial(self._ledger.release, ids))

@@ -44,7 +44,7 @@ from harvest import safefiles
 from harvest.errors import ConfigError
 from harvest.ledger import RESULT_STATUSES, Ledger, ResultRow, Status
 
-FORMATS = ("specforge", "sharegpt", "openai-batch", "parquet")
+FORMATS = ("specforge", "sharegpt", "openai-batch", "parquet", "logprobs")
 SHAREGPT_STYLES = ("role-content", "from-value")
 DEFAULT_STATUSES: tuple[Status, ...] = (Status.DONE,)
 #: Statuses each format can hold: conversation formats need a result; the batch output file has a
@@ -54,6 +54,7 @@ ALLOWED_STATUSES: Mapping[str, tuple[Status, ...]] = {
     "sharegpt": RESULT_STATUSES,
     "openai-batch": (Status.DONE, Status.TRUNCATED, Status.FAILED, Status.SKIPPED),
     "parquet": tuple(Status),
+    "logprobs": RESULT_STATUSES,  # campaign/export_logprobs.py: one row per sample and turn
 }
 #: ShareGPT ``from`` names of each role.
 FROM_NAMES: Mapping[str, str] = {"system": "system", "user": "human", "assistant": "gpt"}
@@ -90,7 +91,9 @@ class ExportReport:
 
 def default_output(run_dir: str | Path, fmt: str) -> Path:
     """``RUN_DIR/export.<format>.jsonl``, or ``RUN_DIR/export.parquet``."""
-    return Path(run_dir) / ("export.parquet" if fmt == "parquet" else f"export.{fmt}.jsonl")
+    if fmt in ("parquet", "logprobs"):
+        return Path(run_dir) / ("export.parquet" if fmt == "parquet" else "export.logprobs.parquet")
+    return Path(run_dir) / f"export.{fmt}.jsonl"
 
 
 def parse_statuses(values: Iterable[str | Status]) -> tuple[Status, ...]:
@@ -293,7 +296,8 @@ def parquet_record(row: ResultRow) -> dict[str, Any]:
             "finish_reason": row.finish_reason, "prompt_tokens": row.prompt_tokens,
             "completion_tokens": row.completion_tokens, "model": model, "settings_hash": row.settings_hash,
             "error_class": row.error_class, "error": row.last_error, "attempts": row.attempts,
-            "source": row.source, "source_line": row.source_line, "created_at": row.created_at}
+            "source": row.source, "source_line": row.source_line, "created_at": row.created_at,
+            "sample": row.sample}
 
 
 def parquet_schema() -> Any:
@@ -305,7 +309,7 @@ def parquet_schema() -> Any:
         ("finish_reason", pa.string()), ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()),
         ("model", pa.string()), ("settings_hash", pa.string()), ("error_class", pa.string()),
         ("error", pa.string()), ("attempts", pa.int64()), ("source", pa.string()),
-        ("source_line", pa.int64()), ("created_at", pa.float64()),
+        ("source_line", pa.int64()), ("created_at", pa.float64()), ("sample", pa.int64()),
     ])
 
 
@@ -347,6 +351,21 @@ def _atomic(path: Path) -> Iterator[Path]:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def _with_sample(make: Callable[[ResultRow], dict[str, Any]], fmt: str) -> Callable[[ResultRow], dict[str, Any]]:
+    """Records of a run with [sampling] n > 1 carry their sample index: a ``sample`` field, and in a
+    batch file the ``custom_id`` ``<id>#<sample>`` (custom ids must be unique)."""
+
+    def wrapped(row: ResultRow) -> dict[str, Any]:
+        record = make(row)
+        if fmt == "openai-batch":
+            record["custom_id"] = f"{row.item_id}#{row.sample}"
+        else:
+            record["sample"] = row.sample
+        return record
+
+    return wrapped
 
 
 class _Tally:
@@ -409,7 +428,7 @@ def export_run(run_dir: str | Path, fmt: str, *, output: str | Path | None = Non
     """
     wanted = parse_statuses(statuses)
     _check_options(fmt, wanted, sharegpt_style)
-    if fmt == "parquet":
+    if fmt in ("parquet", "logprobs"):
         _pyarrow()
     path = Path(output) if output is not None else default_output(run_dir, fmt)
     if output is None:
@@ -421,7 +440,12 @@ def export_run(run_dir: str | Path, fmt: str, *, output: str | Path | None = Non
     try:
         rows = ledger.iter_results(wanted, fetch=fetch)
         with _atomic(path) as tmp:
-            if fmt == "parquet":
+            if fmt == "logprobs":
+                from harvest.campaign.export_logprobs import write_logprobs
+
+                written, _ = write_logprobs(ledger, rows, tmp)
+                tally.by_status["rows"] = written
+            elif fmt == "parquet":
                 _write_parquet(tmp, rows, tally, row_group_size)
             else:
                 make: Callable[[ResultRow], dict[str, Any]] = {
@@ -429,6 +453,8 @@ def export_run(run_dir: str | Path, fmt: str, *, output: str | Path | None = Non
                     "sharegpt": lambda row: sharegpt_record(row, sharegpt_style),
                     "openai-batch": openai_batch_record,
                 }[fmt]
+                if ledger.samples > 1:
+                    make = _with_sample(make, fmt)
                 fd = safefiles.open_fd(tmp, os.O_WRONLY | os.O_TRUNC)  # made O_EXCL by _atomic
                 with open(fd, "w", encoding="utf-8", newline="\n") as f:
                     _write_jsonl(f, rows, make, tally)
@@ -476,7 +502,7 @@ def check_export(path: str | Path, fmt: str, *, sharegpt_style: str = "role-cont
     Streams the records, but keeps every id in a set to find repeats.
     """
     path = Path(path)
-    ids: set[str] = set()
+    ids: set[tuple[str, Any]] = set()
     problems: list[str] = []
     count = 0
     style = sharegpt_style if fmt == "sharegpt" else "role-content"
@@ -487,10 +513,10 @@ def check_export(path: str | Path, fmt: str, *, sharegpt_style: str = "role-cont
         key = "custom_id" if fmt == "openai-batch" else "id"
         if not isinstance(rec.get(key), str):
             found.append(f"{key} missing")
-        elif rec[key] in ids:
+        elif (rec[key], rec.get("sample")) in ids:
             found.append(f"{key} {rec[key]!r} repeated")
         else:
-            ids.add(rec[key])
+            ids.add((rec[key], rec.get("sample")))
         if fmt == "openai-batch":
             response, error = rec.get("response"), rec.get("error")
             if (response is None) == (error is None):

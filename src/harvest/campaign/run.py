@@ -41,6 +41,7 @@ from typing import Any
 from harvest.campaign.breaker import Breaker, Trip
 from harvest.campaign.context import ContextGuard
 from harvest.campaign.folder import other_job, resume_line, skipped_problem
+from harvest.campaign.distill import check_logprob_space, describe_samples
 from harvest.campaign.generate import generate_samples
 from harvest.campaign.progress import Progress
 from harvest.campaign.timeline import Timeline
@@ -245,6 +246,7 @@ class _Campaign:
         self.resumed: str | None = None
         #: The model name sent with every request (checked against /v1/models), once known.
         self.model: str | None = None
+        self._space: Any = None  # the logprob disk check of this session (campaign/distill.py)
 
     # --- ledger and dataset --------------------------------------------------------------------
 
@@ -277,6 +279,8 @@ class _Campaign:
                               f"--allow-mixed to accept it")
         ledger.set_meta("dataset_fingerprint", fingerprint)
         self._reread_skipped(ledger)
+        if (line := describe_samples(self.config)) is not None:
+            log.info("sampling: %s", line)
         for what in self.retry:  # after open: settings that change outputs were checked there
             count = ledger.requeue(what, reason=f"harvest run --retry {what}")
             log.info("--retry %s: %d items back to pending", what, count)
@@ -291,6 +295,7 @@ class _Campaign:
                 self._first_batch = (first.rows, first.skipped)
                 report = ledger.commit_ingest(first, resumed_from=state["rows"])
                 self._first_rows = report.total_rows
+                self._space = check_logprob_space(self.config, ledger, first, report, force=self.force)
             except BaseException:
                 self._close_records()
                 ledger.close()

@@ -154,6 +154,12 @@ class RunStatus:
     skip_reasons: tuple[SkipReason, ...] = ()
     #: The model the last session sent its requests to (checked against /v1/models), when recorded.
     model: str | None = None
+    #: Samples per item (``[sampling] n``): the counts are of item rows, ``samples`` per input.
+    samples: int = 1
+    #: Top-k of the stored log-probabilities (0: none), and the shard bytes committed results cover.
+    logprobs_k: int = 0
+    logprob_bytes: int = 0
+    logprob_shards: int = 0
 
     @property
     def skipped(self) -> int:
@@ -381,6 +387,8 @@ def run_status(run_dir: str | Path, *, now: float | None = None, window_s: float
             failed_by_class, recent = ledger.errors(errors_limit)
             skip_reasons = tuple(ledger.skip_reasons())
             meta = ledger.meta()
+            lp_shards, lp_bytes = ledger.logprob_usage()
+            samples = ledger.samples
             if _progress_fresh(progress, runner, now, stale_after_s):
                 assert progress is not None
                 throughput = Throughput("progress", progress.items_per_s, progress.gen_tokens_per_s,
@@ -416,7 +424,17 @@ def run_status(run_dir: str | Path, *, now: float | None = None, window_s: float
         harvest_version=meta.get("harvest_version") if isinstance(meta.get("harvest_version"), str) else None,
         notes=tuple(notes), skip_reasons=skip_reasons,
         model=meta.get("model_used") if isinstance(meta.get("model_used"), str) else None,
+        samples=samples, logprobs_k=_logprobs_k(meta), logprob_bytes=lp_bytes,
+        logprob_shards=lp_shards,
     )
+
+
+def _logprobs_k(meta: Mapping[str, Any]) -> int:
+    """``[sampling] logprobs`` of the run's recorded job (0 when none or unreadable)."""
+    job = meta.get("job")
+    sampling = job.get("sampling") if isinstance(job, Mapping) else None
+    k = sampling.get("logprobs") if isinstance(sampling, Mapping) else None
+    return k if isinstance(k, int) else 0
 
 
 __all__ = [

@@ -71,6 +71,8 @@ def status_payload(st: RunStatus) -> dict[str, Any]:
         "last_errors": [{"id": e.item_id, "error_class": e.error_class, "message": e.message,
                          "attempts": e.attempts, "source": e.source, "source_line": e.source_line}
                         for e in st.last_errors],
+        "samples_per_item": st.samples,
+        "logprobs": {"k": st.logprobs_k, "bytes": st.logprob_bytes, "shards": st.logprob_shards},
         "settings_hashes": list(st.settings_hashes),
         "created_at": st.created_at,
         "harvest_version": st.harvest_version,
@@ -96,7 +98,7 @@ def _rate(value: float | None, unit: str) -> str:
 
 def print_status(console: Console, st: RunStatus) -> None:
     """The people's view: counts table, totals line, rate, ETA, runner, recent errors."""
-    unique = st.totals.unique
+    unique = st.totals.unique * st.samples  # item rows: one per sample
     table = Table(title=f"harvest run {st.run_dir}", title_justify="left")
     table.add_column("status")
     table.add_column("items", justify="right")
@@ -105,8 +107,13 @@ def print_status(console: Console, st: RunStatus) -> None:
         n = st.counts[s]
         share = f"{100 * n / unique:.1f}%" if unique else "-"
         table.add_row(s.value, f"{n:,}", share)
-    table.add_row(Text("unique input", style="bold"), Text(f"{unique:,}", style="bold"), "")
+    label = "unique input" if st.samples == 1 else f"unique input x {st.samples} samples"
+    table.add_row(Text(label, style="bold"), Text(f"{unique:,}", style="bold"), "")
     console.print(table)
+    if st.samples > 1 or st.logprobs_k:
+        lp = (f"; logprobs top-{st.logprobs_k}: {st.logprob_bytes / 2**20:,.1f} MiB in {st.logprob_shards} shard"
+              f"{'s' if st.logprob_shards != 1 else ''}" if st.logprobs_k else "")
+        console.print(Text(f"samples per item: {st.samples}{lp}"))
 
     t = st.totals
     if t.ok:

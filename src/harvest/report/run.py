@@ -110,21 +110,27 @@ def _totals(st: RunStatus) -> str:
                 f"truncated + {val(c[Status.FAILED], 'counts.failed')} failed + "
                 f"{val(c[Status.SKIPPED], 'counts.skipped')} skipped")
     settled = c[Status.DONE] + c[Status.TRUNCATED] + c[Status.FAILED] + c[Status.SKIPPED]
-    mark = ('<span class="ok">= </span>' if settled == t.unique else '<span class="warn">&ne; </span>')
+    rows_total = t.unique * st.samples  # item rows: one per sample
+    mark = ('<span class="ok">= </span>' if settled == rows_total else '<span class="warn">&ne; </span>')
     verdict = ('<span class="ok" data-json="totals.ok">OK</span>' if t.ok else
                '<span class="bad" data-json="totals.ok">CHECK</span>')
     rows = [(s.value, Cell(val(c[s], f"counts.{s.value}"), True),
-             f"{100 * c[s] / t.unique:.1f}%" if t.unique else "-") for s in Status]
+             f"{100 * c[s] / rows_total:.1f}%" if rows_total else "-") for s in Status]
     rows.append(("unique input", Cell(val(t.unique, "totals.unique"), True), ""))
+    per = f" x {val(st.samples, 'samples_per_item')} samples" if st.samples > 1 else ""
     out = ["<h2>Totals</h2>",
-           f'<p class="identity">{identity} {mark}{val(t.unique, "totals.unique")} unique input: {verdict}</p>',
+           f'<p class="identity">{identity} {mark}{val(t.unique, "totals.unique")} unique input{per}: {verdict}</p>',
            f"<p>{esc(t.describe())}</p>",
            kv([("input rows", Cell(val(t.input_rows, "totals.input_rows"))),
                ("duplicates", Cell(val(t.duplicates, "totals.duplicates"))),
                ("id conflicts (same id, different content)", Cell(val(t.id_conflicts, "totals.id_conflicts"))),
                ("results", Cell(val(t.results, "totals.results"))),
                ("remaining (pending + running)", Cell(val(st.remaining, "totals.remaining"))),
-               ("ingest complete", "yes" if t.ingest_complete else "no")]),
+               ("ingest complete", "yes" if t.ingest_complete else "no"),
+               ("samples per item", Cell(val(st.samples, "samples_per_item"))),
+               ("logprob storage (top-k)", Cell(f'{val(st.logprob_bytes, "logprobs.bytes")} bytes in '
+                                                f'{val(st.logprob_shards, "logprobs.shards")} shards'
+                                                f' (k = {val(st.logprobs_k, "logprobs.k")})'))]),
            table(("status", "items", "share"), rows, name="counts")]
     for p in t.problems:
         out.append(f'<p class="bad">{esc(p)}</p>')
@@ -264,7 +270,7 @@ def _distributions(st: RunStatus, doc: dict[str, Any], meta: dict[str, Any]) -> 
 def _status_chart(st: RunStatus) -> str:
     labels = [s.value for s in Status]
     values = [float(st.counts[s]) for s in Status]
-    unique = st.totals.unique
+    unique = st.totals.unique * st.samples
     notes = [f"{int(v):,} ({100 * v / unique:.1f}%)" if unique else f"{int(v):,}" for v in values]
     svg = charts.hbars(labels, values, [charts.STATUS_COLORS[s] for s in labels], title="items by status",
                        xlabel="items", notes=notes)

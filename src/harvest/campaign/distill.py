@@ -1,0 +1,130 @@
+"""Disk planning for token log-probabilities: how many bytes a run's logprobs will take, checked
+against the free space of the output's file system before anything is generated.
+
+The estimate is an upper bound per sample: every assistant turn at ``max_tokens`` (the retry's
+``retry_max_tokens`` when truncated answers are retried) at ``6 + 6k`` bytes per token
+(ledger/logprobs.py), times the samples still to generate. When the input is not fully ingested
+yet, its rows are extrapolated from the first batch: the dataset's size over the bytes of the
+normalized inputs read so far (said so in the message).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from harvest.config import HarvestConfig
+from harvest.errors import PreflightFailed
+from harvest.ledger import IngestBatch, IngestReport, Ledger, Status
+from harvest.ledger.logprobs import bytes_per_token, record_bytes
+
+log = logging.getLogger("harvest.campaign")
+
+#: Inputs of the first batch read to measure the average number of assistant turns.
+_TURN_SAMPLE = 1000
+
+
+@dataclass(frozen=True)
+class SpaceCheck:
+    """One preflight rule's outcome, shaped like the launch preflight's (rule, passed, detail)."""
+
+    rule: str
+    passed: bool
+    detail: str
+    needed: int = 0
+    free: int = 0
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:,.2f} GiB"
+
+
+def _turns(batch: IngestBatch) -> float:
+    """Average user turns (= assistant turns generated) of the batch's inputs (at least 1)."""
+    texts = list(batch.inputs.values())[:_TURN_SAMPLE]
+    if not texts:
+        return 1.0
+    turns = 0
+    for text in texts:
+        messages = json.loads(text).get("messages") or []
+        turns += max(1, sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "user"))
+    return turns / len(texts)
+
+
+def _dataset_bytes(path: str) -> int:
+    p = Path(path)
+    if p.is_dir():
+        return sum(q.stat().st_size for q in p.rglob("*") if q.is_file())
+    return p.stat().st_size
+
+
+def logprob_space(config: HarvestConfig, ledger: Ledger, batch: IngestBatch, report: IngestReport) -> SpaceCheck:
+    """How many bytes the logprobs still to store may take, against the output's free space."""
+    sampling, run = config.sampling, config.run
+    k = sampling.logprobs
+    tokens = sampling.max_tokens
+    if run.truncated == "retry":
+        tokens = max(tokens, run.retry_max_tokens or 2 * sampling.max_tokens)
+    turns = _turns(batch)
+    per_sample = record_bytes(int(round(turns * tokens)), k, max(1, round(turns)))
+    counts = ledger.counts()
+    todo = counts[Status.PENDING] + counts[Status.RUNNING]
+    how = f"{report.unique:,} unique inputs"
+    if not report.complete and config.data is not None:
+        read = sum(len(t) for t in batch.inputs.values()) or 1
+        try:
+            total = _dataset_bytes(config.data.path)
+        except OSError:
+            total = read
+        scale = max(1.0, total / read)
+        extra = int(report.unique * (scale - 1))
+        todo += extra * sampling.n
+        how = f"about {report.unique + extra:,} unique inputs (extrapolated from the first {report.total_rows:,} rows)"
+    needed = todo * per_sample
+    free = shutil.disk_usage(ledger.path.parent).free
+    detail = (f"logprobs need up to {_gib(needed)}: {todo:,} samples still to generate ({how}, n = {sampling.n})"
+              f" x {turns:.2f} turns x max_tokens {tokens} x {bytes_per_token(k)} B/token at top-{k};"
+              f" {ledger.path.parent} has {_gib(free)} free")
+    return SpaceCheck("logprob_disk", needed <= free, detail, needed, free)
+
+
+def check_logprob_space(config: HarvestConfig, ledger: Ledger, batch: IngestBatch, report: IngestReport,
+                        *, force: bool) -> SpaceCheck | None:
+    """Refuse (:class:`PreflightFailed`) a run whose logprobs cannot fit, unless ``force``."""
+    if not config.sampling.logprobs:
+        return None
+    check = logprob_space(config, ledger, batch, report)
+    log.info("preflight %s: %s", "ok" if check.passed else "FAILED", check.detail)
+    if not check.passed and not force:
+        raise PreflightFailed([SpaceCheck(check.rule, False, check.detail + " (lower max_tokens, logprobs"
+                                          " or n, free space, or --force)", check.needed, check.free)])
+    return check
+
+
+def describe_samples(config: HarvestConfig) -> str | None:
+    """The start-of-run line on how the samples of an item are asked for (None when n = 1)."""
+    s = config.sampling
+    if s.n == 1 and not s.logprobs:
+        return None
+    engine = config.server.engine if config.server is not None else None
+    parts = []
+    if s.n > 1:
+        if s.one_request(engine):
+            parts.append(f"{s.n} samples per item, asked as one request with n = {s.n} per item")
+        else:
+            seeds = f"seeds {s.seed}..{s.seed + s.n - 1}" if s.seed is not None else "distinct random seeds"
+            why = "llama-server refuses n != 1" if engine == "llamacpp" else (
+                f"engine {engine or 'unknown ([client] endpoints)'}: set [sampling] n_per_request = true"
+                " if it honours n")
+            parts.append(f"{s.n} samples per item, asked as {s.n} separate requests with {seeds} ({why})")
+        if s.temperature == 0:
+            parts.append("temperature 0: the samples will be alike")
+    if s.logprobs:
+        parts.append(f"top-{s.logprobs} logprobs per generated token stored in logprobs/")
+    return "; ".join(parts)
+
+
+__all__ = ["SpaceCheck", "check_logprob_space", "describe_samples", "logprob_space"]

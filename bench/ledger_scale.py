@@ -11,6 +11,14 @@ completing at once, as the runner does), the time to reopen the full ledger, rec
 No server, no GPU. Ingest and complete print their rate per tenth of the run (the trend as the
 ledger grows). ``--no-tallies`` drops the tally triggers after the ledger is created (to measure what
 they cost; counts() then falls back to nothing useful, so only the rates mean anything).
+
+Distillation outputs (issue 27): ``--samples K`` makes K rows per input (``[sampling] n``; --items
+counts samples, so inputs = items / K), ``--logprobs k --tokens T`` completes every sample with a
+synthetic logprob record of T generated tokens at top-k (written to the run's shards and fsynced
+before each commit, as the runner does). Compare against a text-only run of the same size:
+
+    python bench/ledger_scale.py --items 1000000 --samples 4
+    python bench/ledger_scale.py --items 1000000 --samples 4 --logprobs 20 --tokens 16
 """
 
 from __future__ import annotations
@@ -30,7 +38,23 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from harvest.dataset import Item, Message, content_hash
+import numpy as np
+
 from harvest.ledger import Completion, Ledger, LedgerWriter, Status, prepare_ingest
+from harvest.ledger.logprobs import TurnLogprobs, encode
+
+#: Rows per input, and the synthetic logprob record each result carries (None: text only).
+SAMPLES = 1
+RECORD: bytes | None = None
+
+
+def make_record(k: int, tokens: int) -> bytes:
+    rng = np.random.default_rng(0)
+    turn = TurnLogprobs(rng.integers(0, 150_000, tokens).astype(np.int32),
+                        (-rng.random(tokens) * 5).astype(np.float16),
+                        rng.integers(0, 150_000, (tokens, k)).astype(np.int32),
+                        (-rng.random((tokens, k)) * 10).astype(np.float16))
+    return encode([turn], k)
 
 
 def rss_mib() -> float:
@@ -39,7 +63,7 @@ def rss_mib() -> float:
 
 
 def synthetic(n: int) -> Iterator[Item]:
-    for i in range(n):
+    for i in range(n // SAMPLES):
         messages = (Message("user", f"Write a short answer to question number {i}."),)
         yield Item(content_hash(messages), "synthetic.jsonl", i + 1, messages)
 
@@ -62,7 +86,7 @@ async def drive(ledger: Ledger, workers: int, claim_size: int, limit: int) -> tu
                 for row in rows:
                     prompt = row.item.user_turns()[-1]
                     writer.complete(Completion(row.id, {"turns": [prompt[-8:]]}, Status.DONE, "stop",
-                                               len(prompt) // 4, 4))
+                                               len(prompt) // 4, 4, sample=row.sample, logprobs=RECORD))
 
         await asyncio.gather(*(worker() for _ in range(workers)))
     return writer.committed, time.perf_counter() - t0
@@ -103,7 +127,7 @@ def ingest(run: Path, n: int, no_tallies: bool, cache_stats: bool = False) -> tu
     t0 = last = time.perf_counter()
     tenth = max(n // 10, 10_000)
     mark, last_rows = tenth, 0
-    with Ledger.open(run, settings_hash="bench") as ledger:
+    with Ledger.open(run, settings_hash="bench", samples=SAMPLES) as ledger:
         if no_tallies:
             for trigger in ("items_tally_insert", "items_tally_update", "items_tally_delete",
                             "results_tally_insert", "results_tally_delete"):
@@ -111,7 +135,7 @@ def ingest(run: Path, n: int, no_tallies: bool, cache_stats: bool = False) -> tu
         records = synthetic(n)
         stats = CacheStats(ledger.conn) if cache_stats else None
         while True:
-            report = ledger.commit_ingest(prepare_ingest(records))
+            report = ledger.commit_ingest(prepare_ingest(records, samples=SAMPLES))
             if report.total_rows >= mark or (report.complete and report.total_rows > last_rows):
                 now = time.perf_counter()
                 rate = (report.total_rows - last_rows) / (now - last)
@@ -144,12 +168,13 @@ def one_size(args: argparse.Namespace, n: int) -> int:
     try:
         print(f"items {n:,}  (RSS at start {rss_mib():.0f} MiB)", flush=True)
         unique, t_ingest = ingest(run, n, args.no_tallies, args.cache_stats)
+        unique *= SAMPLES  # item rows
         rate = unique / t_ingest
         print(f"ingest      {unique:,} items in {t_ingest:.1f} s = {rate:,.0f} items/s"
               f"  (peak RSS {rss_mib():.0f} MiB)", flush=True)
 
         in_flight = min(10_000, n // 10)
-        with Ledger.open(run, settings_hash="bench") as ledger:
+        with Ledger.open(run, settings_hash="bench", samples=SAMPLES) as ledger:
             committed, secs = complete_all(ledger, args.workers, args.claim, n - in_flight)
             # Leave work in flight, as a crash would: these rows stay "running" in the file.
             left_running = len(ledger.claim(in_flight))
@@ -158,11 +183,11 @@ def one_size(args: argparse.Namespace, n: int) -> int:
               f" (claim + complete, {args.workers} tasks)  (peak RSS {rss_mib():.0f} MiB)", flush=True)
 
         t0 = time.perf_counter()
-        with Ledger.open(run, settings_hash="bench") as ledger:
+        with Ledger.open(run, settings_hash="bench", samples=SAMPLES) as ledger:
             rows = ledger.claim(256)
             t_reopen = time.perf_counter() - t0
             recovered = ledger.recovered
-            ledger.release([r.id for r in rows])
+            ledger.release([r.key for r in rows])
             t1 = time.perf_counter()
             counts = ledger.counts()
             t_counts = time.perf_counter() - t1
@@ -183,7 +208,11 @@ def one_size(args: argparse.Namespace, n: int) -> int:
                 print(f"recount     {t_full * 1000:.0f} ms for a full count; tallies"
                       f" {'equal it' if exact else 'DIFFER: ' + str((full, results))}", flush=True)
         print(f"totals      {'OK' if totals.ok else 'WRONG'}: {totals.describe()}")
-        size = sum(p.stat().st_size for p in run.iterdir()) / 2**20
+        size = sum(p.stat().st_size for p in run.iterdir() if p.is_file()) / 2**20
+        lp = sum(p.stat().st_size for p in (run / "logprobs").iterdir()) if (run / "logprobs").is_dir() else 0
+        print(f"logprobs    {lp / 2**20:,.0f} MiB in shards"
+              + (f" ({lp / max(totals.results, 1):,.0f} B per result, {len(RECORD or b'')} B per record)"
+                 if lp else ""))
         print(f"ledger size {size:.0f} MiB;  peak RSS {rss_mib():.0f} MiB", flush=True)
     finally:
         if args.dir is None:
@@ -210,16 +239,23 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--claim", type=int, default=1024)
     ap.add_argument("--no-tallies", action="store_true", help="drop the tally triggers (cost measurement)")
+    ap.add_argument("--samples", type=int, default=1, help="rows per input ([sampling] n)")
+    ap.add_argument("--logprobs", type=int, default=0, help="top-k of a synthetic logprob record per result")
+    ap.add_argument("--tokens", type=int, default=16, help="generated tokens of that record")
     ap.add_argument("--cache-stats", action="store_true",
                     help="print SQLite page-cache misses and page writes per ingested item, per tenth")
     args = ap.parse_args()
+    global SAMPLES, RECORD
+    SAMPLES = args.samples
+    RECORD = make_record(args.logprobs, args.tokens) if args.logprobs else None
     sizes = [int(x) for x in args.items.split(",")]
     if len(sizes) == 1:
         return one_size(args, sizes[0])
     found: list[dict[str, float]] = []
     for n in sizes:
         argv = [sys.executable, __file__, "--items", str(n), "--workers", str(args.workers),
-                "--claim", str(args.claim)] + (["--dir", str(args.dir)] if args.dir else []) + (
+                "--claim", str(args.claim), "--samples", str(args.samples), "--logprobs", str(args.logprobs),
+                "--tokens", str(args.tokens)] + (["--dir", str(args.dir)] if args.dir else []) + (
                 ["--no-tallies"] if args.no_tallies else []) + (["--cache-stats"] if args.cache_stats else [])
         lines = []
         with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as proc:

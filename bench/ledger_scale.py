@@ -19,6 +19,8 @@ before each commit, as the runner does). Compare against a text-only run of the 
 
     python bench/ledger_scale.py --items 1000000 --samples 4
     python bench/ledger_scale.py --items 1000000 --samples 4 --logprobs 20 --tokens 16
+    python bench/ledger_scale.py --items 1000000 --samples 4 --logprobs 20 --tokens 16 --compare-logprobs
+        # both in one process: two ledgers, completed in alternating tenths (the same-run baseline)
 """
 
 from __future__ import annotations
@@ -68,9 +70,12 @@ def synthetic(n: int) -> Iterator[Item]:
         yield Item(content_hash(messages), "synthetic.jsonl", i + 1, messages)
 
 
-async def drive(ledger: Ledger, workers: int, claim_size: int, limit: int) -> tuple[int, float]:
+async def drive(ledger: Ledger, workers: int, claim_size: int, limit: int,
+                record: bytes | None | bool = True) -> tuple[int, float]:
     """Workers claim batches and complete every item at once (reading its prompt, as a backend
     would) until ``limit`` items were claimed or none is left; returns (committed, seconds)."""
+    if record is True:
+        record = RECORD
     t0 = time.perf_counter()
     claimed = 0
     async with LedgerWriter(ledger, batch_size=4096, max_delay=0.05) as writer:
@@ -86,7 +91,7 @@ async def drive(ledger: Ledger, workers: int, claim_size: int, limit: int) -> tu
                 for row in rows:
                     prompt = row.item.user_turns()[-1]
                     writer.complete(Completion(row.id, {"turns": [prompt[-8:]]}, Status.DONE, "stop",
-                                               len(prompt) // 4, 4, sample=row.sample, logprobs=RECORD))
+                                               len(prompt) // 4, 4, sample=row.sample, logprobs=record))
 
         await asyncio.gather(*(worker() for _ in range(workers)))
     return writer.committed, time.perf_counter() - t0
@@ -222,6 +227,56 @@ def one_size(args: argparse.Namespace, n: int) -> int:
     return 0
 
 
+def compare(args: argparse.Namespace, n: int) -> int:
+    """Two ledgers of ``n`` item rows, text-only and with logprob records, completed in alternating
+    tenths (so the load of a shared machine falls on both alike); their commit rates and sizes."""
+    base = args.dir or Path(tempfile.mkdtemp(prefix="harvest-ledger-bench-"))
+    runs = {"text": base / "run-text", "logprobs": base / "run-logprobs"}
+    try:
+        for run in runs.values():
+            if run.exists():
+                shutil.rmtree(run)
+            ingest(run, n, False)
+        spent = {"text": 0.0, "logprobs": 0.0}
+        done = {"text": 0, "logprobs": 0}
+        tenth = max(n // 10, 10_000)
+        ledgers = {k: Ledger.open(run, settings_hash="bench", samples=SAMPLES) for k, run in runs.items()}
+        try:
+            rnd = 0
+            while min(done.values()) < n:
+                order = ["text", "logprobs"] if rnd % 2 == 0 else ["logprobs", "text"]
+                for kind in order:
+                    c, secs = asyncio.run(drive(ledgers[kind], args.workers, args.claim, tenth,
+                                                None if kind == "text" else RECORD))
+                    done[kind] += c
+                    spent[kind] += secs
+                    print(f"  {kind:<8} {done[kind]:>11,}: {c / secs:9,.0f} results/s", flush=True)
+                rnd += 1
+            totals = {k: ledger.check_totals() for k, ledger in ledgers.items()}
+        finally:
+            for ledger in ledgers.values():
+                ledger.close()
+        rates = {k: done[k] / spent[k] for k in runs}
+        sizes = {k: sum(p.stat().st_size for p in run.iterdir() if p.is_file()) for k, run in runs.items()}
+        shards = sum(p.stat().st_size for p in (runs["logprobs"] / "logprobs").iterdir())
+        for k in runs:
+            print(f"{k:<9} {done[k]:,} results in {spent[k]:.1f} s = {rates[k]:,.0f} committed results/s;"
+                  f" ledger {sizes[k] / 2**20:.0f} MiB; totals {'OK' if totals[k].ok else 'WRONG'}")
+        print(f"logprobs  {shards / 2**20:,.0f} MiB in shards ({shards / done['logprobs']:,.0f} B per result)")
+        print(f"BENCH ledger_logprobs items={n} samples={SAMPLES} k={args.logprobs} tokens={args.tokens}"
+              f" text_rate={rates['text']:.0f} lp_rate={rates['logprobs']:.0f}"
+              f" rate_ratio={rates['logprobs'] / rates['text']:.3f}"
+              f" text_ledger_mib={sizes['text'] / 2**20:.0f} lp_ledger_mib={sizes['logprobs'] / 2**20:.0f}"
+              f" size_ratio={sizes['logprobs'] / sizes['text']:.3f} shard_mib={shards / 2**20:.0f}")
+    finally:
+        if args.dir is None:
+            shutil.rmtree(base, ignore_errors=True)
+        else:
+            for run in runs.values():
+                shutil.rmtree(run, ignore_errors=True)
+    return 0
+
+
 FIGURES = {
     "ingest": r"^ingest .* = ([\d,]+) items/s",
     "complete": r"^complete .* = ([\d,]+) committed",
@@ -242,6 +297,8 @@ def main() -> int:
     ap.add_argument("--samples", type=int, default=1, help="rows per input ([sampling] n)")
     ap.add_argument("--logprobs", type=int, default=0, help="top-k of a synthetic logprob record per result")
     ap.add_argument("--tokens", type=int, default=16, help="generated tokens of that record")
+    ap.add_argument("--compare-logprobs", action="store_true",
+                    help="text-only vs --logprobs records, two ledgers completed in alternating tenths")
     ap.add_argument("--cache-stats", action="store_true",
                     help="print SQLite page-cache misses and page writes per ingested item, per tenth")
     args = ap.parse_args()
@@ -249,6 +306,10 @@ def main() -> int:
     SAMPLES = args.samples
     RECORD = make_record(args.logprobs, args.tokens) if args.logprobs else None
     sizes = [int(x) for x in args.items.split(",")]
+    if args.compare_logprobs:
+        if not args.logprobs:
+            ap.error("--compare-logprobs needs --logprobs K")
+        return compare(args, sizes[0])
     if len(sizes) == 1:
         return one_size(args, sizes[0])
     found: list[dict[str, float]] = []

@@ -353,8 +353,9 @@ class SamplingConfig(_Model):
     #: Top-k log-probabilities stored per generated token (0: none); see harvest/ledger/logprobs.py.
     logprobs: int = Field(0, ge=0)
     #: Ask for the n samples in one request (``n``): true for vLLM and SGLang when unset; false
-    #: (n requests, distinct seeds) for llama-server, which refuses n != 1, and for an endpoint of
-    #: unknown kind. Set true for ``[client] endpoints`` served by vLLM or SGLang.
+    #: (n requests, distinct seeds) for llama-server (older builds refuse n != 1: "Only one
+    #: completion choice is allowed"; recent ones take it) and for an endpoint of unknown kind. Set
+    #: true for ``[client] endpoints`` served by vLLM or SGLang, or a llama-server that takes n.
     n_per_request: bool | None = None
 
     def one_request(self, engine: str | None) -> bool:

@@ -116,9 +116,10 @@ def describe_samples(config: HarvestConfig) -> str | None:
             parts.append(f"{s.n} samples per item, asked as one request with n = {s.n} per item")
         else:
             seeds = f"seeds {s.seed}..{s.seed + s.n - 1}" if s.seed is not None else "distinct random seeds"
-            why = "llama-server refuses n != 1" if engine == "llamacpp" else (
-                f"engine {engine or 'unknown ([client] endpoints)'}: set [sampling] n_per_request = true"
-                " if it honours n")
+            why = ("older llama-server builds refuse n != 1; set [sampling] n_per_request = true for one that"
+                   " takes n" if engine == "llamacpp" else
+                   f"engine {engine or 'unknown ([client] endpoints)'}: set [sampling] n_per_request = true"
+                   " if it honours n")
             parts.append(f"{s.n} samples per item, asked as {s.n} separate requests with {seeds} ({why})")
         if s.temperature == 0:
             parts.append("temperature 0: the samples will be alike")

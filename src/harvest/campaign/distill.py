@@ -5,7 +5,8 @@ The estimate is an upper bound per sample: every assistant turn at ``max_tokens`
 ``retry_max_tokens`` when truncated answers are retried) at ``6 + 6k`` bytes per token
 (ledger/logprobs.py), times the samples still to generate. When the input is not fully ingested
 yet, its rows are extrapolated from the first batch: the dataset's size over the bytes of the
-normalized inputs read so far (said so in the message).
+normalized inputs read so far, or, for JSON Lines and CSV files, its line count (said so in the
+message).
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ def _turns(batch: IngestBatch) -> float:
         return 1.0
     turns = 0
     for text in texts:
-        messages = json.loads(text).get("messages") or []
-        turns += max(1, sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "user"))
+        messages = json.loads(text).get("messages") or []  # Item.to_json: [[role, content], ...]
+        turns += max(1, sum(1 for m in messages if m and m[0] == "user"))
     return turns / len(texts)
 
 
@@ -59,6 +60,20 @@ def _dataset_bytes(path: str) -> int:
     if p.is_dir():
         return sum(q.stat().st_size for q in p.rglob("*") if q.is_file())
     return p.stat().st_size
+
+
+def _count_lines(path: str) -> int | None:
+    """Lines of a JSON Lines or CSV file (a fast byte count), or None for other inputs."""
+    p = Path(path)
+    if not p.is_file() or p.suffix.lower() not in (".jsonl", ".ndjson", ".csv"):
+        return None
+    lines = 0
+    last = b"\n"
+    with open(p, "rb") as f:
+        while chunk := f.read(1 << 22):
+            lines += chunk.count(b"\n")
+            last = chunk[-1:]
+    return lines + (last != b"\n")
 
 
 def logprob_space(config: HarvestConfig, ledger: Ledger, batch: IngestBatch, report: IngestReport) -> SpaceCheck:
@@ -74,15 +89,20 @@ def logprob_space(config: HarvestConfig, ledger: Ledger, batch: IngestBatch, rep
     todo = counts[Status.PENDING] + counts[Status.RUNNING]
     how = f"{report.unique:,} unique inputs"
     if not report.complete and config.data is not None:
-        read = sum(len(t) for t in batch.inputs.values()) or 1
-        try:
-            total = _dataset_bytes(config.data.path)
-        except OSError:
-            total = read
-        scale = max(1.0, total / read)
-        extra = int(report.unique * (scale - 1))
+        rows = _count_lines(config.data.path)
+        if rows is not None:  # an upper bound: every line a row, none a duplicate
+            extra = max(0, rows - report.total_rows)
+            how = f"up to {report.unique + extra:,} unique inputs ({rows:,} lines)"
+        else:
+            read = sum(len(t) for t in batch.inputs.values()) or 1
+            try:
+                total = _dataset_bytes(config.data.path)
+            except OSError:
+                total = read
+            extra = int(report.unique * (max(1.0, total / read) - 1))
+            how = (f"about {report.unique + extra:,} unique inputs (extrapolated by size from the first"
+                   f" {report.total_rows:,} rows)")
         todo += extra * sampling.n
-        how = f"about {report.unique + extra:,} unique inputs (extrapolated from the first {report.total_rows:,} rows)"
     needed = todo * per_sample
     free = shutil.disk_usage(ledger.path.parent).free
     detail = (f"logprobs need up to {_gib(needed)}: {todo:,} samples still to generate ({how}, n = {sampling.n})"

@@ -72,7 +72,9 @@ async def phase(url: str, items: list[Item], *, n: int, one_request: bool, logpr
     """Generate ``n`` samples of every item, ``in_flight`` items at a time; figures of the phase."""
     config = parse_config({
         "client": {"endpoints": [url], "concurrency": in_flight * n, "health_deadline": 60},
-        "sampling": {"max_tokens": max_tokens, "temperature": 1.0, "seed": 1, "n": n, "logprobs": logprobs},
+        # No seed: vLLM 0.32's CPU build kills its engine core on a seeded n > 1 request once prefix
+        # caching is on ("RuntimeError: CPU Generator does not use offset", seen here).
+        "sampling": {"max_tokens": max_tokens, "temperature": 1.0, "n": n, "logprobs": logprobs},
     })
     gate = asyncio.Semaphore(in_flight)
     records: list[tuple[str, int, bytes | None, int]] = []

@@ -148,7 +148,7 @@ class _Samples:
         self._waiting = 0
 
     async def get(self, index: int) -> Any:
-        if self._task is None:
+        if self._task is None or self._task.cancelled():  # (again, when every earlier waiter left)
             self._task = asyncio.ensure_future(self._start())
             self._task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved here
         self._waiting += 1

@@ -40,9 +40,12 @@ def test_from_openai_reads_vllm_and_llama_ids():
     vllm = {"content": [{"token": "token_id:17", "logprob": -0.5,
                          "top_logprobs": [{"token": "token_id:17", "logprob": -0.5},
                                           {"token": "token_id:3", "logprob": -1.25}]}]}
-    t = from_openai(vllm, 3)
+    t = from_openai(vllm, 3)  # fewer candidates than k: the general path pads
     assert t.token_ids.tolist() == [17] and t.top_ids.tolist() == [[17, 3, -1]]
     assert t.top_logprobs[0, 2] == -np.inf
+    full = from_openai(vllm, 2)  # exactly k: the bulk path, the same values
+    assert full.top_ids.tolist() == [[17, 3]] and full.top_logprobs.tolist() == [[-0.5, -1.25]]
+    assert full.logprobs.dtype == np.float16 and full.logprobs.tolist() == [-0.5]
     llama = {"content": [{"id": 5, "token": "a", "logprob": -0.1, "top_logprobs": [{"id": 5, "token": "a",
                                                                                    "logprob": -0.1}]}]}
     assert from_openai(llama, 1).token_ids.tolist() == [5]

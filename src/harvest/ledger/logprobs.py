@@ -96,6 +96,9 @@ def from_openai(logprobs: Any, k: int) -> TurnLogprobs:
     if not isinstance(logprobs, Mapping) or not isinstance(logprobs.get("content"), list):
         raise ValueError("the server sent no logprobs.content although logprobs were asked for")
     content = logprobs["content"]
+    fast = _from_vllm(content, k)
+    if fast is not None:
+        return fast
     n = len(content)
     ids = np.empty(n, dtype=np.int32)
     lps = np.empty(n, dtype=np.float32)
@@ -108,6 +111,29 @@ def from_openai(logprobs: Any, k: int) -> TurnLogprobs:
             top_ids[i, j] = _token_id(top, f"logprobs token {i} top {j}")
             top_lps[i, j] = top["logprob"]
     return TurnLogprobs(ids, lps.astype(np.float16), top_ids, top_lps.astype(np.float16))
+
+
+def _from_vllm(content: list[Any], k: int) -> TurnLogprobs | None:
+    """The common case in bulk (vLLM ``token_id:N`` tokens, exactly k candidates per token): lists
+    built by comprehension and converted once; None when anything differs (the general path)."""
+    cut = len(_TOKEN_ID_PREFIX)
+    try:
+        tops = [e["top_logprobs"] for e in content]
+        if any(len(t) != k for t in tops):
+            return None
+        tokens = [e["token"] for e in content]
+        top_tokens = [x["token"] for t in tops for x in t]
+        if not all(t.startswith(_TOKEN_ID_PREFIX) for t in tokens) or not all(
+                t.startswith(_TOKEN_ID_PREFIX) for t in top_tokens):
+            return None
+        n = len(content)
+        ids = np.array([int(t[cut:]) for t in tokens], dtype=np.int32)
+        lps = np.array([e["logprob"] for e in content], dtype=np.float32).astype(np.float16)
+        top_ids = np.array([int(t[cut:]) for t in top_tokens], dtype=np.int32).reshape(n, k)
+        top_lps = np.array([x["logprob"] for t in tops for x in t], dtype=np.float32).astype(np.float16)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    return TurnLogprobs(ids, lps, top_ids, top_lps.reshape(n, k))
 
 
 def encode(turns: Sequence[TurnLogprobs], k: int) -> bytes:

@@ -126,7 +126,9 @@ async def generate_samples(client: ChatClient, item: Item, samples: Sequence[int
         firsts: list[Any] = [None] * len(samples)
     else:
         request = [{"role": m.role, "content": m.content} for m in item.history(0, [])]
-        completion = await client.chat(request, n=len(samples), **overrides)
+        # seed + the first sample's index: samples 2..3 asked again after a resume do not replay
+        # the stream that made samples 0..1
+        completion = await client.chat(request, n=len(samples), **overrides, **_seed(sampling, samples[0]))
         firsts = list(completion.choices)
         if len(firsts) != len(samples):
             raise RequestError(f"asked for n = {len(samples)} choices, the server sent {len(firsts)}"

@@ -43,3 +43,25 @@ def test_skipped_rows_read_again_become_items_duplicates_or_stay(tmp_path):
         assert led.meta()["requeues"][-1]["what"] == "skipped" and led.meta()["requeues"][-1]["count"] == 3
         recount, results = led.recount()
         assert recount == counts and results == 0  # the tallies the triggers keep are exact
+
+
+def test_skipped_rows_read_again_with_samples(tmp_path):
+    """With [sampling] n = 3 every input has 3 rows: a skipped line's 3 rows become 3 pending
+    samples of the item (or go, for a duplicate), and claims read the input at sample 0's seq."""
+    rows = [{"id": "a", "prompt": "one"}, {"id": "b", "question": "two"}, {"id": "a", "question": "one"}]
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with Ledger.open(tmp_path / "run", settings_hash="h", samples=3) as led:
+        led.ingest(iter_items(DataConfig(path=str(path))))
+        assert led.counts()[Status.SKIPPED] == 6 and led.counts()[Status.PENDING] == 3
+        fixed = DataConfig(path=str(path), prompt_field="question")
+        records = itertools.islice(iter_items(fixed), led.ingest_state()["rows"])
+        assert led.reread_skipped(records, ("shape",), reason="test") == (2, 0)
+        counts = led.counts()
+        assert counts[Status.PENDING] == 6 and counts[Status.SKIPPED] == 0
+        claimed = led.claim(10)
+        assert sorted(r.key for r in claimed) == [(i, s) for i in ("a", "b") for s in range(3)]
+        assert {r.item.messages[0].content for r in claimed if r.id == "b"} == {"two"}
+        totals = led.check_totals()
+        assert totals.unique == 2 and totals.duplicates == 1 and sum(counts.values()) == 6
+        assert led.recount()[0] == led.counts()

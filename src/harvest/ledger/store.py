@@ -653,7 +653,7 @@ class Ledger:
         elif what == Status.SKIPPED.value:
             # Items skipped after ingest (their input is stored: e.g. a prompt too long for the
             # context); rows skipped at ingest have none and are read again by reread_skipped.
-            where, params = "status = 'skipped' AND seq IN (SELECT item FROM inputs)", ()
+            where, params = "status = 'skipped' AND seq - sample IN (SELECT item FROM inputs)", ()
         elif what in {s.value for s in Status}:
             raise LedgerError(f"cannot requeue {what!r} items (only failed, truncated, skipped or an error class)")
         else:
@@ -679,7 +679,7 @@ class Ledger:
         or a duplicate of an item already there); one still skipped keeps its row with the new
         reason. Returns ``(items recovered, rows still skipped)``; recorded in meta ``requeues``."""
         wanted = dict(self.conn.execute(
-            f"SELECT id, seq FROM items WHERE status = 'skipped' AND error_class IN "
+            f"SELECT id, seq FROM items WHERE status = 'skipped' AND sample = 0 AND error_class IN "
             f"({', '.join('?' * len(classes))}) AND seq NOT IN (SELECT item FROM inputs)", tuple(classes)))
         if not wanted:
             return 0, 0
@@ -700,10 +700,11 @@ class Ledger:
             items = [rec for _, rec in found if isinstance(rec, Item)]
             now = time.time()
             with self._write() as conn:
-                conn.executemany("UPDATE items SET last_error = ?, error_class = ?, updated_at = ? WHERE seq = ?",
-                                 [(rec.reason, rec.kind, now, seq) for seq, rec in found
+                # Every sample row of the skipped line: its id names the file and line.
+                conn.executemany("UPDATE items SET last_error = ?, error_class = ?, updated_at = ? WHERE id = ?",
+                                 [(rec.reason, rec.kind, now, rec.id) for seq, rec in found
                                   if isinstance(rec, Skipped)])
-                conn.executemany("DELETE FROM items WHERE seq = ?",
+                conn.executemany("DELETE FROM items WHERE id = (SELECT id FROM items WHERE seq = ?)",
                                  [(seq,) for seq, rec in found if isinstance(rec, Item)])
                 before = conn.execute("SELECT max(seq) FROM items").fetchone()[0] or 0
                 inputs: dict[str, str] = {}
@@ -711,10 +712,11 @@ class Ledger:
                 for rec in items:
                     text = rec.to_json()
                     inputs.setdefault(rec.id, text)
-                    params.append((rec.id, Status.PENDING.value, None, None, rec.source, rec.source_line,
-                                   _input_hash(text), now))
+                    digest = _input_hash(text)
+                    params.extend((rec.id, k, Status.PENDING.value, None, None, rec.source, rec.source_line,
+                                   digest, now) for k in range(self.samples))
                 conn.executemany(_SQL_INGEST, params)
-                new = conn.execute("SELECT seq, id FROM items WHERE seq > ?", (before,)).fetchall()
+                new = conn.execute("SELECT seq, id FROM items WHERE seq > ? AND sample = 0", (before,)).fetchall()
                 conn.executemany("INSERT INTO inputs(item, input) VALUES (?, ?)",
                                  [(q, inputs[i]) for q, i in new if i in inputs])
                 state = self._read_meta(conn)["ingest"]

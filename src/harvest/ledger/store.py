@@ -740,7 +740,7 @@ class Ledger:
         and line of its first row (reads the skipped rows only, through the status index)."""
         rows = self.conn.execute(
             f"SELECT COALESCE(error_class, 'input'), {REASON_KEY_SQL}, COUNT(*), MIN(seq) FROM items"
-            " WHERE status = 'skipped' GROUP BY 1, 2 ORDER BY 3 DESC, 4 LIMIT ?", (limit,)).fetchall()
+            " WHERE status = 'skipped'" + self._sample0 + " GROUP BY 1, 2 ORDER BY 3 DESC, 4 LIMIT ?", (limit,)).fetchall()
         out = []
         for error_class, reason, count, seq in rows:
             where = self.conn.execute("SELECT source, source_line FROM items WHERE seq = ?", (seq,)).fetchone()
@@ -817,6 +817,11 @@ class Ledger:
             return next(self._select("WHERE i.id = ?", (item_id,)), None) if sample == 0 else None
         return next(self._select("WHERE i.id = ? AND i.sample = ?", (item_id, sample)), None)
 
+    @property
+    def _sample0(self) -> str:
+        """A WHERE clause part keeping one row per input (none needed before schema 3)."""
+        return " AND sample = 0" if self._version >= 3 else ""
+
     def logprobs(self, row: ResultRow) -> list[TurnLogprobs] | None:
         """The token log-probabilities of a result row, one entry per assistant turn (None: none)."""
         if row.logprobs_at is None:
@@ -869,13 +874,13 @@ class Ledger:
         """Up to ``limit`` ids seen again with different content, in input order (a scan: for the
         end of an ingest and for reports, not a hot path)."""
         return [r[0] for r in self.conn.execute(
-            "SELECT id FROM items WHERE dup_conflicts > 0 AND sample = 0 ORDER BY seq LIMIT ?", (limit,))]
+            "SELECT id FROM items WHERE dup_conflicts > 0" + self._sample0 + " ORDER BY seq LIMIT ?", (limit,))]
 
     def duplicates(self, limit: int = 20) -> list[tuple[str, int, int]]:
         """Up to ``limit`` ids seen more than once: ``(id, extra occurrences, with different input)``.
         Scans the items table (a report at the end of ingest, not a hot path)."""
         return list(self.conn.execute(
-            "SELECT id, dup_count, dup_conflicts FROM items WHERE dup_count > 0 AND sample = 0 ORDER BY seq LIMIT ?",
+            "SELECT id, dup_count, dup_conflicts FROM items WHERE dup_count > 0" + self._sample0 + " ORDER BY seq LIMIT ?",
             (limit,)))
 
 

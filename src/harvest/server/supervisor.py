@@ -60,6 +60,9 @@ log = logging.getLogger("harvest.server")
 
 #: Seconds between two recordings of the server's descendants.
 RECORD_INTERVAL = 2.0
+#: How long a launch into a stopped server's folder waits for that server's watcher to exit (it checks
+#: every 2 s, see server/watch.py).
+WATCHER_EXIT_S = 6.0
 #: Longest a shutdown waits for a concurrent launch to finish writing its record.
 SPAWN_LOCK_TIMEOUT = 30.0
 
@@ -115,8 +118,14 @@ def _refuse_live_record(run_dir: Path) -> None:
         state = state_file.read()
     except StopError:
         return  # unreadable: the writes below refuse a record that is not this user's own
-    live = procs.alive(state.processes()) + ([state.watcher] if state.watcher and procs.alive([state.watcher])
-                                              else [])
+    live = procs.alive(state.processes())
+    if not live and state.watcher is not None:
+        # The server is gone; its watcher notices within one interval (2 s) and exits by itself.
+        # Give it that much, bounded, so that it cannot write into the new launch's record.
+        deadline = time.monotonic() + WATCHER_EXIT_S
+        while procs.alive([state.watcher]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        live = procs.alive([state.watcher])
     if live:
         raise UnsafePathError(state_file.path, f"is the record of a live server ({state.record.engine}, pid "
                                                f"{', '.join(str(r.pid) for r in live)}); stop it with "

@@ -122,7 +122,7 @@ def _wait_ready(url: str, paths: list[str], proc: subprocess.Popen, timeout: flo
 
 
 def raw_round(args: argparse.Namespace, py: str, model: str, work: Path, tag: str, probe) -> dict[str, float]:
-    from harvest.hosts.net import port_bindable
+    from harvest.net import port_bindable
     from harvest.server import adapter_for
 
     for attempt in range(3):

@@ -4,7 +4,7 @@
 
 Starts one vLLM CPU server (the tiny random model, bound to 127.0.0.1) and one OpenSSH server on
 a loopback port (own host key and user key, as the tests do; needs root and openssh-server), then
-opens harvest's :class:`~harvest.hosts.tunnel.Tunnel` (OpenSSH's client, ``ssh -N -L``) to the
+opens harvest's :class:`~harvest.placement.ssh.tunnel.Tunnel` (OpenSSH's client, ``ssh -N -L``) to the
 server's port and, when ``asyncssh`` is importable, an asyncssh local forward to the same port.
 
 Each round drives the same prompts with harvest's own :class:`~harvest.client.Client` through the
@@ -39,7 +39,7 @@ import benchutil  # noqa: E402
 
 from harvest.client import Client  # noqa: E402
 from harvest.config import ClientConfig, HostConfig, SamplingConfig  # noqa: E402
-from harvest.hosts.tunnel import Tunnel  # noqa: E402
+from harvest.placement.ssh.tunnel import Tunnel  # noqa: E402
 from tests import engines  # noqa: E402
 from tests.hosts.conftest import start_sshd  # noqa: E402
 

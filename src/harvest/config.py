@@ -452,7 +452,7 @@ class OutputConfig(_Model):
 
 class HostConfig(_Model):
     """Where the server runs: a box reached over SSH (``ssh``) and/or a container entered with an
-    exec prefix. The far side runs harvest's own JSON commands; see :mod:`harvest.hosts`."""
+    exec prefix. The far side runs harvest's own JSON commands; see :mod:`harvest.placement.ssh`."""
 
     #: ``user@name`` (or a name from ~/.ssh/config); None: this machine (with ``exec_prefix`` only).
     ssh: str | None = None
@@ -504,7 +504,7 @@ class HostConfig(_Model):
 
 
 class ClusterConfig(_Model):
-    """A Ray cluster the servers run on (see :mod:`harvest.campaign.ray_servers`); needs ``harvest[ray]``."""
+    """A Ray cluster the servers run on (see :mod:`harvest.placement.ray.servers`); needs ``harvest[ray]``."""
 
     backend: Literal["ray"] = "ray"
     #: ``auto`` (the cluster this machine belongs to, ``ray start``), ``HOST:PORT`` or ``ray://HEAD:10001``.

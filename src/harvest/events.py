@@ -60,22 +60,4 @@ def emit(listener: Listener | None, phase: str, kind: Kind, *, ok: bool = True, 
         log.debug("event listener failed on %s/%s: %s", phase, kind, exc)
 
 
-def fan_out(*listeners: Listener | None) -> Listener | None:
-    """One listener that calls each of ``listeners`` (None ones left out); None when none is left."""
-    real = [listener for listener in listeners if listener is not None]
-    if not real:
-        return None
-    if len(real) == 1:
-        return real[0]
-
-    def call(event: Event) -> None:
-        for listener in real:
-            try:
-                listener(event)
-            except Exception as exc:  # noqa: BLE001 - as in emit()
-                log.debug("event listener failed on %s/%s: %s", event.phase, event.kind, exc)
-
-    return call
-
-
-__all__ = ["Event", "Listener", "PHASES", "emit", "fan_out"]
+__all__ = ["Event", "Listener", "PHASES", "emit"]

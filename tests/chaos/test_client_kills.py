@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harvest.hosts.net import port_bindable
+from harvest.net import port_bindable
 from harvest.server import RunStatus, StateFile, stop_run
 from tests import engines
 from tests.chaos.killer import chaos_rounds, final_check, harvest_argv, wait_committed, write_data

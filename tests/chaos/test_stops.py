@@ -26,7 +26,7 @@ import pytest
 from harvest.config import PreflightConfig, ServerConfig
 from harvest.errors import LaunchError, PreflightFailed
 from harvest.gpu.records import GpuSnapshot, GpuState
-from harvest.hosts.net import port_bindable
+from harvest.net import port_bindable
 from harvest.server import Server, StateFile, stop_run
 from harvest.server.stop import POLL_INTERVAL
 from tests.engines import free_port

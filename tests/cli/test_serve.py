@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harvest.hosts.net import port_listening
+from harvest.net import port_listening
 from harvest.server import RunStatus, StateFile
 from tests.engines import free_port
 from tests.server.helpers import FAKE_ENGINE, gone, read_pid, wait_for

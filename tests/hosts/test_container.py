@@ -20,10 +20,10 @@ import pytest
 from click.testing import CliRunner
 
 from harvest.campaign.run import run_campaign
-from harvest.campaign.servers import read_remote_record
+from harvest.placement.ssh.servers import read_remote_record
 from harvest.cli.main import cli
 from harvest.config import load_config
-from harvest.hosts.net import listening_pids, port_listening
+from harvest.net import listening_pids, port_listening
 from tests import engines
 from tests.campaign.ledger_peek import attempts
 from tests.hosts.conftest import write_toml

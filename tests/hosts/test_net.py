@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from harvest.hosts import listening_pids, port_bindable, port_listening
+from harvest.net import listening_pids, port_bindable, port_listening
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harvest.campaign.servers import read_remote_record
+from harvest.placement.ssh.servers import read_remote_record
 from tests import engines
 from tests.hosts.conftest import FAR_HARVEST, write_toml
 
@@ -149,9 +149,9 @@ def test_tune_through_ssh_first_of_hosts(tmp_path, sshd):
 def test_probes_reach_a_far_server_through_its_tunnel(tmp_path):
     """client_config: a far server is probed at the tunnel's local end, one launched here at its own
     address (no SSH needed: the tunnel is described, not opened)."""
-    from harvest.campaign.servers import RemoteServer, client_config
+    from harvest.placement.ssh.servers import RemoteServer, client_config
     from harvest.config import HostConfig, ServerConfig
-    from harvest.hosts.tunnel import Tunnel
+    from harvest.placement.ssh.tunnel import Tunnel
     from harvest.server import Server
 
     cfg = ServerConfig(engine="command", command=["true"], port=8123, api_key_env="K")

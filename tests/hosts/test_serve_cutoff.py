@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psutil
 
-from harvest.campaign.servers import read_remote_record
+from harvest.placement.ssh.servers import read_remote_record
 from tests import engines
 from tests.hosts.conftest import FAR_HARVEST, write_toml
 

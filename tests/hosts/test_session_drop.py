@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from harvest.campaign.run import run_campaign
-from harvest.campaign.servers import read_remote_record
+from harvest.placement.ssh.servers import read_remote_record
 from harvest.config import load_config
 from harvest.ledger import Status
 from tests import engines

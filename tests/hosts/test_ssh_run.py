@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harvest.campaign.servers import read_remote_record
+from harvest.placement.ssh.servers import read_remote_record
 from tests import engines
 from tests.campaign.ledger_peek import attempts
 from tests.hosts.conftest import FAR_HARVEST, write_toml

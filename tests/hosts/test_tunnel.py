@@ -12,7 +12,7 @@ import time
 import psutil
 
 from harvest.config import HostConfig
-from harvest.hosts.tunnel import Tunnel
+from harvest.placement.ssh.tunnel import Tunnel
 
 
 def echo_server() -> tuple[socket.socket, int]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harvest.campaign.servers import read_remote_record
+from harvest.placement.ssh.servers import read_remote_record
 from harvest.ledger import Ledger, Status
 from tests import engines
 from tests.hosts.conftest import FAR_HARVEST, write_toml

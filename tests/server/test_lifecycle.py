@@ -25,7 +25,7 @@ from harvest import http
 from harvest.client.transport import AiohttpTransport
 from harvest.config import ServerConfig
 from harvest.errors import LaunchError, PreflightFailed
-from harvest.hosts.net import port_listening
+from harvest.net import port_listening
 from harvest.server import ProcessRef, RunStatus, Server, StateFile, stop_run
 from harvest.server.stop import POLL_INTERVAL
 from tests.engines import free_port

@@ -16,7 +16,7 @@ import pytest
 
 from harvest import http
 from harvest.config import ServerConfig
-from harvest.hosts.net import port_listening
+from harvest.net import port_listening
 from harvest.server.stop import POLL_INTERVAL
 from tests.server.helpers import gone, wait_for
 

@@ -14,7 +14,7 @@ import pytest
 
 from harvest import http
 from harvest.config import ServerConfig
-from harvest.hosts.net import port_listening
+from harvest.net import port_listening
 from harvest.server import RunStatus
 from tests.engines import VLLM_ENV
 from tests.server.helpers import gone, wait_for

@@ -14,7 +14,7 @@ dirty is "failed", and nothing further is launched (later candidates are "not ru
 processes left behind would fail or skew the next launch.
 
 Where the servers run: each launch goes through the server factory of its job
-(:func:`harvest.campaign.servers.probe_server_factory`): here, or with ``[host]`` on the far host
+(:func:`harvest.placement.ssh.servers.probe_server_factory`): here, or with ``[host]`` on the far host
 (launched and stopped by the far harvest, probed from here through the tunnel); with ``[[hosts]]``
 on the first host. A candidate file without a host table runs where the reference runs.
 
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from harvest import safefiles
-from harvest.campaign.servers import client_config, probe_server_factory
+from harvest.placement.ssh.servers import client_config, probe_server_factory
 from harvest.events import Listener
 from harvest.config import HarvestConfig, PreflightConfig, ServerConfig
 from harvest.errors import ConfigError, LaunchError, PreflightFailed, RequestError, ServerSick
@@ -115,7 +115,7 @@ async def launch_and_run(label: str, config: ServerConfig, run_dir: Path,
     """Launch ``config``, run ``work(server)``, then the verified stop -- always, whatever failed.
 
     ``server_factory`` makes the server (:class:`Server` here, a far one from
-    :func:`~harvest.campaign.servers.probe_server_factory`); ``work`` reaches it at
+    :func:`~harvest.placement.ssh.servers.probe_server_factory`); ``work`` reaches it at
     ``client_config(server)``. Launch and server failures are recorded in the returned
     :class:`Launch`, not raised; ``ConfigError`` (the user's configuration, e.g. a task scorer) and
     ``RemoteError`` (a far host that cannot be reached or checked) propagate after the stop.

@@ -443,7 +443,7 @@ class _Campaign:
         session was killed before its own stop). The ledger's lock proves that session is gone."""
         cfg = self.config.server
         if cfg is not None and cfg.launched and self.config.far_hosts():  # far servers: by their near records
-            from harvest.campaign.servers import stop_far_leftovers
+            from harvest.placement.ssh.servers import stop_far_leftovers
 
             self.stop_reports.extend(stop_far_leftovers(self.run_dir / SERVER_DIR))
             return
@@ -842,7 +842,7 @@ async def run_campaign(config: HarvestConfig, *, allow_mixed: bool = False, forc
     ``console`` (a rich Console) is the one the live display draws on; print through it meanwhile.
     """
     if server_factory is None:  # [host] / [[hosts]]: servers the far harvest launches
-        from harvest.campaign.servers import server_factory_for
+        from harvest.placement.ssh.servers import server_factory_for
 
         server_factory = server_factory_for(config)
     return await _Campaign(config, allow_mixed=allow_mixed, force=force, live=live,

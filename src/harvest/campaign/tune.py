@@ -34,7 +34,7 @@ With ``[host]`` each trial's server runs on the far host (launched, and stopped 
 by the far harvest) and the probes run from here through the tunnel; with ``[[hosts]]`` the
 trials run on the first host (a note says so). This module never signals a process itself:
 launches and stops go through the server factory
-(:func:`harvest.campaign.servers.probe_server_factory`).
+(:func:`harvest.placement.ssh.servers.probe_server_factory`).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ from harvest.campaign.compare import (
     row_from,
     settings_diff,
 )
-from harvest.campaign.servers import client_config, probe_server_factory
+from harvest.placement.ssh.servers import client_config, probe_server_factory
 from harvest.config import HarvestConfig, ServerConfig
 from harvest.errors import ConfigError
 from harvest.events import Listener, emit

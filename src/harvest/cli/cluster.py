@@ -1,6 +1,6 @@
 """The near side of ``harvest gpus --cluster`` and ``harvest preflight CONFIG --cluster``: one table
 with a node column, rendered from the JSON documents every Ray node returned (see
-:mod:`harvest.hosts.ray_probe`, which does the Ray work). A node that did not answer is a row naming
+:mod:`harvest.placement.ray.probe`, which does the Ray work). A node that did not answer is a row naming
 it and the time waited, and makes the command exit 1. Nothing here signals a process.
 """
 
@@ -30,7 +30,7 @@ def cluster_gpus(address: str, as_json: bool, timeout: float, runtime_env: dict[
     the job's Ray runtime environment (a ``[cluster] runtime_env``), e.g. to put harvest on the
     workers' ``PYTHONPATH``."""
     from harvest.cli.remote import gpus_by_table
-    from harvest.hosts.ray_probe import cluster_gpus as probe
+    from harvest.placement.ray.probe import cluster_gpus as probe
 
     answers = probe(address, timeout=timeout, runtime_env=runtime_env)
     if as_json:
@@ -56,8 +56,8 @@ def cluster_preflight(cfg: HarvestConfig, address: str, as_json: bool, timeout: 
                       output_dir: str | None, runtime_env: dict[str, Any] | None = None) -> int:
     """``harvest preflight CONFIG --cluster ADDRESS``: the [server] of CONFIG checked on every node;
     exit 0 when every node answered and passed, else 1."""
-    from harvest.campaign.far_records import preflight_report_from_dict
-    from harvest.hosts.ray_probe import cluster_preflight as probe
+    from harvest.placement.far_records import preflight_report_from_dict
+    from harvest.placement.ray.probe import cluster_preflight as probe
 
     server = cfg.require_server()
     answers = probe(address, server.model_dump(mode="json"), cfg.preflight.model_dump(mode="json"),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from harvest.campaign.ray_servers import stop_ray_run
+from harvest.placement.ray.servers import stop_ray_run
 
 
 def ray_stop(run_dir: Path, deadline: float | None, as_json: bool) -> None:

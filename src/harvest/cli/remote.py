@@ -1,6 +1,6 @@
 """The far side of ``harvest gpus|preflight|serve|stop|ps`` when the config names ``[host]`` / ``[[hosts]]``.
 
-Each function calls the far harvest's JSON command through :class:`harvest.hosts.FarHost` (bounded,
+Each function calls the far harvest's JSON command through :class:`harvest.placement.ssh.remote.FarHost` (bounded,
 one error line on failure, see the CLI group) and renders what came back with the same renderers
 as a local run. ``-`` as a CONFIG argument reads the configuration (JSON or TOML) from stdin: that
 is how the near side hands ``[server]`` to the far one. Nothing here signals a process.
@@ -24,7 +24,7 @@ from rich.text import Text
 from harvest.cli.render import make_console, rule_line
 from harvest.config import HarvestConfig, HostConfig, load_config, parse_config
 from harvest.errors import ConfigError, RemoteError
-from harvest.hosts.remote import SCHEMAS, FarHost
+from harvest.placement.ssh.remote import SCHEMAS, FarHost
 
 
 def load_config_arg(path: Path | str) -> HarvestConfig:
@@ -177,7 +177,7 @@ def gpus_by_table(docs: list[tuple[str, dict[str, Any] | None]], *, column: str,
 
 
 def remote_preflight(cfg: HarvestConfig, as_json: bool) -> int:
-    from harvest.campaign.servers import far_preflight
+    from harvest.placement.ssh.servers import far_preflight
 
     server = cfg.require_server()
     reports = _each(cfg.far_hosts(), lambda h: (h.label, far_preflight(h, server, cfg.preflight)))
@@ -205,7 +205,7 @@ def remote_serve(cfg: HarvestConfig, run_dir: Path | None, detach: bool, force: 
     import signal
     import threading
 
-    from harvest.campaign.servers import RemoteServer
+    from harvest.placement.ssh.servers import RemoteServer
     from harvest.cli.serve import print_stop_report
     from harvest.errors import LaunchError, PreflightFailed
     from harvest.server.state import state_dir
@@ -261,7 +261,7 @@ def remote_serve(cfg: HarvestConfig, run_dir: Path | None, detach: bool, force: 
 
 
 def remote_stop_by_record(record: dict[str, Any], deadline: float | None, as_json: bool) -> None:
-    from harvest.campaign.servers import remote_stop
+    from harvest.placement.ssh.servers import remote_stop
     from harvest.cli.serve import STOP_SCHEMA, print_stop_report
 
     report = remote_stop(record, deadline=deadline)
@@ -282,7 +282,7 @@ def remote_stop_run(hosts: list[HostConfig], far_run_dir: str | None, deadline: 
     if deadline is not None:
         args += ["--deadline", f"{deadline:g}"]
     doc = h.call("stop", args, ok_codes=(0, 1), schema=SCHEMAS["stop"], extra_s=deadline or 60.0)
-    from harvest.campaign.far_records import stop_report_from_dict
+    from harvest.placement.far_records import stop_report_from_dict
 
     remote_stop_by_record_doc(stop_report_from_dict(doc, host=h.label), as_json)
 

@@ -8,7 +8,6 @@ never measures, probes or exits.
 from __future__ import annotations
 
 import sys
-from datetime import datetime, timezone
 from typing import Any
 
 from rich.console import Console
@@ -16,10 +15,9 @@ from rich.table import Table
 from rich.text import Text
 
 from harvest.gpu.preflight import PreflightReport, RuleResult, describe_process
+from harvest.gpu.payload import GPUS_SCHEMA, PREFLIGHT_SCHEMA, gpus_payload, now_iso, preflight_payload
 from harvest.gpu.records import GpuSnapshot, HostState
 
-GPUS_SCHEMA = "harvest.gpus/1"
-PREFLIGHT_SCHEMA = "harvest.preflight/1"
 
 
 def make_console(*, stderr: bool = False) -> Console:
@@ -27,37 +25,7 @@ def make_console(*, stderr: bool = False) -> Console:
     return Console(file=sys.stderr if stderr else sys.stdout, soft_wrap=True, highlight=False)
 
 
-def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
 # -- harvest gpus ---------------------------------------------------------------------------------
-
-
-def gpus_payload(snap: GpuSnapshot, host: HostState, *, time: str | None = None) -> dict[str, Any]:
-    """The ``harvest gpus --json`` document."""
-    return {
-        "schema": GPUS_SCHEMA,
-        "time": time or now_iso(),
-        "source": snap.source,
-        "driver_version": snap.driver_version,
-        "unavailable_reason": snap.unavailable_reason,
-        "warnings": list(snap.warnings),
-        "gpus": [
-            {
-                "index": g.index, "uuid": g.uuid, "name": g.name,
-                "total_mib": g.total_mib, "used_mib": g.used_mib, "free_mib": g.free_mib,
-                "reserved_mib": g.reserved_mib, "utilization_pct": g.utilization_pct,
-                "processes": [{"pid": p.pid, "name": p.name, "used_mib": p.used_mib, "visible": p.visible}
-                              for p in g.processes],
-            }
-            for g in snap.gpus
-        ],
-        "host": {
-            "ram_total_mib": host.ram_total_mib, "ram_available_mib": host.ram_available_mib,
-            "swap_total_mib": host.swap_total_mib, "swap_used_mib": host.swap_used_mib,
-        },
-    }
 
 
 def host_line(host: HostState) -> Text:
@@ -94,25 +62,6 @@ def print_gpus(console: Console, snap: GpuSnapshot, host: HostState) -> None:
 
 
 # -- harvest preflight ----------------------------------------------------------------------------
-
-
-def preflight_payload(report: PreflightReport, *, config: str, engine: str) -> dict[str, Any]:
-    """The ``harvest preflight --json`` document."""
-    return {
-        "schema": PREFLIGHT_SCHEMA,
-        "time": now_iso(),
-        "config": config,
-        "engine": engine,
-        "passed": report.passed,
-        "attempts": report.attempts,
-        "waited_s": report.waited_s,
-        "warnings": list(report.warnings),
-        "results": [
-            {"rule": r.rule, "passed": r.passed, "skipped": r.skipped, "gpu": r.gpu, "detail": r.detail,
-             "numbers": dict(r.numbers)}
-            for r in report.results
-        ],
-    }
 
 
 def verdict(result: RuleResult) -> str:

@@ -89,7 +89,7 @@ def _check_retry(ctx: click.Context, param: click.Parameter, values: tuple[str, 
 def run(job: str, allow_mixed: bool, force: bool, live: bool | None, retry: tuple[str, ...],
         all_hosts: bool) -> None:
     """Run or resume the campaign of JOB.toml: dataset -> ledger -> server -> results."""
-    from harvest.campaign.servers import server_factory_for
+    from harvest.placement.ssh.servers import server_factory_for
     from harvest.cli.live import live_console, setup_console_logging
 
     console = live_console()  # the panel, the log lines and the preflight rules share it

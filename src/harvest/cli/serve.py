@@ -245,7 +245,7 @@ def _named_run_dir(name: str, run_dir: Path | None, err: Console) -> Path:
 
 
 def _measured(state: RunState) -> tuple[list[ProcessRef], bool]:
-    from harvest.hosts.net import port_listening
+    from harvest.net import port_listening
 
     return procs.alive(state.processes()), port_listening(state.record.host, state.record.port, timeout=0.2)
 
@@ -285,14 +285,14 @@ def stop(run_dir: Path | None, deadline: float | None, grace: float | None, marg
         remote_stop_run(far, str(run_dir) if run_dir is not None else None, deadline, as_json)
         return
     if run_dir is not None:
-        from harvest.hosts.ray_cluster import read_ray_record
+        from harvest.placement.ray.cluster import read_ray_record
 
         if read_ray_record(run_dir) is not None:  # servers of a Ray run: each stopped on its node
             from harvest.cli.ray_stop import ray_stop
 
             ray_stop(run_dir, deadline, as_json)
             return
-        from harvest.campaign.servers import read_remote_record
+        from harvest.placement.ssh.servers import read_remote_record
 
         record = read_remote_record(run_dir)
         if record is not None:  # a far server launched from here: its far harvest stops it

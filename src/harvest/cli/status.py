@@ -19,12 +19,13 @@ from rich.table import Table
 from rich.text import Text
 
 from harvest.campaign.status import RunStatus, run_status
+from harvest import schemas
 from harvest.cli.render import make_console
 from harvest.errors import LedgerError
 from harvest.ledger import Status
 from harvest.redact import escape_controls
 
-STATUS_SCHEMA = "harvest.status/1"
+STATUS_SCHEMA = schemas.STATUS
 
 
 def _iso(epoch: float | None) -> str | None:

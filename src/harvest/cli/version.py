@@ -1,7 +1,7 @@
 """``harvest version [--json]``: this harvest's version and the JSON schemas it reads and writes.
 
 A near harvest asks a far one for this document before anything else and refuses to go on when
-either differs (see :mod:`harvest.hosts.remote`).
+either differs (see :mod:`harvest.placement.ssh.remote`).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import json
 
 import click
 
-from harvest.hosts.remote import version_payload
+from harvest.placement.ssh.remote import version_payload
 
 
 @click.command("version")

@@ -32,7 +32,7 @@ from harvest.config import PreflightConfig, ServerConfig
 from harvest.errors import ProbeError
 from harvest.gpu.host import disk_state, host_state
 from harvest.gpu.records import DiskState, GpuProbe, GpuProcess, GpuState, HostState
-from harvest.hosts.net import listening_pids, port_bindable, port_listening
+from harvest.net import listening_pids, port_bindable, port_listening
 
 GPU_MEMORY = "gpu-memory"
 GPU_PROCESSES = "gpu-processes"

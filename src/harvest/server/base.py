@@ -131,17 +131,6 @@ def private_files(adapter: object, config: ServerConfig) -> dict[str, str]:
     return dict(files(config)) if files is not None else {}
 
 
-def api_key_args(config: ServerConfig, flag: str = "--api-key") -> list[str]:
-    """``--api-key KEY`` when the config names an environment variable that holds a key.
-
-    For engines that read the key from nowhere else (none of harvest's adapters now: SGLang reads
-    it from its ``--config`` file): a command line can be read by every user of the machine
-    (``/proc/PID/cmdline``, ``ps``), an environment or an 0600 file only by its owner.
-    """
-    key = config.api_key()
-    return [flag, key.get_secret_value()] if key is not None else []
-
-
 def api_key_environment(config: ServerConfig, variable: str) -> dict[str, str]:
     """``{variable: KEY}`` for engines that read their key from the environment (vLLM's
     ``VLLM_API_KEY``, llama.cpp's ``LLAMA_API_KEY``), keeping it off the command line."""
@@ -205,7 +194,6 @@ __all__ = [
     "MetricNames",
     "ReadinessCheck",
     "adapter_for",
-    "api_key_args",
     "api_key_environment",
     "bearer_headers",
     "gpu_environment",

@@ -160,7 +160,7 @@ def wait_ready(
     process exit, a fatal log line, cancellation or the deadline. ``on_poll(check, new_log_text)``
     is told, once per poll, which check is waited on and what the log gained (for a display)."""
     if port_listening is None:
-        from harvest.hosts.net import port_listening as _pl
+        from harvest.net import port_listening as _pl
 
         def port_listening(host: str, port: int, timeout: float) -> bool:
             return _pl(host, port, timeout=timeout)

@@ -264,12 +264,6 @@ class StateFile:
     def write_stop_report(self, report: dict[str, Any]) -> None:
         _atomic_write(self.stop_path, json.dumps(report, indent=2) + "\n")
 
-    def read_stop_report(self) -> dict[str, Any] | None:
-        try:
-            return json.loads(safefiles.read_text(self.stop_path))
-        except (OSError, ValueError, UnsafePathError):
-            return None
-
 
 # --- the user-wide index of run folders -------------------------------------------------------
 

@@ -349,7 +349,7 @@ def _holders(state: RunState, probe: GpuProbe, gpus: list[int]) -> tuple[Holder,
 def _port_holders(port: int) -> tuple[ProcessRef, ...]:
     """The processes listening on ``port`` now, as far as this user can see them (named, never
     signalled: one that is not in the record is not provably ours)."""
-    from harvest.hosts.net import listening_pids
+    from harvest.net import listening_pids
 
     refs = []
     for pid in listening_pids(port):
@@ -369,7 +369,7 @@ def _wait_port_closed(host: str, port: int, clock: _Clock, poll: float) -> tuple
     connects time out and would read as "closed". A killed server's sockets close when its last
     thread has exited, which can trail its main thread by a moment. Returns (still in use, checks).
     """
-    from harvest.hosts.net import port_bindable
+    from harvest.net import port_bindable
 
     checks = 0
     while True:

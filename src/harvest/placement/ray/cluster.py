@@ -4,7 +4,7 @@
     conn.connect()                                               # bounded: a TCP check first, then ray.init
     conn.alive_nodes(); conn.get(ref, timeout); conn.remove(actor, pg); conn.close()
 
-The campaign's servers on the cluster live in :mod:`harvest.campaign.ray_servers`; this module holds
+The campaign's servers on the cluster live in :mod:`harvest.placement.ray.servers`; this module holds
 what they and ``harvest stop`` share. Budgets: the address check takes at most ``connect_timeout``
 (``ray.init`` would retry an unreachable address without end); every other call names its own
 timeout. It never starts or stops Ray itself, and removes only the actors and placement groups it

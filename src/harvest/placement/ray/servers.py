@@ -10,7 +10,7 @@
     group = factory(config.server, run_dir=...); await group.start(); group.urls; await group.stop()
 
 The driver (where ``harvest run`` runs) keeps the ledger and the client; the servers are Ray actors
-(:class:`harvest.campaign.ray_actor.ServerActor`) that run harvest's own supervisor on their nodes.
+(:class:`harvest.placement.ray.actor.ServerActor`) that run harvest's own supervisor on their nodes.
 Steps, each with its budget:
 
 1. Connect (a TCP check of the address within ``connect_timeout``, then ``ray.init``), then check
@@ -62,11 +62,11 @@ from pathlib import Path
 from typing import Any
 
 from harvest import __version__
-from harvest.campaign.far_records import preflight_report_from_dict, stop_report_from_dict
-from harvest.campaign.servers import RemoteReady
+from harvest.placement.far_records import preflight_report_from_dict, stop_report_from_dict
+from harvest.placement.ssh.servers import RemoteReady
 from harvest.config import ClusterConfig, HarvestConfig, PreflightConfig, ServerConfig, is_loopback
 from harvest.errors import ConfigError, LaunchError, RemoteError
-from harvest.hosts.ray_cluster import (
+from harvest.placement.ray.cluster import (
     RAY_RECORD,
     ClusterError,
     RayConnection,
@@ -486,7 +486,7 @@ class RayServerGroup:
 
 
 def _actor_class(conn: RayConnection) -> Any:
-    from harvest.campaign.ray_actor import ServerActor
+    from harvest.placement.ray.actor import ServerActor
 
     return conn.ray.remote(max_concurrency=4)(ServerActor)
 

@@ -7,7 +7,7 @@
 A :class:`RemoteServer` is launched by the far harvest (``serve --detach --json``), so the
 supervision, descendant tracking, GPU checks and the verified stop run beside the processes, by
 the same code as here. The near side keeps a record of it (``remote.json`` in the near server
-folder: host, far run folder, far port), reaches it through a :class:`~harvest.hosts.tunnel.Tunnel`
+folder: host, far run folder, far port), reaches it through a :class:`~harvest.placement.ssh.tunnel.Tunnel`
 and stops it with the far ``stop --json``, whose StopReport it returns unchanged. After a dropped
 session the tunnel is reopened and the far server is found again by that record (far ``ps --json``).
 
@@ -19,7 +19,7 @@ stops waiting, so it does not start an engine nobody waits for.
 
 Budgets: each far step is bounded by the host's ``connect_timeout + command_timeout`` plus what the
 step itself may take (a launch its ``ready_timeout``, a stop its ``stop_deadline``); see
-:mod:`harvest.hosts.remote`. Nothing here signals a process on either side.
+:mod:`harvest.placement.ssh.remote`. Nothing here signals a process on either side.
 """
 
 from __future__ import annotations
@@ -34,19 +34,18 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from harvest import safefiles
-from harvest.campaign.far_records import preflight_report_from_dict, stop_report_from_dict
+from harvest.placement.far_records import preflight_report_from_dict, stop_report_from_dict
 from harvest.config import HarvestConfig, HostConfig, PreflightConfig, ServerConfig
-from harvest.errors import LaunchError, PreflightFailed, RemoteError, UnsafePathError
-from harvest.hosts.remote import SCHEMAS, FarHost
-from harvest.hosts.tunnel import Tunnel
+from harvest.errors import LaunchError, PreflightFailed, RemoteError
+from harvest.placement import record
+from harvest.placement.ssh.remote import SCHEMAS, FarHost
+from harvest.placement.ssh.tunnel import Tunnel
 from harvest.server import Server, StopReport
 from harvest.server.base import adapter_for
-from harvest.server.state import make_run_dir
 
 log = logging.getLogger("harvest.hosts")
 
-REMOTE_RECORD = "remote.json"
+KIND = "ssh"
 
 
 def far_config_doc(server: ServerConfig, preflight: PreflightConfig | None) -> bytes:
@@ -66,15 +65,12 @@ class RemoteReady:
 
 def read_remote_record(folder: Path) -> dict[str, Any] | None:
     """The near record of a far server (None when the folder holds none)."""
-    try:
-        return json.loads(safefiles.read_text(Path(folder) / REMOTE_RECORD))
-    except (OSError, ValueError, UnsafePathError):
-        return None
+    doc = record.read(folder)
+    return doc if doc is not None and doc["kind"] == KIND else None
 
 
 def _write_record(folder: Path, doc: dict[str, Any]) -> None:
-    make_run_dir(folder)
-    safefiles.write_atomic(Path(folder) / REMOTE_RECORD, json.dumps(doc, indent=2) + "\n")
+    record.write(folder, KIND, doc)
 
 
 def far_preflight(host: FarHost, server: ServerConfig, preflight: PreflightConfig | None) -> Any:
@@ -119,19 +115,18 @@ def stop_far_leftovers(folder: Path) -> list[StopReport]:
     """Stop, by their near records, far servers an earlier (killed) session of this run left running."""
     folder = Path(folder)
     out: list[StopReport] = []
-    for sub in [folder, *sorted(folder.glob("host-*"))] if folder.is_dir() else []:
-        record = read_remote_record(sub)
-        if record is None or record.get("status") not in ("ready", "launching", "unknown"):
+    for sub, doc in record.find(folder):
+        if doc["kind"] != KIND or doc.get("status") not in ("ready", "launching", "unknown"):
             continue
         try:
-            report = remote_stop(record)
+            report = remote_stop(doc)
         except RemoteError as exc:
             log.warning("a far server of an earlier session was not stopped: %s", exc)
             continue
-        record["status"] = "stopped" if report.clean else "dirty"
-        _write_record(sub, record)
+        doc["status"] = "stopped" if report.clean else "dirty"
+        _write_record(sub, doc)
         log.warning("stopped the far server left running by an earlier session on %s: %s",
-                    record["host"].get("name") or record["host"].get("ssh"), "clean" if report.clean else "DIRTY")
+                    doc["host"].get("name") or doc["host"].get("ssh"), "clean" if report.clean else "DIRTY")
         out.append(report)
     return out
 
@@ -436,7 +431,7 @@ def probe_server_factory(config: HarvestConfig) -> tuple[Any, str | None]:
 def server_factory_for(config: HarvestConfig, *, all_hosts: bool = False) -> Any:
     """What the runner calls to get its server(s): Server here, else one far server per host."""
     if config.cluster is not None:  # servers as Ray actors (a missing Ray is a ClusterError here)
-        from harvest.campaign.ray_servers import ray_server_factory
+        from harvest.placement.ray.servers import ray_server_factory
 
         return ray_server_factory(config)
     hosts = config.far_hosts()

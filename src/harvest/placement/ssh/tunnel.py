@@ -33,8 +33,8 @@ from collections.abc import Callable
 
 from harvest.config import HostConfig
 from harvest.errors import RemoteError
-from harvest.hosts.net import port_listening
-from harvest.hosts.remote import ssh_base
+from harvest.net import port_listening
+from harvest.placement.ssh.remote import ssh_base
 
 log = logging.getLogger("harvest.hosts")
 

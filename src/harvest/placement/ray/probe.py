@@ -32,8 +32,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from harvest import schemas
 from harvest.errors import RemoteError
-from harvest.hosts.ray_cluster import init_bounded, split_address
+from harvest.placement.ray.cluster import init_bounded, split_address
 
 #: What a missing Ray says, one line (the CLI exits 2 with it).
 INSTALL_HINT = "Ray is not installed: pip install 'harvest[ray]'"
@@ -85,7 +86,7 @@ def import_ray() -> Any:
 
 def far_gpus() -> dict[str, Any]:
     """On the node: the ``harvest gpus --json`` document (a failed probe is a document too)."""
-    from harvest.cli.render import gpus_payload
+    from harvest.gpu.payload import gpus_payload
     from harvest.errors import ProbeError
     from harvest.gpu import host_state, open_probe
 
@@ -93,7 +94,7 @@ def far_gpus() -> dict[str, Any]:
     try:
         return gpus_payload(probe.snapshot(), host_state())
     except ProbeError as exc:
-        return {"schema": "harvest.gpus/1", "error": str(exc)}
+        return {"schema": schemas.GPUS, "error": str(exc)}
     finally:
         probe.close()
 
@@ -105,7 +106,7 @@ def far_preflight(server: dict[str, Any], preflight: dict[str, Any], output_dir:
     temporary folder, where a run's server logs go)."""
     import tempfile
 
-    from harvest.cli.render import preflight_payload
+    from harvest.gpu.payload import preflight_payload
     from harvest.config import PreflightConfig, ServerConfig
     from harvest.gpu import NoGpuProbe, open_probe, run_preflight
 

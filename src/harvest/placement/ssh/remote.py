@@ -27,19 +27,12 @@ import subprocess
 import time
 from typing import Any
 
-from harvest import __version__
+from harvest import __version__, schemas
 from harvest.config import HostConfig
 from harvest.errors import RemoteError
 
 #: The JSON schemas the near side reads from the far side; the handshake compares them.
-SCHEMAS: dict[str, str] = {
-    "version": "harvest.version/1",
-    "gpus": "harvest.gpus/1",
-    "preflight": "harvest.preflight/1",
-    "serve": "harvest.serve/2",
-    "stop": "harvest.stop/1",
-    "ps": "harvest.ps/1",
-}
+SCHEMAS: dict[str, str] = dict(schemas.FAR)
 #: Seconds a killed client process is given to be reaped.
 REAP_S = 5.0
 #: ssh's exit status for its own errors (connection, authentication).

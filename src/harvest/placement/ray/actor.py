@@ -1,6 +1,6 @@
 """The far half of a server on a Ray cluster: the actor that runs harvest's supervisor on its node.
 
-One :class:`ServerActor` per server, placed by the driver (:mod:`harvest.campaign.ray_servers`)
+One :class:`ServerActor` per server, placed by the driver (:mod:`harvest.placement.ray.servers`)
 in its own placement group. On its node it runs :class:`harvest.server.Server` exactly as
 ``harvest serve`` would: preflight there (that node's GPU memory, RAM, disk and port), launch,
 readiness, and at the end the verified stop there, whose StopReport goes back as JSON

@@ -57,7 +57,7 @@ def test_clean_cpu_config_passes_with_exit_0(tmp_path, port):
     result = invoke(config(tmp_path, cpu_server(port)))
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    for rule, detail in (("gpu-memory", "no GPUs requested (CPU engine)"), ("port", f"port {port} is free")):
+    for rule, detail in (("gpu-memory", "no GPUs listed in [server] gpus"), ("port", f"port {port} is free")):
         assert any(line.startswith("PASS") and rule in line and detail in line for line in lines), result.output
     assert "PASS: all 6 checks passed" in result.output
 

@@ -148,7 +148,7 @@ def test_gpus_lists_every_node_with_the_local_no_gpu_line(cluster: dict) -> None
     table = harvest_cli("gpus", "--cluster", str(cluster["address"]))
     assert table.returncode == 0, table.stderr
     for n in nodes:
-        label = f"{n['node_id'][:8]} ({n['ip']})"
+        label = f"node {n['ip']} ({n['node_id'][:8]})"
         row = next(line for line in table.stdout.splitlines() if label in line and "no GPUs" in line)
         assert local["unavailable_reason"][:40] in row, table.stdout
         assert f"{label}: host RAM" in table.stdout
@@ -170,7 +170,7 @@ def test_preflight_runs_the_rules_on_every_node(cluster: dict, tmp_path: Path) -
     text = harvest_cli("preflight", str(job), "--cluster", str(cluster["address"]))
     assert text.returncode == 1
     for n in doc["nodes"]:
-        assert f"FAIL on node {n['node_id'][:8]} ({n['ip']})" in text.stdout, text.stdout
+        assert f"FAIL on node {n['ip']} ({n['node_id'][:8]})" in text.stdout, text.stdout
 
 
 def test_a_closed_address_is_one_clear_line_at_once() -> None:

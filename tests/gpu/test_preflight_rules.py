@@ -157,8 +157,8 @@ def test_gpus_requested_without_a_driver_fail_clearly(tmp_path, free_port):
 def test_no_gpus_requested_passes_gpu_rules_as_cpu_engine(tmp_path, free_port):
     report = check(server(free_port, engine="transformers", gpus=[]), NoGpuProbe(), tmp_path)
     assert report.passed
-    assert only(report, "gpu-memory").detail == "no GPUs requested (CPU engine)"
-    assert only(report, "gpu-processes").detail == "no GPUs requested (CPU engine)"
+    assert only(report, "gpu-memory").detail == "no GPUs listed in [server] gpus"
+    assert only(report, "gpu-processes").detail == "no GPUs listed in [server] gpus"
 
 
 def test_gpu_index_the_machine_lacks_fails(tmp_path, free_port):

@@ -14,7 +14,7 @@ dirty is "failed", and nothing further is launched (later candidates are "not ru
 processes left behind would fail or skew the next launch.
 
 Where the servers run: each launch goes through the server factory of its job
-(:func:`harvest.placement.ssh.servers.probe_server_factory`): here, or with ``[host]`` on the far host
+(:func:`harvest.placement.probe_fleet`): here, or with ``[host]`` on the far host
 (launched and stopped by the far harvest, probed from here through the tunnel); with ``[[hosts]]``
 on the first host. A candidate file without a host table runs where the reference runs.
 
@@ -33,11 +33,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from harvest import safefiles
-from harvest.placement.ssh.servers import client_config, probe_server_factory
-from harvest.events import Listener
 from harvest.config import HarvestConfig, PreflightConfig, ServerConfig
 from harvest.errors import ConfigError, LaunchError, PreflightFailed, RequestError, ServerSick
+from harvest.events import Listener
 from harvest.gpu.preflight import GPU_MEMORY, HOST_RAM
+from harvest.placement import from_config, probe_fleet
 from harvest.quality.evaluate import GateResult, QualityReport, gate, quality_report, task_records
 from harvest.quality.policy import violations
 from harvest.quality.probe import ProbePrompt, select_prompts
@@ -111,15 +111,16 @@ async def launch_and_run(label: str, config: ServerConfig, run_dir: Path,
                          preflight: PreflightConfig | None = None, force: bool = False,
                          on_preflight: Callable[[object], None] | None = None,
                          on_event: Listener | None = None,
-                         server_factory: Any = Server) -> tuple[T | None, Launch]:
+                         server_factory: Any = None) -> tuple[T | None, Launch]:
     """Launch ``config``, run ``work(server)``, then the verified stop -- always, whatever failed.
 
-    ``server_factory`` makes the server (:class:`Server` here, a far one from
-    :func:`~harvest.placement.ssh.servers.probe_server_factory`); ``work`` reaches it at
-    ``client_config(server)``. Launch and server failures are recorded in the returned
+    ``server_factory`` makes the server (a placement's fleet, :func:`~harvest.placement.probe_fleet`;
+    default: one on this machine); ``work`` reaches it at ``server.client_config``. Launch and server failures are recorded in the returned
     :class:`Launch`, not raised; ``ConfigError`` (the user's configuration, e.g. a task scorer) and
     ``RemoteError`` (a far host that cannot be reached or checked) propagate after the stop.
     """
+    if server_factory is None:
+        server_factory = from_config(None).fleet(probe=True)
     server = server_factory(config, run_dir=run_dir / "server", preflight=preflight, force=force,
                             on_preflight=on_preflight, on_event=on_event)
     log.info("%s: launching %s (run dir %s)", label, config.engine, server.run_dir)
@@ -145,7 +146,8 @@ async def launch_and_run(label: str, config: ServerConfig, run_dir: Path,
     except RequestError as exc:
         error, reason = f"a probe request failed: {exc}", "request"
     finally:
-        stop = await server.stop()
+        await server.stop()
+        stop = server.stop_report  # a probe fleet holds one server: its verified stop
     log.info("%s: ready in %.1f s, %s; stop %s", label, ready_s, error or "probed",
              stop.verdict if stop is not None else "not needed")
     return result, Launch(label, str(server.run_dir), ready_s, server.kv_capacity_tokens, stop, error, reason)
@@ -190,7 +192,7 @@ class QualityBench:
 
     async def make_reference(self, server: Server) -> list[ProbeOutput]:
         """On the reference server: generate and store the reference, then score it once more there."""
-        async with self.wire(client_config(server)) as wire:
+        async with self.wire(server.client_config) as wire:
             self.reference = await generate_reference(wire, self.prompts, self.settings.probe,
                                                       settings_hash=self.settings_hash,
                                                       server=server_settings(server.config))
@@ -204,7 +206,7 @@ class QualityBench:
     async def outputs(self, server: Server) -> list[ProbeOutput]:
         """A candidate's outputs on the reference's prompts."""
         assert self.reference is not None
-        async with self.wire(client_config(server)) as wire:
+        async with self.wire(server.client_config) as wire:
             return await run_candidate(wire, self.reference, self.settings.probe)
 
     # --- the reference and the floor -----------------------------------------------------------
@@ -394,7 +396,7 @@ async def compare(reference: HarvestConfig, candidates: Sequence[HarvestConfig],
     notes: list[str] = []
     counter = iter(range(1000))
     dirty = False
-    ref_factory, note = probe_server_factory(reference)
+    ref_factory, note, _ = probe_fleet(reference)
     if note is not None:
         notes.append(note)
 
@@ -440,11 +442,11 @@ async def compare(reference: HarvestConfig, candidates: Sequence[HarvestConfig],
         if dirty:
             rows.append(CompareRow(label, diff, "not run", reasons=("an earlier stop was not clean",)))
             continue
-        factory = ref_factory
-        if cand.far_hosts():  # its own host table; else where the reference runs
-            factory, note = probe_server_factory(cand)
-            if note is not None:
-                notes.append(f"{label}: {note}")
+        factory, note, kind = probe_fleet(cand)  # its own placement ([host], [cluster]) ...
+        if kind == "local":  # ... else where the reference runs
+            factory, note = ref_factory, None
+        if note is not None:
+            notes.append(f"{label}: {note}")
         outputs, launch = await run(label, cfg, cand.preflight, bench.outputs, factory)
         if outputs is not None:
             save_outputs(out_dir / "outputs" / f"{label}.jsonl", outputs)

@@ -49,7 +49,7 @@ from harvest.client import Client
 from harvest.config import HarvestConfig
 from harvest.dataset import iter_items
 from harvest.dataset.skips import SkipReason, describe_skips, shape_settings
-from harvest.errors import ConfigError, LedgerError, RequestError, ServerSick, StopError
+from harvest.errors import ConfigError, LedgerError, RequestError, ServerSick
 from harvest.events import Event
 from harvest.ledger import (
     Completion,
@@ -63,9 +63,9 @@ from harvest.ledger import (
     hash_settings,
     prepare_ingest,
 )
+from harvest.placement import from_config
 from harvest.redact import escape_controls, redact_argv
-from harvest.server import procs
-from harvest.server import RunStatus, Server, StateFile, StopReport, stop_run
+from harvest.server import StopReport
 
 log = logging.getLogger("harvest.campaign")
 
@@ -205,8 +205,8 @@ class _Campaign:
     """One session of a run. Not reusable."""
 
     def __init__(self, config: HarvestConfig, *, allow_mixed: bool, force: bool, live: bool | None,
-                 server_factory: Any = Server, on_preflight: Any = None, retry: tuple[str, ...] = (),
-                 console: Any = None):
+                 server_factory: Any = None, on_preflight: Any = None, retry: tuple[str, ...] = (),
+                 console: Any = None, placement: Any = None):
         if config.data is None:
             raise ConfigError(config.source, [(f"{config.source} [data]", "`harvest run` needs a [data] table")])
         if config.server is None and not config.client.endpoints:
@@ -217,14 +217,16 @@ class _Campaign:
         self.allow_mixed = allow_mixed
         self.force = force
         self.live = live
-        self.server_factory = server_factory
+        #: Where the servers run (harvest.placement), chosen once; it makes them (server_factory).
+        self.placement = placement if placement is not None else from_config(config)
+        self.server_factory = server_factory if server_factory is not None else self.placement.fleet()
         self.on_preflight = on_preflight
         self.console = console  # the display's console (lines printed through it go above the panel)
         self.on_event: Any = None  # the display's phase listener, once it exists (harvest.events)
         self.settings_hash = hash_settings(output_settings(config))
         self.context = ContextGuard(config)  # learns the model's context on its first check
         self.stop_requested = asyncio.Event()
-        self.server: Server | None = None
+        self.server: Any = None  # a placement Fleet (or what a test's server_factory makes)
         self.stop_reports: list[StopReport] = []
         self.relaunches = 0
         self.outcome = "finished"
@@ -439,48 +441,23 @@ class _Campaign:
             self.timeline.launch(server)
 
     def stop_leftover(self) -> None:
-        """Stop, by its launch record, a server an earlier session of this run left running (that
+        """Stop, by their records, servers an earlier session of this run left running (that
         session was killed before its own stop). The ledger's lock proves that session is gone."""
         cfg = self.config.server
-        if cfg is not None and cfg.launched and self.config.far_hosts():  # far servers: by their near records
-            from harvest.placement.ssh.servers import stop_far_leftovers
-
-            self.stop_reports.extend(stop_far_leftovers(self.run_dir / SERVER_DIR))
+        if cfg is None or not cfg.launched:
             return
-        state_file = StateFile(self.run_dir / SERVER_DIR)
-        if cfg is None or not cfg.launched or not state_file.exists():
-            return
-        try:
-            state = state_file.read()
-            if state.status is RunStatus.STOPPED:
-                return
-            # Signals go only where a recorded process, create time verified, is alive (the proof);
-            # otherwise the stop signals nothing and only measures, and this says what it found.
-            proven = procs.alive(state.processes())
-            report = stop_run(state_file.run_dir)
-        except StopError as exc:  # no readable record: nothing is provably ours to stop
-            log.warning("a server record of an earlier session is unreadable, not stopped: %s", exc)
-            return
-        verdict = "clean" if report.clean else "DIRTY: " + "; ".join(report.problems)
-        if proven:
-            log.warning("stopped the server left running by an earlier session of this run (pid %s): %s",
-                        ", ".join(str(r.pid) for r in proven), verdict)
-        else:
-            log.warning("the server record of an earlier session of this run names no process still running "
-                        "(%s); nothing was signalled; measured: %s", procs.group_findings(state), verdict)
-        self.stop_reports.append(report)
-        if self.timeline is not None:
-            self.timeline.stop(report, leftover=True)
+        for report in self.placement.leftovers(self.run_dir / SERVER_DIR):
+            self.stop_reports.append(report)
+            if self.timeline is not None:
+                self.timeline.stop(report, leftover=True)
 
     async def stop_server(self) -> None:
         if self.server is None:
             return
-        report = await self.server.stop()
+        got = await self.server.stop()
         self.server = None
-        if isinstance(report, list):  # several hosts: one report each
-            self.stop_reports.extend(report)
-        elif report is not None:
-            self.stop_reports.append(report)
+        for report in got if isinstance(got, list) else [got] if got is not None else []:
+            self.stop_reports.append(report)  # one verified report per server, wherever it ran
             if self.timeline is not None:
                 self.timeline.stop(report)
 
@@ -841,10 +818,6 @@ async def run_campaign(config: HarvestConfig, *, allow_mixed: bool = False, forc
     ``retry``: what to put back to pending first (``failed``, ``truncated`` or an error class).
     ``console`` (a rich Console) is the one the live display draws on; print through it meanwhile.
     """
-    if server_factory is None:  # [host] / [[hosts]]: servers the far harvest launches
-        from harvest.placement.ssh.servers import server_factory_for
-
-        server_factory = server_factory_for(config)
     return await _Campaign(config, allow_mixed=allow_mixed, force=force, live=live,
                            server_factory=server_factory, on_preflight=on_preflight, retry=retry,
                            console=console).run()

@@ -34,7 +34,7 @@ With ``[host]`` each trial's server runs on the far host (launched, and stopped 
 by the far harvest) and the probes run from here through the tunnel; with ``[[hosts]]`` the
 trials run on the first host (a note says so). This module never signals a process itself:
 launches and stops go through the server factory
-(:func:`harvest.placement.ssh.servers.probe_server_factory`).
+(:func:`harvest.placement.probe_fleet`).
 """
 
 from __future__ import annotations
@@ -64,10 +64,10 @@ from harvest.campaign.compare import (
     row_from,
     settings_diff,
 )
-from harvest.placement.ssh.servers import client_config, probe_server_factory
 from harvest.config import HarvestConfig, ServerConfig
 from harvest.errors import ConfigError
 from harvest.events import Listener, emit
+from harvest.placement import probe_fleet
 from harvest.quality.evaluate import GateResult, QualityReport
 from harvest.quality.policy import needs_at_least, violations
 from harvest.quality.probe import select_prompts
@@ -357,13 +357,13 @@ class _Sweep:
         self.results: list[TrialResult] = []
         self.notes: list[str] = []
         self.aborted = False
-        self.server_factory, note = probe_server_factory(job)
+        self.server_factory, note, _ = probe_fleet(job)
         if note is not None:
             self.notes.append(note)
         self._pending: tuple[Trial, Launch, list[ProbeOutput], ThroughputResult | None] | None = None
 
     async def _throughput(self, server: Server) -> ThroughputResult:
-        return await throughput_probe(client_config(server), self.load_prompts, self.tf.throughput,
+        return await throughput_probe(server.client_config, self.load_prompts, self.tf.throughput,
                                       sampling=self.job.sampling, metrics=server.adapter.metrics,
                                       kv_capacity=server.kv_capacity_tokens)
 

@@ -8,16 +8,14 @@ never measures, probes or exits.
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from harvest.gpu.preflight import PreflightReport, RuleResult, describe_process
 from harvest.gpu.payload import GPUS_SCHEMA, PREFLIGHT_SCHEMA, gpus_payload, now_iso, preflight_payload
+from harvest.gpu.preflight import RuleResult, describe_process
 from harvest.gpu.records import GpuSnapshot, HostState
-
 
 
 def make_console(*, stderr: bool = False) -> Console:

@@ -184,10 +184,16 @@ def _process_rule(gpu: GpuState, ours: Collection[int]) -> RuleResult:
     return RuleResult(GPU_PROCESSES, True, detail, gpu=gpu.index, numbers=numbers)
 
 
+#: The GPU rules' words when [server] lists no GPUs (what is true, not a guess at the engine's kind).
+NO_GPUS_LISTED = "no GPUs listed in [server] gpus"
+#: ... and when the placement picks them (a Ray bundle asks for GPUs; Ray assigns them at placement).
+GPUS_BY_RAY = "GPUs chosen by Ray at placement"
+
+
 def _gpu_rules(server: ServerConfig, settings: PreflightConfig, probe: GpuProbe,
-               ours: Collection[int], warnings: list[str]) -> list[RuleResult]:
+               ours: Collection[int], warnings: list[str], unlisted: str = NO_GPUS_LISTED) -> list[RuleResult]:
     if not server.gpus:
-        text = "no GPUs requested (CPU engine)"
+        text = unlisted
         return [RuleResult(GPU_MEMORY, True, text), RuleResult(GPU_PROCESSES, True, text)]
     try:
         snap = probe.snapshot()
@@ -341,9 +347,10 @@ def _disk_rule(settings: PreflightConfig, output_dir: Path, disk: DiskState) -> 
 
 def run_preflight(server: ServerConfig, settings: PreflightConfig, *, probe: GpuProbe, output_dir: Path,
                   host: HostState | None = None, disk: DiskState | None = None,
-                  ours: Collection[int] = ()) -> PreflightReport:
+                  ours: Collection[int] = (), unlisted_gpus: str = NO_GPUS_LISTED) -> PreflightReport:
     """Measure once and judge every rule. ``host``/``disk`` default to measuring now; ``ours`` are
-    pids harvest itself started (not counted as foreign)."""
+    pids harvest itself started (not counted as foreign); ``unlisted_gpus`` is what the GPU rules
+    say when [server] lists no GPUs (the placement knows why)."""
     results: list[RuleResult] = []
     warnings: list[str] = []
     if not server.launched:
@@ -351,7 +358,7 @@ def run_preflight(server: ServerConfig, settings: PreflightConfig, *, probe: Gpu
         results += [RuleResult(rule, True, skip, skipped=True) for rule in (GPU_MEMORY, GPU_PROCESSES,
                                                                             HOST_RAM, SWAP, PORT)]
     else:
-        results += _gpu_rules(server, settings, probe, ours, warnings)
+        results += _gpu_rules(server, settings, probe, ours, warnings, unlisted_gpus)
         try:
             measured = host if host is not None else host_state()
         except ProbeError as exc:
@@ -393,7 +400,7 @@ def wait_for_preflight(server: ServerConfig, settings: PreflightConfig, *, probe
 
 
 __all__ = [
-    "DISK", "GPU_MEMORY", "GPU_PROCESSES", "HOST_RAM", "PORT", "RULES", "SWAP",
+    "DISK", "GPUS_BY_RAY", "GPU_MEMORY", "GPU_PROCESSES", "HOST_RAM", "NO_GPUS_LISTED", "PORT", "RULES", "SWAP",
     "PreflightReport", "RuleResult", "claim_fraction", "describe_process", "run_preflight",
     "sglang_default_fraction", "sglang_rank_budget_bytes", "sglang_runtime_mib", "wait_for_preflight",
 ]

@@ -106,7 +106,8 @@ class ServerActor:
                     raise LaunchError(f"{self.name}: stopped during its launch", reason="cancelled")
             self.info = {**here, "url": cfg.url, "port": port, "pid": server.pid, "run_dir": str(server.run_dir),
                          "ready_s": server.ready.seconds if server.ready is not None else None,
-                         "kv_capacity_tokens": server.kv_capacity_tokens, "name": self.name}
+                         "kv_capacity_tokens": server.kv_capacity_tokens, "name": self.name,
+                         "engine": cfg.engine, "started_at": server.state().record.started_at}
             report = server.preflight_report
             return {**self.info, "preflight": asdict(report) if is_dataclass(report) else None}
         raise LaunchError(f"{self.name}: no free port from {port0} ({PORT_TRIES} tried): {last}",

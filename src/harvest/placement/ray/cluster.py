@@ -22,13 +22,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harvest import safefiles
 from harvest.config import ClusterConfig
-from harvest.errors import ConfigError, UnsafePathError
+from harvest.errors import ConfigError
+from harvest.placement import record
 from harvest.server import StopReport, StopStep
-from harvest.server.state import make_run_dir
 
-RAY_RECORD = "ray.json"
+KIND = "ray"
+RAY_RECORD = record.RECORD
 INSTALL_HINT = "pip install 'harvest[ray]'"
 
 
@@ -57,17 +57,15 @@ def run_id_of(run_dir: Path) -> str:
 
 def read_ray_record(folder: Path) -> dict[str, Any] | None:
     """The driver's record of a Ray run's servers (``folder`` is the run or its server folder)."""
-    for path in (Path(folder) / RAY_RECORD, Path(folder) / "server" / RAY_RECORD):
-        try:
-            return json.loads(safefiles.read_text(path))
-        except (OSError, ValueError, UnsafePathError):
-            continue
+    for f in (Path(folder), Path(folder) / record.SERVER_DIR):
+        doc = record.read(f)
+        if doc is not None and doc["kind"] == KIND:
+            return doc
     return None
 
 
 def write_ray_record(folder: Path, doc: dict[str, Any]) -> None:
-    make_run_dir(folder)
-    safefiles.write_atomic(Path(folder) / RAY_RECORD, json.dumps(doc, indent=2) + "\n")
+    record.write(folder, KIND, doc)
 
 
 def bundles_that_fit(have: dict[str, float], bundle: dict[str, float]) -> int:
@@ -204,7 +202,7 @@ class RayConnection:
         self.owned = False
 
     def alive_nodes(self) -> list[dict[str, Any]]:
-        return [n for n in self.ray.nodes() if n.get("Alive")]
+        return sorted_alive_nodes(self.ray)
 
     def remove(self, actor: Any, pg: Any) -> None:
         """Remove this run's actor and placement group from the cluster (after its verified stop, or
@@ -244,19 +242,39 @@ def on_node(report: StopReport, label: str) -> StopReport:
 
 
 def short_error(exc: BaseException) -> str:
-    """One line of a (Ray-wrapped) exception: the innermost cause."""
+    """A (Ray-wrapped) exception as the user needs it, whole but without the traceback: the innermost
+    cause; a pydantic validation error as every field and its message (never only pydantic's last
+    "For further information" line); a ConfigError as each of its problems."""
     cause = getattr(exc, "cause", None)
     if isinstance(cause, BaseException):
         exc = cause
-    text = str(exc).strip().splitlines()
-    return (text[-1] if text else type(exc).__name__)[:400]
+    errors = getattr(exc, "errors", None)
+    if callable(errors) and type(exc).__name__ == "ValidationError":
+        try:
+            parts = [f"{'.'.join(str(x) for x in e.get('loc', ())) or '(value)'}: {e.get('msg')}" for e in errors()]
+            return f"{getattr(exc, 'title', 'config')}: " + "; ".join(parts)
+        except Exception:  # noqa: BLE001 - fall back to the text below
+            pass
+    problems = getattr(exc, "problems", None)
+    if isinstance(problems, list) and problems:
+        return "; ".join(f"{where}: {why}" for where, why in problems)[:2000]
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    lines = [line for line in lines if not line.startswith("For further information")]
+    return ("; ".join(lines) if lines else type(exc).__name__)[:2000]
+
+
+def sorted_alive_nodes(ray: Any) -> list[dict[str, Any]]:
+    """The cluster's alive nodes, head first, then by IP and id (the one order every listing uses)."""
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    return sorted(nodes, key=lambda n: (not n.get("Resources", {}).get("node:__internal_head__"),
+                                        n.get("NodeManagerAddress", ""), n["NodeID"]))
 
 
 def record_dir(folder: Path) -> Path:
-    """The folder that holds ``ray.json`` (the run's server folder, or ``folder`` itself)."""
-    return Path(folder) if (Path(folder) / RAY_RECORD).exists() else Path(folder) / "server"
+    """The folder that holds the Ray record (the run's server folder, or ``folder`` itself)."""
+    return Path(folder) if record.read(folder) is not None else Path(folder) / record.SERVER_DIR
 
 
 __all__ = ["INSTALL_HINT", "RAY_RECORD", "ClusterError", "RayConnection", "bundles_that_fit", "describe_nodes",
            "import_ray", "init_bounded", "lost_report", "node_label", "on_node", "plain_resources", "read_ray_record", "record_dir",
-           "run_id_of", "short_error", "split_address", "write_ray_record"]
+           "run_id_of", "short_error", "sorted_alive_nodes", "split_address", "write_ray_record"]

@@ -34,21 +34,25 @@ from typing import Any
 
 from harvest import schemas
 from harvest.errors import RemoteError
-from harvest.placement.ray.cluster import init_bounded, split_address
-
-#: What a missing Ray says, one line (the CLI exits 2 with it).
-INSTALL_HINT = "Ray is not installed: pip install 'harvest[ray]'"
+from harvest.placement.ray.cluster import (
+    INSTALL_HINT,
+    init_bounded,
+    node_label,
+    short_error,
+    sorted_alive_nodes,
+    split_address,
+)
 
 
 class RayMissing(RemoteError):
     """The ``ray`` package cannot be imported on the near side (a configuration problem: exit 2)."""
 
     def __init__(self) -> None:
-        super().__init__("ray", "import", 0.0, INSTALL_HINT, exit_code=2)
-        self.args = (INSTALL_HINT,)
+        super().__init__("ray", "import", 0.0, f"Ray is not installed: {INSTALL_HINT}", exit_code=2)
+        self.args = (str(self),)
 
     def __str__(self) -> str:
-        return INSTALL_HINT
+        return f"Ray is not installed: {INSTALL_HINT}"
 
 
 @dataclass(frozen=True)
@@ -64,8 +68,8 @@ class NodeAnswer:
 
     @property
     def label(self) -> str:
-        """``node 1a2b3c4d (10.0.0.5)``: the node id short, and its IP."""
-        return f"{self.node_id[:8]} ({self.ip})"
+        """``node 10.0.0.5 (1a2b3c4d)``: the same words as the campaign's (:func:`node_label`)."""
+        return node_label(self.ip, self.node_id)
 
     def to_dict(self) -> dict[str, Any]:
         return {"node_id": self.node_id, "ip": self.ip, "resources": dict(self.resources), "answer": self.doc,
@@ -73,7 +77,7 @@ class NodeAnswer:
 
 
 def import_ray() -> Any:
-    """The ``ray`` module, or :class:`RayMissing`."""
+    """The ``ray`` module, or :class:`RayMissing` (the same install hint as the campaign's)."""
     try:
         import ray
     except ImportError:
@@ -86,9 +90,9 @@ def import_ray() -> Any:
 
 def far_gpus() -> dict[str, Any]:
     """On the node: the ``harvest gpus --json`` document (a failed probe is a document too)."""
-    from harvest.gpu.payload import gpus_payload
     from harvest.errors import ProbeError
     from harvest.gpu import host_state, open_probe
+    from harvest.gpu.payload import gpus_payload
 
     probe = open_probe()
     try:
@@ -100,21 +104,27 @@ def far_gpus() -> dict[str, Any]:
 
 
 def far_preflight(server: dict[str, Any], preflight: dict[str, Any], output_dir: str | None,
-                  config: str) -> dict[str, Any]:
+                  config: str, gpus_by_ray: bool = False) -> dict[str, Any]:
     """On the node: the ``harvest preflight --json`` document of ``server`` (a [server] table as
-    JSON) with ``preflight``'s margins; the disk rule looks at ``output_dir`` (default: the node's
-    temporary folder, where a run's server logs go)."""
+    JSON) with ``preflight``'s margins, checked at the node's address (where a run's server binds);
+    the disk rule looks at ``output_dir`` (default: the node's temporary folder, where a run's server
+    logs go). ``gpus_by_ray``: the job's bundle asks for GPUs, which Ray picks at placement."""
     import tempfile
 
-    from harvest.gpu.payload import preflight_payload
+    import ray
+
     from harvest.config import PreflightConfig, ServerConfig
     from harvest.gpu import NoGpuProbe, open_probe, run_preflight
+    from harvest.gpu.payload import preflight_payload
+    from harvest.gpu.preflight import GPUS_BY_RAY, NO_GPUS_LISTED
 
-    cfg = ServerConfig.model_validate(server)
+    cfg = ServerConfig.model_validate({**server, "host": ray.util.get_node_ip_address()})
     rules = PreflightConfig.model_validate(preflight)
-    probe = open_probe() if (cfg.launched and cfg.gpus) else NoGpuProbe("no GPUs requested")
+    probe = open_probe() if (cfg.launched and cfg.gpus) else NoGpuProbe("no GPUs listed")
+    unlisted = GPUS_BY_RAY if gpus_by_ray else NO_GPUS_LISTED
     try:
-        report = run_preflight(cfg, rules, probe=probe, output_dir=output_dir or tempfile.gettempdir())
+        report = run_preflight(cfg, rules, probe=probe, output_dir=output_dir or tempfile.gettempdir(),
+                               unlisted_gpus=unlisted)
     finally:
         probe.close()
     return preflight_payload(report, config=config, engine=cfg.engine)
@@ -152,19 +162,12 @@ def connect(address: str, *, timeout: float, runtime_env: dict[str, Any] | None 
     return ray
 
 
-def alive_nodes(ray: Any) -> list[dict[str, Any]]:
-    """The cluster's alive nodes, head first, then by IP and id."""
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    return sorted(nodes, key=lambda n: (not n.get("Resources", {}).get("node:__internal_head__"),
-                                        n.get("NodeManagerAddress", ""), n["NodeID"]))
-
-
 def probe_nodes(ray: Any, func: Any, args: tuple[Any, ...], *, timeout: float) -> list[NodeAnswer]:
     """``func(*args)`` on every alive node at once, each pinned to its node; one answer per node."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     remote = ray.remote(num_cpus=0, max_retries=0)(func)
-    nodes = alive_nodes(ray)
+    nodes = sorted_alive_nodes(ray)
     t0 = time.monotonic()
     refs = [remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
                            name=f"harvest-probe-{n['NodeID'][:8]}").remote(*args) for n in nodes]
@@ -191,16 +194,8 @@ def probe_nodes(ray: Any, func: Any, args: tuple[Any, ...], *, timeout: float) -
         try:
             answers.append(NodeAnswer(**base, doc=ray.get(ref, timeout=timeout), error=None, waited_s=done[ref]))
         except Exception as exc:  # noqa: BLE001 - a far failure is that node's answer, one line
-            answers.append(NodeAnswer(**base, doc=None, waited_s=done[ref], error=_first_line(exc)))
+            answers.append(NodeAnswer(**base, doc=None, waited_s=done[ref], error=short_error(exc)))
     return answers
-
-
-def _first_line(exc: BaseException) -> str:
-    """The far error in one line: Ray wraps it (RayTaskError) with the remote traceback."""
-    cause = getattr(exc, "cause", None) or exc
-    text = str(cause).strip().splitlines()
-    last = [line for line in text if line.strip()][-1:] if text else []
-    return f"{type(cause).__name__}: {last[0].strip() if last else ''}".rstrip(": ")
 
 
 def cluster_gpus(address: str, *, timeout: float, runtime_env: dict[str, Any] | None = None) -> list[NodeAnswer]:
@@ -214,14 +209,15 @@ def cluster_gpus(address: str, *, timeout: float, runtime_env: dict[str, Any] | 
 
 def cluster_preflight(address: str, server: dict[str, Any], preflight: dict[str, Any], *, config: str,
                       timeout: float, output_dir: str | None = None,
-                      runtime_env: dict[str, Any] | None = None) -> list[NodeAnswer]:
+                      runtime_env: dict[str, Any] | None = None, gpus_by_ray: bool = False) -> list[NodeAnswer]:
     """Every alive node's ``harvest preflight --json`` document for ``server``."""
     ray = connect(address, timeout=timeout, runtime_env=runtime_env)
     try:
-        return probe_nodes(ray, far_preflight, (server, preflight, output_dir, config), timeout=timeout)
+        return probe_nodes(ray, far_preflight, (server, preflight, output_dir, config, gpus_by_ray),
+                           timeout=timeout)
     finally:
         ray.shutdown()
 
 
-__all__ = ["INSTALL_HINT", "NodeAnswer", "RayMissing", "alive_nodes", "cluster_gpus", "cluster_preflight",
+__all__ = ["INSTALL_HINT", "NodeAnswer", "RayMissing", "cluster_gpus", "cluster_preflight",
            "connect", "far_gpus", "far_preflight", "import_ray", "probe_nodes"]

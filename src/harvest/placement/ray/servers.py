@@ -20,7 +20,7 @@ Steps, each with its budget:
    and what each node has. A node whose address is not loopback needs ``[server] api_key_env``
    (the engine binds the node's address so that the driver can reach it).
 2. Find: actors of this run (named ``harvest-<run id>-<slot>``, detached, recorded in
-   ``server/ray.json``) that a killed earlier driver left serving are adopted as they are
+   ``server/placement.json``) that a killed earlier driver left serving are adopted as they are
    (``poll``, ``POLL_TIMEOUT_S``); the others are replaced.
 3. Place: one placement group per server (one bundle, STRICT_PACK, so a tensor-parallel server
    never spans nodes), spread round-robin over the nodes with room (each group pinned to its node
@@ -62,10 +62,16 @@ from pathlib import Path
 from typing import Any
 
 from harvest import __version__
-from harvest.placement.far_records import preflight_report_from_dict, stop_report_from_dict
-from harvest.placement.ssh.servers import RemoteReady
-from harvest.config import ClusterConfig, HarvestConfig, PreflightConfig, ServerConfig, is_loopback
+from harvest.config import (
+    KEYLESS_ENGINES,
+    ClusterConfig,
+    HarvestConfig,
+    PreflightConfig,
+    ServerConfig,
+    is_loopback,
+)
 from harvest.errors import ConfigError, LaunchError, RemoteError
+from harvest.placement.far_records import preflight_report_from_dict, stop_report_from_dict
 from harvest.placement.ray.cluster import (
     RAY_RECORD,
     ClusterError,
@@ -83,6 +89,7 @@ from harvest.placement.ray.cluster import (
     short_error,
     write_ray_record,
 )
+from harvest.placement.ssh.servers import RemoteReady
 from harvest.server import StopReport
 
 log = logging.getLogger("harvest.cluster")
@@ -233,10 +240,7 @@ class RayServerGroup:
                                f"room for {room}: {describe_nodes(nodes)}")
         public = sorted({n["NodeManagerAddress"] for n in nodes if fit[n["NodeID"]]
                          and not is_loopback(n["NodeManagerAddress"])})
-        if public and not self.server_config.api_key_env:
-            raise ClusterError(self.config.source, f"{self.config.source} [server] api_key_env",
-                               f"the servers bind their node's address ({', '.join(public)}), not loopback: "
-                               f"serving there needs an API key (set api_key_env)")
+        check_node_addresses(self.config.source, self.server_config, public)
         record = read_ray_record(self.run_dir) or {}
         adopted = self._adopt(record)
         self.budget["next_slot"] = max(int(record.get("next_slot", 0)), self.budget["next_slot"],
@@ -337,6 +341,10 @@ class RayServerGroup:
                                    cfg.ready_timeout + LAUNCH_SLACK_S)
         except Exception as exc:  # noqa: BLE001 - Ray wraps the actor's error; its text names the cause
             why = short_error(exc)
+            if m.info is None and m.actor is not None:  # name the node the error was raised on
+                with contextlib.suppress(Exception):
+                    here = self.conn.get(m.actor.where.remote(), POLL_TIMEOUT_S)
+                    why = f"{node_label(here.get('node_ip'), here.get('node_id'))}: {why}"
             log.warning("server %s left out: %s", m.name, why)
             m.history.append({"at": time.time(), "error": why})
             m.state = "failed"
@@ -459,6 +467,15 @@ class RayServerGroup:
                     m.label, "clean" if report.clean else "DIRTY: " + "; ".join(report.problems))
         return report
 
+    def detach(self) -> None:
+        """Leave the servers running (``harvest serve --detach``): the actors are detached, the record
+        says where they are, ``harvest stop RUN_DIR`` stops them on their nodes."""
+        self._stopping = True
+        if self._watch is not None and not self._watch.done():
+            self._watch.cancel()
+        self._save()
+        self.conn.close()
+
     async def stop(self, deadline: float | None = None) -> list[StopReport]:
         """Every server's verified stop on its node, together; one report each (lost ones included)."""
         self._stopping = True
@@ -485,6 +502,24 @@ class RayServerGroup:
                                      "members": [m.record() for m in members]})
 
 
+def check_node_addresses(source: str, server: ServerConfig, public: list[str]) -> None:
+    """On the driver, before anything is placed: a server binds its node's address, so a node whose
+    address is not loopback needs an engine that takes an API key, and the key (``api_key_env``).
+    The same rule [server] applies to ``host`` (config.py), said here with the node's address."""
+    if not public:
+        return
+    where = ", ".join(public)
+    if server.engine in KEYLESS_ENGINES:
+        raise ClusterError(source, f"{source} [server] engine",
+                           f"engine '{server.engine}' takes no API key, and the servers would bind their "
+                           f"node's address ({where}), not loopback: use an engine that takes a key "
+                           f"(vllm, sglang, llamacpp) with api_key_env, or nodes at loopback addresses")
+    if not server.api_key_env:
+        raise ClusterError(source, f"{source} [server] api_key_env",
+                           f"the servers bind their node's address ({where}), not loopback: "
+                           f"serving there needs an API key (set api_key_env)")
+
+
 def _actor_class(conn: RayConnection) -> Any:
     from harvest.placement.ray.actor import ServerActor
 
@@ -504,6 +539,47 @@ def ray_server_factory(config: HarvestConfig) -> Any:
                               preflight=preflight, force=force, budget=budget, on_preflight=on_preflight)
 
     return make
+
+
+def ray_ps(cluster: ClusterConfig, source: str, show_all: bool) -> list[dict[str, Any]]:
+    """``harvest ps`` of a Ray job: every harvest server actor in the job's namespace, asked where it
+    runs and whether its engine is alive (each answer bounded by ``POLL_TIMEOUT_S``); the port is
+    measured from here, where the client would reach it."""
+    from harvest.net import port_listening
+
+    conn = RayConnection(cluster, source)
+    conn.connect()
+    rows: list[dict[str, Any]] = []
+    try:
+        names = sorted(n for n in conn.ray.util.list_named_actors() if str(n).startswith("harvest-"))
+        for name in names:
+            actor = conn.get_actor(name)
+            if actor is None:
+                continue
+            try:
+                state = conn.get(actor.poll.remote(), POLL_TIMEOUT_S)
+            except Exception as exc:  # noqa: BLE001 - an actor that does not answer is listed as such
+                rows.append({"where": f"Ray actor {name}", "name": name, "run_dir": None, "engine": None,
+                             "url": None, "pid": None, "port": None, "gpus": [], "started_at": None,
+                             "recorded": {"status": "unknown", "processes": 1},
+                             "measured": {"leader_alive": False, "alive": 0, "port_listening": False},
+                             "error": short_error(exc)})
+                continue
+            info = state.get("info") or {}
+            alive = bool(info) and state.get("returncode") is None and not state.get("stopped")
+            if not alive and not show_all:
+                continue
+            port = info.get("port")
+            listening = bool(port) and port_listening(str(info.get("node_ip")), int(port), timeout=0.5)
+            rows.append({"where": node_label(info.get("node_ip"), info.get("node_id")), "name": name,
+                         "run_dir": info.get("run_dir"), "engine": info.get("engine"), "url": info.get("url"),
+                         "pid": info.get("pid"), "port": port, "gpus": list(info.get("gpus") or []),
+                         "started_at": info.get("started_at"),
+                         "recorded": {"status": "ready" if info else "launching", "processes": 1},
+                         "measured": {"leader_alive": alive, "alive": int(alive), "port_listening": listening}})
+    finally:
+        conn.close()
+    return rows
 
 
 def stop_ray_run(folder: Path, deadline: float | None = None) -> list[StopReport]:
@@ -543,5 +619,6 @@ def stop_ray_run(folder: Path, deadline: float | None = None) -> list[StopReport
     return out
 
 
-__all__ = ["ClusterError", "RAY_RECORD", "RayServerGroup", "import_ray", "ray_server_factory", "read_ray_record",
+__all__ = ["ClusterError", "RAY_RECORD", "RayServerGroup", "check_node_addresses", "import_ray", "ray_ps",
+           "ray_server_factory", "read_ray_record",
            "stop_ray_run"]

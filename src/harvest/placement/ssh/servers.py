@@ -1,12 +1,12 @@
-"""Servers wherever they run: the runner asks for "servers" and gets endpoints back.
+"""Far servers of the ``ssh`` placement: one per host, launched and stopped by the far harvest.
 
-    factory = server_factory_for(config)          # Server (here), RemoteServer ([host]) or ServerGroup ([[hosts]])
-    server = factory(config.server, run_dir=..., preflight=..., force=..., on_preflight=...)
+    make = ssh_server_factory(hosts)              # RemoteServer ([host]) or ServerGroup ([[hosts]])
+    server = make(config.server, run_dir=..., preflight=..., force=..., on_preflight=...)
     await server.start(); server.urls; await server.stop()
 
 A :class:`RemoteServer` is launched by the far harvest (``serve --detach --json``), so the
 supervision, descendant tracking, GPU checks and the verified stop run beside the processes, by
-the same code as here. The near side keeps a record of it (``remote.json`` in the near server
+the same code as here. The near side keeps a record of it (``placement.json``, kind ``ssh``, in the near server
 folder: host, far run folder, far port), reaches it through a :class:`~harvest.placement.ssh.tunnel.Tunnel`
 and stops it with the far ``stop --json``, whose StopReport it returns unchanged. After a dropped
 session the tunnel is reopened and the far server is found again by that record (far ``ps --json``).
@@ -30,17 +30,17 @@ import logging
 import secrets
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from harvest.placement.far_records import preflight_report_from_dict, stop_report_from_dict
-from harvest.config import HarvestConfig, HostConfig, PreflightConfig, ServerConfig
+from harvest.config import HostConfig, PreflightConfig, ServerConfig
 from harvest.errors import LaunchError, PreflightFailed, RemoteError
 from harvest.placement import record
+from harvest.placement.base import Readiness as RemoteReady
+from harvest.placement.far_records import preflight_report_from_dict, stop_report_from_dict
 from harvest.placement.ssh.remote import SCHEMAS, FarHost
 from harvest.placement.ssh.tunnel import Tunnel
-from harvest.server import Server, StopReport
+from harvest.server import StopReport
 from harvest.server.base import adapter_for
 
 log = logging.getLogger("harvest.hosts")
@@ -54,13 +54,6 @@ def far_config_doc(server: ServerConfig, preflight: PreflightConfig | None) -> b
     if preflight is not None:
         doc["preflight"] = preflight.model_dump(mode="json")
     return json.dumps(doc).encode()
-
-
-@dataclass(frozen=True)
-class RemoteReady:
-    """Readiness as the far harvest measured it."""
-
-    seconds: float
 
 
 def read_remote_record(folder: Path) -> dict[str, Any] | None:
@@ -108,7 +101,11 @@ def remote_stop(record: dict[str, Any], *, deadline: float | None = None) -> Sto
         args += ["--deadline", f"{deadline:g}"]
     extra = deadline if deadline is not None else float(record.get("stop_deadline", 60.0))
     doc = host.call("stop", args, ok_codes=(0, 1), schema=SCHEMAS["stop"], extra_s=extra)
-    return stop_report_from_dict(doc, host=host.label)
+    servers = doc.get("servers") if isinstance(doc.get("servers"), list) else [doc]
+    if len(servers) != 1:
+        raise RemoteError(host.label, "stop", 0.0, f"the far stop of {far_dir} reported {len(servers)} servers, "
+                          "expected one", exit_code=2)
+    return stop_report_from_dict(servers[0], host=host.label)
 
 
 def stop_far_leftovers(folder: Path) -> list[StopReport]:
@@ -332,19 +329,15 @@ class RemoteServer:
         return await asyncio.shield(asyncio.to_thread(self.shutdown, deadline))
 
 
-def client_config(server: Any) -> ServerConfig:
-    """[server] as this machine reaches a launched server: a far one through its tunnel, one
-    launched here at its own address."""
-    return server.client_config if isinstance(server, RemoteServer) else server.config
-
-
 class ServerGroup:
     """One RemoteServer per ``[[hosts]]`` entry: preflight each (a failing host is named and left out,
     or the launch refused with ``all_hosts``), launch the rest together, stop them all."""
 
-    def __init__(self, members: list[RemoteServer], *, all_hosts: bool = False, force: bool = False,
+    def __init__(self, members: list[RemoteServer], *, run_dir: Path, all_hosts: bool = False, force: bool = False,
                  on_preflight: Any = None):
         self.members = members
+        self.run_dir = Path(run_dir)
+        self.kv_capacity_tokens: int | None = None
         self.all_hosts = all_hosts
         self.force = force
         self.on_preflight = on_preflight
@@ -401,6 +394,8 @@ class ServerGroup:
             raise LaunchError("no host launched: " + "; ".join(f"{h}: {w}" for h, w in self.left_out),
                               reason="exited")
         self.ready = RemoteReady(max(m.ready.seconds for m in self.running if m.ready))
+        self.kv_capacity_tokens = min((m.kv_capacity_tokens for m in self.running if m.kv_capacity_tokens),
+                                      default=None)
         return self
 
     async def stop(self, deadline: float | None = None) -> list[StopReport]:
@@ -414,29 +409,8 @@ class ServerGroup:
         return out
 
 
-def probe_server_factory(config: HarvestConfig) -> tuple[Any, str | None]:
-    """The server factory of ``harvest tune`` / ``compare``, and a note when it narrowed the hosts.
-
-    Their figures (quality, tok/s of one server) are one server's, so with ``[[hosts]]`` each launch
-    runs on the first host only; ``--then-run`` campaigns still use every host.
-    """
-    hosts = config.far_hosts()
-    if len(hosts) <= 1:
-        return server_factory_for(config), None
-    first = config.model_copy(update={"host": hosts[0], "hosts": []})
-    return server_factory_for(first), (f"every launch runs on {hosts[0].label}, the first of {len(hosts)} "
-                                       "[[hosts]]: tune and compare measure one server")
-
-
-def server_factory_for(config: HarvestConfig, *, all_hosts: bool = False) -> Any:
-    """What the runner calls to get its server(s): Server here, else one far server per host."""
-    if config.cluster is not None:  # servers as Ray actors (a missing Ray is a ClusterError here)
-        from harvest.placement.ray.servers import ray_server_factory
-
-        return ray_server_factory(config)
-    hosts = config.far_hosts()
-    if not hosts:
-        return Server
+def ssh_server_factory(hosts: list[HostConfig], *, all_hosts: bool = False) -> Any:
+    """What a fleet of far servers is made of: one RemoteServer per host (a ServerGroup of several)."""
     local_ports: dict[int, int] = {}
 
     def make(cfg: ServerConfig, *, run_dir: Path, preflight: PreflightConfig | None = None, force: bool = False,
@@ -448,11 +422,11 @@ def server_factory_for(config: HarvestConfig, *, all_hosts: bool = False) -> Any
                    for i, h in enumerate(hosts)]
         if len(members) == 1:
             return members[0]
-        return ServerGroup(members, all_hosts=all_hosts, force=force, on_preflight=on_preflight)
+        return ServerGroup(members, run_dir=Path(run_dir), all_hosts=all_hosts, force=force,
+                           on_preflight=on_preflight)
 
     return make
 
 
-__all__ = ["REMOTE_RECORD", "RemoteServer", "ServerGroup", "client_config", "far_preflight", "far_run_name",
-           "find_far_run", "probe_server_factory", "read_remote_record", "remote_stop", "server_factory_for",
-           "stop_far_leftovers"]
+__all__ = ["KIND", "RemoteServer", "ServerGroup", "far_preflight", "far_run_name", "find_far_run",
+           "read_remote_record", "remote_stop", "ssh_server_factory", "stop_far_leftovers"]

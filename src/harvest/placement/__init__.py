@@ -1,0 +1,89 @@
+"""Where servers run: the one seam every command asks (local, SSH hosts / containers, Ray).
+
+    placement = from_config(cfg, Flags(host=..., cluster=...))   # chosen once, from the config + flags
+    placement = from_record(run_dir)                               # ... or from a run folder's record
+    placement.kind                 # "local", "ssh" or "ray"
+    placement.gpus(); placement.preflight(cfg); placement.ps(show_all)
+    make = placement.fleet()       # make(server_cfg, run_dir=..., ...) -> Fleet (endpoints, stop reports)
+    placement.stop(run_dir)        # one verified StopReport per server
+
+The kinds (:mod:`.local`, :mod:`.ssh`, :mod:`.ray`) offer the same verbs and never import each
+other; they are imported here lazily by name (an optional dependency, Ray, only when its kind is
+chosen). No module outside this package tests ``cluster``, ``far_hosts()`` or a record file to
+decide where something runs; a command that cannot work on a placement is refused with one line
+(:class:`Refused`, exit 2), never run on this machine instead.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+from harvest.config import ClusterConfig, HarvestConfig, HostConfig
+from harvest.placement import record
+from harvest.placement.base import Answer, Flags, Fleet, Placement, Readiness, Refused
+
+#: kind -> (module, class): the registry, imported on first use.
+KINDS: dict[str, tuple[str, str]] = {
+    "local": ("harvest.placement.local", "LocalPlacement"),
+    "ssh": ("harvest.placement.ssh", "SshPlacement"),
+    "ray": ("harvest.placement.ray", "RayPlacement"),
+}
+
+
+def _kind(name: str) -> Any:
+    module, attr = KINDS[name]
+    return getattr(importlib.import_module(module), attr)
+
+
+def from_config(cfg: HarvestConfig | None, flags: Flags | None = None) -> Placement:
+    """The placement of a job (its ``[cluster]``, ``[host]`` / ``[[hosts]]``, else this machine),
+    or of the command line's ``--host`` / ``--cluster``, which replace the config's own tables."""
+    flags = flags or Flags()
+    if flags.host is not None and flags.cluster is not None:
+        raise Refused("--cluster", "give --cluster or --host, not both")
+    if flags.host is not None:
+        return _kind("ssh")([flags.host], "--host")
+    if flags.cluster is not None:
+        base = cfg.cluster if cfg is not None and cfg.cluster is not None else ClusterConfig()
+        cluster = base.model_copy(update={"address": flags.cluster})
+        return _kind("ray")(cluster, cfg.source if cfg is not None else "--cluster", config=cfg, timeout=flags.timeout)
+    if cfg is None:
+        return _kind("local")()
+    if cfg.cluster is not None:
+        return _kind("ray")(cfg.cluster, cfg.source, config=cfg, timeout=flags.timeout)
+    hosts = cfg.far_hosts()
+    if hosts:
+        return _kind("ssh")(hosts, cfg.source)
+    return _kind("local")()
+
+
+def probe_fleet(cfg: HarvestConfig) -> tuple[Any, str | None, str]:
+    """``harvest tune`` / ``compare``: (a factory of one-server fleets where ``cfg`` runs, a note
+    when that narrowed the job's servers, the placement's kind)."""
+    placement = from_config(cfg)
+    note = getattr(placement, "note", None)
+    return placement.fleet(probe=True), note(True) if note is not None else None, placement.kind
+
+
+def from_record(run_dir: Path | str) -> Placement:
+    """The placement of a run folder, read from its record (``placement.json`` with its kind, or a
+    local supervisor's ``launch.json``), looked for in the folder, ``server/`` and ``host-*/``.
+    Raises Refused when the folder holds no record."""
+    found = record.find(run_dir)
+    kinds = {doc["kind"] for _, doc in found}
+    if "ray" in kinds:
+        doc = next(d for _, d in found if d["kind"] == "ray")
+        cluster = ClusterConfig(address=doc["address"], namespace=doc["namespace"])
+        return _kind("ray")(cluster, str(run_dir))
+    if "ssh" in kinds:
+        ssh = [(f, d) for f, d in found if d["kind"] == "ssh"]
+        return _kind("ssh")([HostConfig.model_validate(d["host"]) for _, d in ssh], str(run_dir), records=ssh)
+    if record.local_record_dir(run_dir) is not None:
+        return _kind("local")()
+    raise Refused(str(run_dir), f"no launch record in {run_dir} (no {record.RECORD}, no launch.json there, "
+                                f"in {record.SERVER_DIR}/ or in host-*/)")
+
+
+__all__ = ["Answer", "Flags", "Fleet", "KINDS", "Placement", "Readiness", "Refused", "from_config", "from_record", "probe_fleet"]

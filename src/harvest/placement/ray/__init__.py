@@ -1,0 +1,120 @@
+"""Placement ``ray``: servers as Ray actors, one supervised engine per placement-group bundle.
+
+Ray is imported only inside this package (:func:`~harvest.placement.ray.cluster.import_ray`, one
+install hint: ``pip install 'harvest[ray]'``), and only when a verb needs it. The verbs connect
+with the job's ``[cluster]`` (or ``--cluster ADDRESS``), bounded by its ``connect_timeout`` (or
+``--timeout``); every answer comes from the nodes themselves (a task pinned to each node, or each
+server's actor). Nothing here starts or stops Ray itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+from harvest import schemas
+from harvest.config import ClusterConfig, HarvestConfig
+from harvest.placement.base import Answer, Fleet, Refused, fleet_factory
+from harvest.placement.base_results import FarGpus, FarPreflight
+from harvest.placement.ray.cluster import KIND
+from harvest.server import StopReport
+
+#: Seconds for the connection and each node's answer of ``gpus`` / ``preflight`` (``--timeout``).
+DEFAULT_TIMEOUT = 30.0
+
+
+class RayPlacement:
+    """Servers on the Ray cluster of ``[cluster]`` (or of ``--cluster ADDRESS``)."""
+
+    kind: ClassVar[str] = KIND
+
+    def __init__(self, cluster: ClusterConfig, source: str, *, config: HarvestConfig | None = None,
+                 timeout: float | None = None):
+        self.cluster = cluster
+        self.source = source
+        self.config = config
+        self.timeout = timeout
+
+    def where(self) -> str:
+        return f"the Ray cluster at {self.cluster.address}"
+
+    def _probe_timeout(self) -> float:
+        return self.timeout or DEFAULT_TIMEOUT
+
+    def gpus(self) -> FarGpus:
+        from harvest.placement.ray.probe import cluster_gpus
+
+        answers = cluster_gpus(self.cluster.address, timeout=self._probe_timeout(),
+                               runtime_env=self.cluster.runtime_env or None)
+        return FarGpus("node", f"GPUs by Ray node ({self.cluster.address}, {len(answers)} alive)",
+                       tuple(Answer(a.label, a.doc, None if a.doc is not None else f"{a.error} (waited {a.waited_s:.1f} s)")
+                             for a in answers),
+                       {"schema": schemas.GPUS_CLUSTER, "address": self.cluster.address,
+                        "nodes": [a.to_dict() for a in answers]})
+
+    def preflight(self, cfg: HarvestConfig, *, output_dir: Path | None = None, wait_s: float | None = None,
+                  **_: Any) -> FarPreflight:
+        from harvest.placement.ray.probe import cluster_preflight
+
+        if wait_s is not None:
+            raise Refused("--wait", "--wait does not combine with a Ray cluster (each node is checked once)")
+        server = cfg.require_server()
+        answers = cluster_preflight(self.cluster.address, server.model_dump(mode="json"),
+                                    cfg.preflight.model_dump(mode="json"), config=cfg.source,
+                                    timeout=self._probe_timeout(),
+                                    output_dir=str(output_dir) if output_dir is not None else None,
+                                    runtime_env=self.cluster.runtime_env or None,
+                                    gpus_by_ray=self.cluster.gpus_per_server > 0 and not server.gpus)
+        ok = all(a.doc is not None and bool(a.doc.get("passed")) for a in answers)
+        gpus = ",".join(str(i) for i in server.gpus) or (
+            f"{self.cluster.gpus_per_server} per server, chosen by Ray" if self.cluster.gpus_per_server else "none")
+        header = (f"preflight of {cfg.source} on the Ray cluster {self.cluster.address} ({len(answers)} alive "
+                  f"nodes): {server.engine}, GPUs {gpus}, tp {server.tp}")
+        return FarPreflight("node", header,
+                            tuple(Answer(a.label, a.doc, None if a.doc is not None else
+                                         f"{a.error} (waited {a.waited_s:.1f} s)") for a in answers),
+                            {"schema": schemas.PREFLIGHT_CLUSTER, "address": self.cluster.address,
+                             "config": cfg.source, "passed": ok, "nodes": [a.to_dict() for a in answers]})
+
+    def _job(self) -> HarvestConfig:
+        if self.config is None:
+            raise Refused("--cluster", "launching on a Ray cluster needs a job with a [cluster] table "
+                                       "(--cluster only probes: gpus, preflight)")
+        return self.config
+
+    def fleet(self, *, probe: bool = False, all_hosts: bool = False) -> Any:
+        """Servers as Ray actors; ``probe``: one server (tune / compare measure one)."""
+        from harvest.placement.ray.servers import ray_server_factory
+
+        job = self._job()
+        if probe and self.cluster.servers != 1:
+            job = job.model_copy(update={"cluster": self.cluster.model_copy(update={"servers": 1})})
+        return fleet_factory(ray_server_factory(job), where=self.where())
+
+    def note(self, probe: bool) -> str | None:
+        if probe and self.cluster.servers != 1:
+            return f"each launch places one server on {self.where()}: tune and compare measure one server"
+        return None
+
+    def server(self, cfg: Any, *, run_dir: Path, **kw: Any) -> Fleet:
+        """The job's servers on the cluster (``harvest serve``)."""
+        return self.fleet()(cfg, run_dir=run_dir, **kw)
+
+    def ps(self, show_all: bool) -> list[dict[str, Any]]:
+        from harvest.placement.ray.servers import ray_ps
+
+        return ray_ps(self.cluster, self.source, show_all)
+
+    def stop(self, run_dir: Path | None, *, deadline: float | None = None, **_: Any) -> list[StopReport]:
+        from harvest.placement.ray.servers import stop_ray_run
+
+        if run_dir is None:
+            raise Refused("harvest stop", f"name the run folder of the servers on {self.where()} "
+                                          "(its record names them)")
+        return stop_ray_run(run_dir, deadline=deadline)
+
+    def leftovers(self, server_dir: Path) -> list[StopReport]:
+        return []  # a Ray run's servers of an earlier session are adopted (or replaced) by its start
+
+
+__all__ = ["DEFAULT_TIMEOUT", "KIND", "RayPlacement"]

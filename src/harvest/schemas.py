@@ -23,5 +23,14 @@ PLACEMENT_RECORD = "harvest.placement/1"
 #: What a far harvest answers to each JSON command (checked on the near side).
 FAR = {"version": VERSION, "gpus": GPUS, "preflight": PREFLIGHT, "serve": SERVE, "stop": STOP, "ps": PS}
 
+
+
+def version_payload() -> dict[str, object]:
+    """The ``harvest version --json`` document: what a far harvest is compared on."""
+    from harvest import __version__
+
+    return {"schema": VERSION, "version": __version__, "schemas": dict(FAR)}
+
+
 __all__ = ["FAR", "GPUS", "GPUS_CLUSTER", "GPUS_HOSTS", "PLACEMENT_RECORD", "PREFLIGHT", "PREFLIGHT_CLUSTER",
-           "PREFLIGHT_HOSTS", "PS", "PS_HOSTS", "SERVE", "STATUS", "STOP", "VERSION"]
+           "PREFLIGHT_HOSTS", "PS", "PS_HOSTS", "SERVE", "STATUS", "STOP", "VERSION", "version_payload"]

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import click
 
-from harvest.cli.remote import host_options
-from harvest.cli.render import gpus_payload, make_console, print_gpus
-from harvest.config import HostConfig
+from harvest.cli.options import host_options
+from harvest.cli.render import gpus_payload, make_console, print_far_gpus, print_gpus
+from harvest.config import HostConfig, load_config
 from harvest.errors import ProbeError
 from harvest.gpu import host_state, open_probe
+from harvest.placement import Flags, Refused, from_config
 
 
 @click.command("gpus")
@@ -38,27 +39,19 @@ from harvest.gpu import host_state, open_probe
 @click.pass_context
 def gpus(ctx: click.Context, as_json: bool, watch: float | None, count: int | None, config_path: Path | None,
          far_host: HostConfig | None, cluster: str | None, timeout: float | None) -> None:
-    """Show GPUs (memory, utilization, compute processes) and host RAM/swap."""
-    from harvest.cli.remote import hosts_of, remote_gpus
-
-    runtime_env = None
-    if cluster is None and config_path is not None and far_host is None:
-        from harvest.config import load_config
-
-        cfg = load_config(config_path)
-        if cfg.cluster is not None:  # a job's [cluster]: its nodes, reached as the job reaches them
-            cluster, runtime_env = cfg.cluster.address, cfg.cluster.runtime_env
-            config_path = None
-    if cluster is not None:
-        if config_path is not None or far_host is not None:
-            raise click.UsageError("--cluster shows a Ray cluster's nodes: not with --config or --host")
-        from harvest.cli.cluster import DEFAULT_TIMEOUT, cluster_gpus
-
-        ctx.exit(cluster_gpus(cluster, as_json, timeout or DEFAULT_TIMEOUT, runtime_env))
-    far = hosts_of(config_path, far_host)
-    if far:
-        remote_gpus(far, as_json)
-        return
+    """Show GPUs (memory, utilization, compute processes) and host RAM/swap, where the servers
+    would run (this machine, the [host] / [[hosts]] or [cluster] of --config, --host, --cluster)."""
+    cfg = load_config(config_path) if config_path is not None else None
+    placement = from_config(cfg, Flags(host=far_host, cluster=cluster, timeout=timeout))
+    if placement.kind != "local":
+        if watch is not None:
+            raise Refused("--watch", f"--watch refreshes this machine's view; {placement.where()} is shown once")
+        result = placement.gpus()
+        if as_json:
+            click.echo(json.dumps(result.to_json(), indent=2))
+        else:
+            print_far_gpus(make_console(), result)
+        ctx.exit(0 if result.ok else 1)
     console = make_console()
     probe = open_probe()
     shown = 0

@@ -13,7 +13,7 @@ import click
 
 from harvest import __version__
 from harvest.engine_pins import pins_text
-from harvest.errors import ConfigError, RemoteError, UnsafePathError
+from harvest.errors import ConfigError, RemoteError, StopError, UnsafePathError
 from harvest.redact import escape_controls
 
 #: (module, attribute) of every subcommand, in help order. Each module defines one click command.
@@ -43,6 +43,9 @@ class _Group(click.Group):
             sys.exit(2)
         except UnsafePathError as exc:  # one line: the path and what is wrong with it; nothing written
             click.echo(f"error: refused: {escape_controls(str(exc))}", err=True)
+            sys.exit(2)
+        except StopError as exc:  # no readable launch record: nothing is provably ours to stop
+            click.echo(f"error: {exc}", err=True)
             sys.exit(2)
         except RemoteError as exc:  # one line: host, step, time waited
             click.echo(f"error: {exc}", err=True)

@@ -1,6 +1,7 @@
 """``harvest preflight CONFIG``: is it safe to launch this server config here now, and if not, why.
 
-Parses options, runs ``harvest.gpu.preflight`` and renders one line per rule; a finding that is the
+Parses options, asks the placement (``harvest.gpu.preflight`` here, the far harvest on a host, a
+task on each Ray node) and renders one line per rule; a finding that is the
 same on several GPUs (and for both GPU rules) is one line naming them ("GPUs 0-7 requested but no
 NVIDIA driver found"). ``--json`` stays one result per rule and GPU. Exit 0 when every
 rule passes, 1 when one fails, 2 for a configuration or usage error (the CLI group maps ConfigError).
@@ -17,12 +18,11 @@ from pathlib import Path
 
 import click
 
-from harvest.cli.remote import host_options
-from harvest.cli.render import make_console, preflight_payload, rule_line, verdict
+from harvest.cli.options import host_options, load_config_arg
+from harvest.cli.render import make_console, preflight_payload, print_far_preflight, rule_line, verdict
 from harvest.config import HostConfig
-from harvest.gpu import NoGpuProbe, open_probe, run_preflight, wait_for_preflight
 from harvest.gpu.preflight import RuleResult
-from harvest.gpu.records import GpuProbe
+from harvest.placement import Flags, from_config
 
 
 def gpu_ranges(indices: Iterable[int]) -> str:
@@ -84,48 +84,29 @@ def grouped(results: Sequence[RuleResult]) -> list[RuleResult]:
 def preflight(ctx: click.Context, config: Path, wait_s: float | None, as_json: bool,
               output_dir: Path | None, far_host: HostConfig | None, cluster: str | None,
               timeout: float | None) -> None:
-    """Check that the [server] of CONFIG can be launched safely on this machine (or its [host]) now."""
-    from harvest.cli.remote import load_config_arg, remote_preflight
-
+    """Check that the [server] of CONFIG can be launched safely where it would run, now: this
+    machine, its [host] / [[hosts]], its [cluster] (each node), or the host of --host / --cluster."""
     cfg = load_config_arg(config)
-    if far_host is not None:  # --host: that host instead of the config's own host tables
-        cfg = cfg.model_copy(update={"host": far_host, "hosts": []})
     server = cfg.require_server()
-    runtime_env = None
-    if cluster is None and cfg.cluster is not None and far_host is None:  # the job's [cluster]: every node
-        cluster, runtime_env = cfg.cluster.address, cfg.cluster.runtime_env
-    if cluster is not None:
-        from harvest.cli.cluster import DEFAULT_TIMEOUT, cluster_preflight
-
-        if far_host is not None:
-            raise click.UsageError("--cluster checks a Ray cluster's nodes: not with --host")
-
-        if wait_s is not None:
-            raise click.UsageError("--wait does not combine with --cluster (each node is checked once)")
-
-        ctx.exit(cluster_preflight(cfg, cluster, as_json, timeout or DEFAULT_TIMEOUT,
-                                   str(output_dir) if output_dir is not None else None, runtime_env))
-    if cfg.far_hosts():
-        ctx.exit(remote_preflight(cfg, as_json))
-    out_dir = output_dir if output_dir is not None else Path(cfg.output.dir)
-    # NVML is only opened when a rule will look at a GPU.
-    probe: GpuProbe = open_probe() if (server.launched and server.gpus) else NoGpuProbe("no GPUs requested")
-    console, err = make_console(), make_console(stderr=True)
-    try:
-        if wait_s is None:
-            report = run_preflight(server, cfg.preflight, probe=probe, output_dir=out_dir)
+    placement = from_config(cfg, Flags(host=far_host, cluster=cluster, timeout=timeout))
+    if placement.kind != "local":
+        result = placement.preflight(cfg, output_dir=output_dir, wait_s=wait_s)
+        if as_json:
+            click.echo(json.dumps(result.to_json(), indent=2))
         else:
-            if not as_json:
-                err.print(f"waiting up to {wait_s:g} s for every rule to pass (checking every 0.2 s)",
-                          markup=False)
-            report = wait_for_preflight(server, cfg.preflight, probe=probe, output_dir=out_dir, wait_s=wait_s)
-    finally:
-        probe.close()
+            print_far_preflight(make_console(), result)
+        ctx.exit(0 if result.passed else 1)
+    console, err = make_console(), make_console(stderr=True)
 
+    def waiting() -> None:
+        if not as_json:
+            err.print(f"waiting up to {wait_s:g} s for every rule to pass (checking every 0.2 s)", markup=False)
+
+    report = placement.preflight(cfg, output_dir=output_dir, wait_s=wait_s, on_wait=waiting).report
     if as_json:
         click.echo(json.dumps(preflight_payload(report, config=str(config), engine=server.engine), indent=2))
     else:
-        gpus = ",".join(str(i) for i in server.gpus) or "none"
+        gpus = ",".join(str(i) for i in server.gpus) or "none listed"
         where = f"{server.host}:{server.port}" if server.launched else (server.base_url or "")
         console.print(f"preflight of {config}: {server.engine} on {where}, GPUs {gpus}, tp {server.tp}",
                       markup=False)

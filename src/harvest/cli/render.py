@@ -8,14 +8,18 @@ never measures, probes or exits.
 from __future__ import annotations
 
 import sys
+import time
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from harvest import schemas
 from harvest.gpu.payload import GPUS_SCHEMA, PREFLIGHT_SCHEMA, gpus_payload, now_iso, preflight_payload
 from harvest.gpu.preflight import RuleResult, describe_process
 from harvest.gpu.records import GpuSnapshot, HostState
+from harvest.server.stop import StopReport, StopStep
 
 
 def make_console(*, stderr: bool = False) -> Console:
@@ -27,8 +31,8 @@ def make_console(*, stderr: bool = False) -> Console:
 
 
 def host_line(host: HostState) -> Text:
-    return Text(f"host RAM: {host.ram_available_mib} MiB available of {host.ram_total_mib} MiB; "
-                f"swap: {host.swap_used_mib} MiB used of {host.swap_total_mib} MiB")
+    return host_ram_line(None, {"ram_available_mib": host.ram_available_mib, "ram_total_mib": host.ram_total_mib,
+                                "swap_used_mib": host.swap_used_mib, "swap_total_mib": host.swap_total_mib})
 
 
 def gpu_table(snap: GpuSnapshot) -> Table:
@@ -78,7 +82,148 @@ def rule_line(result: RuleResult) -> Text:
     return line
 
 
+# -- far answers: SSH hosts and Ray nodes (one table, a column naming the place) -------------------
+
+
+def host_ram_line(label: str | None, host: dict[str, Any]) -> Text:
+    """``LABEL: host RAM ... MiB available of ... MiB; swap ... MiB used of ... MiB`` (one wording)."""
+    lead = f"{label}: host RAM" if label else "host RAM:"
+    swap = "swap" if label else "swap:"
+    return Text(f"{lead} {host['ram_available_mib']} MiB available of {host['ram_total_mib']} MiB; "
+                f"{swap} {host['swap_used_mib']} MiB used of {host['swap_total_mib']} MiB")
+
+
+def gpus_by_table(docs: list[tuple[str, dict[str, Any] | None]], *, column: str, title: str,
+                  missing: dict[str, str] | None = None) -> Table:
+    """One table of ``harvest gpus --json`` documents, a first column naming where each came from
+    (a host, a Ray node); ``missing`` maps a label without a document to why."""
+    table = Table(title=title, title_justify="left")
+    for col, justify in ((column, "left"), ("GPU", "right"), ("name", "left"), ("used / total MiB", "right"),
+                         ("free MiB", "right"), ("util", "right"), ("processes", "left")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for label, doc in docs:
+        if doc is None:
+            table.add_row(Text(label), "-", Text(f"no answer: {(missing or {}).get(label, '?')}"), "", "", "", "")
+            continue
+        if not doc.get("gpus"):
+            why = doc.get("error") or doc.get("unavailable_reason") or f"none found ({doc.get('source')})"
+            table.add_row(Text(label), "-", Text(f"no GPUs: {why}"), "", "", "", "")
+        for g in doc.get("gpus") or []:
+            procs = "\n".join(f"pid {p['pid']} {p.get('name') or '?'} {p.get('used_mib')} MiB"
+                              for p in g["processes"]) or "-"
+            util = f"{g['utilization_pct']}%" if g.get("utilization_pct") is not None else "n/a"
+            table.add_row(Text(label), str(g["index"]), Text(g["name"]), f"{g['used_mib']} / {g['total_mib']}",
+                          str(g["free_mib"]), util, Text(procs))
+    return table
+
+
+def print_far_gpus(console: Console, result: Any) -> None:
+    """A placement's FarGpus: the table, each place's host RAM, and the places that gave no answer."""
+    console.print(gpus_by_table([(a.label, a.doc) for a in result.answers], column=result.column,
+                                title=result.title, missing={a.label: a.error or "?" for a in result.answers}))
+    for a in result.answers:
+        if a.doc is not None and "host" in a.doc:
+            console.print(host_ram_line(a.label, a.doc["host"]))
+    for a in result.answers:
+        if a.doc is None:
+            console.print(Text(f"{a.label}: {a.error}", style="bold red"))
+
+
+def print_far_preflight(console: Console, result: Any) -> None:
+    """A placement's FarPreflight: one table (place, check, rule, detail), then a verdict per place."""
+    console.print(result.header, markup=False)
+    table = Table(title=f"preflight by {result.column}", title_justify="left")
+    for col in (result.column, "check", "rule", "detail"):
+        table.add_column(col)
+    for a in result.answers:
+        if a.doc is None:
+            table.add_row(Text(a.label), Text("NONE", style="bold red"), "-", Text(a.error or "?"))
+            continue
+        for r in a.doc.get("results", []):
+            word = "SKIP" if r.get("skipped") else ("PASS" if r.get("passed") else "FAIL")
+            table.add_row(Text(a.label), Text(word, style=_STYLE[word]), str(r.get("rule")),
+                          Text(str(r.get("detail", "")).removeprefix(f"[{a.label}] ")))
+    console.print(table)
+    for a in result.answers:
+        word = "no answer" if a.doc is None else ("PASS" if a.doc.get("passed") else "FAIL")
+        console.print(f"{word} on {a.label}", markup=False, style="green" if word == "PASS" else "bold red")
+
+
+# -- stop reports and the ps table (every placement) ----------------------------------------------
+
+
+def stop_payload(reports: list[StopReport]) -> dict[str, Any]:
+    """The ``harvest stop --json`` document (``harvest.stop/1``), the same for every placement:
+    ``verdict`` (clean when every server's stop is), ``servers`` (one StopReport each)."""
+    clean = bool(reports) and all(r.clean for r in reports)
+    return {"schema": schemas.STOP, "verdict": "clean" if clean else "dirty",
+            "servers": [r.to_dict() for r in reports]}
+
+
+def step_line(step: StopStep) -> str:
+    mark = "" if step.ok else "  <-- incomplete"
+    return f"  {step.name:<8} {step.duration_s:7.3f} s  {step.outcome}{mark}"
+
+
+def print_stop_report(report: StopReport, *, err: bool = False, console: Console | None = None,
+                      steps_shown: bool = False) -> None:
+    """The stop's steps, holders, problems and verdict (``steps_shown``: the steps were already
+    printed as they happened, only the rest is left)."""
+    console = console or make_console(stderr=err)
+    if not steps_shown:
+        console.print(f"stop of {report.run_dir}:", markup=False)
+        for step in report.steps:
+            console.print(step_line(step), markup=False)
+    for h in report.holders:
+        who = "ours" if h.ours else "not ours"
+        mib = f"{h.used_mib} MiB" if h.used_mib is not None else "MiB unknown"
+        console.print(f"  holder: GPU {h.gpu} pid {h.pid} {h.name or '?'} {mib} ({who})", markup=False)
+    for p in report.problems:
+        console.print(f"  problem: {p}", markup=False)
+    esc = ", escalated to SIGKILL" if report.escalated else ""
+    console.print(f"verdict: {report.verdict.upper()} in {report.total_s:.2f} s "
+                  f"(deadline {report.deadline_s:g} s{esc})", markup=False)
+
+
+def print_stop_reports(reports: list[StopReport], where: str, *, console: Console | None = None) -> None:
+    """Every server's stop report, and a closing line when there were several (or none)."""
+    console = console or make_console()
+    if not reports:
+        console.print(f"{where}: no server of this run was running", markup=False)
+    for r in reports:
+        print_stop_report(r, console=console)
+    if len(reports) > 1:
+        clean = all(r.clean for r in reports)
+        console.print(f"{len(reports)} servers on {where}: {'all CLEAN' if clean else 'NOT all clean'}",
+                      markup=False)
+
+
+def ps_payload(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ``harvest ps --json`` document (``harvest.ps/1``): one row per server, with ``where``."""
+    return {"schema": schemas.PS, "servers": rows}
+
+
+def print_ps(console: Console, rows: list[dict[str, Any]], where: str, show_all: bool) -> None:
+    """The ps table, the same for every placement (a WHERE column: this machine, a host, a node)."""
+    if not rows:
+        console.print(f"no server harvest started is running on {where}"
+                      + ("" if show_all else " (--all lists stopped ones)"), markup=False)
+        return
+    console.print(f"{'WHERE':<24} {'ENGINE':<10} {'PID':>7} {'PORT':>5}  {'RECORDED':<9} {'ALIVE':<7} "
+                  f"{'LISTENING':<9} {'STARTED':<19}  RUN DIR", markup=False)
+    for r in rows:
+        started = (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["started_at"]))
+                   if r.get("started_at") else "?")
+        alive = f"{r['measured']['alive']}/{r['recorded']['processes']}"
+        console.print(f"{str(r.get('where')):<24} {str(r.get('engine')):<10} {str(r.get('pid')):>7} "
+                      f"{str(r.get('port')):>5}  {r['recorded']['status']:<9} {alive:<7} "
+                      f"{'yes' if r['measured']['port_listening'] else 'no':<9} {started:<19}  {r.get('run_dir')}",
+                      markup=False)
+
+
 __all__ = [
-    "GPUS_SCHEMA", "PREFLIGHT_SCHEMA", "gpu_table", "gpus_payload", "host_line", "make_console",
-    "now_iso", "preflight_payload", "print_gpus", "rule_line", "verdict",
+    "GPUS_SCHEMA", "PREFLIGHT_SCHEMA", "gpu_table", "gpus_by_table", "gpus_payload", "host_line", "host_ram_line",
+    "make_console", "now_iso", "preflight_payload", "print_far_gpus", "print_far_preflight", "print_gpus",
+    "print_ps", "print_stop_report", "print_stop_reports", "ps_payload", "rule_line", "step_line", "stop_payload",
+    "verdict",
 ]

@@ -89,8 +89,8 @@ def _check_retry(ctx: click.Context, param: click.Parameter, values: tuple[str, 
 def run(job: str, allow_mixed: bool, force: bool, live: bool | None, retry: tuple[str, ...],
         all_hosts: bool) -> None:
     """Run or resume the campaign of JOB.toml: dataset -> ledger -> server -> results."""
-    from harvest.placement.ssh.servers import server_factory_for
     from harvest.cli.live import live_console, setup_console_logging
+    from harvest.placement import from_config
 
     console = live_console()  # the panel, the log lines and the preflight rules share it
     setup_console_logging(console)
@@ -99,7 +99,7 @@ def run(job: str, allow_mixed: bool, force: bool, live: bool | None, retry: tupl
         report = aio.run(run_campaign(config, allow_mixed=allow_mixed, force=force, live=live,
                                       on_preflight=lambda r: show_preflight(r, console), retry=retry,
                                       console=console,
-                                      server_factory=server_factory_for(config, all_hosts=all_hosts)))
+                                      server_factory=from_config(config).fleet(all_hosts=all_hosts)))
     except PreflightFailed as exc:
         for r in exc.results:
             if not getattr(r, "passed", True):

@@ -10,7 +10,7 @@ import json
 
 import click
 
-from harvest.placement.ssh.remote import version_payload
+from harvest.schemas import version_payload
 
 
 @click.command("version")

@@ -156,6 +156,19 @@ class Fleet:
         dirty = [r for r in self.stop_reports if not r.clean]
         return (dirty or self.stop_reports or [getattr(self.inner, "stop_report", None)])[0]
 
+    def placed(self) -> list[dict[str, Any]]:
+        """Where each server runs: ``where`` (this machine, a host, a node), ``pid`` there, ``url``."""
+        placed = getattr(self.inner, "placed", None)
+        if placed is not None:
+            return list(placed())
+        return [{"where": self.where, "pid": getattr(self.inner, "pid", None), "url": self.url}]
+
+    def listen(self, on_event: Listener | None) -> None:
+        """Report the phases from now on to ``on_event`` (the fleet's and the servers' own)."""
+        self.on_event = on_event
+        if hasattr(self.inner, "on_event"):
+            self.inner.on_event = on_event
+
     def returncode(self) -> int | None:
         return self.inner.returncode()
 

@@ -169,6 +169,10 @@ class RayServerGroup:
     def url(self) -> str:
         return self.urls[0]
 
+    def placed(self) -> list[dict[str, Any]]:
+        return [{"where": m.label, "pid": (m.info or {}).get("pid"), "url": (m.info or {}).get("url")}
+                for m in self.members if m.state == "ready"]
+
     def returncode(self) -> int | None:
         """-1 once no server is left and no replacement may be placed, else None."""
         return -1 if self._gave_up else None

@@ -39,9 +39,7 @@ REAP_S = 5.0
 SSH_ERROR = 255
 
 
-def version_payload() -> dict[str, Any]:
-    """The ``harvest version --json`` document: what a far harvest is compared on."""
-    return {"schema": SCHEMAS["version"], "version": __version__, "schemas": dict(SCHEMAS)}
+version_payload = schemas.version_payload
 
 
 def ssh_base(cfg: HostConfig, *, connect_timeout: float | None = None) -> list[str]:

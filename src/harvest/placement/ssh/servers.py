@@ -189,6 +189,9 @@ class RemoteServer:
         """The far leader's pid as the far side sees it (informative: never signalled from here)."""
         return self.record["far_pid"] if self.record else None
 
+    def placed(self) -> list[dict[str, Any]]:
+        return [{"where": self.label, "pid": self.pid, "url": self.record.get("far_url") if self.record else None}]
+
     def returncode(self) -> int | None:
         """-1 once a look at the far side (after a reopened tunnel) found the server gone, else None."""
         return self._exit
@@ -352,6 +355,9 @@ class ServerGroup:
     @property
     def url(self) -> str:
         return self.urls[0]
+
+    def placed(self) -> list[dict[str, Any]]:
+        return [p for m in self.running for p in m.placed()]
 
     def returncode(self) -> int | None:
         codes = [m.returncode() for m in self.running]

@@ -1,0 +1,109 @@
+"""Options shared by the commands that act on a placement: ``CONFIG`` (``-`` reads stdin) and
+``--host USER@NAME`` with its flags (a box over SSH, or a container through ``--exec-prefix``).
+
+``-`` as a CONFIG argument reads the configuration (JSON or TOML) from stdin: that is how a near
+harvest hands ``[server]`` to the far one. What the flags name is turned into a placement by
+:func:`harvest.placement.from_config`; nothing here decides where.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from pydantic import ValidationError
+
+from harvest.config import HarvestConfig, HostConfig, load_config, parse_config
+from harvest.errors import ConfigError
+
+
+def load_config_arg(path: Path | str) -> HarvestConfig:
+    """``load_config``, or with ``-`` the configuration from stdin (a JSON object, else TOML)."""
+    if str(path) != "-":
+        return load_config(path)
+    text = sys.stdin.read()
+    try:
+        data = json.loads(text) if text.lstrip().startswith("{") else _toml(text)
+    except ValueError as exc:
+        raise ConfigError("<stdin>", [("<stdin>", f"not a JSON or TOML configuration: {exc}")]) from None
+    if not isinstance(data, dict):
+        raise ConfigError("<stdin>", [("<stdin>", "the configuration is not a table")])
+    return parse_config(data, source="<stdin>", base=Path.cwd())
+
+
+def _toml(text: str) -> dict[str, Any]:
+    try:
+        import tomllib
+    except ImportError:  # pragma: no cover - Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    return tomllib.loads(text)
+
+
+def host_from_flags(ssh: str | None, port: int | None, identity_file: str | None, exec_prefix: str | None,
+                    ssh_options: tuple[str, ...], far_harvest: str | None) -> HostConfig | None:
+    """A ``[host]`` table from command-line flags (None when no flag names a host)."""
+    if ssh is None and exec_prefix is None:
+        given = [flag for flag, v in (("--port", port), ("--identity-file", identity_file),
+                                      ("--ssh-option", ssh_options or None), ("--far-harvest", far_harvest))
+                 if v is not None]
+        if given:
+            raise ConfigError("--host", [(given[0], "needs --host USER@NAME (or --exec-prefix)")])
+        return None
+    table: dict[str, Any] = {"ssh": ssh, "exec_prefix": shlex.split(exec_prefix or ""),
+                             "ssh_options": list(ssh_options)}
+    if ssh is None and (port is not None or identity_file is not None or ssh_options):
+        raise ConfigError("--host", [("--exec-prefix", "--port, --identity-file and --ssh-option need --host")])
+    for key, value in (("port", port), ("identity_file", identity_file), ("harvest", far_harvest)):
+        if value is not None:
+            table[key] = value
+    try:
+        return HostConfig.model_validate(table)
+    except ValidationError as exc:
+        flag = {"ssh": "--host", "harvest": "--far-harvest", "ssh_options": "--ssh-option"}
+        raise ConfigError("--host", [(flag.get(str(e["loc"][0]), "--" + str(e["loc"][0]).replace("_", "-")),
+                                      e["msg"]) for e in exc.errors()]) from None
+
+
+def host_options(func: Any) -> Any:
+    """``--host USER@NAME`` [``--port``, ``--identity-file``, ``--ssh-option``, ``--exec-prefix``,
+    ``--far-harvest``]: the command acts on that host; the function gets ``far_host`` (a HostConfig
+    or None)."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, ssh_host: str | None, ssh_port: int | None, identity_file: str | None,
+                exec_prefix: str | None, ssh_options: tuple[str, ...], far_harvest: str | None,
+                **kwargs: Any) -> Any:
+        try:
+            far = host_from_flags(ssh_host, ssh_port, identity_file, exec_prefix, ssh_options, far_harvest)
+        except ConfigError as exc:  # a flag's problem: one line naming the flag
+            click.echo("error: " + "; ".join(f"{where}: {why}" for where, why in exc.problems), err=True)
+            sys.exit(2)
+        if far is not None and kwargs.get("config_path") is not None:
+            click.echo("error: --host: give --host (and its flags) or --config, not both", err=True)
+            sys.exit(2)
+        return func(*args, far_host=far, **kwargs)
+
+    options = [
+        click.option("--host", "ssh_host", default=None, metavar="USER@NAME",
+                     help="act on this host over SSH (instead of --config)"),
+        click.option("--port", "ssh_port", type=click.IntRange(1, 65535), default=None,
+                     help="with --host: its SSH port (default 22)"),
+        click.option("--identity-file", default=None, metavar="KEY", help="with --host: the SSH key"),
+        click.option("--ssh-option", "ssh_options", multiple=True, metavar="KEY=VALUE",
+                     help="with --host: an `ssh -o` option (repeatable)"),
+        click.option("--exec-prefix", default=None, metavar='"ARGV"',
+                     help='argv run before every far command, e.g. "pct exec 101 --" (a container)'),
+        click.option("--far-harvest", default=None, metavar="PATH",
+                     help="the harvest executable on the far side (default: harvest)"),
+    ]
+    for option in reversed(options):
+        wrapper = option(wrapper)
+    return wrapper
+
+
+__all__ = ["host_from_flags", "host_options", "load_config_arg"]

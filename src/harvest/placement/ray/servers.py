@@ -89,7 +89,7 @@ from harvest.placement.ray.cluster import (
     short_error,
     write_ray_record,
 )
-from harvest.placement.ssh.servers import RemoteReady
+from harvest.placement.base import Readiness as RemoteReady
 from harvest.server import StopReport
 
 log = logging.getLogger("harvest.cluster")

@@ -1,0 +1,151 @@
+"""The architecture of DESIGN.md, checked on every run of the suite rather than by eye.
+
+- import-linter's contracts (.importlinter): the layers from cli down to config/errors/net, the
+  placement kinds independent of each other, Ray imported only inside its kind;
+- no import cycle between modules (every import statement counts, lazy ones inside functions too);
+- only the placement layer decides where servers run: no other module tests ``cluster``,
+  ``far_hosts()``, a placement record file, or the type of a server object.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "harvest"
+
+
+def test_import_contracts_hold():
+    lint = Path(sys.executable).with_name("lint-imports")
+    if not lint.exists():
+        pytest.fail(f"lint-imports is not installed beside {sys.executable}: pip install -e '.[test]'")
+    res = subprocess.run([str(lint), "--config", str(ROOT / ".importlinter")], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+    assert "0 broken" in res.stdout, res.stdout[-2000:]
+
+
+def _graph() -> dict[str, set[str]]:
+    """Module -> the harvest modules it imports (any import statement, resolved to a module file)."""
+    mods = {}
+    for f in SRC.rglob("*.py"):
+        rel = f.relative_to(SRC.parent).with_suffix("")
+        mods[".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)] = f
+
+    def resolve(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for m, f in mods.items():
+        pkg = m if f.name == "__init__.py" else m.rpartition(".")[0]
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = pkg.split(".")
+                    base = ".".join(parts[: len(parts) - (node.level - 1)] + ([base] if base else []))
+                targets = [f"{base}.{a.name}" for a in node.names] + [base]
+            for t in targets:
+                r = resolve(t)
+                # a package's __init__ importing its own submodules (or a module its package) is no cycle
+                if r and r != m and not m.startswith(r + ".") and not r.startswith(m + "."):
+                    graph[m].add(r)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(10000)
+    for v in graph:
+        if v not in index:
+            strong(v)
+    return out
+
+
+def test_no_import_cycles():
+    graph = _graph()
+    assert len(graph) > 50  # the walk found the package
+    assert _cycles(graph) == []
+
+
+def test_cycle_check_sees_a_cycle():
+    """The checker itself: a two-module cycle is found (so an empty answer above means something)."""
+    assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+
+
+#: What deciding "where" looks like: the tests the placement layer makes once.
+WHERE = [
+    (re.compile(r"\.cluster\b(?!\.)|\bcluster is (not )?None"), "tests [cluster]"),
+    (re.compile(r"\bfar_hosts\b"), "tests far_hosts()"),
+    (re.compile(r"placement\.json|remote\.json|ray\.json|RAY_RECORD|REMOTE_RECORD"), "reads a placement record"),
+    (re.compile(r"isinstance\([^)]*(RemoteServer|ServerGroup|RayServerGroup|Server)\b"), "tests a server's type"),
+    (re.compile(r"^\s*(import ray\b|from ray\b)", re.M), "imports Ray"),
+]
+#: Modules that define what the tests above look for (the config model itself).
+DEFINES = {"config.py"}
+
+
+def where_decisions(root: Path) -> list[str]:
+    found = []
+    for f in sorted(root.rglob("*.py")):
+        rel = f.relative_to(root)
+        if rel.parts[0] == "placement" or str(rel) in DEFINES:
+            continue
+        for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
+            code = line.split("#", 1)[0]
+            for pattern, what in WHERE:
+                if pattern.search(code):
+                    found.append(f"{rel}:{n}: {what}: {line.strip()}")
+    return found
+
+
+def test_only_the_placement_layer_decides_where():
+    assert where_decisions(SRC) == []
+
+
+def test_where_check_sees_a_decision(tmp_path):
+    (tmp_path / "cli").mkdir()
+    (tmp_path / "cli" / "x.py").write_text("if cfg.cluster is not None:\n    hosts = cfg.far_hosts()\n")
+    (tmp_path / "placement").mkdir()
+    (tmp_path / "placement" / "y.py").write_text("if cfg.cluster is not None:\n    pass\n")
+    found = where_decisions(tmp_path)
+    assert [f.split(": ")[1] for f in found] == ["tests [cluster]", "tests far_hosts()"], found

@@ -207,7 +207,7 @@ def test_no_driver_on_eight_gpus_is_one_line_and_json_stays_per_gpu(tmp_path, po
         except NoDriverError:
             return NoGpuProbe(NO_DRIVER)
 
-    monkeypatch.setattr("harvest.cli.preflight.open_probe", no_driver_probe)
+    monkeypatch.setattr("harvest.placement.local.open_probe", no_driver_probe)
     path = config(tmp_path, _eight_gpu_server(port))
     result = invoke(path)
     assert result.exit_code == 1, result.output
@@ -227,7 +227,7 @@ def test_findings_that_differ_keep_their_own_lines(tmp_path, port, monkeypatch):
     gpus = h200s(8)
     gpus[3].processes = [(unused_pid(), 2048)]
     gpus[3].used_mib = 2048
-    monkeypatch.setattr("harvest.cli.preflight.open_probe",
+    monkeypatch.setattr("harvest.placement.local.open_probe",
                         lambda: NvmlProbe(FakeNvml(gpus), host_pid_namespace=True))
     result = invoke(config(tmp_path, _eight_gpu_server(port)))
     lines = result.output.splitlines()

@@ -126,7 +126,7 @@ def test_stop_from_another_process_after_serve_was_sigkilled_is_clean(tmp_path, 
     assert out.returncode == 0, out.stdout + out.stderr
     report = json.loads(out.stdout)
     assert report["schema"] == "harvest.stop/1"
-    assert report["verdict"] == "clean" and report["escalated"] is True
+    assert report["verdict"] == "clean" and [r["escalated"] for r in report["servers"]] == [True]
     assert all(gone(pid, ct) for pid, ct in watched.items())
     assert not port_listening("127.0.0.1", s.port)
 
@@ -182,8 +182,9 @@ def test_stop_is_dirty_when_an_unrecorded_worker_escapes_with_the_port(tmp_path,
     try:
         out = harvest(env, "stop", str(s.run_dir), "--json", "--deadline", "2")
         assert out.returncode == 1, out.stdout + out.stderr
-        report = json.loads(out.stdout)
-        assert report["verdict"] == "dirty" and report["port_open"] is True
+        doc = json.loads(out.stdout)
+        (report,) = doc["servers"]
+        assert doc["verdict"] == "dirty" and report["verdict"] == "dirty" and report["port_open"] is True
         assert any("port" in p for p in report["problems"])
         assert not gone(escaped, escaped_ct)  # it was never recorded, so it was never signalled
     finally:

@@ -49,7 +49,7 @@ def write_job(tmp_path: Path, cluster, llama_server_bin: str, tiny_gguf: Path, n
 
 
 def ray_record(run_dir: Path) -> dict:
-    return json.loads((run_dir / "server" / "ray.json").read_text())
+    return json.loads((run_dir / "server" / "placement.json").read_text())
 
 
 def engine_requests(info: dict) -> int:
@@ -80,7 +80,7 @@ def wait_record(run_dir: Path, ready: int, timeout: float = 240) -> dict:
         if rec and sum(m["state"] == "ready" for m in rec["members"]) >= ready:
             return rec
         time.sleep(0.2)
-    raise AssertionError(f"no {ready} ready servers in {run_dir}/server/ray.json after {timeout} s")
+    raise AssertionError(f"no {ready} ready servers in {run_dir}/server/placement.json after {timeout} s")
 
 
 def run(argv: list[str], env: dict[str, str], timeout: float = 400) -> subprocess.CompletedProcess:
@@ -138,7 +138,7 @@ def test_no_room_is_a_clear_error_before_any_launch(tmp_path, ray_cluster, llama
     assert '"engine": 5.0' in err  # what was asked
     assert '"engine": 2.0' in err and "node_a" in err and "node_b" in err  # what the cluster has
     assert "Traceback" not in err
-    assert not (run_dir / "server" / "ray.json").exists()  # nothing placed
+    assert not (run_dir / "server" / "placement.json").exists()  # nothing placed
 
 
 def test_harvest_stop_of_a_ray_run(tmp_path, ray_cluster, llama_server_bin, tiny_gguf):
@@ -332,7 +332,7 @@ def test_unreachable_cluster_is_one_clear_line(tmp_path, llama_server_bin, tiny_
     lines = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
     assert len(lines) == 1 and f"cannot connect to Ray at 127.0.0.1:{port}" in lines[0], out.stderr
     assert "[cluster] address" in lines[0] and "Traceback" not in out.stderr
-    assert not (run_dir / "server" / "ray.json").exists()
+    assert not (run_dir / "server" / "placement.json").exists()
 
 
 def test_a_silent_cluster_address_is_bounded_by_connect_timeout(tmp_path, llama_server_bin, tiny_gguf):
@@ -356,4 +356,4 @@ def test_a_silent_cluster_address_is_bounded_by_connect_timeout(tmp_path, llama_
     assert len(lines) == 1 and f"127.0.0.1:{port}" in lines[0] and "[cluster] address" in lines[0], out.stderr
     assert "Traceback" not in out.stderr
     assert took < 90, took  # connect_timeout (4 s) and the process's own start, not Ray's retries
-    assert not (run_dir / "server" / "ray.json").exists()
+    assert not (run_dir / "server" / "placement.json").exists()

@@ -79,6 +79,6 @@ def test_many_nodes_section_runs_as_written(tmp_path, ray_cluster, llama_server_
             assert ray_cluster.node_id(label)[:8] in outs[word], (word, outs[word])
     run_dir = tmp_path / "runs" / "cluster"
     assert final_check(run_dir, n) == []  # every prompt done once, nothing lost or duplicated
-    members = json.loads((run_dir / "server" / "ray.json").read_text())["members"]
+    members = json.loads((run_dir / "server" / "placement.json").read_text())["members"]
     assert len(members) == 2 and all(m["state"] == "stopped" and m["verdict"] == "clean" for m in members), members
     assert outs["run"].count("server stop: clean") == 2

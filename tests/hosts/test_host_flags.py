@@ -39,7 +39,7 @@ def test_gpus_ps_preflight_with_host_flags(tmp_path, sshd):
     assert doc["hosts"][0]["gpus"]["schema"] == "harvest.gpus/1"
 
     res = harvest("ps", "--json", *host_flags(sshd))
-    assert res.returncode == 0 and json.loads(res.stdout) == {"schema": "harvest.ps-hosts/1", "servers": []}
+    assert res.returncode == 0 and json.loads(res.stdout) == {"schema": "harvest.ps/1", "servers": []}
 
     # preflight of a job without a host table, on the box the flags name: a port held there fails.
     held = socket.socket()

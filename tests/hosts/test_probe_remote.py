@@ -147,12 +147,16 @@ def test_tune_through_ssh_first_of_hosts(tmp_path, sshd):
 
 
 def test_probes_reach_a_far_server_through_its_tunnel(tmp_path):
-    """client_config: a far server is probed at the tunnel's local end, one launched here at its own
-    address (no SSH needed: the tunnel is described, not opened)."""
-    from harvest.placement.ssh.servers import RemoteServer, client_config
+    """A fleet's client_config: a far server is probed at the tunnel's local end, one launched here at
+    its own address (no SSH needed: the tunnel is described, not opened)."""
     from harvest.config import HostConfig, ServerConfig
+    from harvest.placement.base import Fleet
+    from harvest.placement.ssh.servers import RemoteServer
     from harvest.placement.ssh.tunnel import Tunnel
     from harvest.server import Server
+
+    def client_config(server):
+        return Fleet(server, cfg, where="test").client_config
 
     cfg = ServerConfig(engine="command", command=["true"], port=8123, api_key_env="K")
     host = HostConfig(ssh="root@box", server={"port": 9001})
@@ -161,6 +165,6 @@ def test_probes_reach_a_far_server_through_its_tunnel(tmp_path):
     far.tunnel, far.local_port = Tunnel(host, 9001, local_port=45123), 45123
     reached = client_config(far)
     assert reached.url == "http://127.0.0.1:45123" and reached.api_key_env == "K"
-    assert far.adapter.kind == "command"
+    assert Fleet(far, cfg, where="box").adapter.kind == "command"
     here = Server(cfg, run_dir=tmp_path / "here")
     assert client_config(here) is here.config

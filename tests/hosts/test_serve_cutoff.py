@@ -165,16 +165,16 @@ def test_stop_by_a_record_written_before_the_answer(tmp_path, sshd):
     for key in ("far_run_dir", "far_url", "far_port", "far_pid", "tunnel"):
         record.pop(key, None)
     record["status"] = "unknown"
-    (near / "remote.json").write_text(json.dumps(record))
+    (near / "placement.json").write_text(json.dumps(record))
     res = subprocess.run([FAR_HARVEST, "stop", str(near), "--json"], capture_output=True, text=True, timeout=240)
     assert res.returncode == 0, res.stdout + res.stderr
     report = json.loads(res.stdout)
-    assert report["verdict"] == "clean" and report["run_dir"] == str(far_dir)
+    assert report["verdict"] == "clean" and [s["run_dir"] for s in report["servers"]] == [str(far_dir)]
     launch = json.loads((far_dir / "launch.json").read_text())["record"]
     assert not alive(launch["pid"], launch["create_time"])
 
     record["far_run_name"] = "never-launched"
-    (near / "remote.json").write_text(json.dumps(record))
+    (near / "placement.json").write_text(json.dumps(record))
     res = subprocess.run([FAR_HARVEST, "stop", str(near)], capture_output=True, text=True, timeout=240)
     assert res.returncode == 2
     (line,) = res.stderr.strip().splitlines()

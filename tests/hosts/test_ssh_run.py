@@ -79,7 +79,8 @@ def test_run_through_ssh_end_to_end_then_serve_ps_stop_gpus(tmp_path, sshd, vllm
     assert res.returncode == 0, res.stdout + res.stderr
     report = json.loads(res.stdout)
     assert report["schema"] == "harvest.stop/1" and report["verdict"] == "clean"
-    assert [s["name"] for s in report["steps"]][:2] == ["record", "sigterm"]
+    (one,) = report["servers"]
+    assert [s["name"] for s in one["steps"]][:2] == ["record", "sigterm"]
     listed = json.loads(harvest("ps", "--json", "--config", str(box)).stdout)
     assert listed["servers"] == []
     res = harvest("gpus", "--config", str(box))

@@ -126,7 +126,8 @@ def _preflight(info: dict[str, Any], active: bool, ok: bool) -> str:
 
 
 def _launching(info: dict[str, Any], active: bool, ok: bool) -> str:
-    who = f"{info.get('engine', 'engine')} pid {info.get('pid', '?')}"
+    where = f"on {info['where']}" if info.get("where") else f"pid {info.get('pid', '?')}"  # far / Ray: a place
+    who = f"{info.get('engine', 'engine')} {where}"
     if not active:
         if not ok:
             return f"{who}: did not become ready ({info.get('reason', 'failed')})"

@@ -177,18 +177,20 @@ class Fleet:
 
     async def start(self) -> Fleet:
         if self.emits:
-            emit(self.on_event, "launching", "start", engine=self.config.engine, where=self.where, pid=None,
+            emit(self.on_event, "launching", "start", engine=self.config.engine, where=self.where,
                  url=self.config.url)
         try:
             await self.inner.start()
         except BaseException as exc:
             if self.emits:
-                emit(self.on_event, "launching", "end", ok=False, error=str(exc).splitlines()[0] if str(exc) else "")
+                emit(self.on_event, "launching", "end", ok=False, engine=self.config.engine, where=self.where,
+                     reason=(str(exc).splitlines() or [type(exc).__name__])[0][:200])
             self._collect(getattr(self.inner, "stop_report", None))
             raise
         if self.emits:
             ready = self.inner.ready
-            emit(self.on_event, "launching", "end", seconds=ready.seconds if ready is not None else None,
+            emit(self.on_event, "launching", "end", engine=self.config.engine, where=self.where,
+                 seconds=ready.seconds if ready is not None else 0.0, kv_capacity_tokens=self.kv_capacity_tokens,
                  urls=self.urls)
         return self
 

@@ -73,12 +73,22 @@ def split_array(stream: BinaryIO, source: str, chunk: int = CHUNK) -> Iterator[t
     """Yield ``(line, element_text)`` for each top-level element of the JSON array in ``stream``.
 
     A UTF-8 byte-order mark is ignored. Element text may contain lone surrogates U+DC80..U+DCFF
-    where the file had bytes that are not UTF-8.
+    where the file had bytes that are not UTF-8. The steps: find the opening bracket, cut the
+    elements (:class:`_Elements`), then report a truncated array or data after its end.
     """
     buf = _Buffer(stream, chunk)
+    scan = _Elements(buf, source, _opening_bracket(buf))
+    yield from scan.elements()
+    if not scan.closed:
+        yield from scan.truncated()
+        return
+    yield from _after_the_array(buf, source, scan.pos)
+
+
+def _opening_bracket(buf: _Buffer) -> int:
+    """The position just after the array's ``[`` (a byte-order mark before it is skipped)."""
     pos = 0
     bom_checked = False
-    # Find the opening bracket.
     while True:
         if not bom_checked and buf.text:
             bom_checked = True
@@ -88,92 +98,113 @@ def split_array(stream: BinaryIO, source: str, chunk: int = CHUNK) -> Iterator[t
         if m:
             if m.group() != "[":
                 raise NotAnArray(m.group())
-            pos = m.end()
-            break
+            return m.end()
         if buf.eof:
             raise NotAnArray("")
         pos -= buf.fill(len(buf.text))
 
-    depth = 0
-    in_string = False
-    start: int | None = None  # start of the current element, None between elements
-    after_comma = False
-    closed = False
-    while not closed:
-        text = buf.text
-        if pos >= len(text):
-            if buf.eof:
-                break
-            keep = start if start is not None else pos
-            moved = buf.fill(keep)
-            pos -= moved
-            if start is not None:
-                start -= moved
-            continue
-        if in_string:
-            m = _INSIDE.search(text, pos)
-            if m is None:
-                pos = len(text)
-            elif m.group() == "\\":
-                if m.start() + 1 >= len(text) and not buf.eof:
-                    pos = m.start()  # the escaped character is in the next chunk
-                    keep = start if start is not None else pos
-                    moved = buf.fill(keep)
-                    pos -= moved
-                    if start is not None:
-                        start -= moved
-                else:
-                    pos = m.start() + 2
-            else:
-                in_string = False
-                pos = m.end()
-            continue
-        if start is None:
-            m = _NON_BLANK.search(text, pos)
-            if m is None:
-                pos = len(text)
-                continue
-            c, p = m.group(), m.start()
-            if c == "]":
-                if after_comma:
-                    yield Skipped(source, buf.line_at(p), "empty array element (trailing comma before ']')")
-                pos, closed = p + 1, True
-            elif c == ",":
-                yield Skipped(source, buf.line_at(p), "empty array element (two commas in a row)")
-                pos, after_comma = p + 1, True
-            else:
-                start = pos = p
-            continue
-        m = _OUTSIDE.search(text, pos)
-        if m is None:
-            pos = len(text)
-            continue
-        c, p = m.group(), m.start()
-        pos = p + 1
-        if c == '"':
-            in_string = True
-        elif c in "[{":
-            depth += 1
-        elif c in "]}":
-            if depth > 0:
-                depth -= 1
-            elif c == "]":
-                yield buf.line_at(start), text[start:p].rstrip()
-                start, closed = None, True
-            # A stray '}' at depth 0 stays in the element; its content then fails to parse.
-        elif depth == 0:  # a comma between elements
-            yield buf.line_at(start), text[start:p].rstrip()
-            start, after_comma = None, True
 
-    if not closed:
+class _Elements:
+    """Cuts the top-level elements out of the buffer, one state per step: inside a string, between
+    elements, inside an element (brackets counted)."""
+
+    def __init__(self, buf: _Buffer, source: str, pos: int):
+        self.buf, self.source, self.pos = buf, source, pos
+        self.depth = 0
+        self.in_string = False
+        self.start: int | None = None  # start of the current element, None between elements
+        self.after_comma = False
+        self.closed = False
+
+    def elements(self) -> Iterator[tuple[int, str] | Skipped]:
+        while not self.closed:
+            if self.pos >= len(self.buf.text):
+                if self.buf.eof:
+                    return
+                self._refill()
+            elif self.in_string:
+                self._string()
+            elif self.start is None:
+                yield from self._between()
+            else:
+                yield from self._element()
+
+    def _refill(self) -> None:
+        """Read on, keeping the current element (or the position) in the buffer."""
+        moved = self.buf.fill(self.start if self.start is not None else self.pos)
+        self.pos -= moved
+        if self.start is not None:
+            self.start -= moved
+
+    def _string(self) -> None:
+        text = self.buf.text
+        m = _INSIDE.search(text, self.pos)
+        if m is None:
+            self.pos = len(text)
+        elif m.group() == "\\":
+            if m.start() + 1 >= len(text) and not self.buf.eof:
+                self.pos = m.start()  # the escaped character is in the next chunk
+                self._refill()
+            else:
+                self.pos = m.start() + 2
+        else:
+            self.in_string = False
+            self.pos = m.end()
+
+    def _between(self) -> Iterator[Skipped]:
+        m = _NON_BLANK.search(self.buf.text, self.pos)
+        if m is None:
+            self.pos = len(self.buf.text)
+            return
+        c, p = m.group(), m.start()
+        if c == "]":
+            if self.after_comma:
+                yield Skipped(self.source, self.buf.line_at(p), "empty array element (trailing comma before ']')")
+            self.pos, self.closed = p + 1, True
+        elif c == ",":
+            yield Skipped(self.source, self.buf.line_at(p), "empty array element (two commas in a row)")
+            self.pos, self.after_comma = p + 1, True
+        else:
+            self.start = self.pos = p
+
+    def _element(self) -> Iterator[tuple[int, str]]:
+        text = self.buf.text
+        m = _OUTSIDE.search(text, self.pos)
+        if m is None:
+            self.pos = len(text)
+            return
+        c, p = m.group(), m.start()
+        self.pos = p + 1
+        if c == '"':
+            self.in_string = True
+        elif c in "[{":
+            self.depth += 1
+        elif c in "]}":
+            if self.depth > 0:
+                self.depth -= 1
+            elif c == "]":
+                assert self.start is not None
+                yield self.buf.line_at(self.start), text[self.start:p].rstrip()
+                self.start, self.closed = None, True
+            # A stray '}' at depth 0 stays in the element; its content then fails to parse.
+        elif self.depth == 0:  # a comma between elements
+            assert self.start is not None
+            yield self.buf.line_at(self.start), text[self.start:p].rstrip()
+            self.start, self.after_comma = None, True
+
+    def truncated(self) -> Iterator[tuple[int, str] | Skipped]:
+        """The file ended inside the array: its last complete element, then the truncation."""
+        buf, start = self.buf, self.start
         line = buf.line_at(start if start is not None else len(buf.text))
-        if start is not None and depth == 0 and not in_string and buf.text[start:].strip():
+        if start is not None and self.depth == 0 and not self.in_string and buf.text[start:].strip():
             # The last element ended but the array did not: report the element and the truncation.
             yield line, buf.text[start:].rstrip()
             line = buf.line_at(len(buf.text))
-        yield Skipped(source, line, "file ends inside the JSON array (no closing ']'): truncated file?")
-        return
-    # Anything but blanks after the closing bracket is reported once.
+        yield Skipped(self.source, line, "file ends inside the JSON array (no closing ']'): truncated file?")
+
+
+def _after_the_array(buf: _Buffer, source: str, pos: int) -> Iterator[Skipped]:
+    """Anything but blanks after the closing bracket is reported once."""
     while True:
         m = _NON_BLANK.search(buf.text, pos)
         if m:

@@ -154,8 +154,9 @@ def print_far_preflight(console: Console, result: Any) -> None:
 
 def stop_payload(reports: list[StopReport]) -> dict[str, Any]:
     """The ``harvest stop --json`` document (``harvest.stop/1``), the same for every placement:
-    ``verdict`` (clean when every server's stop is), ``servers`` (one StopReport each)."""
-    clean = bool(reports) and all(r.clean for r in reports)
+    ``verdict`` (clean when every server's stop is; nothing stopped is clean, exit 2), ``servers``
+    (one StopReport each)."""
+    clean = all(r.clean for r in reports)
     return {"schema": schemas.STOP, "verdict": "clean" if clean else "dirty",
             "servers": [r.to_dict() for r in reports]}
 

@@ -465,8 +465,13 @@ class _Campaign:
         return self.server is not None and self.server.returncode() is not None
 
     async def relaunch(self) -> bool:
-        """Verified stop of the dead server, then a fresh launch. False when out of relaunches."""
-        if self.server is None or self.relaunches >= self.config.run.max_relaunches:
+        """Verified stop of the dead server, then a fresh launch. False when out of relaunches: one
+        budget for the run, shared with the replacements a placement made itself (Ray's)."""
+        spent = self.relaunches + (getattr(self.server, "replacements", 0) if self.server is not None else 0)
+        if self.server is None or spent >= self.config.run.max_relaunches:
+            if self.server is not None and spent > self.relaunches:
+                log.error("no relaunch: run.max_relaunches (%d) used up (%d by replacements)",
+                          self.config.run.max_relaunches, spent - self.relaunches)
             return False
         self.relaunches += 1
         log.warning("the server exited (code %s); relaunch %d of %d", self.server.returncode(), self.relaunches,

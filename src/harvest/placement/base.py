@@ -163,6 +163,12 @@ class Fleet:
             return list(placed())
         return [{"where": self.where, "pid": getattr(self.inner, "pid", None), "url": self.url}]
 
+    @property
+    def replacements(self) -> int:
+        """Servers the placement itself replaced so far (a Ray run's lost actors): they spend the same
+        ``[run] max_relaunches`` as the campaign's relaunches."""
+        return int(getattr(self.inner, "replacements", 0))
+
     def listen(self, on_event: Listener | None) -> None:
         """Report the phases from now on to ``on_event`` (the fleet's and the servers' own)."""
         self.on_event = on_event

@@ -169,6 +169,11 @@ class RayServerGroup:
     def url(self) -> str:
         return self.urls[0]
 
+    @property
+    def replacements(self) -> int:
+        """Replacements placed during this run (all groups of one factory): ``max_relaunches`` spent."""
+        return int(self.budget["relaunches"])
+
     def placed(self) -> list[dict[str, Any]]:
         return [{"where": m.label, "pid": (m.info or {}).get("pid"), "url": (m.info or {}).get("url")}
                 for m in self.members if m.state == "ready"]

@@ -1,0 +1,90 @@
+"""The placement matrix on a real local Ray cluster (tests/cluster/conftest.py): serve --detach + ps +
+stop of a [cluster] job (llama-server actors on the worker nodes), every document in its documented
+shape; and `[run] max_relaunches` spent: the replacements stop at the budget and the run says so."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests import engines
+from tests.chaos.killer import harvest_argv, read_ledger
+from tests.cluster.test_ray_run import engine_process, ray_record, wait_record, write_job
+from tests.placement.matrix import serve_ps_stop
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+
+def serve_job(tmp_path: Path, cluster, binary: str, gguf: Path) -> Path:
+    job = tmp_path / "serve-job.toml"
+    job.write_text(
+        f'[server]\nengine = "llamacpp"\nmodel = "{gguf}"\ncommand = ["{binary}"]\nport = {engines.free_port()}\n'
+        f'extra_args = ["-c", "2048"]\nready_timeout = 90\nstop_grace = 3\nstop_deadline = 20\n'
+        f'[preflight]\nmin_disk_free_gib = 0.1\nram_reserve_gib = 0\n'
+        f'[cluster]\nbackend = "ray"\naddress = "{cluster.address}"\nservers = 2\ngpus_per_server = 0\n'
+        f'resources = {{ engine = 1 }}\nconnect_timeout = 60\n')
+    return job
+
+
+def test_serve_ps_stop_on_the_cluster(tmp_path, ray_cluster, llama_server_bin, tiny_gguf):
+    job = serve_job(tmp_path, ray_cluster, llama_server_bin, tiny_gguf)
+
+    def harvest(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(harvest_argv(*args), capture_output=True, text=True, timeout=400, env=ray_cluster.env)
+
+    workers = {ray_cluster.node_id("node_a")[:8], ray_cluster.node_id("node_b")[:8]}
+    stopped = serve_ps_stop(harvest, job, tmp_path / "served", ps_args=("--config", str(job)),
+                            expect_where=lambda w: w.startswith("node 127.0.0.1 (") and w[-9:-1] in workers)
+    assert all(r["run_dir"].startswith("node 127.0.0.1 (") for r in stopped["servers"])  # measured on its node
+    rec = json.loads((tmp_path / "served" / "placement.json").read_text())
+    assert rec["kind"] == "ray" and [m["state"] for m in rec["members"]] == ["stopped", "stopped"]
+    assert {m["info"]["node_id"][:8] for m in rec["members"]} == workers  # one per worker node
+
+
+def test_max_relaunches_spent(tmp_path, ray_cluster, llama_server_bin, tiny_gguf):
+    """One server, one replacement allowed: the first engine killed is replaced, the second is not;
+    the run ends (items left pending, nothing charged) and says the budget is used up."""
+    n = 400
+    job, run_dir = write_job(tmp_path, ray_cluster, llama_server_bin, tiny_gguf, n, servers="1", max_relaunches=1)
+    proc = subprocess.Popen(harvest_argv("run", str(job), "--no-live"), env=ray_cluster.env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        for round_ in range(2):
+            rec = wait_record(run_dir, 1)
+            ready = [m for m in rec["members"] if m["state"] == "ready"]
+            engine = engine_process(ready[-1]["info"])
+            assert engine is not None
+            os.killpg(engine.pid, signal.SIGKILL)  # the engine's group, recorded at its launch
+            end = time.monotonic() + 120
+            while time.monotonic() < end:  # the watch sees it gone (lost), a replacement may follow
+                states = {m["name"]: m["state"] for m in ray_record(run_dir)["members"]}
+                if states.get(ready[-1]["name"]) != "ready":
+                    break
+                time.sleep(0.3)
+        output, _ = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)  # the driver this test started, by its pid
+            proc.wait(timeout=30)
+    assert proc.returncode != 0, output[-3000:]
+    assert "run.max_relaunches (1) used up" in output, output[-4000:]
+    members = ray_record(run_dir)["members"]
+    assert len(members) == 2, members  # the first server and its one replacement, no third
+    view = read_ledger(run_dir)
+    assert view.counts.get("pending", 0) > 0  # not all done: the budget ended the servers, not the items
+    for m in members:
+        assert m["info"] is None or engine_process(m["info"]) is None
+    res = subprocess.run(harvest_argv("stop", str(run_dir), "--json"), capture_output=True, text=True,
+                         timeout=120, env=ray_cluster.env)
+    assert res.returncode == 2, res.stdout + res.stderr  # nothing of the run is left running
+    doc = json.loads(res.stdout)
+    assert doc["schema"] == "harvest.stop/1" and doc["servers"] == []
+    assert not any(p.info["name"] == "llama-server" and p.info["pid"] in
+                   {(m["info"] or {}).get("pid") for m in members} for p in psutil.process_iter(["pid", "name"]))

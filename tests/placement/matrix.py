@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 
 from tests.gpu.schema_doc import documented_schema, problems
+from tests.server.helpers import gone
 
 Harvest = Callable[..., subprocess.CompletedProcess]
 
@@ -49,8 +50,8 @@ def serve_ps_stop(harvest: Harvest, job: Path, near: Path, *, ps_args: tuple[str
     stopped = valid(json.loads(res.stdout), "harvest.stop/1")
     assert stopped["verdict"] == "clean" and len(stopped["servers"]) == len(served["servers"])
     assert all(r["verdict"] == "clean" for r in stopped["servers"])
-    for pid, created in pids:  # gone: that very process (pid and create time)
-        assert not psutil.pid_exists(pid) or psutil.Process(pid).create_time() != created
+    for pid, created in pids:  # gone: that very process (pid and create time; a zombie is gone)
+        assert gone(pid, created), pid
     after = valid(json.loads(harvest("ps", "--json", *ps_args).stdout), "harvest.ps/1")
     assert not [r for r in after["servers"] if r["pid"] in {int(s["pid"]) for s in served["servers"]}
                 and r["measured"]["leader_alive"]]

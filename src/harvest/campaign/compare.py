@@ -115,8 +115,8 @@ async def launch_and_run(label: str, config: ServerConfig, run_dir: Path,
     """Launch ``config``, run ``work(server)``, then the verified stop -- always, whatever failed.
 
     ``server_factory`` makes the server (a placement's fleet, :func:`~harvest.placement.probe_fleet`;
-    default: one on this machine); ``work`` reaches it at ``server.client_config``. Launch and server failures are recorded in the returned
-    :class:`Launch`, not raised; ``ConfigError`` (the user's configuration, e.g. a task scorer) and
+    default: one on this machine); ``work`` reaches it at ``server.client_config``. Launch and
+    server failures are recorded in the returned :class:`Launch`, not raised; ``ConfigError`` (the user's configuration, e.g. a task scorer) and
     ``RemoteError`` (a far host that cannot be reached or checked) propagate after the stop.
     """
     if server_factory is None:

@@ -126,7 +126,8 @@ def _preflight(info: dict[str, Any], active: bool, ok: bool) -> str:
 
 
 def _launching(info: dict[str, Any], active: bool, ok: bool) -> str:
-    where = f"on {info['where']}" if info.get("where") else f"pid {info.get('pid', '?')}"  # far / Ray: a place
+    # a far or Ray launch names its place; a local one its pid
+    where = f"on {info['where']}" if info.get("where") else f"pid {info.get('pid', '?')}"
     who = f"{info.get('engine', 'engine')} {where}"
     if not active:
         if not ok:

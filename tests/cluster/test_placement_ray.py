@@ -51,7 +51,7 @@ def test_serve_ps_stop_on_the_cluster(tmp_path, ray_cluster, llama_server_bin, t
 def test_max_relaunches_spent(tmp_path, ray_cluster, llama_server_bin, tiny_gguf):
     """One server, one replacement allowed: the first engine killed is replaced, the second is not;
     the run ends (items left pending, nothing charged) and says the budget is used up."""
-    n = 400
+    n = 3000  # far more than one server does while the test kills two
     job, run_dir = write_job(tmp_path, ray_cluster, llama_server_bin, tiny_gguf, n, servers="1", max_relaunches=1)
     proc = subprocess.Popen(harvest_argv("run", str(job), "--no-live"), env=ray_cluster.env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)

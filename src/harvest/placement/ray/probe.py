@@ -118,7 +118,9 @@ def far_preflight(server: dict[str, Any], preflight: dict[str, Any], output_dir:
     from harvest.gpu.payload import preflight_payload
     from harvest.gpu.preflight import GPUS_BY_RAY, NO_GPUS_LISTED
 
-    cfg = ServerConfig.model_validate({**server, "host": ray.util.get_node_ip_address()})
+    # The rules look where a run's server binds: the node's address (whether a key is needed there
+    # is the driver's check when it places servers, not a preflight rule).
+    cfg = ServerConfig.model_validate(server).model_copy(update={"host": ray.util.get_node_ip_address()})
     rules = PreflightConfig.model_validate(preflight)
     probe = open_probe() if (cfg.launched and cfg.gpus) else NoGpuProbe("no GPUs listed")
     unlisted = GPUS_BY_RAY if gpus_by_ray else NO_GPUS_LISTED

@@ -154,7 +154,7 @@ def print_far_preflight(console: Console, result: Any) -> None:
 
 def stop_payload(reports: list[StopReport]) -> dict[str, Any]:
     """The ``harvest stop --json`` document (``harvest.stop/1``), the same for every placement:
-    ``verdict`` (clean when every server's stop is; nothing stopped is clean, exit 2), ``servers``
+    ``verdict`` (clean when every server's stop is; nothing left to stop is clean), ``servers``
     (one StopReport each)."""
     clean = all(r.clean for r in reports)
     return {"schema": schemas.STOP, "verdict": "clean" if clean else "dirty",

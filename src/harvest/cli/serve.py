@@ -357,8 +357,7 @@ def stop(run_dir: Path | None, deadline: float | None, grace: float | None, marg
             click.echo(json.dumps(stop_payload(reports), indent=2))
         else:
             print_stop_reports(reports, placement.where())
-        if not reports:  # nothing of the run was running: nothing to stop
-            sys.exit(2)
+        # A run folder whose servers were all stopped already: nothing left, clean (as a local record).
         sys.exit(0 if all(r.clean for r in reports) else 1)
     _stop_here_live(placement, run_dir, deadline, grace, margin_mib)
 

@@ -148,14 +148,23 @@ class LocalPlacement:
         if not state_file.exists():
             return []
         try:
-            if state_file.read().status is RunStatus.STOPPED:
+            state = state_file.read()
+            if state.status is RunStatus.STOPPED:
                 return []
+            # Signals go only where a recorded process, create time verified, is alive (the proof);
+            # otherwise the stop signals nothing and only measures, and this says what it found.
+            proven = procs.alive(state.processes())
             report = stop_run(state_file.run_dir)
         except StopError as exc:  # no readable record: nothing is provably ours to stop
             log.warning("a server record of an earlier session is unreadable, not stopped: %s", exc)
             return []
-        log.warning("stopped the server left running by an earlier session of this run: %s",
-                    "clean" if report.clean else "DIRTY: " + "; ".join(report.problems))
+        verdict = "clean" if report.clean else "DIRTY: " + "; ".join(report.problems)
+        if proven:
+            log.warning("stopped the server left running by an earlier session of this run (pid %s): %s",
+                        ", ".join(str(r.pid) for r in proven), verdict)
+        else:
+            log.warning("the server record of an earlier session of this run names no process still running "
+                        "(%s); nothing was signalled; measured: %s", procs.group_findings(state), verdict)
         return [report]
 
 

@@ -16,11 +16,11 @@ It reads and writes files only: it never connects anywhere or signals anything.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
-from harvest import schemas
+from harvest import safefiles, schemas
+from harvest.errors import UnsafePathError
 from harvest.server.state import STATE_FILE, make_run_dir
 
 RECORD = "placement.json"
@@ -29,10 +29,11 @@ SERVER_DIR = "server"
 
 
 def read(folder: Path | str) -> dict[str, Any] | None:
-    """The placement record in ``folder`` (None when it holds none or it does not parse)."""
+    """The placement record in ``folder`` (None when it holds none, it does not parse, or it is not
+    this user's own regular file: a link there is never followed)."""
     try:
-        doc = json.loads((Path(folder) / RECORD).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        doc = json.loads(safefiles.read_text(Path(folder) / RECORD))
+    except (OSError, ValueError, UnsafePathError):
         return None
     return doc if isinstance(doc, dict) and "kind" in doc else None
 
@@ -41,11 +42,7 @@ def write(folder: Path | str, kind: str, doc: dict[str, Any]) -> None:
     """Write ``doc`` tagged with ``kind``: the folder 0700, the file 0600, replaced atomically."""
     folder = make_run_dir(Path(folder))
     body = {"schema": schemas.PLACEMENT_RECORD, **doc, "kind": kind}
-    tmp = folder / f".{RECORD}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps(body, indent=2) + "\n")
-    os.replace(tmp, folder / RECORD)
+    safefiles.write_atomic(folder / RECORD, json.dumps(body, indent=2) + "\n")
 
 
 def candidates(run_dir: Path | str) -> list[Path]:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from harvest.hosts.net import port_listening
+from harvest.net import port_listening
 from tests import engines
 
 CHAT_ENGINE = Path(__file__).resolve().parents[1] / "quality" / "chat_engine.py"

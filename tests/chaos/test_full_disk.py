@@ -6,19 +6,20 @@
 - The disk is already full when the run starts: the same clear error; after the filler file is
   deleted the run completes.
 
-The endpoint is the shared llama-server. The tmpfs is unmounted in a finally; the tests skip, saying
-why, only where mounting is not permitted (not root, or no CAP_SYS_ADMIN in a container).
+The endpoint is the shared llama-server. The tmpfs is unmounted in a finally; where mounting is not
+permitted (not root, or no CAP_SYS_ADMIN in a container) the tests fail in CI and skip elsewhere,
+saying why (tests/realparts.py).
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.chaos.killer import check_after_kill, final_check, harvest_argv, read_ledger, write_data
+from tests.realparts import require
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -30,12 +31,13 @@ def small_disk(tmp_path: Path, request: pytest.FixtureRequest):
     size = getattr(request, "param", "1m")
     mnt = tmp_path / "run"
     mnt.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    require("root", "mounting a tmpfs over the run folder needs root")
+    require("mount", "the full disk is a small tmpfs")
+    require("tmpfs", "the full disk is a small tmpfs")
     out = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(mnt)],
                          capture_output=True, text=True, timeout=30)
     if out.returncode != 0:
-        pytest.skip(f"mount -t tmpfs is not permitted here: {out.stderr.strip()}")
+        require("tmpfs", "the full disk is a small tmpfs", absent=f"mount -t tmpfs refused: {out.stderr.strip()}")
 
     def grow(size: str) -> None:
         subprocess.run(["mount", "-o", f"remount,size={size}", str(mnt)], check=True, timeout=30)

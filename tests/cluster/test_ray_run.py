@@ -24,6 +24,7 @@ from harvest.server import StateFile
 from tests import engines
 from tests.campaign.ledger_peek import attempts
 from tests.chaos.killer import final_check, harvest_argv, read_ledger, wait_committed, write_data
+from tests.realparts import require
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -317,7 +318,7 @@ def test_vllm_cpu_server_on_the_cluster(tmp_path, ray_cluster, vllm_python, tiny
 
 
 def test_unreachable_cluster_is_one_clear_line(tmp_path, llama_server_bin, tiny_gguf):
-    pytest.importorskip("ray", reason="needs Ray (pip install 'harvest[ray]')")
+    require("ray", "Ray is the cluster backend these tests drive (a local cluster)")
     with socket.socket() as s:  # a loopback port that nothing listens on: bound here, never listened
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -338,7 +339,7 @@ def test_unreachable_cluster_is_one_clear_line(tmp_path, llama_server_bin, tiny_
 def test_a_silent_cluster_address_is_bounded_by_connect_timeout(tmp_path, llama_server_bin, tiny_gguf):
     """Something accepts TCP at the address but never speaks Ray: `ray.init` would wait on it for
     minutes; `harvest run` gives up after [cluster] connect_timeout with one line, nothing placed."""
-    pytest.importorskip("ray", reason="needs Ray (pip install 'harvest[ray]')")
+    require("ray", "Ray is the cluster backend these tests drive (a local cluster)")
     with socket.socket() as s:  # accepts connections (the kernel's backlog) and never says a word
         s.bind(("127.0.0.1", 0))
         s.listen(16)

@@ -34,12 +34,12 @@ from harvest.config import parse_config
 from harvest.quality.settings import PolicySettings, ProbeSettings, QualitySettings
 from tests import engines
 from tests.campaign.ledger_peek import results_count
-from tests.report.browser import Browser, Page, chromium_path
+from tests.realparts import require
+from tests.report.browser import Browser, Page
 
 CHAT_ENGINE = Path(__file__).resolve().parents[1] / "quality" / "chat_engine.py"
 
-pytestmark = pytest.mark.skipif(chromium_path() is None,
-                                reason="Debian's chromium is not installed (scripts/install-system installs it)")
+require("chromium", "the reports are opened in a real headless Chromium")
 
 
 def harvest(*argv: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:

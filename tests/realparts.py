@@ -85,6 +85,8 @@ CHECKS: dict[str, Callable[[], str | None]] = {
     "unshare": _commands("unshare", "nsenter", package="util-linux"),
     "mount": _commands("mount", "umount", package="mount"),
     "far-harvest": _far_harvest,
+    # "tmpfs", "cgroup-freezer": probed by the fixture that mounts them (absent=...).
+
     "ray": _module("ray", "the test extra: pip install -e '.[test]'"),
     "pyarrow": _module("pyarrow", "the test extra: pip install -e '.[test]'"),
 }

@@ -135,4 +135,5 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         for nodeid in ids:
             terminalreporter.write_line(f"    {nodeid}")
     if gpu:
-        terminalreporter.write_line(f"nvidia-gpu: {gpu} test(s) skipped -- no NVIDIA GPU here (a skip in CI too)")
+        terminalreporter.write_line(f"nvidia-gpu: {gpu} test(s) skipped -- no NVIDIA GPU here "
+                                    "(a skip in CI too)")

@@ -49,7 +49,9 @@ def chromium_path() -> str | None:
 def _commands(*names: str, package: str) -> Callable[[], str | None]:
     def check() -> str | None:
         gone = [n for n in names if shutil.which(n) is None and not os.access(f"/usr/sbin/{n}", os.X_OK)]
-        return f"{', '.join(gone)} not on PATH (Debian package {package}; scripts/install-system)" if gone else None
+        if not gone:
+            return None
+        return f"{', '.join(gone)} not on PATH (Debian package {package}; scripts/install-system)"
     return check
 
 
@@ -64,7 +66,9 @@ def _root() -> str | None:
 
 
 def _sshd() -> str | None:
-    return None if os.access(SSHD, os.X_OK) else f"{SSHD} not installed (Debian openssh-server; scripts/install-system)"
+    if os.access(SSHD, os.X_OK):
+        return None
+    return f"{SSHD} not installed (Debian openssh-server; scripts/install-system)"
 
 
 def _chromium() -> str | None:

@@ -42,13 +42,15 @@ MARGIN = 20.0
 
 def data(tmp_path: Path, n: int = N) -> Path:
     path = tmp_path / "in.jsonl"
-    path.write_text("".join(json.dumps({"id": f"g{i}", "prompt": f"Give up {i}, go on."}) + "\n" for i in range(n)))
+    rows = (json.dumps({"id": f"g{i}", "prompt": f"Give up {i}, go on."}) for i in range(n))
+    path.write_text("".join(r + "\n" for r in rows))
     return path
 
 
 def managed(llama_server_bin: str, tiny_gguf: Path, **over: object) -> dict[str, object]:
     table: dict[str, object] = {
-        "engine": "llamacpp", "model": str(tiny_gguf), "command": [llama_server_bin], "port": engines.free_port(),
+        "engine": "llamacpp", "model": str(tiny_gguf), "command": [llama_server_bin],
+        "port": engines.free_port(),
         "max_running_requests": 4, "extra_args": ["-c", "8192"], "ready_timeout": 60, "stop_grace": 2,
         "stop_deadline": 15}
     table.update(over)
@@ -91,10 +93,12 @@ def group_gone(pgid: int) -> bool:
     return True
 
 
-def test_server_down_unmanaged_endpoint_stays_down_past_health_deadline(tmp_path, llama_server_bin, tiny_gguf):
+def test_server_down_unmanaged_endpoint_stays_down_past_health_deadline(tmp_path, llama_server_bin,
+                                                                         tiny_gguf):
     port = engines.free_port()
     server = engines.start_engine(engines.llama_argv(llama_server_bin, str(tiny_gguf), port), port=port,
-                                  model=str(tiny_gguf), log_path=tmp_path / "llama.log", health="/health", timeout=60)
+                                  model=str(tiny_gguf), log_path=tmp_path / "llama.log", health="/health",
+                                  timeout=60)
     run_dir = tmp_path / "run"
     health_deadline = 4
     job = write_toml(tmp_path / "job.toml", {
@@ -117,7 +121,7 @@ def test_server_down_unmanaged_endpoint_stays_down_past_health_deadline(tmp_path
     assert proc.returncode == 1, out
     assert "(server_down; every endpoint stayed down past [client] health_deadline)" in out, out
     assert "Traceback" not in out, out
-    assert took <= health_deadline + MARGIN, f"gave up {took:.1f} s after the loss (health_deadline {health_deadline})"
+    assert took <= health_deadline + MARGIN, f"gave up {took:.1f} s after the loss ({health_deadline = })"
     assert_nothing_charged(run_dir)
 
 
@@ -164,7 +168,8 @@ def test_server_down_managed_server_with_no_relaunch_left(tmp_path, llama_server
 
 
 @pytest.mark.parametrize("broken", ["missing-binary", "refused-argument"])
-def test_engine_that_fails_to_start_is_one_line_and_touches_no_item(tmp_path, llama_server_bin, tiny_gguf, broken):
+def test_engine_that_fails_to_start_is_one_line_and_touches_no_item(tmp_path, llama_server_bin, tiny_gguf,
+                                                                     broken):
     run_dir = tmp_path / "run"
     if broken == "missing-binary":
         server = managed(llama_server_bin, tiny_gguf, command=[str(tmp_path / "no-such-llama-server")])
@@ -197,7 +202,8 @@ def test_ctrl_c_while_the_engine_is_launching(tmp_path, llama_server_bin, tiny_g
     load_s = 60  # the stand-in for a large model's load: the launch cannot be ready before it
     slow = ["sh", "-c", f'sleep {load_s}; exec "$0" "$@"', llama_server_bin]
     job = write_toml(tmp_path / "job.toml", {
-        "server": managed(llama_server_bin, tiny_gguf, command=slow, ready_timeout=300), "preflight": PREFLIGHT,
+        "server": managed(llama_server_bin, tiny_gguf, command=slow, ready_timeout=300),
+        "preflight": PREFLIGHT,
         "data": {"path": str(data(tmp_path)), "id_field": "id"}, "client": {"concurrency": 4},
         "output": {"dir": str(run_dir)}})
     proc = harvest_run(job, tmp_path)

@@ -63,7 +63,7 @@ def _job(tmp_path: Path, run_dir: Path, url: str, n: int, max_tokens: int) -> Pa
 
 def _assert_clear_error(out: subprocess.CompletedProcess[str]) -> None:
     text = out.stdout + out.stderr
-    assert out.returncode not in (0, 1), text  # 2: the run could not go on (not "finished, check failed")
+    assert out.returncode == 2, text  # RELIABILITY.md: 2, the run could not go on (not 1, "finished, check failed")
     assert "Traceback" not in text and "Task exception" not in text, text
     errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, text

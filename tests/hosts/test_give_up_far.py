@@ -80,7 +80,8 @@ def test_a_tunnel_that_never_comes_back_gives_up_inside_its_deadline(sshd):
 
 def far_job(tmp_path: Path, sshd, llama_server_bin: str, tiny_gguf: Path, n: int) -> Path:
     data = tmp_path / "in.jsonl"
-    data.write_text("".join(json.dumps({"id": f"k{i}", "prompt": f"Killed {i}, go on."}) + "\n" for i in range(n)))
+    rows = (json.dumps({"id": f"k{i}", "prompt": f"Killed {i}, go on."}) for i in range(n))
+    data.write_text("".join(r + "\n" for r in rows))
     return write_toml(tmp_path / "job.toml", {
         "server": server_table(llama_server_bin, tiny_gguf, engines.free_port()), "preflight": PREFLIGHT,
         "data": {"path": str(data), "id_field": "id"}, "sampling": {"max_tokens": 32},
@@ -99,7 +100,8 @@ def alive(pid: int, create_time: float) -> bool:
 
 @pytest.mark.engine
 @pytest.mark.slow
-def test_far_leftovers_of_a_killed_run_are_stopped_when_it_resumes(tmp_path, sshd, llama_server_bin, tiny_gguf):
+def test_far_leftovers_of_a_killed_run_are_stopped_when_it_resumes(tmp_path, sshd, llama_server_bin,
+                                                                    tiny_gguf):
     n = 200
     job = far_job(tmp_path, sshd, llama_server_bin, tiny_gguf, n)
     run_dir = tmp_path / "run"
@@ -125,12 +127,13 @@ def test_far_leftovers_of_a_killed_run_are_stopped_when_it_resumes(tmp_path, ssh
         if first.poll() is None:
             first.kill()
             first.wait(timeout=30)
-    assert alive(far_leader.pid, leftovers[0][1]), "the far server died with the near run: nothing was left over"
+    assert alive(far_leader.pid, leftovers[0][1]), "the far server died with the near run: nothing left over"
 
     resumed = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
     out = resumed.stdout + resumed.stderr
     assert resumed.returncode == 0, out[-4000:]
-    assert "stopped the far server left running by an earlier session on" in out and ": clean" in out, out[-4000:]
+    assert "stopped the far server left running by an earlier session on" in out, out[-4000:]
+    assert ": clean" in out, out[-4000:]
     left = [pid for pid, ct in leftovers if alive(pid, ct)]
     assert left == [], f"processes of the killed session still running: {left}"
     counts = statuses(run_dir)

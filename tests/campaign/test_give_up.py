@@ -127,13 +127,17 @@ def test_server_down_unmanaged_endpoint_stays_down_past_health_deadline(tmp_path
 
 @pytest.mark.parametrize("fault", ["exited", "frozen"])
 def test_server_down_managed_server_with_no_relaunch_left(tmp_path, llama_server_bin, tiny_gguf, fault):
-    """exited: its whole group SIGKILLed; frozen: SIGSTOPped (alive, silent). max_relaunches = 0."""
+    """exited: its whole group SIGKILLed; frozen: SIGSTOPped (alive, silent). max_relaunches = 0.
+
+    A silent server holds the requests on its wire until [client] request_timeout (then its health
+    probe fails too: held, uncharged, down after health_deadline), so that bound is set here."""
     run_dir = tmp_path / "run"
-    health_deadline = 4
+    health_deadline, request_timeout = 4, 10
     config = parse_config({
         "server": managed(llama_server_bin, tiny_gguf), "preflight": PREFLIGHT,
         "data": {"path": str(data(tmp_path)), "id_field": "id"}, "sampling": {"max_tokens": 48},
-        "client": {"concurrency": 4, "health_deadline": health_deadline, "max_retries": 0},
+        "client": {"concurrency": 4, "health_deadline": health_deadline, "max_retries": 0,
+                   "request_timeout": request_timeout},
         "output": {"dir": str(run_dir)}, "run": {"progress_interval": 0.5, "max_relaunches": 0}})
     pgid = None
 
@@ -158,7 +162,8 @@ def test_server_down_managed_server_with_no_relaunch_left(tmp_path, llama_server
     why = ("the managed server exited and relaunches are used up" if fault == "exited"
            else "every endpoint stayed down past [client] health_deadline")
     assert report.note == why and report.relaunches == 0
-    assert took <= health_deadline + 15 + MARGIN, took  # health_deadline, then the stop's own deadline
+    # request_timeout (frozen), health_deadline, then the stop's own deadline (15 s)
+    assert took <= request_timeout + health_deadline + 15 + MARGIN, took
     assert len(report.stop_reports) == 1 and report.stop_reports[0].clean, report.stop_reports[0].problems
     if fault == "frozen":  # a stopped process ignores SIGTERM: the stop had to escalate
         assert report.stop_reports[0].escalated

@@ -84,7 +84,7 @@ def far_job(tmp_path: Path, sshd, llama_server_bin: str, tiny_gguf: Path, n: int
     data.write_text("".join(r + "\n" for r in rows))
     return write_toml(tmp_path / "job.toml", {
         "server": server_table(llama_server_bin, tiny_gguf, engines.free_port()), "preflight": PREFLIGHT,
-        "data": {"path": str(data), "id_field": "id"}, "sampling": {"max_tokens": 32},
+        "data": {"path": str(data), "id_field": "id"}, "sampling": {"max_tokens": 16},
         "client": {"concurrency": 4, "max_retries": 0, "health_deadline": 120},
         "output": {"dir": str(tmp_path / "run")}, "run": {"progress_interval": 0.5},
         "host": sshd.host_table()})
@@ -102,7 +102,7 @@ def alive(pid: int, create_time: float) -> bool:
 @pytest.mark.slow
 def test_far_leftovers_of_a_killed_run_are_stopped_when_it_resumes(tmp_path, sshd, llama_server_bin,
                                                                     tiny_gguf):
-    n = 200
+    n = 60
     job = far_job(tmp_path, sshd, llama_server_bin, tiny_gguf, n)
     run_dir = tmp_path / "run"
     argv = [sys.executable, "-m", "harvest", "run", str(job), "--no-live"]
@@ -110,7 +110,7 @@ def test_far_leftovers_of_a_killed_run_are_stopped_when_it_resumes(tmp_path, ssh
     first = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 300
-        while results_count(run_dir) < 20:
+        while results_count(run_dir) < 10:
             assert first.poll() is None, "the first session ended before the kill"
             assert time.monotonic() < deadline, "no progress within 300 s"
             time.sleep(0.1)
@@ -134,6 +134,7 @@ def test_far_leftovers_of_a_killed_run_are_stopped_when_it_resumes(tmp_path, ssh
     assert resumed.returncode == 0, out[-4000:]
     assert "stopped the far server left running by an earlier session on" in out, out[-4000:]
     assert ": clean" in out, out[-4000:]
+    assert f"ended the tunnel (ssh pid {tunnel_client.pid}) left by an earlier session" in out, out[-4000:]
     left = [pid for pid, ct in leftovers if alive(pid, ct)]
     assert left == [], f"processes of the killed session still running: {left}"
     counts = statuses(run_dir)

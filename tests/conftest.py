@@ -111,6 +111,16 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"cpu: {cpu.describe()}; vLLM CPU compare candidates: {chosen}"
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """``@pytest.mark.realpart(part, reason)``: the gate of tests/realparts.py, before any fixture
+    (a module's costly fixtures are not built for a test whose real part is missing)."""
+    from tests.realparts import require
+
+    for mark in item.iter_markers("realpart"):
+        require(*mark.args, **mark.kwargs)
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     """Every real part that did not run (tests/realparts.py), with how many tests it took along;
     and the GPU tests (a skip everywhere without an NVIDIA GPU, CI included)."""

@@ -7,6 +7,9 @@
 Either way the message starts with ``real part missing: <part>``, and the terminal summary
 (tests/conftest.py) lists every part that did not run and how many tests it took with it.
 
+``@pytest.mark.realpart(part, reason)`` does the same for a test or a module, before any of its
+fixtures is set up (tests/conftest.py).
+
 ``HARVEST_TEST_HIDE=chromium,sshd`` makes the named parts count as missing (to prove the gate in
 CI without uninstalling anything; tests/test_realparts.py uses it).
 

@@ -17,7 +17,8 @@ install: $(VENV)/.harvest-installed
 engines:
 	scripts/install-engines vllm llamacpp sglang
 
-# Debian packages the tests use for real (sshd, Chromium, tmux); skipped when already present.
+# Debian packages the tests use for real (sshd, Chromium, tmux, namespaces, mount, ps); skipped when
+# already present. Under CI=true a real part missing at test time is a failure (tests/realparts.py).
 system:
 	scripts/install-system
 

@@ -109,3 +109,41 @@ def pytest_report_header(config: pytest.Config) -> str:
     cpu = CpuFeatures.read()
     chosen = ", ".join(f"{c.name} ({c.expect})" for c in compare_candidates(cpu))
     return f"cpu: {cpu.describe()}; vLLM CPU compare candidates: {chosen}"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """``@pytest.mark.realpart(part, reason)``: the gate of tests/realparts.py, before any fixture
+    (a module's costly fixtures are not built for a test whose real part is missing)."""
+    from tests.realparts import require
+
+    for mark in item.iter_markers("realpart"):
+        require(*mark.args, **mark.kwargs)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """Every real part that did not run (tests/realparts.py), with how many tests it took along;
+    and the GPU tests (a skip everywhere without an NVIDIA GPU, CI included)."""
+    from tests.realparts import gate_of
+
+    gone: dict[str, tuple[set[str], list[str]]] = {}
+    gpu = 0
+    for kind in ("skipped", "failed", "error"):
+        for report in terminalreporter.stats.get(kind, []):
+            if kind == "skipped" and "needs an NVIDIA GPU" in str(getattr(report, "longrepr", "")):
+                gpu += 1
+            gate = gate_of(report)
+            if gate is not None:
+                whys, ids = gone.setdefault(gate[0], (set(), []))
+                whys.add(gate[1])
+                ids.append(f"{getattr(report, 'nodeid', '?')} ({kind})")
+    if not gone and not gpu:
+        return
+    terminalreporter.section("real parts that did not run")
+    for part, (whys, ids) in sorted(gone.items()):
+        terminalreporter.write_line(f"{part}: {len(ids)} test(s) -- {'; '.join(sorted(whys))}")
+        for nodeid in ids:
+            terminalreporter.write_line(f"    {nodeid}")
+    if gpu:
+        terminalreporter.write_line(f"nvidia-gpu: {gpu} test(s) skipped -- no NVIDIA GPU here "
+                                    "(a skip in CI too)")

@@ -17,6 +17,7 @@ import aiohttp
 import pytest
 
 from bench.sim_engine import parse_metrics
+from tests.timing import SLACK_S
 
 SIM = Path(__file__).resolve().parents[2] / "bench" / "sim_engine.py"
 LATENCY, BATCH, OUTPUT = 0.05, 4, 10
@@ -87,9 +88,10 @@ async def test_requests_beyond_the_batch_wait_for_a_slot(sim: str) -> None:
     assert waves * OUTPUT <= steps <= waves * OUTPUT + 3, steps
     assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] == n * OUTPUT
     assert all(a["usage"]["completion_tokens"] == OUTPUT for a in answers)
-    # Wall time: about `waves` times one request's, generous on a loaded machine.
-    assert many >= 0.9 * waves * OUTPUT * LATENCY, many
-    assert 0.7 * waves <= many / single <= 2.0 * waves, (many, single)
+    # Wall time: never faster than `waves` batches of the engine's own token latency; batched, far
+    # below one request after another (n * OUTPUT * LATENCY = 6 s) with a loaded machine's slack.
+    # (The step counter above is the exact proof of batching; speed itself is for bench/.)
+    assert waves * OUTPUT * LATENCY * 0.9 <= many <= waves * OUTPUT * LATENCY + SLACK_S, (many, single)
     # The gauges: never more than the batch running; a queue seen while the batch was full.
     assert max(r for r, _ in seen) <= BATCH
     assert any(r == BATCH and w > 0 for r, w in seen), seen

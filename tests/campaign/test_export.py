@@ -30,6 +30,7 @@ from harvest.errors import ConfigError, LedgerError
 from harvest.ledger import Completion, Ledger, Status
 from tests.campaign.specforge_rules import SpecForgeRejects, check_file
 from tests.gpu.schema_doc import problems
+from tests.realparts import require
 
 SETTINGS = "0" * 32
 DOC = Path(__file__).resolve().parents[2] / "docs" / "result-schema.md"
@@ -265,7 +266,8 @@ def test_openai_batch_lines_answers_and_errors(run, tmp_path):
 
 
 def test_parquet_in_row_groups_with_errors_for_failed_rows(run, tmp_path):
-    pq = pytest.importorskip("pyarrow.parquet", reason="the parquet export needs the parquet extra")
+    require("pyarrow", "the parquet export is written and read back with pyarrow")
+    import pyarrow.parquet as pq
     run_dir, ids = run
     report = export_run(run_dir, "parquet", statuses=["done", "truncated", "failed"], row_group_size=2)
     assert report.path == run_dir / "export.parquet"

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
-import pytest
+
+from tests.realparts import require
 
 #: Columns and rows of the test terminal (what a person's terminal commonly has).
 WIDTH, HEIGHT = 130, 45
@@ -27,11 +28,8 @@ EXIT_MARK = "[command exited"
 
 
 def tmux_binary() -> str:
-    found = shutil.which("tmux")
-    if found is None:
-        pytest.fail("tmux is not installed (scripts/install-system installs it): the display tests need a "
-                    "real terminal")
-    return found
+    require("tmux", "the display tests need a real terminal")
+    return str(shutil.which("tmux"))
 
 
 @dataclass

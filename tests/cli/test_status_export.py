@@ -13,6 +13,7 @@ from harvest.cli.main import cli
 from harvest.ledger import Completion, Ledger
 from tests.campaign.test_export import SETTINGS, build_run, documented, item, read_jsonl
 from tests.gpu.schema_doc import problems
+from tests.realparts import require
 
 
 def invoke(*args: str):
@@ -93,7 +94,8 @@ def test_export_sharegpt_from_value_and_parquet(run, tmp_path):
                     "-o", str(out))
     assert result.exit_code == 0, result.output
     assert {t["from"] for r in read_jsonl(out) for t in r["conversations"]} == {"system", "human", "gpt"}
-    pq = pytest.importorskip("pyarrow.parquet", reason="the parquet export needs the parquet extra")
+    require("pyarrow", "the parquet export is written and read back with pyarrow")
+    import pyarrow.parquet as pq
     result = invoke("export", str(run_dir), "--format", "parquet", "--status", "done,failed,pending")
     assert result.exit_code == 0, result.output
     assert pq.ParquetFile(str(run_dir / "export.parquet")).metadata.num_rows == 10

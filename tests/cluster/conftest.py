@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 import harvest
+from tests.realparts import require
 
 OBJECT_STORE = 100 * 1024 * 1024
 #: Every node's address, given explicitly: the environment switch below is read when Ray is first
@@ -65,7 +66,7 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory):
     for k, v in patch.items():
         mp.setenv(k, v)
     # Imported after the environment is set: Ray reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER at import.
-    pytest.importorskip("ray", reason="the cluster tests need Ray (pip install 'harvest[ray]')")
+    require("ray", "Ray is the cluster backend these tests drive (a local cluster)")
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True, connect=False,

@@ -27,9 +27,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-pytest.importorskip("ray", reason="the Ray tests need the ray extra: pip install 'harvest[ray]'")
+from tests.realparts import require
 
-import harvest
+require("ray", "Ray is the cluster backend these tests drive (a local cluster)")
+
+import harvest  # noqa: E402 - after the gate
 
 SRC = str(Path(harvest.__file__).resolve().parents[1])
 RAY = str(Path(sys.executable).with_name("ray"))

@@ -7,7 +7,10 @@ from pathlib import Path
 
 import pytest
 
-pa = pytest.importorskip("pyarrow", reason="pyarrow is the optional 'parquet' extra")
+from tests.realparts import require
+
+require("pyarrow", "Arrow and Parquet inputs are read with pyarrow")
+import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from harvest.config import DataConfig  # noqa: E402

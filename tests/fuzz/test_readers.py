@@ -18,15 +18,16 @@ import json
 import re
 from pathlib import Path
 
-import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from harvest.config import DataConfig
 from harvest.dataset import Item, Row, Skipped, iter_items, read_csv, read_hf, read_json, read_parquet
 from harvest.errors import ConfigError
+from tests.realparts import require
 
-pa = pytest.importorskip("pyarrow", reason="pyarrow is the optional 'parquet' extra")
+require("pyarrow", "Arrow and Parquet inputs are read with pyarrow")
+import pyarrow as pa  # noqa: E402
 import pyarrow.ipc  # noqa: E402,F401 - pa.ipc below
 import pyarrow.parquet as pq  # noqa: E402
 

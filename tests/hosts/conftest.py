@@ -4,18 +4,16 @@ own (the venv running the tests). Everything started here is stopped here, by th
 launch (with its create time).
 
 Needs root (sshd's privilege separation, and logging in as the test's user with a key made for it)
-and the openssh-server package (installed by scripts/install-system); without them the tests skip
-and say which is missing.
+and the openssh-server package (installed by scripts/install-system); without them the tests fail in
+CI and skip elsewhere, naming what is missing (tests/realparts.py).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,24 +21,21 @@ from pathlib import Path
 import psutil
 import pytest
 
-SSHD = "/usr/sbin/sshd"
+from tests.realparts import FAR_HARVEST, SSHD, require
+
 ROOT = Path(__file__).resolve().parents[2]
-#: The far harvest: the console script of the venv running the tests, importing this checkout
-#: (FAR_ENV: the far side starts from a clean environment, whatever the venv was installed from).
-FAR_HARVEST = str(Path(sys.executable).with_name("harvest"))
+#: The far harvest (FAR_HARVEST): the console script of the venv running the tests, importing this
+#: checkout (FAR_ENV: the far side starts from a clean environment, whatever the venv was installed from).
 FAR_ENV = [f"PYTHONPATH={ROOT / 'src'}"]
 
 
-def _missing() -> str | None:
-    if not os.path.exists(SSHD):
-        return f"{SSHD} is not installed (Debian package openssh-server; scripts/install-system installs it)"
-    if shutil.which("ssh") is None or shutil.which("ssh-keygen") is None:
-        return "the OpenSSH client (ssh, ssh-keygen) is not installed"
-    if os.geteuid() != 0:
-        return "sshd on a loopback port with a per-test login needs root (CI runs as root)"
-    if not os.path.exists(FAR_HARVEST):
-        return f"the far harvest {FAR_HARVEST} is missing (make install)"
-    return None
+def require_sshd() -> None:
+    """The real parts an sshd test needs (tests/realparts.py: fails in CI, skips elsewhere)."""
+    why = "the host tests log in over a real sshd on a loopback port"
+    require("sshd", why)
+    require("ssh", why)
+    require("root", "sshd's privilege separation and a per-test login as this user need root")
+    require("far-harvest", "the far side runs this checkout's harvest console script")
 
 
 def free_port() -> int:
@@ -140,9 +135,7 @@ def start_sshd(folder: Path) -> Sshd:
 
 @pytest.fixture
 def sshd(tmp_path: Path):
-    reason = _missing()
-    if reason:
-        pytest.skip(reason)
+    require_sshd()
     server = start_sshd(tmp_path / "sshd")
     try:
         yield server
@@ -152,9 +145,7 @@ def sshd(tmp_path: Path):
 
 @pytest.fixture
 def sshd2(tmp_path: Path):
-    reason = _missing()
-    if reason:
-        pytest.skip(reason)
+    require_sshd()
     server = start_sshd(tmp_path / "sshd2")
     try:
         yield server

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from harvest.net import listening_pids, port_listening
 from tests import engines
 from tests.campaign.ledger_peek import attempts
 from tests.hosts.conftest import write_toml
+from tests.realparts import require
 
 pytestmark = [pytest.mark.engine]
 
@@ -45,8 +45,8 @@ while True:
 @pytest.fixture
 def container():
     """(near pid of the namespace's init, its pid-namespace link); the namespace ends with its init."""
-    if shutil.which("unshare") is None or shutil.which("nsenter") is None:
-        pytest.skip("util-linux unshare/nsenter are not installed")
+    require("unshare", "the container is a pid namespace made by unshare, entered by nsenter")
+    require("root", "unshare --pid needs root")
     proc = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", REAPER],
                             start_new_session=True, stdin=subprocess.DEVNULL)
     try:

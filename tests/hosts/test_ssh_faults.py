@@ -69,7 +69,8 @@ def test_blackholed_port_fails_within_connect_timeout(tmp_path, sshd):
     line = one_error_line(res)
     assert "ssh connect" in line and "connect_timeout 2" in line, line
     waited = float(line.split(" failed after ")[1].split(" s:")[0])
-    assert waited < 600
+    # RELIABILITY.md: it ends within connect_timeout; +10 s is the slack a loaded 2-core machine needs.
+    assert 2 <= waited <= 2 + 10, waited
 
 
 def test_prefix_that_ignores_signals_and_never_returns_is_bounded(tmp_path, sshd):

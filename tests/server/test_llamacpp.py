@@ -17,8 +17,8 @@ import pytest
 from harvest import http
 from harvest.config import ServerConfig
 from harvest.net import port_listening
-from harvest.server.stop import POLL_INTERVAL
 from tests.server.helpers import gone, wait_for
+from tests.timing import SLACK_S
 
 pytestmark = pytest.mark.engine
 
@@ -69,7 +69,7 @@ def test_llama_server_ignoring_sigterm_with_requests_in_flight_is_escalated(llam
     assert "still alive" in steps["grace"]["outcome"]
     assert "sigkill" in steps and steps["reap"]["ok"] is True
     assert report["verdict"] == "clean"
-    assert report["total_s"] <= rec.stop_deadline + POLL_INTERVAL
+    assert report["total_s"] <= rec.stop_deadline + SLACK_S
     assert gone(rec.pid, rec.create_time)
     assert not port_listening("127.0.0.1", rec.port)
     for c in clients:

@@ -15,6 +15,7 @@ from harvest.gpu.records import GpuProcess, GpuSnapshot, GpuState
 from harvest.server import stop_run
 from harvest.server.stop import DEFAULT_MARGIN_MIB, POLL_INTERVAL
 from tests.server.helpers import fake_config, gone
+from tests.timing import SLACK_S
 
 BASELINE = 615  # NVML v1 counts driver-reserved memory: compare to a baseline, never to zero
 HELD = 40_000
@@ -76,8 +77,10 @@ def test_stop_polls_gpu_memory_back_to_baseline(launcher, tmp_path):
     gpu_step = report.step("gpu")
     assert gpu_step is not None and gpu_step.ok and "back within" in gpu_step.outcome
     assert gpu_step.duration_s >= 0.7  # it waited for the release, measured
-    gaps = [b - a for a, b in zip(probe.polls, probe.polls[1:])]
-    assert gaps and max(gaps) <= POLL_INTERVAL + 0.05  # >= 10 Hz (with scheduling slack)
+    gaps = sorted(b - a for a, b in zip(probe.polls, probe.polls[1:]))
+    # >= 10 Hz: the typical gap is one poll interval (half again for a loaded machine's sleeps);
+    # no gap near the next budget up.
+    assert gaps and gaps[len(gaps) // 2] <= 1.5 * POLL_INTERVAL and gaps[-1] <= POLL_INTERVAL + SLACK_S, gaps
     assert report.holders == ()
 
 
@@ -94,7 +97,7 @@ def test_memory_that_stays_taken_is_a_dirty_verdict_naming_holders(launcher, tmp
     report = server.shutdown(deadline=deadline)  # the Server's stop uses the probe it launched with
     took = time.monotonic() - t
 
-    assert took <= deadline + POLL_INTERVAL, took
+    assert took <= deadline + SLACK_S, took
     assert report.verdict == "dirty"
     assert not report.step("gpu").ok
     assert any("GPU 0" in p and f"+{HELD}" in p for p in report.problems)

@@ -25,13 +25,17 @@ step itself may take (a launch its ``ready_timeout``, a stop its ``stop_deadline
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import secrets
+import signal
 import threading
 import time
 from pathlib import Path, PurePosixPath
 from typing import Any
+
+import psutil
 
 from harvest.config import HostConfig, PreflightConfig, ServerConfig
 from harvest.errors import LaunchError, PreflightFailed, RemoteError
@@ -40,12 +44,15 @@ from harvest.placement.base import Readiness as RemoteReady
 from harvest.placement.far_records import preflight_report_from_dict, stop_report_from_dict
 from harvest.placement.ssh.remote import SCHEMAS, FarHost
 from harvest.placement.ssh.tunnel import Tunnel
-from harvest.server import StopReport
+from harvest.server import StopReport, procs
 from harvest.server.base import adapter_for
+from harvest.server.state import ProcessRef
 
 log = logging.getLogger("harvest.hosts")
 
 KIND = "ssh"
+#: Seconds an earlier session's tunnel client gets to exit after each signal.
+TUNNEL_END_TIMEOUT = 5.0
 
 
 def far_config_doc(server: ServerConfig, preflight: PreflightConfig | None) -> bytes:
@@ -108,13 +115,48 @@ def remote_stop(record: dict[str, Any], *, deadline: float | None = None) -> Sto
     return stop_report_from_dict(servers[0], host=host.label)
 
 
+def _tunnel_doc(tunnel: Tunnel) -> dict[str, Any]:
+    """The near record of a tunnel: its ssh client by pid and create time (ended by
+    :func:`stop_far_leftovers` when the session that opened it was killed), its port, its reopens."""
+    doc: dict[str, Any] = {"local_port": tunnel.local_port, "ssh_pid": tunnel.pid, "reopens": tunnel.reopens}
+    if tunnel.pid is not None:
+        with contextlib.suppress(psutil.Error):  # our own child, unreaped: the pid is still its own
+            doc["ssh_create_time"] = psutil.Process(tunnel.pid).create_time()
+    return doc
+
+
+def _end_tunnel_client(record: dict[str, Any]) -> bool:
+    """End the ssh client that carried an earlier session's tunnel (its own session, orphaned when
+    that session was killed), by the pid and create time recorded at its launch; bounded. True when
+    one was found and is gone now."""
+    tunnel = record.get("tunnel") or {}
+    pid, created = tunnel.get("ssh_pid"), tunnel.get("ssh_create_time")
+    if not pid or created is None:
+        return False
+    ref = ProcessRef(int(pid), float(created))
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if not procs.signal_verified([ref], sig):
+            return sig != signal.SIGTERM
+        end = time.monotonic() + TUNNEL_END_TIMEOUT
+        while time.monotonic() < end:
+            if procs.verified(ref) is None:
+                return True
+            time.sleep(0.05)
+    log.warning("the ssh client %s of an earlier session's tunnel outlived SIGKILL", pid)
+    return False
+
+
 def stop_far_leftovers(folder: Path) -> list[StopReport]:
-    """Stop, by their near records, far servers an earlier (killed) session of this run left running."""
+    """Stop, by their near records, far servers an earlier (killed) session of this run left running,
+    and end the ssh clients that carried their tunnels."""
     folder = Path(folder)
     out: list[StopReport] = []
     for sub, doc in record.find(folder):
         if doc["kind"] != KIND or doc.get("status") not in ("ready", "launching", "unknown"):
             continue
+        if _end_tunnel_client(doc):
+            log.warning("ended the tunnel (ssh pid %s) left by an earlier session",
+                        doc["tunnel"]["ssh_pid"])
         try:
             report = remote_stop(doc)
         except RemoteError as exc:
@@ -257,7 +299,7 @@ class RemoteServer:
                 self.shutdown()
                 raise
             self._port_memo[self._port_key] = self.local_port
-            self.record["tunnel"] = {"local_port": self.local_port, "ssh_pid": self.tunnel.pid}
+            self.record["tunnel"] = _tunnel_doc(self.tunnel)
             _write_record(self.run_dir, self.record)
         return self
 
@@ -293,7 +335,7 @@ class RemoteServer:
                     "found again, alive" if alive else "is gone")
         if not alive:
             self._exit = -1
-        self.record["tunnel"] = {"local_port": tunnel.local_port, "ssh_pid": tunnel.pid, "reopens": tunnel.reopens}
+        self.record["tunnel"] = _tunnel_doc(tunnel)
         _write_record(self.run_dir, self.record)
 
     def shutdown(self, deadline: float | None = None) -> StopReport | None:

@@ -38,9 +38,10 @@ from benchutil import exit_on_sigterm, load  # bench/benchutil.py
 from saturation import SERVED_NAME, TOPICS, VLLM_ENV, engine_python
 
 from harvest.client import Client
-from harvest.client.autoconc import AutoSettings
+from harvest.client.autoconc import AutoSettings, start_for
 from harvest.config import ClientConfig, SamplingConfig
 from harvest.errors import RequestError
+from harvest.server.batch import batch_limit
 
 
 def prompts(n: int) -> list[str]:
@@ -54,7 +55,7 @@ async def drive(urls: list[str], concurrency: int | str, requests: int, max_toke
     """Send ``requests`` chat requests through one Client; tok/s, latencies and (auto) the targets."""
     config = ClientConfig(concurrency=concurrency, max_concurrency=max_concurrency, max_retries=2,
                           request_timeout=timeout, health_deadline=60.0,
-                          auto_start=auto.start if auto else 8)
+                          auto_start=min(auto.start, max_concurrency) if auto else None)
     sampling = SamplingConfig(max_tokens=max_tokens, temperature=0.0, extra_body=extra_body or {})
     latencies: list[float] = []
     finished: list[tuple[float, int]] = []
@@ -98,7 +99,7 @@ async def drive(urls: list[str], concurrency: int | str, requests: int, max_toke
             await asyncio.gather(watch, return_exceptions=True)
         window = time.monotonic() - t0
     return {"concurrency": concurrency, "tok_s": tokens / window, "window_s": window, "tokens": tokens,
-            "tok_s_late": late_rate(finished),
+            "tok_s_late": late_rate(finished), "finished": finished,
             "failed": failed, "p50": _pct(latencies, 50), "p90": _pct(latencies, 90), "trace": trace, "decisions": decisions,
             "load": load()}
 
@@ -180,14 +181,14 @@ def summarize(results: dict[str, list[dict[str, Any]]], label: str) -> dict[str,
 
 # ----------------------------------------------------------------------------------------- servers
 
-def start_vllm(py: str, model: str, work: Path, name: str, max_num_seqs: int | None):
+def start_vllm(py: str, model: str, work: Path, name: str, max_num_seqs: int | None, *, max_model_len: int = 1024):
     import socket
 
     from harvest.config import PreflightConfig, ServerConfig
     from harvest.errors import LaunchError
     from harvest.server import Server
 
-    extra = ["--max-model-len", "1024"] + (["--max-num-seqs", str(max_num_seqs)] if max_num_seqs else [])
+    extra = ["--max-model-len", str(max_model_len)] + (["--max-num-seqs", str(max_num_seqs)] if max_num_seqs else [])
     last: Exception | None = None
     for attempt in range(3):
         with socket.socket() as s:
@@ -228,8 +229,8 @@ def run_series_model(args: argparse.Namespace, urls: list[str], settings: list[s
     pass at the real size first, at the middle fixed value."""
     if warm_up:
         fixed = [int(s) for s in settings if s != "auto"]
-        w = asyncio.run(drive(urls, fixed[len(fixed) // 2], args.requests, args.max_tokens, model=model,
-                              extra_body=extra_body))
+        w = asyncio.run(drive(urls, fixed[len(fixed) // 2], getattr(args, "warm_up_requests", None) or args.requests,
+                              args.max_tokens, model=model, extra_body=extra_body))
         print(f"  warm-up: {describe(w)}", flush=True)
     results: dict[str, list[dict[str, Any]]] = {s: [] for s in settings}
     for k in range(args.rounds):
@@ -253,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fixed", default="4,16,64,256,512", help="fixed concurrency values of the sweep")
     ap.add_argument("--two-speed-fixed", default="8,32,64,128", help="fixed values of the two-speeds scenario")
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--max-concurrency", type=int, default=512)
+    ap.add_argument("--max-concurrency", type=int, default=1024)
     ap.add_argument("--interval", type=float, default=1.0, help="seconds per control step of auto")
     ap.add_argument("--engine-python", help="Python of vLLM's CPU build (default: scripts/install-engines vllm)")
     ap.add_argument("--model", help="model folder (default: harvest's tiny model, built when missing)")
@@ -274,9 +275,15 @@ def main(argv: list[str] | None = None) -> int:
         model = str(ensure_tiny_model(py))
     work = args.keep or Path(tempfile.mkdtemp(prefix="harvest-autoconc-"))
     work.mkdir(parents=True, exist_ok=True)
-    auto = AutoSettings(start=8, max_concurrency=args.max_concurrency, interval_s=args.interval)
+    def auto_for(*servers: Any) -> AutoSettings:
+        """Where ``harvest run`` starts auto for these launched servers (the smallest batch limit)."""
+        limit = min(batch_limit(s.config) or 64 for s in servers)
+        start = start_for(limit, metrics=True, max_concurrency=args.max_concurrency)
+        print(f"  auto starts at {start} (the engines' batch limit, server/batch.py)", flush=True)
+        return AutoSettings(start=start, max_concurrency=args.max_concurrency, interval_s=args.interval)
+
     print(f"auto concurrency: {args.requests} requests x {args.max_tokens} tokens (ignore_eos), "
-          f"{args.rounds} round(s); vLLM CPU, tiny model; auto start {auto.start}, interval {auto.interval_s} s", flush=True)
+          f"{args.rounds} round(s); vLLM CPU, tiny model; auto interval {args.interval} s", flush=True)
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
           f"{time.strftime('%Y-%m-%d %H:%M')}; {load()}", flush=True)
     fixed = [s.strip() for s in args.fixed.split(",") if s.strip()]
@@ -286,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             url = servers[0].url
             asyncio.run(drive([url], 16, 32, 8, model=SERVED_NAME, extra_body={"ignore_eos": True}))  # warm-up
-            res = run_series(args, [url], fixed + ["auto"], "sweep", auto)
+            res = run_series(args, [url], fixed + ["auto"], "sweep", auto_for(*servers))
         finally:
             stop_all(servers)
         out = summarize(res, "sweep (one server)")
@@ -300,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             url = servers[0].url
             asyncio.run(drive([url], 8, 16, 8, model=SERVED_NAME, extra_body={"ignore_eos": True}))
-            res = run_series(args, [url], ["64", "auto"], "max-num-seqs 8", auto)
+            res = run_series(args, [url], ["64", "auto"], "max-num-seqs 8", auto_for(*servers))
         finally:
             stop_all(servers)
         targets, queues = settled(res["auto"][-1])
@@ -322,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
             for url in urls:
                 asyncio.run(drive([url], 8, 16, 8, model=SERVED_NAME, extra_body={"ignore_eos": True}))
             two = [s.strip() for s in args.two_speed_fixed.split(",") if s.strip()]
-            res = run_series(args, urls, two + ["auto"], "two speeds", auto)
+            res = run_series(args, urls, two + ["auto"], "two speeds", auto_for(*servers))
         finally:
             stop_all(servers)
         out = summarize(res, "two endpoints (max-num-seqs 4 and 32)")

@@ -5,9 +5,11 @@ measures harvest (its client, its ledger, the placement) and not this machine's 
 
 - at most ``--max-batch`` requests decode at once; the others wait in a FIFO queue and join the
   batch as soon as a slot frees (between two steps, like vLLM's scheduler);
-- one decode step takes ``--token-latency`` seconds and gives every running request one token;
+- one decode step takes ``--token-latency`` seconds (plus ``--step-per-seq`` per running request:
+  a GPU whose step grows with the batch) and gives every running request one token;
   the step is one ``asyncio.sleep`` for the whole batch, on a drift-free clock, so the CPU a step
   costs does not grow with the batch and a server's rate is ``max_batch / token_latency`` tokens/s;
+  ``--no-metrics`` answers /metrics with 404 (``transformers serve``);
 - a request generates ``min(max_tokens, --output-tokens)`` tokens (``--output-tokens 0``: always
   ``max_tokens``); ``finish_reason`` is ``length`` when it stopped at ``max_tokens``, else ``stop``.
 
@@ -59,6 +61,7 @@ class SimEngine:
 
     token_latency: float
     max_batch: int
+    step_per_seq: float = 0.0
     running: list[_Seq] = field(default_factory=list)
     waiting: deque[_Seq] = field(default_factory=deque)
     steps: int = 0
@@ -92,7 +95,8 @@ class SimEngine:
             # Drift-free: a step starts one latency after the previous one was due, so time spent
             # outside the sleep is not added to every step; a late loop catches up one step at most.
             now = time.monotonic()
-            next_step = (next_step if next_step > now - self.token_latency else now) + self.token_latency
+            step = self.token_latency + self.step_per_seq * len(self.running)
+            next_step = (next_step if next_step > now - step else now) + step
             await asyncio.sleep(max(0.0, next_step - time.monotonic()))
             self.steps += 1
             still = []
@@ -118,7 +122,7 @@ def _text(n: int) -> str:
     return " ".join(_WORDS[i % len(_WORDS)] for i in range(n))
 
 
-def build_app(engine: SimEngine, *, model: str, output_tokens: int) -> web.Application:
+def build_app(engine: SimEngine, *, model: str, output_tokens: int, metrics_on: bool = True) -> web.Application:
     """The aiohttp application serving ``engine``."""
 
     async def _request(request: web.Request, chat: bool) -> web.Response:
@@ -170,6 +174,8 @@ def build_app(engine: SimEngine, *, model: str, output_tokens: int) -> web.Appli
         return web.Response(status=200)
 
     async def metrics(request: web.Request) -> web.Response:
+        if not metrics_on:
+            return web.Response(status=404)
         label = f'{{model_name="{model}"}}'
         running = sum(1 for s in engine.running if not s.future.done())
         waiting = sum(1 for s in engine.waiting if not s.future.done())
@@ -214,11 +220,12 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    engine = SimEngine(args.token_latency, args.max_batch)
+    engine = SimEngine(args.token_latency, args.max_batch, args.step_per_seq)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))
-    runner = web.AppRunner(build_app(engine, model=args.model, output_tokens=args.output_tokens), access_log=None)
+    runner = web.AppRunner(build_app(engine, model=args.model, output_tokens=args.output_tokens,
+                                        metrics_on=not args.no_metrics), access_log=None)
     await runner.setup()
     site = web.SockSite(runner, sock, backlog=1024)
     await site.start()
@@ -245,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-tokens", type=int, default=0,
                         help="tokens a request generates when max_tokens allows more (0: always max_tokens)")
     parser.add_argument("--model", default="sim-model", help="the served model name")
+    parser.add_argument("--step-per-seq", type=float, default=0.0,
+                        help="seconds a decode step grows per running request (a GPU's batch cost)")
+    parser.add_argument("--no-metrics", action="store_true", help="answer /metrics with 404")
     args = parser.parse_args(argv)
     if args.token_latency <= 0 or args.max_batch < 1:
         parser.error("--token-latency must be > 0 and --max-batch >= 1")

@@ -368,12 +368,14 @@ class SamplingConfig(_Model):
 class ClientConfig(_Model):
     """How the client talks to the server(s)."""
 
-    #: Requests in flight, all endpoints together; "auto": a controller per endpoint finds what each
-    #: can take from its gauges and answers (see harvest.client.autoconc), up to ``max_concurrency``.
-    concurrency: int | Literal["auto"] = Field(64)
-    #: Upper bound per endpoint of ``concurrency = "auto"``, and its starting value ``auto_start``.
-    max_concurrency: int = Field(512, ge=1)
-    auto_start: int = Field(8, ge=1)
+    #: Requests in flight, all endpoints together; "auto" (the default): a controller per endpoint
+    #: finds what each can take from its gauges and answers (see harvest.client.autoconc), up to
+    #: ``max_concurrency``. A number fixes it.
+    concurrency: int | Literal["auto"] = Field("auto")
+    #: Upper bound per endpoint of ``concurrency = "auto"``, and its starting value ``auto_start``
+    #: (unset: the batch limit of the engine harvest launched, else 64).
+    max_concurrency: int = Field(1024, ge=1)
+    auto_start: int | None = Field(None, ge=1)
     request_timeout: float = Field(600.0, gt=0)
     max_retries: int = Field(3, ge=0)
     endpoints: list[str] = Field(default_factory=list, description="extra base URLs served by the same model")
@@ -382,6 +384,9 @@ class ClientConfig(_Model):
     #: to answer ``GET /v1/models`` when the run starts; past it the run ends, items left pending.
     #: Shorter than ``health_deadline``: an endpoint that never answered is not one recovering.
     start_deadline: float = Field(60.0, gt=0, description="seconds an unmanaged endpoint may take to answer at start")
+    #: With several endpoints: an item's requests (a conversation's turns, a shared system prompt) go
+    #: to the server that likely holds its prefix, within a bounded load; false: least outstanding.
+    prefix_affinity: bool = True
 
     @field_validator("concurrency")
     @classmethod
@@ -401,7 +406,7 @@ class ClientConfig(_Model):
 
     @model_validator(mode="after")
     def _auto_bounds(self) -> ClientConfig:
-        if self.auto_start > self.max_concurrency:
+        if self.auto_start is not None and self.auto_start > self.max_concurrency:
             raise ValueError(f"auto_start {self.auto_start} is above max_concurrency {self.max_concurrency}")
         return self
 
@@ -437,6 +442,9 @@ class RunConfig(_Model):
     #: An empty or whitespace-only answer is asked again this many times (same settings); an item
     #: whose answer stays empty is failed with class "empty".
     empty_retries: int = Field(1, ge=0)
+    #: Send claimed items sharing a prompt prefix (system prompt, a long shared head) close together,
+    #: so the engine's prompt cache serves them (campaign/order.py); false: claim order (FIFO).
+    prefix_order: bool = True
 
 
 class OutputConfig(_Model):

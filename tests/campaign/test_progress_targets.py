@@ -21,3 +21,23 @@ def test_progress_line_and_file_show_the_auto_targets(tmp_path):
     assert "(auto targets 8+40)" in stream.getvalue().splitlines()[-1]
     assert snap["concurrency_targets"] == {"http://a:1": 8, "http://b:1": 40}
     assert json.loads((tmp_path / PROGRESS_FILE).read_text())["concurrency_targets"] == {"http://a:1": 8, "http://b:1": 40}
+
+
+def test_prefix_cache_hit_rate_in_the_line_the_panel_the_file_and_status(tmp_path):
+    from rich.console import Console
+
+    from harvest.campaign.status import read_progress
+
+    stream = io.StringIO()
+    progress = Progress(tmp_path, total=10, already_final=0, stream=stream, live=False)
+    progress.update()
+    assert "prefix cache" not in stream.getvalue()  # no engine reported one
+    progress.prefix_cache = {"hit_rate": 0.634, "hit_tokens": 634.0, "query_tokens": 1000.0}
+    snap = progress.update()
+    assert "prefix cache hits 63%" in stream.getvalue().splitlines()[-1]
+    panel = io.StringIO()
+    Console(file=panel, width=120).print(progress.panel(snap, 110))
+    assert "prefix cache hits 63%" in panel.getvalue()
+    assert json.loads((tmp_path / PROGRESS_FILE).read_text())["prefix_cache"]["hit_rate"] == 0.634
+    recorded, problem = read_progress(tmp_path)
+    assert problem is None and recorded is not None and recorded.prefix_cache_hit_rate == 0.634

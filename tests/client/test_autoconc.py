@@ -300,3 +300,17 @@ def test_one_slow_step_while_starting_does_not_pin_the_target_low():
         targets.append(ctl.target)
     assert slowed
     assert max(targets) >= 512, targets
+
+
+def test_a_small_engine_whose_queue_reads_empty_between_answers_is_not_driven_up():
+    """Seen on vLLM CPU with --max-num-seqs 4 (bench/autoconc.py, two endpoints): between two answers
+    one scrape in two read its queue as 0 while it ran its 4, and the target was driven to 48."""
+    ctl = AutoConcurrency(AutoSettings(start=4, max_concurrency=512))
+    targets = []
+    for i in range(60):
+        running = min(ctl.target, 4)
+        waiting = 0.0 if i % 2 else float(max(ctl.target - 4, 0))
+        ctl.step(float(i + 1), Gauges(running=float(running), waiting=waiting, generated=100.0 * i), busy=True)
+        targets.append(ctl.target)
+    assert max(targets[10:]) <= 8, targets
+    assert min(targets[10:]) >= 4, targets  # the engine keeps a short queue, never an empty one

@@ -80,13 +80,13 @@ async def test_fixed_concurrency_has_no_per_endpoint_target():
         assert all(e.target is None for e in client.stats().endpoints)
 
 
-async def test_steering_raises_the_target_while_the_engine_counter_grows():
+async def test_steering_raises_the_target_every_scrape_while_the_engine_runs_all_it_is_sent():
     generated = 0.0
+    running = 2
 
     async def handler(method, url, body, headers):
-        nonlocal generated
         if url.endswith("/metrics"):
-            return RawResponse(200, (f"vllm:num_requests_running 2\nvllm:num_requests_waiting 0\n"
+            return RawResponse(200, (f"vllm:num_requests_running {running}\nvllm:num_requests_waiting 0\n"
                                      f"vllm:generation_tokens_total {generated}\n").encode())
         return answer()
 
@@ -98,13 +98,23 @@ async def test_steering_raises_the_target_while_the_engine_counter_grows():
         seen = []
         clock = 0.0
         steer._clock = lambda: clock
-        for _ in range(8):  # the engine's tok/s doubles with every doubling of the target
-            generated += 100.0 * client.concurrency_targets()[0].target
+        for _ in range(8):  # the engine runs every request it holds, none waits
+            running = client.concurrency_targets()[0].target
+            client._pool.endpoints[0].peak = running  # the client kept its target in flight
+            generated += 100.0 * running
             clock += 1.0
             await steer.step()
             seen.append(client.concurrency_targets()[0].target)
-        assert seen[0] == 2 and seen[-1] > 8, seen
-        assert seen == sorted(seen), seen
+        # one doubling per scrape, not per answer latency, up to the bound
+        assert seen[:5] == [4, 8, 16, 32, 64], seen
+        assert seen[-1] == 64, seen
+        assert client.concurrency_targets()[0].gauges
+        # a client that does not keep the endpoint busy gets no rise (no verdict on more)
+        client._pool.endpoints[0].peak = 0
+        running = 64
+        await steer.step()
+        assert client.concurrency_targets()[0].target == 64
+        assert client.concurrency_targets()[0].reason in ("not filled", "hold")
         assert client.stats().endpoints[0].target == seen[-1]
 
 
@@ -128,12 +138,12 @@ async def test_room_waiters_wake_first_come_first_served():
 
 @pytest.mark.parametrize("fields, ok", [
     ({"concurrency": "auto"}, True), ({"concurrency": 12}, True), ({"concurrency": 0}, False),
-    ({"concurrency": "fast"}, False), ({"concurrency": "auto", "auto_start": 600}, False),
+    ({"concurrency": "fast"}, False), ({"concurrency": "auto", "auto_start": 1100}, False), ({}, True),
 ])
 def test_client_config_concurrency_is_a_number_or_auto(fields, ok):
     if ok:
         config = ClientConfig(**fields)
-        assert config.auto == (fields["concurrency"] == "auto")
+        assert config.auto == (fields.get("concurrency", "auto") == "auto")  # "auto" is the default
     else:
         with pytest.raises(ValidationError):
             ClientConfig(**fields)

@@ -49,3 +49,73 @@ async def test_waiters_wake_on_a_state_change_and_time_out_otherwise():
     assert pool.set_state(pool.endpoints[0], EndpointState.SICK)
     assert await asyncio.wait_for(waiter, 1) is True
     assert pool.set_state(pool.endpoints[0], EndpointState.SICK) is False
+
+
+# --- prefix affinity (issue 23) ---------------------------------------------------------------------
+
+def take(pool: EndpointPool, key: str | None):
+    endpoint = pool.choose(key)
+    assert endpoint is not None
+    endpoint.outstanding += 1
+    return endpoint
+
+
+def test_a_key_goes_to_one_server_while_the_loads_are_even():
+    pool = EndpointPool(["http://a:1", "http://b:1"])
+    keys = [f"prefix-{i}" for i in range(40)]
+    home = {}
+    for _ in range(5):  # five rounds of one request per key, each answered before the next round
+        for key in keys:
+            endpoint = take(pool, key)
+            home.setdefault(key, endpoint.url)
+            assert endpoint.url == home[key], key  # the same key, the same server
+        for e in pool.endpoints:
+            e.outstanding = 0
+    counts = {url: sum(1 for u in home.values() if u == url) for url in ("http://a:1", "http://b:1")}
+    assert min(counts.values()) >= 10, counts  # the keys spread over both
+
+
+def test_a_hot_key_spills_to_the_next_server_past_its_bounded_load():
+    pool = EndpointPool(["http://a:1", "http://b:1"])
+    chosen = [take(pool, "one hot system prompt").url for _ in range(100)]
+    counts = {url: chosen.count(url) for url in set(chosen)}
+    assert len(counts) == 2, counts
+    assert max(counts.values()) <= 70, counts  # within 1.25 x the average (plus rounding)
+
+
+def test_a_lagging_server_sheds_its_keys_and_a_dead_one_gets_none():
+    pool = EndpointPool(["http://a:1", "http://b:1", "http://c:1"])
+    a, b, _ = pool.endpoints
+    keys = [f"k{i}" for i in range(60)]
+    a.outstanding = 50  # a lags: its requests pile up
+    picks = [take(pool, key) for key in keys]
+    assert sum(1 for e in picks if e is a) == 0
+    for e in pool.endpoints:
+        e.outstanding = 0
+    pool.set_state(b, EndpointState.SICK)
+    homes_without_b = {}
+    for key in keys:  # one at a time, each answered: where each key lives
+        homes_without_b[key] = take(pool, key).url
+        for e in pool.endpoints:
+            e.outstanding = 0
+    assert "http://b:1" not in homes_without_b.values()
+    pool.set_state(b, EndpointState.HEALTHY)
+    homes = {}
+    for key in keys:
+        homes[key] = take(pool, key).url
+        for e in pool.endpoints:
+            e.outstanding = 0
+    moved = [k for k in keys if homes[k] != homes_without_b[k]]
+    # rendezvous hashing: b's return moves only the keys that rank b first, to b
+    assert moved and all(homes[k] == "http://b:1" for k in moved)
+
+
+def test_affinity_respects_the_auto_limits():
+    pool = EndpointPool(["http://a:1", "http://b:1"])
+    a, b = pool.endpoints
+    pool.set_limit(a, 2)
+    pool.set_limit(b, 2)
+    for _ in range(4):
+        take(pool, "same")
+    assert a.outstanding == 2 and b.outstanding == 2
+    assert pool.choose("same") is None  # both at their limit

@@ -105,3 +105,44 @@ async def test_scrape_sums_404_is_empty_and_failures_are_typed():
     with pytest.raises(ProbeError, match="not Prometheus text"):
         await scrape_metrics("http://garbage:1", transport=transport)
     assert not transport.closed  # a transport that was passed in stays open
+
+
+# --- prefix-cache hit rate (issue 23) ---------------------------------------------------------------
+
+VLLM_CACHE = """# HELP vllm:prefix_cache_queries Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{{engine="0",model_name="m"}} {queries}
+# HELP vllm:prefix_cache_hits Prefix cache hits, in terms of number of cached tokens.
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{{engine="0",model_name="m"}} {hits}
+"""
+
+
+def test_prefix_cache_hit_rate_counts_from_the_first_scrape_over_every_endpoint():
+    from harvest.client.metrics import PrefixCacheMeter, parse_prometheus_text, sum_by_name
+
+    def scrape(hits: float, queries: float) -> dict[str, float]:
+        return sum_by_name(parse_prometheus_text(VLLM_CACHE.format(hits=hits, queries=queries)))
+
+    meter = PrefixCacheMeter()
+    assert meter.hit_rate() is None
+    # the engine served 1000 tokens before this run (half of them hits): not this run's
+    meter.observe({"http://a:1": scrape(500, 1000), "http://b:1": scrape(0, 0)})
+    assert meter.hit_rate() is None
+    meter.observe({"http://a:1": scrape(1400, 2000), "http://b:1": scrape(100, 1000)})
+    assert meter.hit_rate() == (900 + 100) / (1000 + 1000)
+    # b restarted: its counters went back; what it counted before is kept
+    meter.observe({"http://a:1": scrape(1400, 2000), "http://b:1": scrape(50, 100)})
+    assert meter.totals() == (900 + 100 + 50, 1000 + 1000 + 100)
+    snap = meter.snapshot()
+    assert snap["hit_rate"] == round(1050 / 2100, 4) and snap["query_tokens"] == 2100
+
+
+def test_prefix_cache_hit_rate_of_an_engine_with_a_gauge_only():
+    from harvest.client.metrics import PrefixCacheMeter
+
+    meter = PrefixCacheMeter()
+    meter.observe({"http://a:1": {"sglang:cache_hit_rate": 0.25}, "http://b:1": {"sglang:cache_hit_rate": 0.75},
+                   "http://c:1": {}})
+    assert meter.hit_rate() == 0.5
+    assert meter.snapshot() == {"hit_rate": 0.5, "hit_tokens": None, "query_tokens": None}

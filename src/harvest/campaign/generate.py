@@ -103,15 +103,15 @@ def _seed(sampling: SamplingConfig, sample: int) -> dict[str, Any]:
 
 
 async def generate_item(client: ChatClient, item: Item, *, run: RunConfig, sampling: SamplingConfig,
-                        settings_hash: str, sample: int = 0) -> Generated:
+                        settings_hash: str, sample: int = 0, affinity: str | None = None) -> Generated:
     """Regenerate each assistant turn of ``item`` in order, on top of the chosen history."""
     return await _rollout(client, item, None, sample=sample, run=run, sampling=sampling,
-                          settings_hash=settings_hash)
+                          settings_hash=settings_hash, affinity=affinity)
 
 
 async def generate_samples(client: ChatClient, item: Item, samples: Sequence[int], *, run: RunConfig,
-                           sampling: SamplingConfig, settings_hash: str,
-                           one_request: bool) -> list[Generated | BaseException]:
+                           sampling: SamplingConfig, settings_hash: str, one_request: bool,
+                           affinity: str | None = None) -> list[Generated | BaseException]:
     """Samples ``samples`` of ``item``, each an independent full rollout of every assistant turn.
 
     The first turn is shared work: with ``one_request`` (an engine that honours ``n``: vLLM,
@@ -128,13 +128,15 @@ async def generate_samples(client: ChatClient, item: Item, samples: Sequence[int
         request = [{"role": m.role, "content": m.content} for m in item.history(0, [])]
         # seed + the first sample's index: samples 2..3 asked again after a resume do not replay
         # the stream that made samples 0..1
-        completion = await client.chat(request, n=len(samples), **overrides, **_seed(sampling, samples[0]))
+        completion = await client.chat(request, n=len(samples), **overrides, **_seed(sampling, samples[0]),
+                                       **_route(affinity))
         firsts = list(completion.choices)
         if len(firsts) != len(samples):
             raise RequestError(f"asked for n = {len(samples)} choices, the server sent {len(firsts)}"
                                " (an engine that ignores n: set [sampling] n_per_request = false)")
     results = await asyncio.gather(*(
-        _rollout(client, item, first, sample=s, run=run, sampling=sampling, settings_hash=settings_hash)
+        _rollout(client, item, first, sample=s, run=run, sampling=sampling, settings_hash=settings_hash,
+                 affinity=affinity)
         for s, first in zip(samples, firsts)), return_exceptions=True)
     for r in results:
         if isinstance(r, BaseException) and not isinstance(r, Exception):
@@ -142,10 +144,17 @@ async def generate_samples(client: ChatClient, item: Item, samples: Sequence[int
     return list(results)
 
 
+def _route(affinity: str | None) -> dict[str, Any]:
+    """The ``affinity`` keyword of a request, or nothing."""
+    return {} if affinity is None else {"affinity": affinity}
+
+
 async def _rollout(client: ChatClient, item: Item, first: Any, *, sample: int, run: RunConfig,
-                   sampling: SamplingConfig, settings_hash: str) -> Generated:
+                   sampling: SamplingConfig, settings_hash: str, affinity: str | None = None) -> Generated:
     """Every assistant turn of one sample; ``first``: turn 0's completion when already asked for."""
-    overrides = {**logprob_overrides(sampling), **_seed(sampling, sample)}
+    # ``affinity``: the item's prefix key, sent with every turn, so the next turn goes to the server
+    # that holds the conversation so far (``Client.chat``).
+    overrides = {**logprob_overrides(sampling), **_seed(sampling, sample), **_route(affinity)}
     replies: list[str] = []
     messages_out: list[dict[str, Any]] = [{"role": m.role, "content": m.content} for m in item.messages
                                           if m.role == "system"]

@@ -73,6 +73,9 @@ class Progress:
         self.concurrency: dict[str, int] = {}
         #: The same per endpoint (URL -> {"running", "waiting"}), shown when there are several.
         self.server_endpoints: dict[str, dict[str, float | None]] = {}
+        #: The engines' prefix-cache hit rate over this session (``PrefixCacheMeter.snapshot``); {}
+        #: while no engine reported one.
+        self.prefix_cache: dict[str, float | None] = {}
         self.state = "running"
         self.note: str | None = None
         self._ingesting = False
@@ -225,6 +228,7 @@ class Progress:
             "concurrency_targets": dict(self.concurrency),
             "concurrency": self.concurrency_limit,
             "server_endpoints": dict(self.server_endpoints),
+            "prefix_cache": dict(self.prefix_cache),
             "phases": [r.name for r in self.phases.rows() if r.active],
             **{k: round(v, 3) for k, v in rates.items()},
         }
@@ -279,7 +283,7 @@ class Progress:
         sick = "".join(f", {_sick(e)}" for e in snap.get("sick") or [])
         return (f"[harvest] {final}/{snap['total']}{more} items, {snap['items_per_s']:.1f} items/s, "
                 f"gen {snap['gen_tokens_per_s']:.0f} tok/s, prompt {snap['prompt_tokens_per_s']:.0f} tok/s, "
-                f"{_load(snap)}{queue}{sick}, ETA {_duration(eta)}{errors}")
+                f"{_load(snap)}{queue}{sick}{_cache(snap)}, ETA {_duration(eta)}{errors}")
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         """The live panel, built from the current state at every refresh."""
@@ -322,6 +326,9 @@ class Progress:
             body.add_row("load", load)
         for e in snap.get("sick") or []:
             body.add_row("endpoint", Text(_sick(e), style="yellow"))
+        cache = _cache(snap)
+        if cache:
+            body.add_row("cache", cache.strip(", "))
         if snap["errors_by_class"]:
             body.add_row("errors", Text(", ".join(f"{k} {v}" for k, v in sorted(snap["errors_by_class"].items())),
                                         style="red"))
@@ -382,6 +389,12 @@ def _targets(snap: dict[str, Any]) -> str:
     if len(values) == 1:
         return f" (auto target {values[0]})"
     return f" (auto targets {'+'.join(str(v) for v in values)})"
+
+
+def _cache(snap: dict[str, Any]) -> str:
+    """``, prefix cache hits 63%`` (the engines' counters over this session); "" when none reports it."""
+    rate = (snap.get("prefix_cache") or {}).get("hit_rate")
+    return "" if rate is None else f", prefix cache hits {rate:.0%}"
 
 
 def phase_table(board: PhaseBoard) -> Table:

@@ -7,7 +7,8 @@ ingest the dataset's first batch (so that a dataset that cannot be read fails be
 launch the server when the job names one to launch (a server a killed earlier session left
 running is stopped first, by its record; then preflight -> launch -> ready) while the rest of the
 dataset is ingested batch by batch beside it, dispatch pending items through the client as soon
-as they are in the ledger, commit each result exactly once through the single writer, then the
+as they are in the ledger (claimed oldest first, sent prefix-aware: campaign/order.py), commit
+each result exactly once through the single writer, then the
 verified stop and the totals check ``done + truncated + failed + skipped == unique input``. An
 interrupted ingest resumes by position, passing over what it committed without normalizing it.
 
@@ -34,7 +35,7 @@ import os
 import signal
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +44,11 @@ from harvest.campaign.context import ContextGuard
 from harvest.campaign.folder import other_job, resume_line, skipped_problem
 from harvest.campaign.distill import check_logprob_space, describe_samples
 from harvest.campaign.generate import generate_samples
+from harvest.campaign.order import PrefixOrder, prefix_key
 from harvest.campaign.progress import Progress
 from harvest.campaign.timeline import Timeline
 from harvest.client import Client
+from harvest.client.metrics import PrefixCacheMeter
 from harvest.config import HarvestConfig
 from harvest.dataset import iter_items
 from harvest.dataset.skips import SkipReason, describe_skips, shape_settings
@@ -69,13 +72,38 @@ from harvest.server import StopReport
 
 log = logging.getLogger("harvest.campaign")
 
-#: Items claimed ahead of the client's concurrency, so the engine's queue never runs dry.
+#: Items claimed ahead of the client's concurrency, so the engine's queue never runs dry; the
+#: claimed rows wait in a :class:`PrefixOrder`, the window in which prefix-sharing items are grouped.
 CLAIM_FACTOR = 2
+#: Requests started beyond the client's capacity: capacity // this (at least 2) wait in its queue.
+SEND_HEADROOM = 8
+#: What a dispatch step answers: end the run, or start the next turn at once.
+_END, _AGAIN = object(), object()
 SERVER_DIR = "server"
 #: Input records per ingest transaction.
 INGEST_BATCH = 10_000
 #: Longest wait for the background ingest to finish its current batch once asked to stop.
 INGEST_STOP_TIMEOUT = 60.0
+
+
+@dataclass
+class _Dispatch:
+    """The state of one dispatch loop: the requests in flight (task -> item id), the claimed rows
+    not sent yet, the finished requests' queue, and what the loop learnt."""
+
+    tasks: dict[asyncio.Task[Any], str]
+    order: PrefixOrder = field(default_factory=PrefixOrder)
+    #: Row key -> when the ledger handed it out, while it waits in ``order``.
+    claimed_at: dict[Any, float] = field(default_factory=dict)
+    #: The samples of an item go out as one request with ``n`` ([sampling] n, an engine that takes it).
+    one_request: bool = False
+    # Finished requests arrive here from their done callbacks: a loop turn costs O(answers), where
+    # asyncio.wait(tasks) cost O(requests in flight) per answer (P6: x1.47 driver CPU per request
+    # with 8 engines and 512 in flight, x0.97 with this queue).
+    finished: asyncio.Queue[asyncio.Task[Any]] = field(default_factory=asyncio.Queue)
+    exhausted: bool = False
+    server_down: bool = False
+    last_update: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -232,6 +260,8 @@ class _Campaign:
         self.outcome = "finished"
         self.note: str | None = None
         self.breaker = Breaker(config.run.breaker_window)
+        #: The engines' prefix-cache hit rate over this session, from the progress scrapes.
+        self.prefix_cache = PrefixCacheMeter()
         self.retry = retry
         self.requeued = 0
         # The background ingest: its records, task, a wake-up per committed batch, and its stop.
@@ -546,130 +576,173 @@ class _Campaign:
 
     async def _dispatch(self, writer: LedgerWriter, client: Client, progress: Progress,
                         tasks: dict[asyncio.Task[Any], str]) -> None:
+        """Claim, send, collect, react; until nothing is left or the run must end. Each turn of the
+        loop is one of each named step below; a step that ends the run says so with ``_END``."""
+        d = _Dispatch(tasks, PrefixOrder(enabled=self.config.run.prefix_order))
         cfg = self.config
-        target = client.capacity() * CLAIM_FACTOR
-        exhausted = False
-        last_update = 0.0
-        server_down = False
-
-        one_request = cfg.sampling.one_request(cfg.server.engine if cfg.server else None)
-
-        async def one(row: Any, samples: _Samples, index: int) -> None:
-            row_id = row.key  # (id, sample): one ledger row per sample
-            if await self.context.skipped(client, writer, progress, row_id, row.item):
-                return  # its prompt cannot fit the model's context: never sent
-            t0 = time.monotonic()  # claimed; the request waits for a slot in the client
-            try:
-                gen = await samples.get(index)
-            except RequestError as exc:
-                failure = Failure(row.id, str(exc), f"http_{exc.status}" if exc.status else "request", row.sample)
-                if self.breaker.holds(failure.error_class):  # committed once the streak ends
-                    self._commit_failures(writer, progress, self.breaker.failed(failure))
-                else:
-                    self._commit_failures(writer, progress, [*self.breaker.succeeded(), failure])
-                return
-            self._commit_failures(writer, progress, self.breaker.succeeded())
-            for _ in range(gen.attempts):
-                writer.charge_attempt(row_id)
-            # Latency from each request being sent; the rest of the time since the claim is the
-            # item's wait in harvest's own queue (claimed ahead, waiting for a slot).
-            queued = max(time.monotonic() - t0 - gen.latency_s, 0.0)
-            if gen.dropped is not None:
-                writer.fail(Failure(row.id, gen.dropped, gen.drop_class, row.sample))
-                progress.record(Status.FAILED.value, gen.prompt_tokens, gen.completion_tokens, gen.latency_s,
-                                queued)
-                progress.error(gen.drop_class)
-                return
-            writer.complete(Completion(row.id, gen.output, gen.status, gen.finish_reason, gen.prompt_tokens,
-                                       gen.completion_tokens, sample=row.sample, logprobs=gen.logprobs))
-            progress.record(gen.status.value, gen.prompt_tokens, gen.completion_tokens, gen.latency_s, queued)
-
-        # Finished requests arrive here from their done callbacks: a loop turn costs O(answers), where
-        # asyncio.wait(tasks) cost O(requests in flight) per answer (P6: x1.47 driver CPU per request
-        # with 8 engines and 512 in flight, x0.97 with this queue).
-        finished: asyncio.Queue[asyncio.Task[Any]] = asyncio.Queue()
+        d.one_request = cfg.sampling.one_request(cfg.server.engine if cfg.server else None)
         while True:
-            target = client.capacity() * CLAIM_FACTOR  # moves with concurrency = "auto"
-            if not self.stop_requested.is_set() and not server_down and not exhausted and len(tasks) < target:
-                # Asked before the claim: an ingest that ended before it committed before it.
-                ingesting = self._ingesting()
-                rows = await writer.claim(target - len(tasks))
-                if not rows and not ingesting:
-                    exhausted = True
-                for group in _by_item(rows):  # the samples of one item claimed together: one request
-                    samples = _Samples(functools.partial(
-                        generate_samples, client, group[0].item, [r.sample for r in group], run=cfg.run,
-                        sampling=cfg.sampling, settings_hash=self.settings_hash, one_request=one_request))
-                    for index, row in enumerate(group):
-                        task = asyncio.create_task(one(row, samples, index))
-                        task.add_done_callback(finished.put_nowait)
-                        tasks[task] = row.key
+            await self._refill(d, writer, client, progress)
             if not tasks:
-                if not exhausted and not server_down and not self.stop_requested.is_set() and self._ingesting():
+                if not d.exhausted and not d.server_down and not self.stop_requested.is_set() and self._ingesting():
                     await self._wait_ingested(0.5)  # everything ingested so far is done: wait for more
                     continue
                 break
-            progress.in_flight = len(tasks)
-            done = await self._finished(finished, 0.5)
-            sick: list[str] = []
-            for task in done:
-                row_id = tasks.pop(task, None)
-                if row_id is None:
-                    continue  # cancelled and released above (a relaunch, an interrupt): already handled
-                exc = task.exception()
-                if isinstance(exc, ServerSick):
-                    sick.append(row_id)
-                    progress.error("server_sick")
-                elif exc is not None:
-                    raise exc
-            if sick:
-                await writer.release(sick)
-                server_down = True
-            if self.breaker.trip is not None:
-                # Every recent request failed the same way: the job, not the items, is wrong.
-                await self._release_in_flight(writer, tasks, [(f.item_id, f.sample) for _, f in self.breaker.held])
-                self.outcome, self.note = "stopped", self.breaker.trip.describe()
+            progress.in_flight = len(tasks) + len(d.order)  # claimed: sent, or waiting in harvest's queue
+            d.server_down = await self._collect(d, writer, progress) or d.server_down
+            verdict = await self._react(d, writer, client)
+            if verdict is _END:
                 break
-            if server_down and not tasks:
-                # Every endpoint stayed down past the client's health deadline.
-                if self.server is not None and await self.relaunch():
-                    await client.check_health()
-                    server_down, exhausted = False, False
-                    continue
-                self.outcome, self.note = "server_down", "every endpoint stayed down past [client] health_deadline"
-                break
-            if self.server_exited() and not server_down:
-                # The managed server died: held requests wait for health; relaunch it now.
-                released = [tasks[t] for t in tasks]
-                for t in list(tasks):
-                    t.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-                tasks.clear()
-                await writer.release(released)
-                if not await self.relaunch():
-                    self.outcome, self.note = "server_down", "the managed server exited and relaunches are used up"
-                    break
-                await client.check_health()
-                exhausted = False
+            if verdict is _AGAIN:
                 continue
-            if self.stop_requested.is_set() and tasks:
-                await self._release_in_flight(writer, tasks)
-                self.outcome = "interrupted"
-                break
-            now = time.monotonic()
-            if now - last_update >= cfg.run.progress_interval:
-                last_update = now
-                # The scrape runs beside dispatch: a server slow to answer /metrics while it
-                # generates must not hold up the refill of its own queue. The display shows the
-                # last scrape that finished.
-                if self._scrape_task is None or self._scrape_task.done():
-                    self._scrape_task = asyncio.create_task(self._scrape(client, progress))
-                progress.concurrency = {t.url: t.target for t in client.concurrency_targets()}
-                progress.update()
+            self._tick(d, client, progress)
         if self.stop_requested.is_set() and self.outcome == "finished":
             self.outcome = "interrupted"
+        held = d.order.drain()
+        d.claimed_at.clear()
+        if held:  # claimed, never sent: back to pending, uncharged
+            await writer.release(held)
         self._commit_failures(writer, progress, self.breaker.finish())
         progress.in_flight = 0
+
+    # The named steps of one dispatch turn.
+
+    async def _refill(self, d: _Dispatch, writer: LedgerWriter, client: Client, progress: Progress) -> None:
+        """Claim up to ``CLAIM_FACTOR`` x the client's capacity (it moves with ``concurrency =
+        "auto"``), then send from the claimed rows, prefix-aware (campaign/order.py), while the client
+        has room for them plus a little headroom, so its own queue stays short and in our order."""
+        capacity = client.capacity()
+        if self.stop_requested.is_set() or d.server_down:
+            return
+        want = capacity * CLAIM_FACTOR - len(d.tasks) - len(d.order)
+        if not d.exhausted and want > 0:
+            # Asked before the claim: an ingest that ended before it committed before it.
+            ingesting = self._ingesting()
+            rows = await writer.claim(want)
+            if not rows and not ingesting:
+                d.exhausted = True
+            now = time.monotonic()
+            d.claimed_at.update((row.key, now) for row in rows)
+            d.order.add(rows)
+        room = capacity + max(2, capacity // SEND_HEADROOM) - len(d.tasks)
+        batch = []
+        while room > 0 and len(d.order):
+            batch.append(d.order.pop())
+            room -= 1
+        cfg = self.config
+        for group in _by_item(batch):  # the samples of one item sent together: one request
+            item = group[0].item
+            affinity = prefix_key(item) if cfg.client.prefix_affinity else None
+            samples = _Samples(functools.partial(
+                generate_samples, client, item, [r.sample for r in group], run=cfg.run, sampling=cfg.sampling,
+                settings_hash=self.settings_hash, one_request=d.one_request, affinity=affinity))
+            for index, row in enumerate(group):
+                task = asyncio.create_task(self._one(client, writer, progress, row, samples, index,
+                                                     d.claimed_at.pop(row.key, None)))
+                task.add_done_callback(d.finished.put_nowait)
+                d.tasks[task] = row.key
+
+    async def _one(self, client: Client, writer: LedgerWriter, progress: Progress, row: Any, samples: _Samples,
+                   index: int, claimed_at: float | None = None) -> None:
+        """Generate one sample of an item and commit its outcome (the writer keeps it exactly once).
+        ``claimed_at``: when the ledger handed it out (its wait in the send order counts as queued)."""
+        row_id = row.key  # (id, sample): one ledger row per sample
+        if await self.context.skipped(client, writer, progress, row_id, row.item):
+            return  # its prompt cannot fit the model's context: never sent
+        t0 = claimed_at or time.monotonic()  # claimed; the request waits for a slot in the client
+        try:
+            gen = await samples.get(index)
+        except RequestError as exc:
+            failure = Failure(row.id, str(exc), f"http_{exc.status}" if exc.status else "request", row.sample)
+            if self.breaker.holds(failure.error_class):  # committed once the streak ends
+                self._commit_failures(writer, progress, self.breaker.failed(failure))
+            else:
+                self._commit_failures(writer, progress, [*self.breaker.succeeded(), failure])
+            return
+        self._commit_failures(writer, progress, self.breaker.succeeded())
+        for _ in range(gen.attempts):
+            writer.charge_attempt(row_id)
+        # Latency from each request being sent; the rest of the time since the claim is the
+        # item's wait in harvest's own queue (claimed ahead, waiting for a slot).
+        queued = max(time.monotonic() - t0 - gen.latency_s, 0.0)
+        if gen.dropped is not None:
+            writer.fail(Failure(row.id, gen.dropped, gen.drop_class, row.sample))
+            progress.record(Status.FAILED.value, gen.prompt_tokens, gen.completion_tokens, gen.latency_s,
+                            queued)
+            progress.error(gen.drop_class)
+            return
+        writer.complete(Completion(row.id, gen.output, gen.status, gen.finish_reason, gen.prompt_tokens,
+                                   gen.completion_tokens, sample=row.sample, logprobs=gen.logprobs))
+        progress.record(gen.status.value, gen.prompt_tokens, gen.completion_tokens, gen.latency_s, queued)
+
+    async def _collect(self, d: _Dispatch, writer: LedgerWriter, progress: Progress) -> bool:
+        """Take the requests that finished; release the items whose server stayed sick (True then)."""
+        done = await self._finished(d.finished, 0.5)
+        sick: list[str] = []
+        for task in done:
+            row_id = d.tasks.pop(task, None)
+            if row_id is None:
+                continue  # cancelled and released above (a relaunch, an interrupt): already handled
+            exc = task.exception()
+            if isinstance(exc, ServerSick):
+                sick.append(row_id)
+                progress.error("server_sick")
+            elif exc is not None:
+                raise exc
+        if sick:
+            await writer.release(sick)
+        return bool(sick)
+
+    async def _react(self, d: _Dispatch, writer: LedgerWriter, client: Client) -> object:
+        """What the turn's outcome asks for: ``_END`` the run (breaker, server down, interrupt),
+        ``_AGAIN`` after a relaunch, else None."""
+        tasks = d.tasks
+        if self.breaker.trip is not None:
+            # Every recent request failed the same way: the job, not the items, is wrong.
+            await self._release_in_flight(writer, tasks, [(f.item_id, f.sample) for _, f in self.breaker.held])
+            self.outcome, self.note = "stopped", self.breaker.trip.describe()
+            return _END
+        if d.server_down and not tasks:
+            # Every endpoint stayed down past the client's health deadline.
+            if self.server is not None and await self.relaunch():
+                await client.check_health()
+                d.server_down, d.exhausted = False, False
+                return _AGAIN
+            self.outcome, self.note = "server_down", "every endpoint stayed down past [client] health_deadline"
+            return _END
+        if self.server_exited() and not d.server_down:
+            # The managed server died: held requests wait for health; relaunch it now.
+            released = [tasks[t] for t in tasks]
+            for t in list(tasks):
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            tasks.clear()
+            await writer.release(released)
+            if not await self.relaunch():
+                self.outcome, self.note = "server_down", "the managed server exited and relaunches are used up"
+                return _END
+            await client.check_health()
+            d.exhausted = False
+            return _AGAIN
+        if self.stop_requested.is_set() and tasks:
+            await self._release_in_flight(writer, tasks)
+            self.outcome = "interrupted"
+            return _END
+        return None
+
+    def _tick(self, d: _Dispatch, client: Client, progress: Progress) -> None:
+        """Every ``progress_interval``: a scrape beside dispatch, the targets, the display."""
+        now = time.monotonic()
+        if now - d.last_update < self.config.run.progress_interval:
+            return
+        d.last_update = now
+        # The scrape runs beside dispatch: a server slow to answer /metrics while it
+        # generates must not hold up the refill of its own queue. The display shows the
+        # last scrape that finished.
+        if self._scrape_task is None or self._scrape_task.done():
+            self._scrape_task = asyncio.create_task(self._scrape(client, progress))
+        progress.concurrency = {t.url: t.target for t in client.concurrency_targets()}
+        progress.update()
 
     @staticmethod
     async def _finished(queue: asyncio.Queue[asyncio.Task[Any]], timeout: float) -> list[asyncio.Task[Any]]:
@@ -723,6 +796,8 @@ class _Campaign:
             per_endpoint[url] = mine
         progress.server = {"running": running, "waiting": waiting}
         progress.server_endpoints = per_endpoint
+        self.prefix_cache.observe(metrics)
+        progress.prefix_cache = self.prefix_cache.snapshot()
 
     # --- the whole session ----------------------------------------------------------------------
 

@@ -77,6 +77,8 @@ class Progress:
     concurrency_targets: Mapping[str, int] = field(default_factory=dict)
     #: Requests on the wire (``in_flight`` counts the items claimed, some waiting in harvest's queue).
     sent: int | None = None
+    #: The engines' prefix-cache hit rate over the session (0..1), None when none reported it.
+    prefix_cache_hit_rate: float | None = None
 
 
 @dataclass(frozen=True)
@@ -208,6 +210,7 @@ def read_progress(run_dir: str | Path) -> tuple[Progress | None, str | None]:
     note = data.get("note") if isinstance(data.get("note"), str) else None
     targets = data.get("concurrency_targets") if isinstance(data.get("concurrency_targets"), dict) else {}
     targets = {str(k): int(v) for k, v in targets.items() if isinstance(v, int) and not isinstance(v, bool)}
+    cache = data.get("prefix_cache") if isinstance(data.get("prefix_cache"), dict) else {}
     return Progress(
         started_at=_num(data, "started_at", float), updated_at=_num(data, "updated_at", float),
         pid=_num(data, "pid", int), state=state, done_this_session=_num(data, "done_this_session", int),
@@ -216,6 +219,7 @@ def read_progress(run_dir: str | Path) -> tuple[Progress | None, str | None]:
         errors_by_class=errors, server_running=_num(server, "running", float),
         server_waiting=_num(server, "waiting", float), note=note, concurrency_targets=targets,
         sent=_num(data, "sent", int),
+        prefix_cache_hit_rate=_num(cache, "hit_rate", float),
     ), None
 
 

@@ -65,6 +65,7 @@ def status_payload(st: RunStatus) -> dict[str, Any]:
             "errors_by_class": dict(p.errors_by_class),
             "server": {"running": p.server_running, "waiting": p.server_waiting}, "note": p.note,
             "concurrency_targets": dict(p.concurrency_targets), "sent": p.sent,
+            "prefix_cache_hit_rate": p.prefix_cache_hit_rate,
         },
         "skipped_reasons": [r.to_dict() for r in st.skip_reasons],
         "model": st.model,
@@ -151,6 +152,8 @@ def print_status(console: Console, st: RunStatus) -> None:
                  else f"claimed {p.in_flight if p.in_flight is not None else '-'}")
         if p.server_running is not None:
             extra += f", server running {p.server_running:.0f} waiting {p.server_waiting or 0:.0f}"
+        if p.prefix_cache_hit_rate is not None:
+            extra += f", prefix cache hits {p.prefix_cache_hit_rate:.0%}"
         if p.errors_by_class:
             extra += ", errors this session " + ", ".join(
                 f"{k} {v}" for k, v in sorted(p.errors_by_class.items()))

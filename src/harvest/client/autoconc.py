@@ -1,7 +1,21 @@
 """``concurrency = "auto"``: one controller per endpoint that finds how many requests it can take.
 
-A controller owns one number, the endpoint's *target* (requests in flight it may hold), and moves
-it once per control step, in four named steps:
+A controller owns one number, the endpoint's *target* (requests in flight it may hold). It starts
+from what harvest knows (:func:`start_for`: the batch limit of an engine it launched, vLLM
+``max_num_seqs``, SGLang ``max_running_requests``, llama.cpp slots, transformers' requests per
+batch) and moves in one of two ways:
+
+**Gauges** (the engine's /metrics has running and waiting): every scrape, not every answer. The
+engine's queue is kept short but never empty: while the client keeps the endpoint at its target
+(``busy``: its peak outstanding over the step) and the engine runs what it is sent (waiting under
+half the slack), the target doubles; once requests wait beyond ``max(2, queue_slack x running)``
+two scrapes in a row, the engine is full and the target becomes what it ran at most over the last
+``peak_window`` scrapes plus that slack. Preemptions (KV thrashing) cut the
+target to ``decrease`` x what ran and cap growth below that level for a while. Seconds, not answer
+latencies: a vLLM or SGLang engine admits new requests within one scheduler step, so the next
+scrape shows them.
+
+**Answers alone** (no /metrics: ``transformers serve``), once per control step, in four named steps:
 
     measure   generation tok/s over the step (the engine's token counter when /metrics has one,
               otherwise the tokens of the answers that came back), latency per output token of
@@ -79,14 +93,14 @@ class Gauges:
 class AutoSettings:
     """The controller's knobs. ``start`` and ``max_concurrency`` come from ``[client]``."""
 
-    start: int = 8
-    max_concurrency: int = 512
-    #: Seconds between control steps.
-    interval_s: float = 2.0
+    start: int = 64
+    max_concurrency: int = 1024
+    #: Seconds between control steps (with gauges: between scrapes).
+    interval_s: float = 1.0
     #: Relative tok/s growth that counts as "it grew" (below: noise).
     gain: float = 0.05
     #: Settle on the smallest level whose tok/s is within this share of the best seen.
-    settle_within: float = 0.03
+    settle_within: float = 0.05
     #: Growth factor of a step while starting.
     increase: float = 2.0
     #: Factor of a probe upwards once settled.
@@ -104,6 +118,10 @@ class AutoSettings:
     #: Without a token counter, a step lasts until ``max(4, target / 2)`` answers came back, or
     #: this many intervals.
     max_wait_steps: int = 10
+    #: With gauges: scrapes whose running count make up "what the engine ran at most".
+    peak_window: int = 5
+    #: With gauges: scrapes after a preemption during which growth stays below where it happened.
+    ceiling_steps: int = 30
 
     def __post_init__(self) -> None:
         if not 1 <= self.start <= self.max_concurrency:
@@ -159,8 +177,12 @@ class AutoConcurrency:
         if latency_s > 0 and len(self._latencies_now) < _TPOT_SAMPLE:
             self._latencies_now.append(latency_s)
 
-    def step(self, now: float, gauges: Gauges | None = None) -> Decision:
-        """One control step at clock time ``now`` with this step's scrape (None: no /metrics)."""
+    def step(self, now: float, gauges: Gauges | None = None, *, busy: bool | None = None) -> Decision:
+        """One control step at clock time ``now`` with this step's scrape (None: no /metrics).
+        ``busy``: whether the client held (nearly) the target on the endpoint during the step (None:
+        judged from the gauges, running + waiting against the target)."""
+        if gauges is not None and gauges.running is not None and gauges.waiting is not None:
+            return self._fill(now, gauges, busy)
         obs = self._measure(now, gauges)
         if obs is None:
             return self.last
@@ -174,6 +196,67 @@ class AutoConcurrency:
         before, self.target = self.target, self._bound(target)
         self._warming = self.target != before
         self.last = Decision(self.target, phase, reason, obs.tok_s, obs.gauges is not None)
+        return self.last
+
+
+    # --- with gauges: every scrape ----------------------------------------------------------------
+
+    def _fill(self, now: float, g: Gauges, busy: bool | None) -> Decision:
+        """One scrape of an engine with queue gauges: keep its queue short but never empty."""
+        s = self.settings
+        prev, self._fill_prev = self._fill_prev, (now, g)
+        self._seen = g
+        tok_s = None
+        preempted = restarted = False
+        if prev is not None:
+            before_t, before = prev
+            restarted = _went_back(before.generated, g.generated) or _went_back(before.preemptions, g.preemptions)
+            if g.generated is not None and before.generated is not None and now > before_t and not restarted:
+                tok_s = (g.generated - before.generated) / (now - before_t)
+            preempted = not restarted and g.preemptions is not None and before.preemptions is not None \
+                and g.preemptions > before.preemptions
+        if restarted:
+            self._reset(min(self.target, self.settings.start))
+            self._fill_prev = (now, g)
+            self.last = Decision(self.target, "restart", "engine counters reset", None, True)
+            return self.last
+        running, waiting = float(g.running or 0.0), float(g.waiting or 0.0)
+        self._peaks.append(running)
+        del self._peaks[:-s.peak_window]
+        peak = max(self._peaks)
+        slack = max(2.0, math.ceil(s.queue_slack * peak))
+        if self._ceiling_left > 0:
+            self._ceiling_left -= 1
+            if self._ceiling_left == 0:
+                self._ceiling = None
+        self._queued = self._queued + 1 if waiting > slack else 0
+        target: float = self.target
+        if preempted:
+            target = max(1.0, min(self.target, running) * s.decrease)
+            self._ceiling, self._ceiling_left = max(1, int(min(self.target, running))), s.ceiling_steps
+            phase, reason = "backoff", "preemption"
+        elif self._queued >= 2:
+            # Full: it runs ``peak`` at most and queues the rest. A short queue, never an empty one.
+            target = peak + slack
+            phase, reason = "settled", "queue"
+        elif g.kv_usage is not None and g.kv_usage >= s.kv_high:
+            phase, reason = "settled", "kv full"
+        elif (busy if busy is not None else running + waiting >= 0.9 * self.target) and \
+                waiting < max(1.0, slack / 2) and peak >= 0.8 * self.target:
+            # It ran 80 % of what it was sent in a recent scrape, its queue is under half the slack
+            # (the queue kept at the slack on purpose does not count), and we keep it busy: there
+            # may be room above. One scrape's empty queue alone is no proof (seen on a 4-sequence
+            # vLLM: between two answers its queue reads 0 while it runs its 4).
+            up = self.target * s.increase
+            if self._ceiling is not None:
+                up = min(up, max(self.target, self._ceiling - 1))
+            target, phase, reason = up, "start", "engine takes more"
+        elif self._queued:
+            phase, reason = "settled", "hold"
+        else:  # the client does not keep it at its target (too few items, fast answers): no verdict
+            phase, reason = self.last.phase, "not filled"
+        self.target = self._bound(target)
+        self.last = Decision(self.target, phase, reason, tok_s, True)
         return self.last
 
     # --- the steps ------------------------------------------------------------------------------
@@ -385,6 +468,25 @@ class AutoConcurrency:
         self._accepted: int | None = None
         #: Latency per output token of the accepted level (what a rise is measured against).
         self._ref_tpot: float | None = None
+        #: With gauges: the last scrape and its time, running counts of the last scrapes, scrapes in a
+        #: row with a queue past the slack, and scrapes left under a preemption's ceiling.
+        self._fill_prev: tuple[float, Gauges] | None = None
+        self._peaks: list[float] = []
+        self._queued = 0
+        self._ceiling_left = 0
+
+
+def start_for(limit: int | None, *, metrics: bool, max_concurrency: int, fallback: int = 64) -> int:
+    """The first target of an endpoint: the engine's batch limit when harvest knows it (it launched
+    the engine), else ``fallback``; within [1, ``max_concurrency``].
+
+    An engine without /metrics starts at half its limit: sent its full batch, only latency (an
+    answer later) would say whether that overshot what it really runs at once (the requests per
+    batch are an upper bound; KV memory or the step's token budget may hold fewer), and then half
+    the requests of a short run wait twice as long. From half, the first step up probes the limit.
+    """
+    start = fallback if limit is None else (limit if metrics else max(1, limit // 2))
+    return max(1, min(start, max_concurrency))
 
 
 #: Answers whose latency per token a step keeps (the median of the first ones is as good as all).
@@ -395,4 +497,4 @@ def _went_back(before: float | None, after: float | None) -> bool:
     return before is not None and after is not None and after < before
 
 
-__all__ = ["GAUGE_NAMES", "AutoConcurrency", "AutoSettings", "Decision", "Gauges"]
+__all__ = ["GAUGE_NAMES", "AutoConcurrency", "AutoSettings", "Decision", "Gauges", "start_for"]

@@ -43,7 +43,7 @@ from typing import Any
 from pydantic import SecretStr
 
 from harvest.client import protocol
-from harvest.client.autoconc import GAUGE_NAMES, AutoSettings
+from harvest.client.autoconc import GAUGE_NAMES, AutoSettings, start_for
 from harvest.client.endpoints import Endpoint, EndpointPool, normalize_url
 from harvest.client.metrics import scrape_metrics
 from harvest.client.policy import backoff_delay, classify_status, error_message, parse_retry_after, redact
@@ -61,6 +61,7 @@ from harvest.client.transport import (
 from harvest.config import ClientConfig, HarvestConfig, SamplingConfig
 from harvest.errors import HarvestError, RequestError, ServerSick
 from harvest.redact import redact_text
+from harvest.server.batch import batch_limit, has_metrics
 
 log = logging.getLogger("harvest.client")
 
@@ -111,7 +112,9 @@ class Client:
     ``model``: the name sent in every request; None asks the first endpoint's ``/v1/models``
     (and sends no name if it lists none). ``transport``: the HTTP seam (default: aiohttp); the
     client owns it and closes it. ``auto``: the controller's knobs for ``concurrency = "auto"``
-    (default: start and bound from the config). ``clock`` / ``sleep``: time seams for tests.
+    (default: start and bound from the config; ``auto_start`` unset: ``batch_limit``, the engine's
+    known batch, where ``engine_metrics`` says whether it has /metrics, see
+    :func:`~harvest.client.autoconc.start_for`). ``clock`` / ``sleep``: time seams for tests.
     """
 
     def __init__(
@@ -125,6 +128,8 @@ class Client:
         transport: Transport | None = None,
         retry: RetryPolicy | None = None,
         auto: AutoSettings | None = None,
+        batch_limit: int | None = None,
+        engine_metrics: bool = True,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
         rng: random.Random | None = None,
@@ -152,7 +157,10 @@ class Client:
         #: ``concurrency = "auto"``: the per-endpoint controllers that set each endpoint's limit.
         self._steer: Steering | None = None
         if self.config.auto:
-            settings = auto or AutoSettings(start=self.config.auto_start, max_concurrency=self.config.max_concurrency)
+            start = self.config.auto_start or start_for(batch_limit, metrics=engine_metrics,
+                                                        max_concurrency=self.config.max_concurrency)
+            settings = auto or AutoSettings(start=min(start, self.config.max_concurrency),
+                                            max_concurrency=self.config.max_concurrency)
             self._steer = Steering(self._pool, settings, self._scrape_gauges, clock, sleep)
         self._in_flight = self._held = self._completed = self._retries = 0
         self._errors: Counter[str] = Counter()
@@ -169,6 +177,8 @@ class Client:
             urls.extend(server_urls if server_urls is not None else [config.server.url])
             api_key = config.server.api_key()
             model = config.server.requested_model
+            kwargs.setdefault("batch_limit", batch_limit(config.server))
+            kwargs.setdefault("engine_metrics", has_metrics(config.server))
         urls.extend(config.client.endpoints)
         kwargs.setdefault("api_key", api_key)
         kwargs.setdefault("model", model)
@@ -200,9 +210,11 @@ class Client:
     # ------------------------------------------------------------------ public requests
 
     async def chat(self, messages: Sequence[Mapping[str, Any]], *, timeout: float | None = None,
-                   **overrides: Any) -> Completion:
+                   affinity: str | None = None, **overrides: Any) -> Completion:
         """One chat completion for ``messages``. ``overrides`` replace sampling fields for this request
         (None removes one); ``extra_body`` is merged at the top level (``prompt_logprobs``, ...).
+        ``affinity``: a key (the prompt's prefix) whose requests go to the same endpoint while its
+        load allows (see ``client/endpoints.py``); None: the least loaded endpoint.
 
         Raises RequestError when the item fails, ServerSick when every endpoint is down.
         """
@@ -212,10 +224,10 @@ class Client:
         body["messages"] = messages
         if overrides:
             protocol.apply_overrides(body, overrides)
-        return await self._call(protocol.CHAT_PATH, body, timeout, protocol.parse_chat)
+        return await self._call(protocol.CHAT_PATH, body, timeout, protocol.parse_chat, affinity)
 
     async def complete(self, prompt: str | Sequence[int], *, timeout: float | None = None,
-                       **overrides: Any) -> Completion:
+                       affinity: str | None = None, **overrides: Any) -> Completion:
         """One text completion for ``prompt`` (text or token ids); otherwise as :meth:`chat`."""
         if not self._model_known:
             await self._discover_model()
@@ -223,7 +235,7 @@ class Client:
         body["prompt"] = prompt
         if overrides:
             protocol.apply_overrides(body, overrides)
-        return await self._call(protocol.COMPLETIONS_PATH, body, timeout, protocol.parse_text)
+        return await self._call(protocol.COMPLETIONS_PATH, body, timeout, protocol.parse_text, affinity)
 
     def stats(self) -> ClientStats:
         """A snapshot of in-flight and held requests, retries, errors by kind, and every endpoint."""
@@ -326,7 +338,7 @@ class Client:
     # ------------------------------------------------------------------ the request path
 
     async def _call(self, path: str, body: dict[str, Any], timeout: float | None,
-                    parse: Callable[..., Completion]) -> Completion:
+                    parse: Callable[..., Completion], affinity: str | None = None) -> Completion:
         try:
             data = protocol.encode(body)
         except (TypeError, ValueError) as exc:
@@ -334,7 +346,7 @@ class Client:
         timeout = timeout or self.config.request_timeout
         charged = outages = 0
         while True:
-            endpoint = await self._acquire()
+            endpoint = await self._acquire(affinity)
             response: RawResponse | None = None
             kind: FailureKind | None = None
             started = time.perf_counter()
@@ -399,16 +411,18 @@ class Client:
             log.debug("retry %d of a request to %s in %.2f s: %s", charged, endpoint.url, delay, detail)
             await self._sleep(delay)
 
-    async def _acquire(self) -> Endpoint:
-        """A concurrency slot and a healthy endpoint, its outstanding count taken; waits while none is."""
+    async def _acquire(self, affinity: str | None = None) -> Endpoint:
+        """A concurrency slot and a healthy endpoint (``affinity``: see :meth:`chat`), its outstanding
+        count taken; waits while none is."""
         deadline = None
         if self._steer is not None:
             self._steer.ensure_started()
         while True:
             await self._slots.acquire()
-            endpoint = self._pool.choose()
+            endpoint = self._pool.choose(affinity)
             if endpoint is not None:
                 endpoint.outstanding += 1
+                endpoint.peak = max(endpoint.peak, endpoint.outstanding)
                 self._in_flight += 1
                 return endpoint
             self._slots.release()

@@ -3,17 +3,29 @@
 The pool picks the healthy endpoint with the fewest outstanding requests (ties go round-robin) and
 lets waiters sleep until some endpoint changes state. It only *records* state; measuring it (health
 probes) and deciding it (failure runs, deadlines) are the client's job. It never does I/O.
+
+A request with an *affinity* key (its prompt prefix: a system prompt, a conversation; see
+``campaign/order.py``) goes to the server that likely holds that prefix in its cache: the healthy
+endpoints are ranked by rendezvous hashing of the key (the same key, the same server, and a server
+that leaves or comes back moves only its own keys), and the first in that rank takes it unless its
+load is past ``AFFINITY_SLACK`` x the average (consistent hashing with bounded loads), so a server
+that lags or holds a hot prefix sheds the excess to the next in rank instead of queueing it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import math
 from collections import deque
 from collections.abc import Sequence
 
 from harvest.client.records import EndpointState, EndpointStats
 from harvest.errors import ConfigError
+
+#: An endpoint takes a request of its affinity key while its load stays within this x the average.
+AFFINITY_SLACK = 1.25
 
 
 def normalize_url(url: str) -> str:
@@ -31,7 +43,7 @@ class Endpoint:
     """Mutable state of one endpoint, owned by one client (never shared between clients)."""
 
     __slots__ = ("url", "state", "outstanding", "completed", "run", "failing_since", "seen_down",
-                 "last_error", "last_status", "recovery", "probe", "limit")
+                 "last_error", "last_status", "recovery", "probe", "limit", "peak")
 
     def __init__(self, url: str):
         self.url = url
@@ -50,6 +62,8 @@ class Endpoint:
         self.probe: asyncio.Task[bool] | None = None
         #: Requests it may hold at once (``concurrency = "auto"`` sets it); None: no bound of its own.
         self.limit: int | None = None
+        #: The most requests it held at once since the auto-concurrency step last looked.
+        self.peak = 0
 
     def has_room(self) -> bool:
         return self.limit is None or self.outstanding < self.limit
@@ -94,14 +108,19 @@ class EndpointPool:
         self._changed = asyncio.Event()
         self._room: deque[asyncio.Future[None]] = deque()
 
-    def choose(self) -> Endpoint | None:
+    def choose(self, affinity: str | None = None) -> Endpoint | None:
         """The healthy endpoint with the fewest outstanding requests (relative to its limit, when it
-        has one); None when none is healthy or every healthy one is at its limit."""
+        has one), or with ``affinity`` the first of the key's rank within its bounded load; None when
+        none is healthy or every healthy one is at its limit."""
         endpoints = self.endpoints
         count = len(endpoints)
         if count == 1:
             only = endpoints[0]
             return only if only.state is EndpointState.HEALTHY and only.has_room() else None
+        if affinity is not None:
+            chosen = self._affine(affinity)
+            if chosen is not None:
+                return chosen
         start = self._next
         self._next = (start + 1) % count
         best: Endpoint | None = None
@@ -114,6 +133,19 @@ class EndpointPool:
             if best is None or load < best_load:
                 best, best_load = candidate, load
         return best
+
+    def _affine(self, key: str) -> Endpoint | None:
+        """The first endpoint of ``key``'s rendezvous rank that has room and a load within the bound."""
+        live = [e for e in self.endpoints if e.state is EndpointState.HEALTHY and e.has_room()]
+        if not live:
+            return None
+        weight = sum(e.limit or 1 for e in live)
+        average = (sum(e.outstanding for e in live) + 1) / weight
+        for endpoint in sorted(live, key=lambda e: _rank(key, e.url), reverse=True):
+            bound = max(1, math.ceil(AFFINITY_SLACK * average * (endpoint.limit or 1)))
+            if endpoint.outstanding + 1 <= bound:
+                return endpoint
+        return None
 
     def any_healthy(self) -> bool:
         return any(e.state is EndpointState.HEALTHY for e in self.endpoints)
@@ -178,4 +210,9 @@ class EndpointPool:
         return tuple(e.stats() for e in self.endpoints)
 
 
-__all__ = ["Endpoint", "EndpointPool", "normalize_url"]
+def _rank(key: str, url: str) -> int:
+    """Rendezvous (highest random weight) score of ``url`` for ``key``."""
+    return int.from_bytes(hashlib.blake2b(f"{key}\0{url}".encode(), digest_size=8).digest(), "big")
+
+
+__all__ = ["AFFINITY_SLACK", "Endpoint", "EndpointPool", "normalize_url"]

@@ -28,6 +28,87 @@ LOAD_METRICS: Mapping[str, tuple[str, str]] = {
 }
 
 
+#: Prefix-cache counters (tokens looked up / found in the cache), as the parser names their
+#: samples: vLLM 0.32 ``vllm:prefix_cache_queries`` / ``vllm:prefix_cache_hits`` (counters, so
+#: ``_total``; read from its ``v1/metrics/loggers.py`` and seen on a live vLLM 0.32 CPU server's
+#: /metrics as ``vllm:prefix_cache_queries_total{engine="0",model_name=...}``). SGLang exports a gauge instead,
+#: ``sglang:cache_hit_rate`` (0..1, its production metrics page).
+PREFIX_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries")
+PREFIX_HITS = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits")
+PREFIX_RATE = ("sglang:cache_hit_rate",)
+PREFIX_CACHE_NAMES = frozenset(PREFIX_QUERIES + PREFIX_HITS + PREFIX_RATE)
+
+
+class PrefixCacheMeter:
+    """The engines' prefix-cache hit rate over this run, from successive scrapes of every endpoint.
+
+    Counters (vLLM) count from the first scrape this meter saw, not from the engine's start (it may
+    have served another run); a counter that went back (a restarted engine) starts a new baseline and
+    keeps what was counted before. Engines with only a gauge (SGLang) give their last value, averaged
+    over endpoints, when no counter speaks. Never does I/O.
+    """
+
+    def __init__(self) -> None:
+        #: url -> (hits, queries) at the baseline, last seen, and counted before a restart.
+        self._base: dict[str, tuple[float, float]] = {}
+        self._last: dict[str, tuple[float, float]] = {}
+        self._carried: dict[str, tuple[float, float]] = {}
+        self._gauges: dict[str, float] = {}
+
+    def observe(self, scraped: Mapping[str, Mapping[str, float]]) -> None:
+        """One scrape: endpoint URL -> metrics summed by name."""
+        for url, values in scraped.items():
+            hits = _first(values, PREFIX_HITS)
+            queries = _first(values, PREFIX_QUERIES)
+            if hits is not None and queries is not None:
+                last = self._last.get(url)
+                if last is None:
+                    self._base[url] = (hits, queries)
+                elif hits < last[0] or queries < last[1]:  # restarted: keep what it counted, count anew
+                    base = self._base[url]
+                    carried = self._carried.get(url, (0.0, 0.0))
+                    self._carried[url] = (carried[0] + last[0] - base[0], carried[1] + last[1] - base[1])
+                    self._base[url] = (0.0, 0.0)
+                self._last[url] = (hits, queries)
+            rate = _first(values, PREFIX_RATE)
+            if rate is not None:
+                self._gauges[url] = rate
+
+    def totals(self) -> tuple[float, float]:
+        """Prompt tokens found in the cache and looked up, since this meter's first scrape."""
+        hits = queries = 0.0
+        for url, (h, q) in self._last.items():
+            base = self._base[url]
+            carried = self._carried.get(url, (0.0, 0.0))
+            hits += h - base[0] + carried[0]
+            queries += q - base[1] + carried[1]
+        return hits, queries
+
+    def hit_rate(self) -> float | None:
+        """Hits / queries over the run; the gauges' mean without counters; None when neither speaks."""
+        hits, queries = self.totals()
+        if queries > 0:
+            return hits / queries
+        if self._gauges:
+            return sum(self._gauges.values()) / len(self._gauges)
+        return None
+
+    def snapshot(self) -> dict[str, float | None]:
+        """For progress.json: ``hit_rate`` and, with counters, ``hit_tokens`` / ``query_tokens``."""
+        hits, queries = self.totals()
+        rate = self.hit_rate()
+        return {"hit_rate": None if rate is None else round(rate, 4),
+                "hit_tokens": hits if self._last else None, "query_tokens": queries if self._last else None}
+
+
+def _first(values: Mapping[str, float], names: tuple[str, ...]) -> float | None:
+    for name in names:
+        value = values.get(name)
+        if value is not None and not math.isnan(value):
+            return float(value)
+    return None
+
+
 @dataclass(frozen=True)
 class Sample:
     """One line of the exposition: a metric name, its labels and its value."""
@@ -131,7 +212,9 @@ async def scrape_metrics(base_url: str, *, timeout: float = 5.0, transport: Tran
 
 __all__ = [
     "LOAD_METRICS",
+    "PREFIX_CACHE_NAMES",
     "MetricsFormatError",
+    "PrefixCacheMeter",
     "Sample",
     "keep_only",
     "parse_prometheus_text",

@@ -103,7 +103,10 @@ class Steering:
         for endpoint, reading in zip(endpoints, gauges):
             controller = self._controllers[endpoint.url]
             before = controller.target
-            decision = controller.step(now, reading)
+            # Busy: the client held (nearly) its target on it at some moment of the step.
+            busy = endpoint.peak >= 0.9 * before
+            endpoint.peak = endpoint.outstanding
+            decision = controller.step(now, reading, busy=busy)
             if decision.target != before:
                 log.debug("auto concurrency %s: %d -> %d (%s, %s)", endpoint.url, before, decision.target,
                           decision.phase, decision.reason)

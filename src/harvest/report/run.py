@@ -73,7 +73,9 @@ def _header(st: RunStatus, meta: dict[str, Any], launches: list[dict[str, Any]])
         ("engine", f"{engine or '-'}" + (f" {version}" if version else "")),
         ("endpoints", ", ".join(client.get("endpoints") or []) or None),
         ("dataset", data.get("path")),
-        ("concurrency", client.get("concurrency")),
+        ("concurrency", client.get("concurrency", "auto")),
+        ("prefix cache hits", None if st.progress is None or st.progress.prefix_cache_hit_rate is None
+         else f"{st.progress.prefix_cache_hit_rate:.1%} of prompt tokens (last session, engine counters)"),
         ("harvest version", st.harvest_version),
         ("created", when(st.created_at)),
         ("settings hash", ", ".join(st.settings_hashes) or None),

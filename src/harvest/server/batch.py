@@ -1,0 +1,69 @@
+"""The batch limit of an engine harvest launches: how many requests it runs at once, when known.
+
+``concurrency = "auto"`` starts there instead of climbing from a guess (issue 23). Read from the
+engines' own defaults:
+
+- vLLM: ``--max-num-seqs`` (``max_running_requests``); unset, vLLM 0.32 picks 256 on a GPU under
+  70 GiB and 1024 above it (``EngineArgs._set_default_max_num_seqs_and_batched_tokens_args``), 128
+  on its CPU build: 256 with GPUs (the smaller one; the gauges show more within a scrape), 128 without.
+- SGLang: ``--max-running-requests``; unset, it sizes the batch from KV memory: unknown.
+- llama.cpp: ``-np/--parallel`` slots; unset, 4 (what ``llama-server`` picks).
+- transformers (``--continuous-batching``): ``max_requests_per_batch`` (no serve flag; 1024 in
+  transformers 5.19's ``continuous_batching/initialization.py`` fallback).
+- ``openai`` / ``command``: not launched with a known batch: unknown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from harvest.config import ServerConfig
+
+#: Flags that set the batch limit, by engine kind (the last occurrence in ``extra_args`` wins).
+_FLAGS = {
+    "vllm": ("--max-num-seqs",),
+    "sglang": ("--max-running-requests",),
+    "llamacpp": ("-np", "--parallel"),
+}
+
+
+def batch_limit(config: ServerConfig) -> int | None:
+    """Requests ``config``'s engine runs at once, or None when harvest cannot know it."""
+    engine = config.engine
+    flagged = _flag_value(config.extra_args, _FLAGS.get(engine, ()))
+    if flagged is not None:
+        return flagged
+    if config.max_running_requests is not None and engine in ("vllm", "sglang", "llamacpp"):
+        return config.max_running_requests
+    if engine == "vllm":
+        return 256 if config.gpus else 128
+    if engine == "llamacpp":
+        return 4
+    if engine == "transformers":
+        return 1024
+    return None
+
+
+def has_metrics(config: ServerConfig) -> bool:
+    """Whether the engine exports Prometheus /metrics (the controller then steers on its gauges)."""
+    from harvest.server.base import adapter_for
+
+    try:
+        return adapter_for(config.engine).metrics.metrics_path is not None
+    except KeyError:
+        return False
+
+
+def _flag_value(argv: Sequence[str], flags: tuple[str, ...]) -> int | None:
+    value: int | None = None
+    for i, arg in enumerate(argv):
+        name, eq, inline = arg.partition("=")
+        if name not in flags:
+            continue
+        raw = inline if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+        if raw.isdigit() and int(raw) > 0:
+            value = int(raw)
+    return value
+
+
+__all__ = ["batch_limit", "has_metrics"]

@@ -1,0 +1,37 @@
+"""The batch limit harvest knows of an engine it launches (server/batch.py): where auto starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from harvest.client.autoconc import start_for
+from harvest.config import ServerConfig
+from harvest.server.batch import batch_limit, has_metrics
+
+
+def cfg(engine: str, **fields) -> ServerConfig:
+    return ServerConfig(engine=engine, model="/m", **fields)
+
+
+@pytest.mark.parametrize(("config", "limit"), [
+    (cfg("vllm"), 128),  # vLLM's CPU build default
+    (cfg("vllm", gpus=[0]), 256),
+    (cfg("vllm", max_running_requests=48), 48),
+    (cfg("vllm", extra_args=["--max-num-seqs", "300"]), 300),
+    (cfg("vllm", extra_args=["--max-num-seqs=64"], max_running_requests=8), 64),  # the flag is what runs
+    (cfg("sglang"), None),
+    (cfg("sglang", max_running_requests=200), 200),
+    (cfg("llamacpp"), 4),
+    (cfg("llamacpp", extra_args=["-np", "16"]), 16),
+    (cfg("transformers"), 1024),
+])
+def test_batch_limit_by_engine_and_flags(config, limit):
+    assert batch_limit(config) == limit
+
+
+def test_auto_starts_at_the_limit_with_metrics_and_at_half_without():
+    assert has_metrics(cfg("vllm")) and not has_metrics(cfg("transformers"))
+    assert start_for(256, metrics=True, max_concurrency=1024) == 256
+    assert start_for(1024, metrics=False, max_concurrency=1024) == 512
+    assert start_for(None, metrics=True, max_concurrency=1024) == 64
+    assert start_for(4096, metrics=True, max_concurrency=1024) == 1024

@@ -399,8 +399,8 @@ class ClientConfig(_Model):
 
     @field_validator("max_concurrency", "auto_start")
     @classmethod
-    def _concurrency_bound(cls, value: int) -> int:
-        if value > MAX_CONCURRENCY:
+    def _concurrency_bound(cls, value: int | None) -> int | None:
+        if value is not None and value > MAX_CONCURRENCY:
             raise ValueError(f"{value} is above {MAX_CONCURRENCY} requests in flight")
         return value
 

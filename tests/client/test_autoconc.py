@@ -314,3 +314,17 @@ def test_a_small_engine_whose_queue_reads_empty_between_answers_is_not_driven_up
         targets.append(ctl.target)
     assert max(targets[10:]) <= 8, targets
     assert min(targets[10:]) >= 4, targets  # the engine keeps a short queue, never an empty one
+
+
+def test_without_metrics_a_slower_engine_at_the_accepted_level_is_not_a_reason_to_back_off():
+    """An engine without /metrics (transformers serve) whose answers slow down mid-run at the level
+    the controller accepted (heavier requests: latency per token x2, tok/s the same): sending less
+    would cut tok/s as much as latency, so the target stays; a probe above it still comes back."""
+    engine = Engine(metrics=False, peak=3000.0, knee=16.0, max_seqs=1024)  # 1024 pays < 5 % over 512
+    ctl = AutoConcurrency(AutoSettings(start=512, max_concurrency=1024))
+    trace = drive(engine, ctl, 120)
+    targets = [t for t, _ in trace]
+    assert min(targets[60:]) == 512, targets  # settled at 512, probing above it now and then
+    slow = Engine(metrics=False, peak=1500.0, knee=16.0, max_seqs=1024)  # every answer twice as slow
+    later = [t for t, _ in drive(slow, ctl, 400)]
+    assert min(later) >= 512, later

@@ -325,7 +325,12 @@ class AutoConcurrency:
         if obs.tpot is not None and self._ref_tpot is not None:
             grew = obs.tok_s is not None and self._level_tok_s is not None and \
                 obs.tok_s >= self._level_tok_s * (1 + s.gain)
-            rose = obs.tpot > s.latency_rise * self._ref_tpot and not grew and self.target > 1
+            # Only above the last level that paid: at that level itself a slower answer with the same
+            # requests in flight is the engine's work getting heavier (longer contexts), and sending
+            # less would cut tok/s as much as latency (Little's law); seen on the H200, where a
+            # back-off from the accepted 512 to 358 held the run at x0.82 of fixed 512.
+            above = self._accepted is not None and self.target > self._accepted
+            rose = obs.tpot > s.latency_rise * self._ref_tpot and not grew and above
             self._latency_strikes = self._latency_strikes + 1 if rose else 0
             # Only where no queue gauge speaks (an engine without /metrics), and only when it lasts two
             # steps: one step's rise is noise (a heavy latency tail, newcomers in prefill), and a

@@ -156,8 +156,9 @@ def test_state_file_lock_held_by_a_frozen_process_does_not_hang_harvest_stop(tmp
         server.shutdown()
 
     assert out.returncode == 0, out.stdout + out.stderr
-    report = json.loads(out.stdout)
-    assert report["verdict"] == "clean", report
+    doc = json.loads(out.stdout)
+    (report,) = doc["servers"]  # harvest.stop/1: one report per server
+    assert doc["verdict"] == report["verdict"] == "clean", doc
     assert report["total_s"] <= deadline + SLACK_S
     assert took <= deadline + 5.0  # interpreter start-up and imports on top of the stop itself
     assert "state file not updated" in report["steps"][0]["outcome"]
@@ -200,7 +201,9 @@ def test_engine_behind_an_exec_prefix_that_never_returns(tmp_path, llama_server_
         took = time.monotonic() - t
 
         assert out.returncode == 1, out.stdout + out.stderr  # dirty
-        report = json.loads(out.stdout)
+        doc = json.loads(out.stdout)
+        (report,) = doc["servers"]  # harvest.stop/1: one report per server
+        assert doc["verdict"] == "dirty"
         assert report["verdict"] == "dirty" and report["escalated"] is True  # the prefix ignored SIGTERM
         assert report["total_s"] <= cfg.stop_deadline + SLACK_S
         assert took <= cfg.stop_deadline + 5.0

@@ -115,7 +115,9 @@ def used_mib(gpu: int) -> int:
 
 def stop_and_check(env: dict[str, str], run_dir: Path) -> dict:
     out = harvest(env, "stop", str(run_dir), "--json", timeout=300)
-    report = json.loads(out.stdout)
+    doc = json.loads(out.stdout)
+    assert doc["verdict"] == "clean", doc
+    (report,) = doc["servers"]  # harvest.stop/1: one report per server
     assert out.returncode == 0, out.stdout + out.stderr
     assert report["verdict"] == "clean", report
     for gpu, final in report["final_mib"].items():

@@ -61,9 +61,11 @@ def test_llama_server_ignoring_sigterm_with_requests_in_flight_is_escalated(llam
 
     out = subprocess.run([sys.executable, "-m", "harvest.cli.main", "stop", str(server.run_dir), "--json"],
                          capture_output=True, text=True, timeout=60, env=dict(os.environ))
-    report = json.loads(out.stdout)
+    doc = json.loads(out.stdout)
+    (report,) = doc["servers"]  # harvest.stop/1: one report per server
 
     assert out.returncode == 0, out.stdout + out.stderr
+    assert doc["verdict"] == "clean"
     assert report["escalated"] is True
     steps = {s["name"]: s for s in report["steps"]}
     assert "still alive" in steps["grace"]["outcome"]

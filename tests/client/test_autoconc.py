@@ -328,3 +328,14 @@ def test_without_metrics_a_slower_engine_at_the_accepted_level_is_not_a_reason_t
     slow = Engine(metrics=False, peak=1500.0, knee=16.0, max_seqs=1024)  # every answer twice as slow
     later = [t for t, _ in drive(slow, ctl, 400)]
     assert min(later) >= 512, later
+
+
+def test_with_gauges_an_engine_that_takes_more_than_max_concurrency_settles_there():
+    """An engine whose batch is larger than ``max_concurrency`` (vLLM CPU runs 128 at once, the user
+    allows 64): the target reaches the bound and the controller says it settled there, instead of
+    showing "start" for the rest of the run."""
+    engine = Engine(metrics=True, max_seqs=128, knee=16)
+    ctl = AutoConcurrency(AutoSettings(start=2, max_concurrency=64))
+    trace = drive(engine, ctl, 30)
+    assert [t for t, _ in trace][-1] == 64
+    assert (ctl.last.phase, ctl.last.reason) == ("settled", "at max_concurrency"), ctl.last

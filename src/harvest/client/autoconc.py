@@ -256,6 +256,8 @@ class AutoConcurrency:
         else:  # the client does not keep it at its target (too few items, fast answers): no verdict
             phase, reason = self.last.phase, "not filled"
         self.target = self._bound(target)
+        if phase == "start" and target > self.target:  # it would take more than max_concurrency allows
+            phase, reason = "settled", "at max_concurrency"
         self.last = Decision(self.target, phase, reason, tok_s, True)
         return self.last
 

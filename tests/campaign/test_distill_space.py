@@ -40,8 +40,8 @@ def test_estimate_counts_samples_turns_and_tokens(tmp_path):
         batch = prepare_ingest(iter_items(config.data), 10_000, 3)
         report = ledger.commit_ingest(batch)
         check = logprob_space(config, ledger, batch, report)
-    assert check.needed == 150 * record_bytes(200, 20, 2)  # 50 inputs x 3 samples, 2 turns x 100 tokens
-    assert check.passed and abs(check.free - shutil.disk_usage(tmp_path).free) < 2**30  # a shared disk moves
+    assert check.numbers["needed"] == 150 * record_bytes(200, 20, 2)  # 50 inputs x 3 samples, 2 turns x 100 tokens
+    assert check.passed and abs(check.numbers["free"] - shutil.disk_usage(tmp_path).free) < 2**30  # a shared disk moves
     assert "150 samples still to generate" in check.detail and "126 B/token at top-20" in check.detail
 
 

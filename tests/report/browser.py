@@ -18,7 +18,6 @@ import asyncio
 import base64
 import json
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -27,22 +26,13 @@ from typing import Any
 
 import aiohttp
 
-CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
+from tests.realparts import chromium_path  # one lookup of the binary, shared with the CI gate
+
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--disable-default-apps", "--disable-extensions", "--mute-audio", "--hide-scrollbars")
 START_TIMEOUT = 60.0
 CALL_TIMEOUT = 60.0
-
-
-def chromium_path() -> str | None:
-    env = os.environ.get("HARVEST_CHROMIUM")
-    if env:
-        return env
-    for c in CHROMIUM_CANDIDATES:
-        if os.access(c, os.X_OK):
-            return c
-    return shutil.which("chromium")
 
 
 class Page:

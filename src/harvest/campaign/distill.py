@@ -14,11 +14,12 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from dataclasses import dataclass
+import dataclasses
 from pathlib import Path
 
 from harvest.config import HarvestConfig
 from harvest.errors import PreflightFailed
+from harvest.gpu.preflight import RuleResult
 from harvest.ledger import IngestBatch, IngestReport, Ledger, Status
 from harvest.ledger.logprobs import bytes_per_token, record_bytes
 
@@ -26,17 +27,6 @@ log = logging.getLogger("harvest.campaign")
 
 #: Inputs of the first batch read to measure the average number of assistant turns.
 _TURN_SAMPLE = 1000
-
-
-@dataclass(frozen=True)
-class SpaceCheck:
-    """One preflight rule's outcome, shaped like the launch preflight's (rule, passed, detail)."""
-
-    rule: str
-    passed: bool
-    detail: str
-    needed: int = 0
-    free: int = 0
 
 
 def _gib(n: float) -> str:
@@ -76,7 +66,7 @@ def _count_lines(path: str) -> int | None:
     return lines + (last != b"\n")
 
 
-def logprob_space(config: HarvestConfig, ledger: Ledger, batch: IngestBatch, report: IngestReport) -> SpaceCheck:
+def logprob_space(config: HarvestConfig, ledger: Ledger, batch: IngestBatch, report: IngestReport) -> RuleResult:
     """How many bytes the logprobs still to store may take, against the output's free space."""
     sampling, run = config.sampling, config.run
     k = sampling.logprobs
@@ -108,19 +98,19 @@ def logprob_space(config: HarvestConfig, ledger: Ledger, batch: IngestBatch, rep
     detail = (f"logprobs need up to {_gib(needed)}: {todo:,} samples still to generate ({how}, n = {sampling.n})"
               f" x {turns:.2f} turns x max_tokens {tokens} x {bytes_per_token(k)} B/token at top-{k};"
               f" {ledger.path.parent} has {_gib(free)} free")
-    return SpaceCheck("logprob_disk", needed <= free, detail, needed, free)
+    return RuleResult("logprob_disk", needed <= free, detail, numbers={"needed": needed, "free": free})
 
 
 def check_logprob_space(config: HarvestConfig, ledger: Ledger, batch: IngestBatch, report: IngestReport,
-                        *, force: bool) -> SpaceCheck | None:
+                        *, force: bool) -> RuleResult | None:
     """Refuse (:class:`PreflightFailed`) a run whose logprobs cannot fit, unless ``force``."""
     if not config.sampling.logprobs:
         return None
     check = logprob_space(config, ledger, batch, report)
     log.info("preflight %s: %s", "ok" if check.passed else "FAILED", check.detail)
     if not check.passed and not force:
-        raise PreflightFailed([SpaceCheck(check.rule, False, check.detail + " (lower max_tokens, logprobs"
-                                          " or n, free space, or --force)", check.needed, check.free)])
+        raise PreflightFailed([dataclasses.replace(check, detail=check.detail + " (lower max_tokens, logprobs"
+                                                   " or n, free space, or --force)")])
     return check
 
 
@@ -148,4 +138,4 @@ def describe_samples(config: HarvestConfig) -> str | None:
     return "; ".join(parts)
 
 
-__all__ = ["SpaceCheck", "check_logprob_space", "describe_samples", "logprob_space"]
+__all__ = ["check_logprob_space", "describe_samples", "logprob_space"]

@@ -92,7 +92,8 @@ CHECKS: dict[str, Callable[[], str | None]] = {
     "unshare": _commands("unshare", "nsenter", package="util-linux"),
     "mount": _commands("mount", "umount", package="mount"),
     "far-harvest": _far_harvest,
-    # "tmpfs", "cgroup-freezer": probed by the fixture that mounts them (absent=...).
+    # "tmpfs": probed by the fixture that mounts it (absent=...); the cgroup v1 freezer is a kernel
+    # capability, skipped with its reason where the kernel lacks it (tests/server/test_stop_give_up.py).
 
     "ray": _module("ray", "the test extra: pip install -e '.[test]'"),
     "pyarrow": _module("pyarrow", "the test extra: pip install -e '.[test]'"),

@@ -62,7 +62,9 @@ def freezer(tmp_path: Path) -> Iterator[Path]:
     out = subprocess.run(["mount", "-t", "cgroup", "-o", "freezer", "harvest-test", str(mnt)],
                          capture_output=True, text=True, timeout=30, check=False)
     if out.returncode != 0:
-        require("cgroup-freezer", why, absent=f"mount -t cgroup -o freezer refused: {out.stderr.strip()}")
+        # A kernel capability, not a package CI could install: a cgroup v2-only kernel has no v1
+        # freezer, and v2's freezer lets SIGKILL through, so nothing there outlives SIGKILL.
+        pytest.skip(f"{why}; this kernel has none (mount -t cgroup -o freezer: {out.stderr.strip()})")
     try:
         yield mnt
     finally:

@@ -80,7 +80,7 @@ async def test_fixed_concurrency_has_no_per_endpoint_target():
         assert all(e.target is None for e in client.stats().endpoints)
 
 
-async def test_steering_raises_the_target_every_scrape_while_the_engine_runs_all_it_is_sent():
+async def test_steering_raises_the_target_in_seconds_while_the_engine_runs_all_it_is_sent_and_makes_more():
     generated = 0.0
     running = 2
 
@@ -98,15 +98,17 @@ async def test_steering_raises_the_target_every_scrape_while_the_engine_runs_all
         seen = []
         clock = 0.0
         steer._clock = lambda: clock
-        for _ in range(8):  # the engine runs every request it holds, none waits
+        for _ in range(16):  # the engine runs every request it holds, none waits, tok/s follows
             running = client.concurrency_targets()[0].target
             client._pool.endpoints[0].peak = running  # the client kept its target in flight
             generated += 100.0 * running
             clock += 1.0
             await steer.step()
             seen.append(client.concurrency_targets()[0].target)
-        # one doubling per scrape, not per answer latency, up to the bound
-        assert seen[:5] == [4, 8, 16, 32, 64], seen
+        # a doubling every few scrapes (a level judged on two scrapes of the token counter), not per
+        # answer latency, up to the bound
+        assert sorted(seen) == seen and seen[0] <= 4, seen
+        assert seen.index(64) <= 15, seen
         assert seen[-1] == 64, seen
         assert client.concurrency_targets()[0].gauges
         # a client that does not keep the endpoint busy gets no rise (no verdict on more)
@@ -147,3 +149,37 @@ def test_client_config_concurrency_is_a_number_or_auto(fields, ok):
     else:
         with pytest.raises(ValidationError):
             ClientConfig(**fields)
+
+
+async def test_steering_comes_back_when_a_step_up_the_engine_takes_makes_no_more_tokens():
+    """vLLM CPU admitted 512 at once with no queue and made fewer tok/s than at 64 (BENCHMARKS P7 A2):
+    an engine that runs all it is sent is not reason enough, the token counter must grow too."""
+    generated = 0.0
+
+    async def handler(method, url, body, headers):
+        if url.endswith("/metrics"):
+            running = client.concurrency_targets()[0].target
+            return RawResponse(200, (f"vllm:num_requests_running {running}\nvllm:num_requests_waiting 0\n"
+                                     f"vllm:generation_tokens_total {generated}\n").encode())
+        return answer()
+
+    config = ClientConfig(concurrency="auto", auto_start=16, max_concurrency=512)
+    async with Client([A], config, model="m", transport=MockTransport(handler),
+                      auto=AutoSettings(start=16, max_concurrency=512, interval_s=1.0)) as client:
+        steer = client._steer
+        assert steer is not None
+        clock = 0.0
+        steer._clock = lambda: clock
+        seen = []
+        for _ in range(40):
+            target = client.concurrency_targets()[0].target
+            client._pool.endpoints[0].peak = target
+            generated += 1000.0 * (1.0 if target <= 16 else 0.9)  # more in flight: a little less
+            clock += 1.0
+            await steer.step()
+            seen.append(client.concurrency_targets()[0].target)
+        assert max(seen) == 32, seen  # it looked one step up...
+        # ...and came back within a few scrapes, and stayed, but for one more look now and then
+        stints = "".join("u" if t == 32 else "." for t in seen).split(".")
+        assert max(len(st) for st in stints) <= 3 and seen.count(16) >= 30 and seen[-1] == 16, seen
+        assert client.concurrency_targets()[0].reason in {"no gain", "hold"}, client.concurrency_targets()

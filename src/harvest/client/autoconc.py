@@ -230,8 +230,17 @@ class AutoConcurrency:
             if self._ceiling_left == 0:
                 self._ceiling = None
         self._queued = self._queued + 1 if waiting > slack else 0
+        if tok_s is not None:
+            if self._settling:  # the scrape right after a change: newcomers still in prefill
+                self._settling -= 1
+            else:
+                self._rates.append(tok_s)
+                del self._rates[:-s.peak_window]
         target: float = self.target
-        if preempted:
+        trial = self._judge_trial(preempted)
+        if trial is not None:
+            target, phase, reason = trial
+        elif preempted:
             target = max(1.0, min(self.target, running) * s.decrease)
             self._ceiling, self._ceiling_left = max(1, int(min(self.target, running))), s.ceiling_steps
             phase, reason = "backoff", "preemption"
@@ -251,15 +260,47 @@ class AutoConcurrency:
             if self._ceiling is not None:
                 up = min(up, max(self.target, self._ceiling - 1))
             target, phase, reason = up, "start", "engine takes more"
+            if up <= self.target:  # a step up that gave nothing, not long ago
+                target, phase, reason = self.target, "settled", "hold"
+            elif self._trial is not None:
+                target, phase, reason = self.target, "start", "measuring"
+            elif g.generated is not None:
+                # The engine takes more, but does it make more? With a token counter a level shows
+                # in seconds: judge the step up on tok/s against this level's (vLLM CPU ran 512 at
+                # once with no queue at x0.63 of the tok/s of 64).
+                if len(self._rates) < _TRIAL_SCRAPES:
+                    target, phase, reason = self.target, "start", "measuring"
+                else:
+                    self._trial = (self.target, statistics.median(self._rates[-_TRIAL_SCRAPES:]))
         elif self._queued:
             phase, reason = "settled", "hold"
         else:  # the client does not keep it at its target (too few items, fast answers): no verdict
             phase, reason = self.last.phase, "not filled"
-        self.target = self._bound(target)
+        before, self.target = self.target, self._bound(target)
         if phase == "start" and target > self.target:  # it would take more than max_concurrency allows
             phase, reason = "settled", "at max_concurrency"
+        if self.target != before:
+            self._rates, self._settling = [], 1
+        if self._trial is not None and self.target <= self._trial[0]:
+            self._trial = None  # backed off or bounded: nothing left to judge
         self.last = Decision(self.target, phase, reason, tok_s, True)
         return self.last
+
+    def _judge_trial(self, preempted: bool) -> tuple[float, str, str] | None:
+        """A step up under judgement (gauges with a token counter): once the new level has
+        ``_TRIAL_SCRAPES`` scrapes of tok/s, keep it if it made ``gain`` more than the level below,
+        else go back there and cap growth below the level tried for ``ceiling_steps`` scrapes.
+        None when no step is being judged, or the judging goes on (the other rules decide)."""
+        if self._trial is None or preempted or len(self._rates) < _TRIAL_SCRAPES:
+            return None
+        s = self.settings
+        base, base_tok_s = self._trial
+        self._trial = None
+        if statistics.median(self._rates[-_TRIAL_SCRAPES:]) >= base_tok_s * (1 + s.gain):
+            return None  # it paid: the usual rules (grow again, hold, queue) go on from here
+        # No growth above ``base`` for a while; then one more look (the engine or the work changes).
+        self._ceiling, self._ceiling_left = base + 1, s.ceiling_steps
+        return float(base), "settled", "no gain"
 
     # --- the steps ------------------------------------------------------------------------------
 
@@ -481,6 +522,11 @@ class AutoConcurrency:
         self._peaks: list[float] = []
         self._queued = 0
         self._ceiling_left = 0
+        #: With a token counter: tok/s of the last scrapes at this target (the first scrape after a
+        #: change skipped), and the step up being judged: (the level below, its tok/s).
+        self._rates: list[float] = []
+        self._settling = 0
+        self._trial: tuple[int, float] | None = None
 
 
 def start_for(limit: int | None, *, metrics: bool, max_concurrency: int, fallback: int = 64) -> int:
@@ -495,6 +541,9 @@ def start_for(limit: int | None, *, metrics: bool, max_concurrency: int, fallbac
     start = fallback if limit is None else (limit if metrics else max(1, limit // 2))
     return max(1, min(start, max_concurrency))
 
+
+#: Scrapes of tok/s that judge a level (their median): one is noise on a loaded machine.
+_TRIAL_SCRAPES = 2
 
 #: Answers whose latency per token a step keeps (the median of the first ones is as good as all).
 _TPOT_SAMPLE = 4096

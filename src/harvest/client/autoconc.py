@@ -10,7 +10,10 @@ engine's queue is kept short but never empty: while the client keeps the endpoin
 (``busy``: its peak outstanding over the step) and the engine runs what it is sent (waiting under
 half the slack), the target doubles; once requests wait beyond ``max(2, queue_slack x running)``
 two scrapes in a row, the engine is full and the target becomes what it ran at most over the last
-``peak_window`` scrapes plus that slack. Preemptions (KV thrashing) cut the
+``peak_window`` scrapes plus that slack. With a token counter (vLLM, SGLang, llama.cpp) a step up
+is kept only if the engine also *makes* more: two scrapes of tok/s at the new level against two at
+the one below (a CPU engine may run 512 at once and make fewer tokens than at 64); one that does not
+pay goes back and growth waits ``ceiling_steps`` scrapes before another look. Preemptions (KV thrashing) cut the
 target to ``decrease`` x what ran and cap growth below that level for a while. Seconds, not answer
 latencies: a vLLM or SGLang engine admits new requests within one scheduler step, so the next
 scrape shows them.

@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from harvest import http
-from harvest.client.transport import MockTransport, RawResponse, TimedOut, Unreachable
+from harvest.transport import MockTransport, RawResponse, TimedOut, Unreachable
 from tests.engines import not_http_peer
 
 

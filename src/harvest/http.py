@@ -3,7 +3,7 @@
 harvest uses one HTTP library, aiohttp, for all of its requests: the client's hot path, the quality
 wire, readiness and the adapters' queries. It was chosen by P2 (BENCHMARKS.md, ``bench/client_cost.py``):
 a bare aiohttp loop spends about x14-x17 fewer CPU seconds per request than a bare httpx loop on the
-same null server. The async callers use :class:`harvest.client.transport.AiohttpTransport` directly;
+same null server. The async callers use :class:`harvest.transport.AiohttpTransport` directly;
 this module gives the sync ones the same transport, run on a private event loop in a thread of its
 own, so it works from any thread, an event loop's included (the caller blocks, as a sync call does).
 
@@ -15,8 +15,8 @@ Promises:
   are on loopback or behind its own SSH tunnel, and a loopback probe through ``HTTP_PROXY`` would
   test the proxy, not the server.
 - A request that gets no HTTP answer raises :class:`HttpError` (its cause is the transport's
-  :class:`~harvest.client.transport.Unreachable`, :class:`~harvest.client.transport.Interrupted` or
-  :class:`~harvest.client.transport.TimedOut`, or aiohttp's error for an answer that is not HTTP);
+  :class:`~harvest.transport.Unreachable`, :class:`~harvest.transport.Interrupted` or
+  :class:`~harvest.transport.TimedOut`, or aiohttp's error for an answer that is not HTTP);
   a status is never an exception here: callers read it.
 
 It never retries, never logs, and never puts request headers (an API key) into an error.
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from harvest.client.transport import Transport
+    from harvest.transport import Transport
 
 #: How much longer than a request's own timeout the caller waits on the private loop.
 _WAIT_MARGIN_S = 5.0
@@ -68,13 +68,13 @@ class Response:
 class SyncHttp:
     """Blocking requests over one aiohttp session on a private event loop; a context manager.
 
-    ``transport`` replaces the aiohttp transport (a :class:`harvest.client.transport.MockTransport`
+    ``transport`` replaces the aiohttp transport (a :class:`harvest.transport.MockTransport`
     in tests); it is closed with this object.
     """
 
     def __init__(self, *, max_connections: int = 4, connect_timeout: float = 10.0,
                  transport: Transport | None = None):
-        from harvest.client.transport import AiohttpTransport
+        from harvest.transport import AiohttpTransport
 
         self._transport = transport or AiohttpTransport(max_connections=max_connections,
                                                         connect_timeout=connect_timeout)
@@ -92,7 +92,7 @@ class SyncHttp:
         failed."""
         from aiohttp import ClientError
 
-        from harvest.client.transport import TransportError
+        from harvest.transport import TransportError
 
         if self._closed:
             raise RuntimeError("SyncHttp is closed")

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from harvest.client.transport import MockTransport, RawResponse, Unreachable
+from harvest.transport import MockTransport, RawResponse, Unreachable
 from harvest.config import ServerConfig
 from harvest.errors import RequestError, ServerSick
 from harvest.quality.probe import ProbePrompt

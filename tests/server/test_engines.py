@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from harvest.client.transport import MockTransport, RawResponse
+from harvest.transport import MockTransport, RawResponse
 from harvest.config import LAUNCHED_ENGINES, EngineKind, ServerConfig
 from harvest.http import SyncHttp
 from harvest.server import ENGINES, EngineAdapter, adapter_for

@@ -22,7 +22,7 @@ from __future__ import annotations
 from harvest.client.core import Client, RetryPolicy
 from harvest.client.metrics import LOAD_METRICS, MetricsFormatError, Sample, parse_prometheus_text, scrape_metrics, sum_by_name
 from harvest.client.records import ClientStats, Completion, EndpointState, EndpointStats, FailureKind
-from harvest.client.transport import (
+from harvest.transport import (
     AiohttpTransport,
     Interrupted,
     MockTransport,

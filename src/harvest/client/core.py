@@ -49,7 +49,7 @@ from harvest.client.metrics import scrape_metrics
 from harvest.client.policy import backoff_delay, classify_status, error_message, parse_retry_after, redact
 from harvest.client.records import ClientStats, Completion, EndpointState, FailureKind
 from harvest.client.steer import Steering, Target
-from harvest.client.transport import (
+from harvest.transport import (
     AiohttpTransport,
     Interrupted,
     RawResponse,

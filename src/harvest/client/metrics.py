@@ -18,7 +18,7 @@ from dataclasses import dataclass
 # parses only the lines it reads (keep_only), so the difference is paid by full scrapes alone.
 from prometheus_client.parser import text_string_to_metric_families
 
-from harvest.client.transport import AiohttpTransport, Transport, TransportError
+from harvest.transport import AiohttpTransport, Transport, TransportError
 from harvest.errors import ProbeError, ServerSick
 
 #: Gauges that say how busy an engine is, by engine (what a progress display shows).

@@ -18,7 +18,7 @@ Three protocols, picked by engine (``[probe] protocol``):
 
 Every request has a timeout. A 4xx raises :class:`RequestError` (this prompt), anything else that
 fails raises :class:`ServerSick` (the server). Requests go through the client's transport
-(:class:`harvest.client.transport.AiohttpTransport`, aiohttp: harvest's one HTTP library, see
+(:class:`harvest.transport.AiohttpTransport`, aiohttp: harvest's one HTTP library, see
 :mod:`harvest.http`), never through an environment proxy. This module never launches or stops a server.
 """
 
@@ -33,7 +33,7 @@ from typing import Any
 
 import aiohttp
 
-from harvest.client.transport import AiohttpTransport, Transport, TransportError
+from harvest.transport import AiohttpTransport, Transport, TransportError
 from harvest.config import ServerConfig
 from harvest.errors import ConfigError, RequestError, ServerSick
 from harvest.quality.probe import ProbePrompt

@@ -1,5 +1,8 @@
 """The seam between the client's policy and the HTTP library: one request in, one raw response out.
 
+A base-layer leaf (aiohttp and yarl only, no harvest import): the client, the quality wire and the
+sync helper :mod:`harvest.http` share it, each importing downward.
+
 A transport sends one request and returns the status and body, or raises one of three exceptions
 that say, by type, how the exchange failed: :class:`Unreachable` (no connection), :class:`Interrupted`
 (connection lost after sending) or :class:`TimedOut`. It never retries, never interprets a status,

@@ -7,21 +7,20 @@ One place for the ``schema`` strings, so that a near harvest, a far harvest and 
 from __future__ import annotations
 
 VERSION = "harvest.version/1"
+#: One place's measurement / check: the ``answer`` of each place in the documents below.
 GPUS = "harvest.gpus/1"
 PREFLIGHT = "harvest.preflight/1"
+#: ``harvest gpus|preflight --json``, the same shape on every placement: one answer per place.
+GPUS_PLACES = "harvest.gpus/2"
+PREFLIGHT_PLACES = "harvest.preflight/2"
 SERVE = "harvest.serve/2"
 STOP = "harvest.stop/1"
 PS = "harvest.ps/1"
 STATUS = "harvest.status/1"
-GPUS_HOSTS = "harvest.gpus-hosts/1"
-PREFLIGHT_HOSTS = "harvest.preflight-hosts/1"
-PS_HOSTS = "harvest.ps-hosts/1"
-GPUS_CLUSTER = "harvest.gpus-cluster/1"
-PREFLIGHT_CLUSTER = "harvest.preflight-cluster/1"
 PLACEMENT_RECORD = "harvest.placement/1"
 
 #: What a far harvest answers to each JSON command (checked on the near side).
-FAR = {"version": VERSION, "gpus": GPUS, "preflight": PREFLIGHT, "serve": SERVE, "stop": STOP, "ps": PS}
+FAR = {"version": VERSION, "gpus": GPUS_PLACES, "preflight": PREFLIGHT_PLACES, "serve": SERVE, "stop": STOP, "ps": PS}
 
 
 
@@ -32,5 +31,5 @@ def version_payload() -> dict[str, object]:
     return {"schema": VERSION, "version": __version__, "schemas": dict(FAR)}
 
 
-__all__ = ["FAR", "GPUS", "GPUS_CLUSTER", "GPUS_HOSTS", "PLACEMENT_RECORD", "PREFLIGHT", "PREFLIGHT_CLUSTER",
-           "PREFLIGHT_HOSTS", "PS", "PS_HOSTS", "SERVE", "STATUS", "STOP", "VERSION", "version_payload"]
+__all__ = ["FAR", "GPUS", "GPUS_PLACES", "PLACEMENT_RECORD", "PREFLIGHT", "PREFLIGHT_PLACES", "PS", "SERVE",
+           "STATUS", "STOP", "VERSION", "version_payload"]

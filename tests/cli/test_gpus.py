@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 
 import psutil
@@ -13,7 +12,7 @@ import harvest.cli.gpus as gpus_module
 from harvest.cli.main import cli
 from harvest.gpu import NvmlProbe
 from tests.gpu.fake_nvml import NVML_ERROR_GPU_IS_LOST, FakeGpu, FakeNvml, unused_pid
-from tests.gpu.schema_doc import documented_schema, problems
+from tests.gpu.schema_doc import documented_schema, only_answer, problems
 
 SCHEMA = documented_schema("harvest.gpus/1")
 
@@ -38,7 +37,7 @@ def test_this_machine_shows_host_memory_and_gpu_state():
     result = invoke()
     assert result.exit_code == 0, result.output
     assert "host RAM:" in result.output and "swap:" in result.output
-    snap = json.loads(invoke("--json").stdout)
+    snap = only_answer(invoke("--json").stdout)
     if snap["source"] == "none":
         assert "GPUs: no NVIDIA driver found" in result.output
         assert "Traceback" not in result.output
@@ -49,7 +48,7 @@ def test_this_machine_shows_host_memory_and_gpu_state():
 def test_json_on_this_machine_matches_the_documented_schema():
     result = invoke("--json")
     assert result.exit_code == 0, result.output
-    doc = json.loads(result.stdout)
+    doc = only_answer(result.stdout)
     assert problems(doc, SCHEMA) == []
     host = psutil.virtual_memory()
     assert doc["host"]["ram_total_mib"] == host.total // 2**20
@@ -70,7 +69,7 @@ def test_json_with_gpus_matches_the_documented_schema(fake_machine):
     _, me, ghost = fake_machine
     result = invoke("--json")
     assert result.exit_code == 0, result.output
-    doc = json.loads(result.stdout)
+    doc = only_answer(result.stdout)
     assert problems(doc, SCHEMA) == []
     assert doc["source"] == "nvml" and doc["unavailable_reason"] is None
     g0, g1 = doc["gpus"]
@@ -89,7 +88,7 @@ def test_watch_prints_one_document_per_refresh(fake_machine):
     lines = result.stdout.strip().splitlines()
     assert len(lines) == 3
     for line in lines:
-        assert problems(json.loads(line), SCHEMA) == []
+        assert problems(only_answer(line), SCHEMA) == []
     assert nvml.initialised == 0  # the probe was closed
 
 

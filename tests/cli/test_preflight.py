@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import socket
 import threading
@@ -13,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from harvest.cli.main import cli
-from tests.gpu.schema_doc import documented_schema, problems
+from tests.gpu.schema_doc import documented_schema, only_answer, problems
 
 SCHEMA = documented_schema("harvest.preflight/1")
 # Host-dependent rules made lenient where a test is about something else.
@@ -77,7 +76,7 @@ def test_hicache_times_tp_beyond_host_ram_fails_with_exit_1(tmp_path, port):
 
 def test_requested_gpu_without_driver_fails(tmp_path, port):
     result = invoke(config(tmp_path, f'engine = "vllm"\nmodel = "m"\nport = {port}\ngpus = [0]'), "--json")
-    doc = json.loads(result.stdout)
+    doc = only_answer(result.stdout)
     if any(r["rule"] == "gpu-memory" and "no NVIDIA driver found" not in r["detail"] for r in doc["results"]):
         pytest.skip("this machine has an NVIDIA driver; the no-driver message is checked on machines without one")
     assert result.exit_code == 1
@@ -90,7 +89,7 @@ def test_taken_port_fails_and_json_matches_the_documented_schema(tmp_path, liste
     path = config(tmp_path, cpu_server(taken))
     result = invoke(path, "--json")
     assert result.exit_code == 1, result.output
-    doc = json.loads(result.stdout)
+    doc = only_answer(result.stdout)
     assert problems(doc, SCHEMA) == []
     assert doc["passed"] is False and doc["config"] == str(path) and doc["engine"] == "transformers"
     (port_result,) = [r for r in doc["results"] if r["rule"] == "port"]
@@ -116,7 +115,7 @@ def test_wait_times_out_and_prints_what_still_fails(tmp_path, listener):
     taken = listener.getsockname()[1]
     result = invoke(config(tmp_path, cpu_server(taken)), "--wait", "1", "--json")
     assert result.exit_code == 1
-    doc = json.loads(result.stdout)
+    doc = only_answer(result.stdout)
     assert problems(doc, SCHEMA) == []
     assert doc["waited_s"] >= 1 and doc["attempts"] >= 5  # polled at 5 Hz
     text = invoke(config(tmp_path, cpu_server(taken)), "--wait", "0.4")
@@ -214,7 +213,7 @@ def test_no_driver_on_eight_gpus_is_one_line_and_json_stays_per_gpu(tmp_path, po
     lines = [ln for ln in result.output.splitlines() if "NVIDIA driver" in ln]
     assert lines == ["FAIL  gpu-memory, gpu-processes GPUs 0-7 requested but no NVIDIA driver found"], lines
     assert "FAIL: 16 of 20 checks failed" in result.output  # the count is still per rule and GPU
-    doc = json.loads(invoke(path, "--json").stdout)
+    doc = only_answer(invoke(path, "--json").stdout)
     gpu_results = [r for r in doc["results"] if r["rule"] in ("gpu-memory", "gpu-processes")]
     assert len(gpu_results) == 16 and sorted({r["gpu"] for r in gpu_results}) == list(range(8))
     assert all(r["detail"] == f"GPU {r['gpu']} requested but no NVIDIA driver found" for r in gpu_results)

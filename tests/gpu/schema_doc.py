@@ -62,3 +62,28 @@ def problems(value: Any, schema: dict[str, Any], where: str = "$") -> list[str]:
         for i, item in enumerate(value):
             out += problems(item, schema["items"], f"{where}[{i}]")
     return out
+
+
+#: The command's document (every placement) -> the documented shape of each place's answer.
+ANSWERS = {"harvest.gpus/2": "harvest.gpus/1", "harvest.preflight/2": "harvest.preflight/1"}
+
+
+def place_answers(doc: dict[str, Any], schema_id: str) -> list[dict[str, Any] | None]:
+    """Check a ``harvest gpus|preflight --json`` document (``schema_id``) and every place's answer
+    against their documented shapes; returns the answers in place order (None: that place gave none)."""
+    found = problems(doc, documented_schema(schema_id))
+    inner = documented_schema(ANSWERS[schema_id])
+    for i, place in enumerate(doc.get("places") or []):
+        if isinstance(place, dict) and place.get("answer") is not None:
+            found += problems(place["answer"], inner, f"$.places[{i}].answer")
+    assert found == [], found
+    return [p["answer"] for p in doc["places"]]
+
+
+def only_answer(text: str) -> dict[str, Any]:
+    """This machine's one answer in the printed ``harvest gpus|preflight --json`` document, checked."""
+    doc = json.loads(text)
+    (answer,) = place_answers(doc, doc.get("schema", "?"))
+    assert doc["placement"] == "local" and doc["places"][0]["where"] == "this machine", doc
+    assert answer is not None, doc
+    return answer

@@ -12,6 +12,7 @@ import subprocess
 
 import pytest
 
+from tests.gpu.schema_doc import place_answers
 from tests.hosts.conftest import FAR_HARVEST, write_toml
 
 
@@ -35,8 +36,9 @@ def test_gpus_ps_preflight_with_host_flags(tmp_path, sshd):
     assert "GPUs by host" in res.stdout and label in res.stdout, res.stdout
     res = harvest("gpus", "--json", *host_flags(sshd))
     doc = json.loads(res.stdout)
-    assert doc["schema"] == "harvest.gpus-hosts/1" and [h["host"] for h in doc["hosts"]] == [label]
-    assert doc["hosts"][0]["gpus"]["schema"] == "harvest.gpus/1"
+    (answer,) = place_answers(doc, "harvest.gpus/2")  # the documented shapes, as on this machine
+    assert doc["placement"] == "ssh" and [p["where"] for p in doc["places"]] == [label]
+    assert answer["schema"] == "harvest.gpus/1" and answer["host"]["ram_total_mib"] > 0
 
     res = harvest("ps", "--json", *host_flags(sshd))
     assert res.returncode == 0 and json.loads(res.stdout) == {"schema": "harvest.ps/1", "servers": []}
@@ -53,8 +55,10 @@ def test_gpus_ps_preflight_with_host_flags(tmp_path, sshd):
     finally:
         held.close()
     assert res.returncode == 1, res.stdout + res.stderr
-    (entry,) = json.loads(res.stdout)["hosts"]
-    assert entry["host"] == label and [r["rule"] for r in entry["results"] if not r["passed"]] == ["port"]
+    doc = json.loads(res.stdout)
+    (entry,) = place_answers(doc, "harvest.preflight/2")
+    assert doc["places"][0]["where"] == label and doc["passed"] is False
+    assert [r["rule"] for r in entry["results"] if not r["passed"]] == ["port"]
 
 
 @pytest.mark.parametrize("args, says", [

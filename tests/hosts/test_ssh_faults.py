@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.gpu.schema_doc import place_answers
 from tests.hosts.conftest import FAR_HARVEST, keygen, write_toml
 
 HANG = r"""
@@ -171,9 +172,8 @@ def test_preflight_runs_on_the_far_host(tmp_path, sshd):
         held.close()
     assert res.returncode == 1, res.stdout + res.stderr
     doc = json.loads(res.stdout)
-    assert doc["schema"] == "harvest.preflight-hosts/1"
-    (entry,) = doc["hosts"]
-    assert entry["host"] == f"root@127.0.0.1:{sshd.port}" and entry["passed"] is False
+    (entry,) = place_answers(doc, "harvest.preflight/2")
+    assert doc["places"][0]["where"] == f"root@127.0.0.1:{sshd.port}" and entry["passed"] is False
     failed = [r for r in entry["results"] if not r["passed"]]
     assert [r["rule"] for r in failed] == ["port"], failed
     res = subprocess.run([FAR_HARVEST, "preflight", str(box)], capture_output=True, text=True, timeout=120)

@@ -15,6 +15,7 @@ import pytest
 from harvest.placement.ssh.servers import read_remote_record
 from harvest.ledger import Ledger, Status
 from tests import engines
+from tests.gpu.schema_doc import place_answers
 from tests.hosts.conftest import FAR_HARVEST, write_toml
 from tests.hosts.test_container import PREFLIGHT, server_table
 
@@ -61,7 +62,7 @@ def test_one_campaign_over_two_hosts(tmp_path, sshd, sshd2, llama_server_bin, ti
     assert res.returncode == 0, res.stderr
     assert "box-a" in res.stdout and "box-b" in res.stdout and "host" in res.stdout
     doc = json.loads(harvest("gpus", "--json", "--config", str(job)).stdout)
-    assert [h["host"] for h in doc["hosts"]] == ["box-a", "box-b"]
+    assert [p["where"] for p in doc["places"]] == ["box-a", "box-b"] and all(place_answers(doc, "harvest.gpus/2"))
 
 
 def test_a_host_that_fails_is_named_and_left_out_or_refused(tmp_path, sshd, sshd2, llama_server_bin, tiny_gguf):

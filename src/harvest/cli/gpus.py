@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from harvest.cli.options import host_options
-from harvest.cli.render import gpus_payload, make_console, print_far_gpus, print_gpus
+from harvest.cli.render import make_console, print_gpus, print_places_gpus
 from harvest.config import HostConfig, load_config
 from harvest.errors import ProbeError
 from harvest.gpu import host_state, open_probe
@@ -22,7 +22,8 @@ from harvest.placement import Flags, Refused, from_config
 
 @click.command("gpus")
 @click.option("--json", "as_json", is_flag=True,
-              help="print the documented JSON document (harvest.gpus/1; with --watch, one per line)")
+              help="print the documented JSON document (harvest.gpus/2, the same on every placement; with --watch, "
+                   "one per line)")
 @click.option("--watch", type=click.FloatRange(min=0.1), default=None, metavar="SECONDS",
               help="refresh every SECONDS until interrupted (or --count refreshes)")
 @click.option("--count", type=click.IntRange(min=1), default=None,
@@ -50,7 +51,7 @@ def gpus(ctx: click.Context, as_json: bool, watch: float | None, count: int | No
         if as_json:
             click.echo(json.dumps(result.to_json(), indent=2))
         else:
-            print_far_gpus(make_console(), result)
+            print_places_gpus(make_console(), result)
         ctx.exit(0 if result.ok else 1)
     console = make_console()
     probe = open_probe()
@@ -58,12 +59,12 @@ def gpus(ctx: click.Context, as_json: bool, watch: float | None, count: int | No
     try:
         while True:
             try:
-                snap, host = probe.snapshot(), host_state()
+                got = snap, host = probe.snapshot(), host_state()
             except ProbeError as exc:
                 make_console(stderr=True).print(f"error: {exc}", markup=False)
                 raise SystemExit(1) from None
             if as_json:
-                click.echo(json.dumps(gpus_payload(snap, host), indent=None if watch else 2))
+                click.echo(json.dumps(placement.gpus_json(got), indent=None if watch else 2))
             else:
                 if watch is not None and console.is_terminal:
                     console.clear()

@@ -19,7 +19,7 @@ from pathlib import Path
 import click
 
 from harvest.cli.options import host_options, load_config_arg
-from harvest.cli.render import make_console, preflight_payload, print_far_preflight, rule_line, verdict
+from harvest.cli.render import make_console, print_places_preflight, rule_line, verdict
 from harvest.config import HostConfig
 from harvest.gpu.preflight import RuleResult
 from harvest.placement import Flags, from_config
@@ -71,7 +71,7 @@ def grouped(results: Sequence[RuleResult]) -> list[RuleResult]:
 @click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
               help="re-check 5 times a second until every rule passes or SECONDS pass")
-@click.option("--json", "as_json", is_flag=True, help="print the documented JSON document (harvest.preflight/1)")
+@click.option("--json", "as_json", is_flag=True, help="print the documented JSON document (harvest.preflight/2, the same on every placement)")
 @click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="folder whose disk must have room (default: [output] dir of the config)")
 @host_options
@@ -94,7 +94,7 @@ def preflight(ctx: click.Context, config: Path, wait_s: float | None, as_json: b
         if as_json:
             click.echo(json.dumps(result.to_json(), indent=2))
         else:
-            print_far_preflight(make_console(), result)
+            print_places_preflight(make_console(), result)
         ctx.exit(0 if result.passed else 1)
     console, err = make_console(), make_console(stderr=True)
 
@@ -102,9 +102,10 @@ def preflight(ctx: click.Context, config: Path, wait_s: float | None, as_json: b
         if not as_json:
             err.print(f"waiting up to {wait_s:g} s for every rule to pass (checking every 0.2 s)", markup=False)
 
-    report = placement.preflight(cfg, output_dir=output_dir, wait_s=wait_s, on_wait=waiting).report
+    checked = placement.preflight(cfg, output_dir=output_dir, wait_s=wait_s, on_wait=waiting)
+    report = checked.report
     if as_json:
-        click.echo(json.dumps(preflight_payload(report, config=str(config), engine=server.engine), indent=2))
+        click.echo(json.dumps(checked.to_json(), indent=2))
     else:
         gpus = ",".join(str(i) for i in server.gpus) or "none listed"
         where = f"{server.host}:{server.port}" if server.launched else (server.base_url or "")

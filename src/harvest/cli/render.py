@@ -117,8 +117,8 @@ def gpus_by_table(docs: list[tuple[str, dict[str, Any] | None]], *, column: str,
     return table
 
 
-def print_far_gpus(console: Console, result: Any) -> None:
-    """A placement's FarGpus: the table, each place's host RAM, and the places that gave no answer."""
+def print_places_gpus(console: Console, result: Any) -> None:
+    """A placement's GpusByPlace: the table, each place's host RAM, and the places that gave no answer."""
     console.print(gpus_by_table([(a.label, a.doc) for a in result.answers], column=result.column,
                                 title=result.title, missing={a.label: a.error or "?" for a in result.answers}))
     for a in result.answers:
@@ -129,8 +129,8 @@ def print_far_gpus(console: Console, result: Any) -> None:
             console.print(Text(f"{a.label}: {a.error}", style="bold red"))
 
 
-def print_far_preflight(console: Console, result: Any) -> None:
-    """A placement's FarPreflight: one table (place, check, rule, detail), then a verdict per place."""
+def print_places_preflight(console: Console, result: Any) -> None:
+    """A placement's PreflightByPlace: one table (place, check, rule, detail), then a verdict per place."""
     console.print(result.header, markup=False)
     table = Table(title=f"preflight by {result.column}", title_justify="left")
     for col in (result.column, "check", "rule", "detail"):
@@ -224,7 +224,7 @@ def print_ps(console: Console, rows: list[dict[str, Any]], where: str, show_all:
 
 __all__ = [
     "GPUS_SCHEMA", "PREFLIGHT_SCHEMA", "gpu_table", "gpus_by_table", "gpus_payload", "host_line", "host_ram_line",
-    "make_console", "now_iso", "preflight_payload", "print_far_gpus", "print_far_preflight", "print_gpus",
+    "make_console", "now_iso", "preflight_payload", "print_places_gpus", "print_places_preflight", "print_gpus",
     "print_ps", "print_stop_report", "print_stop_reports", "ps_payload", "rule_line", "step_line", "stop_payload",
     "verdict",
 ]

@@ -20,7 +20,8 @@ from harvest.gpu.payload import gpus_payload, preflight_payload
 from harvest.gpu.preflight import PreflightReport
 from harvest.net import port_listening
 from harvest.placement import record
-from harvest.placement.base import Fleet, Refused, fleet_factory
+from harvest.placement.base import Answer, Fleet, Refused, fleet_factory
+from harvest.placement.base_results import GpusByPlace, PreflightByPlace
 from harvest.server import Server, StopReport, procs
 from harvest.server.state import RunStatus, StateFile, list_runs
 from harvest.server.stop import DEFAULT_MARGIN_MIB, StopStep, stop_run
@@ -43,7 +44,9 @@ class LocalPreflight:
         return self.report.passed
 
     def to_json(self) -> dict[str, Any]:
-        return preflight_payload(self.report, config=self.config, engine=self.engine)
+        """``harvest.preflight/2`` with this machine as its one place."""
+        answer = Answer(WHERE, preflight_payload(self.report, config=self.config, engine=self.engine))
+        return PreflightByPlace("local", WHERE, "host", "", self.config, self.engine, (answer,)).to_json()
 
 
 class LocalPlacement:
@@ -65,7 +68,8 @@ class LocalPlacement:
             probe.close()
 
     def gpus_json(self, got: Any) -> dict[str, Any]:
-        return gpus_payload(*got)
+        """``harvest.gpus/2`` with this machine as its one place, of a ``gpus()`` measurement."""
+        return GpusByPlace(self.kind, WHERE, "host", "", (Answer(WHERE, gpus_payload(*got)),)).to_json()
 
     def preflight(self, cfg: HarvestConfig, *, output_dir: Path | None = None, wait_s: float | None = None,
                   on_wait: Callable[[], None] | None = None) -> LocalPreflight:

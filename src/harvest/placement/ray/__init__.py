@@ -12,12 +12,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
-from harvest import schemas
 from harvest.config import ClusterConfig, HarvestConfig
 from harvest.placement.base import Answer, Fleet, Refused, fleet_factory
-from harvest.placement.base_results import FarGpus, FarPreflight
+from harvest.placement.base_results import GpusByPlace, PreflightByPlace
 from harvest.placement.ray.cluster import KIND
 from harvest.server import StopReport
+
+
+def _answers(nodes: Any) -> tuple[Answer, ...]:
+    """The nodes' answers (:class:`~harvest.placement.ray.probe.NodeAnswer`) as places, each with
+    its node id, Ray resources and the time its answer took."""
+    return tuple(Answer(a.label, a.doc, None if a.doc is not None else f"{a.error} (waited {a.waited_s:.1f} s)",
+                        {"node_id": a.node_id, "resources": dict(a.resources), "waited_s": round(a.waited_s, 3)})
+                 for a in nodes)
+
 
 #: Seconds for the connection and each node's answer of ``gpus`` / ``preflight`` (``--timeout``).
 DEFAULT_TIMEOUT = 30.0
@@ -41,19 +49,16 @@ class RayPlacement:
     def _probe_timeout(self) -> float:
         return self.timeout or DEFAULT_TIMEOUT
 
-    def gpus(self) -> FarGpus:
+    def gpus(self) -> GpusByPlace:
         from harvest.placement.ray.probe import cluster_gpus
 
         answers = cluster_gpus(self.cluster.address, timeout=self._probe_timeout(),
                                runtime_env=self.cluster.runtime_env or None)
-        return FarGpus("node", f"GPUs by Ray node ({self.cluster.address}, {len(answers)} alive)",
-                       tuple(Answer(a.label, a.doc, None if a.doc is not None else f"{a.error} (waited {a.waited_s:.1f} s)")
-                             for a in answers),
-                       {"schema": schemas.GPUS_CLUSTER, "address": self.cluster.address,
-                        "nodes": [a.to_dict() for a in answers]})
+        return GpusByPlace(self.kind, self.where(), "node",
+                       f"GPUs by Ray node ({self.cluster.address}, {len(answers)} alive)", _answers(answers))
 
     def preflight(self, cfg: HarvestConfig, *, output_dir: Path | None = None, wait_s: float | None = None,
-                  **_: Any) -> FarPreflight:
+                  **_: Any) -> PreflightByPlace:
         from harvest.placement.ray.probe import cluster_preflight
 
         if wait_s is not None:
@@ -65,16 +70,11 @@ class RayPlacement:
                                     output_dir=str(output_dir) if output_dir is not None else None,
                                     runtime_env=self.cluster.runtime_env or None,
                                     gpus_by_ray=self.cluster.gpus_per_server > 0 and not server.gpus)
-        ok = all(a.doc is not None and bool(a.doc.get("passed")) for a in answers)
         gpus = ",".join(str(i) for i in server.gpus) or (
             f"{self.cluster.gpus_per_server} per server, chosen by Ray" if self.cluster.gpus_per_server else "none")
         header = (f"preflight of {cfg.source} on the Ray cluster {self.cluster.address} ({len(answers)} alive "
                   f"nodes): {server.engine}, GPUs {gpus}, tp {server.tp}")
-        return FarPreflight("node", header,
-                            tuple(Answer(a.label, a.doc, None if a.doc is not None else
-                                         f"{a.error} (waited {a.waited_s:.1f} s)") for a in answers),
-                            {"schema": schemas.PREFLIGHT_CLUSTER, "address": self.cluster.address,
-                             "config": cfg.source, "passed": ok, "nodes": [a.to_dict() for a in answers]})
+        return PreflightByPlace(self.kind, self.where(), "node", header, cfg.source, server.engine, _answers(answers))
 
     def _job(self) -> HarvestConfig:
         if self.config is None:

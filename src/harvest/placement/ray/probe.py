@@ -32,7 +32,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from harvest import schemas
 from harvest.errors import RemoteError
 from harvest.placement.ray.cluster import (
     INSTALL_HINT,
@@ -71,10 +70,6 @@ class NodeAnswer:
         """``node 10.0.0.5 (1a2b3c4d)``: the same words as the campaign's (:func:`node_label`)."""
         return node_label(self.ip, self.node_id)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"node_id": self.node_id, "ip": self.ip, "resources": dict(self.resources), "answer": self.doc,
-                "error": self.error, "waited_s": round(self.waited_s, 3)}
-
 
 def import_ray() -> Any:
     """The ``ray`` module, or :class:`RayMissing` (the same install hint as the campaign's)."""
@@ -89,16 +84,13 @@ def import_ray() -> Any:
 
 
 def far_gpus() -> dict[str, Any]:
-    """On the node: the ``harvest gpus --json`` document (a failed probe is a document too)."""
-    from harvest.errors import ProbeError
+    """On the node: its ``harvest.gpus/1`` measurement (a ProbeError is that node's ``error``)."""
     from harvest.gpu import host_state, open_probe
     from harvest.gpu.payload import gpus_payload
 
     probe = open_probe()
     try:
         return gpus_payload(probe.snapshot(), host_state())
-    except ProbeError as exc:
-        return {"schema": schemas.GPUS, "error": str(exc)}
     finally:
         probe.close()
 

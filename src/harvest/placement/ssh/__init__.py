@@ -13,11 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar
 
-from harvest import schemas
 from harvest.config import HarvestConfig, HostConfig
 from harvest.placement import record
 from harvest.placement.base import Answer, Fleet, Refused, fleet_factory
-from harvest.placement.base_results import FarGpus, FarPreflight
+from harvest.placement.base_results import GpusByPlace, PreflightByPlace, one_answer
 from harvest.placement.far_records import stop_report_from_dict
 from harvest.placement.ssh.remote import SCHEMAS, FarHost
 from harvest.placement.ssh.servers import (
@@ -53,13 +52,16 @@ class SshPlacement:
     def where(self) -> str:
         return ", ".join(h.label for h in self.hosts)
 
-    def gpus(self) -> FarGpus:
-        docs = _each(self.hosts, lambda h: (h.label, h.call("gpus", ["gpus", "--json"], schema=SCHEMAS["gpus"])))
-        return FarGpus("host", "GPUs by host", tuple(Answer(label, doc) for label, doc in docs),
-                       {"schema": schemas.GPUS_HOSTS, "hosts": [{"host": label, "gpus": doc} for label, doc in docs]})
+    def gpus(self) -> GpusByPlace:
+        def measured(h: FarHost) -> tuple[str, dict[str, Any]]:
+            doc = h.call("gpus", ["gpus", "--json"], schema=SCHEMAS["gpus"])
+            return h.label, one_answer(doc, where=h.label, step="gpus")
+
+        docs = _each(self.hosts, measured)
+        return GpusByPlace(KIND, self.where(), "host", "GPUs by host", tuple(Answer(label, doc) for label, doc in docs))
 
     def preflight(self, cfg: HarvestConfig, *, output_dir: Path | None = None, wait_s: float | None = None,
-                  **_: Any) -> FarPreflight:
+                  **_: Any) -> PreflightByPlace:
         if wait_s is not None:
             raise Refused("--wait", f"--wait checks this machine; on {self.where()} each host is checked once")
         from harvest.gpu.payload import preflight_payload
@@ -67,9 +69,9 @@ class SshPlacement:
         server = cfg.require_server()
         reports = _each(self.hosts, lambda h: (h.label, far_preflight(h, server, cfg.preflight)))
         docs = [(label, preflight_payload(rep, config=cfg.source, engine=server.engine)) for label, rep in reports]
-        return FarPreflight("host", f"preflight of {cfg.source} on {self.where()}: {server.engine} port {server.port}",
-                            tuple(Answer(label, doc) for label, doc in docs),
-                            {"schema": schemas.PREFLIGHT_HOSTS, "hosts": [{"host": label, **doc} for label, doc in docs]})
+        return PreflightByPlace(KIND, self.where(), "host",
+                            f"preflight of {cfg.source} on {self.where()}: {server.engine} port {server.port}",
+                            cfg.source, server.engine, tuple(Answer(label, doc) for label, doc in docs))
 
     def fleet(self, *, probe: bool = False, all_hosts: bool = False) -> Any:
         """Far servers, one per host; ``probe``: the first host only (tune / compare measure one

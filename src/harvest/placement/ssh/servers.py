@@ -41,6 +41,7 @@ from harvest.config import HostConfig, PreflightConfig, ServerConfig
 from harvest.errors import LaunchError, PreflightFailed, RemoteError
 from harvest.placement import record
 from harvest.placement.base import Readiness as RemoteReady
+from harvest.placement.base_results import one_answer
 from harvest.placement.far_records import preflight_report_from_dict, stop_report_from_dict
 from harvest.placement.ssh.remote import SCHEMAS, FarHost
 from harvest.placement.ssh.tunnel import Tunnel
@@ -77,7 +78,7 @@ def far_preflight(host: FarHost, server: ServerConfig, preflight: PreflightConfi
     """Run the far ``preflight --json -``; returns a PreflightReport (its details name the host)."""
     doc = host.call("preflight", ["preflight", "--json", "-"], stdin=far_config_doc(server, preflight),
                     ok_codes=(0, 1), schema=SCHEMAS["preflight"])
-    return preflight_report_from_dict(doc, host=host.label)
+    return preflight_report_from_dict(one_answer(doc, where=host.label, step="preflight"), host=host.label)
 
 
 def far_run_name(server: ServerConfig) -> str:

@@ -1,4 +1,6 @@
-"""serve --detach + ps + stop on this machine, on a real engine (llama-server on the tiny model)."""
+"""The placement matrix on this machine: gpus, preflight, serve --detach + ps + stop, run, tune (two
+candidates) and compare of a job without [host] or [cluster], on a real engine (llama-server on the
+tiny model); every document in its documented shape, every server found and stopped here."""
 
 from __future__ import annotations
 
@@ -10,26 +12,25 @@ from pathlib import Path
 import pytest
 
 from tests import engines
-from tests.placement.matrix import serve_ps_stop
+from tests.placement.matrix import Place, every_command
 
 pytestmark = [pytest.mark.engine]
 HARVEST = str(Path(sys.executable).with_name("harvest"))
 
 
-def llama_job(path: Path, binary: str, gguf: Path, port: int, **extra: str) -> Path:
-    lines = [f'[server]\nengine = "llamacpp"\nmodel = "{gguf}"\ncommand = ["{binary}"]\nport = {port}\n'
-             f'extra_args = ["-c", "2048"]\nready_timeout = 120\nstop_grace = 3\nstop_deadline = 20\n'
-             f'[preflight]\nmin_disk_free_gib = 0.05\nram_reserve_gib = 0\n']
-    lines += [f"[{name}]\n{body}\n" for name, body in extra.items()]
-    path.write_text("".join(lines))
-    return path
+def llama_server(binary: str, gguf: Path, port: int) -> dict[str, object]:
+    return {"engine": "llamacpp", "model": str(gguf), "command": [binary], "port": port,
+            "extra_args": ["-c", "2048"], "ready_timeout": 120, "stop_grace": 3, "stop_deadline": 20}
 
 
-def test_serve_ps_stop_here(tmp_path, llama_server_bin, tiny_gguf):
+PREFLIGHT = {"min_disk_free_gib": 0.05, "ram_reserve_gib": 0}
+
+
+def test_every_command_here(tmp_path, llama_server_bin, tiny_gguf):
     env = {**os.environ, "HARVEST_STATE_DIR": str(tmp_path / "state")}
 
     def harvest(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([HARVEST, *args], capture_output=True, text=True, timeout=300, env=env)
+        return subprocess.run([HARVEST, *args], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
 
-    job = llama_job(tmp_path / "job.toml", llama_server_bin, tiny_gguf, engines.free_port())
-    serve_ps_stop(harvest, job, tmp_path / "run", expect_where=lambda w: w == "this machine")
+    tables = {"server": llama_server(llama_server_bin, tiny_gguf, engines.free_port()), "preflight": PREFLIGHT}
+    every_command(Place("local", harvest, tables, where=lambda w: w == "this machine"), tmp_path)

@@ -1,7 +1,8 @@
-"""The placement matrix over real OpenSSH (tests/hosts/conftest.py): serve --detach + ps + stop of a
-[host] job on a real engine (llama-server on the tiny model), on the box itself and inside a
-container entered through an exec prefix; the documents in their documented shapes, the server's
-pid seen on that box (inside the container: under the container's own pid namespace)."""
+"""The placement matrix over real OpenSSH (tests/hosts/conftest.py): gpus, preflight, serve --detach +
+ps + stop, run, tune (two candidates) and compare of a [host] job on a real engine (llama-server on
+the tiny model), on the box itself and inside a container entered through an exec prefix; the
+documents in their documented shapes, the servers' pids seen on that box (inside the container:
+under the container's own pid namespace), every far stop verified clean there."""
 
 from __future__ import annotations
 
@@ -13,11 +14,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harvest.net import listening_pids
 from tests import engines
-from tests.hosts.conftest import write_toml
 from tests.hosts.test_container import PREFLIGHT, container, server_table  # noqa: F401 - the fixture
-from tests.placement.matrix import serve_ps_stop
+from tests.placement.matrix import Place, engine_folders, every_command
 
 pytestmark = [pytest.mark.engine]
 HARVEST = str(Path(sys.executable).with_name("harvest"))
@@ -32,31 +31,45 @@ def runner(tmp_path: Path):
     return harvest
 
 
-def test_serve_ps_stop_on_a_box(tmp_path, sshd, llama_server_bin, tiny_gguf):
-    port = engines.free_port()
-    box = write_toml(tmp_path / "box.toml", {"server": server_table(llama_server_bin, tiny_gguf, port),
-                                              "preflight": PREFLIGHT, "host": sshd.host_table()})
+def test_every_command_on_a_box(tmp_path, sshd, llama_server_bin, tiny_gguf):
+    tables = {"server": server_table(llama_server_bin, tiny_gguf, engines.free_port()), "preflight": PREFLIGHT,
+              "host": sshd.host_table()}
     label = f"root@127.0.0.1:{sshd.port}"
-    serve_ps_stop(runner(tmp_path), box, tmp_path / "runs" / "box", ps_args=("--config", str(box)),
-                  expect_where=lambda w: w == label)
-    assert (tmp_path / "runs" / "box" / "placement.json").exists()
+    every_command(Place("ssh", runner(tmp_path), tables, where=lambda w: w == label), tmp_path)
+    assert (tmp_path / "served" / "placement.json").exists()
+    assert all(p.is_relative_to(sshd.state_dir) for p in engine_folders(tmp_path / "run"))  # the far harvest's
 
 
-def test_serve_ps_stop_in_a_container(tmp_path, sshd, container, llama_server_bin, tiny_gguf):  # noqa: F811
+def in_namespace(ns: str, far_pid: int) -> psutil.Process | None:
+    """The process of the container's pid namespace ``ns`` whose pid there is ``far_pid`` (None: none)."""
+    for p in psutil.process_iter():
+        try:
+            if os.readlink(f"/proc/{p.pid}/ns/pid") != ns:
+                continue
+            status = Path(f"/proc/{p.pid}/status").read_text()
+        except OSError:
+            continue
+        nspids = next(line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:"))
+        if int(nspids[-1]) == far_pid and p.status() != psutil.STATUS_ZOMBIE:
+            return p
+    return None
+
+
+def test_every_command_in_a_container(tmp_path, sshd, container, llama_server_bin, tiny_gguf):  # noqa: F811
     init_pid, ns = container
     sshd.extra_prefix = ["nsenter", "-t", str(init_pid), "-p", "-m", "--"]
-    port = engines.free_port()
-    box = write_toml(tmp_path / "lxc.toml", {"server": server_table(llama_server_bin, tiny_gguf, port),
-                                              "preflight": PREFLIGHT, "host": sshd.host_table()})
+    tables = {"server": server_table(llama_server_bin, tiny_gguf, engines.free_port()), "preflight": PREFLIGHT,
+              "host": sshd.host_table()}
+    label = f"root@127.0.0.1:{sshd.port}"
 
     def seen_here(far_pid: int) -> int:
-        (pid,) = listening_pids(port)  # the engine as this machine sees it ...
-        assert os.readlink(f"/proc/{pid}/ns/pid") == ns  # ... inside the container's namespace
-        status = Path(f"/proc/{pid}/status").read_text()
-        nspids = next(line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:"))
-        assert int(nspids[-1]) == far_pid, nspids  # the pid the far harvest reported, in its namespace
-        return pid
+        found = in_namespace(ns, far_pid)  # the engine as this machine sees it, inside the container
+        assert found is not None, far_pid
+        return found.pid
 
-    serve_ps_stop(runner(tmp_path), box, tmp_path / "runs" / "lxc", ps_args=("--config", str(box)),
-                  pid_here=seen_here)
+    def gone_there(far_pid: int, create_time: float) -> bool:  # recorded in the container's namespace
+        return in_namespace(ns, far_pid) is None
+
+    every_command(Place("ssh", runner(tmp_path), tables, where=lambda w: w == label, pid_here=seen_here,
+                        engine_gone=gone_there), tmp_path)
     assert psutil.pid_exists(init_pid)  # the container itself was never touched

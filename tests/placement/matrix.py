@@ -148,7 +148,8 @@ def every_command(place: Place, tmp: Path) -> None:
 
     n = 12
     data = prompts(tmp / "in.jsonl", n)
-    job = write_toml(tmp / "job.toml", {**place.tables, "data": {"path": str(data), "id_field": "id"},
+    server = {**place.tables["server"], "max_running_requests": 4}
+    job = write_toml(tmp / "job.toml", {**place.tables, "server": server, "data": {"path": str(data), "id_field": "id"},
                                         "sampling": {"max_tokens": 8}, "client": {"concurrency": 4},
                                         "output": {"dir": str(tmp / "run")}})
     cfg_args = ("--config", str(job))
@@ -185,18 +186,19 @@ def every_command(place: Place, tmp: Path) -> None:
     assert stopped["verdict"] == "clean" and all(r["verdict"] == "clean" for r in stopped["servers"]), stopped
 
     grid = write_toml(tmp / "tune.toml", {
-        "grid": {"max_running_requests": [2, 4]},
+        "grid": {"max_running_requests": [2, 4]},  # 4: the job's own, so the reference launch measures it
         "probe": {"prompts": 4, "max_tokens": 8, "floor_launch": False, "resamples": 50},
         "throughput": {"prompts": 8, "concurrency": 4, "max_tokens": 8}})
     res = h("tune", str(job), "--grid", str(grid), "--json", "--out", str(tmp / "tune"))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     doc = valid(json.loads(res.stdout), "harvest.tune/1")
     assert [t["overrides"] for t in doc["trials"]] == [{"max_running_requests": 2}, {"max_running_requests": 4}]
+    assert [t["is_reference"] for t in doc["trials"]] == [False, True]
     assert all(t["verdict"] in ("pass", "fail") and t["quality"] is not None for t in doc["trials"]), doc["trials"]
     assert all(t["throughput"]["requests"] == 8 and t["throughput"]["failed"] == 0 for t in doc["trials"])
-    launches_clean(place, doc, ["reference", *[t["label"] for t in doc["trials"]]])
+    launches_clean(place, doc, ["reference", doc["trials"][0]["label"]])  # two settings, two launches
 
-    cand = write_toml(tmp / "cand.toml", {"server": {**place.tables["server"], "max_running_requests": 2},
+    cand = write_toml(tmp / "cand.toml", {"server": {**server, "max_running_requests": 2},
                                            "preflight": place.tables["preflight"]})  # no placement: the reference's
     settings = write_toml(tmp / "settings.toml", {"probe": {"prompts": 4, "max_tokens": 8, "floor_launch": False,
                                                             "resamples": 50}})

@@ -1,6 +1,8 @@
-"""The placement matrix on a real local Ray cluster (tests/cluster/conftest.py): serve --detach + ps +
-stop of a [cluster] job (llama-server actors on the worker nodes), every document in its documented
-shape; and `[run] max_relaunches` spent: the replacements stop at the budget and the run says so."""
+"""The placement matrix on a real local Ray cluster (tests/cluster/conftest.py): gpus, preflight,
+serve --detach + ps + stop, run, tune (two candidates) and compare of a [cluster] job (llama-server
+actors on the worker nodes), every document in its documented shape, every server found on its
+node by the run's record and stopped clean there; and `[run] max_relaunches` spent: the
+replacements stop at the budget and the run says so."""
 
 from __future__ import annotations
 
@@ -9,43 +11,42 @@ import os
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import psutil
 import pytest
 
+from harvest.placement import record
 from tests import engines
 from tests.chaos.killer import harvest_argv, read_ledger
 from tests.cluster.test_ray_run import engine_process, ray_record, wait_record, write_job
-from tests.placement.matrix import serve_ps_stop
+from tests.placement.matrix import Place, every_command
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 
-def serve_job(tmp_path: Path, cluster, binary: str, gguf: Path) -> Path:
-    job = tmp_path / "serve-job.toml"
-    job.write_text(
-        f'[server]\nengine = "llamacpp"\nmodel = "{gguf}"\ncommand = ["{binary}"]\nport = {engines.free_port()}\n'
-        f'extra_args = ["-c", "2048"]\nready_timeout = 90\nstop_grace = 3\nstop_deadline = 20\n'
-        f'[preflight]\nmin_disk_free_gib = 0.1\nram_reserve_gib = 0\n'
-        f'[cluster]\nbackend = "ray"\naddress = "{cluster.address}"\nservers = 2\ngpus_per_server = 0\n'
-        f'resources = {{ engine = 1 }}\nconnect_timeout = 60\n')
-    return job
-
-
-def test_serve_ps_stop_on_the_cluster(tmp_path, ray_cluster, llama_server_bin, tiny_gguf):
-    job = serve_job(tmp_path, ray_cluster, llama_server_bin, tiny_gguf)
+def test_every_command_on_the_cluster(tmp_path, ray_cluster, llama_server_bin, tiny_gguf):
+    server = {"engine": "llamacpp", "model": str(tiny_gguf), "command": [llama_server_bin],
+              "port": engines.free_port(), "extra_args": ["-c", "2048"], "ready_timeout": 90, "stop_grace": 3,
+              "stop_deadline": 20}
+    cluster = {"backend": "ray", "address": ray_cluster.address, "servers": 2, "gpus_per_server": 0,
+               "resources": {"engine": 1}, "connect_timeout": 60}
+    tables = {"server": server, "preflight": {"min_disk_free_gib": 0.1, "ram_reserve_gib": 0}, "cluster": cluster}
 
     def harvest(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(harvest_argv(*args), capture_output=True, text=True, timeout=400, env=ray_cluster.env)
 
     workers = {ray_cluster.node_id("node_a")[:8], ray_cluster.node_id("node_b")[:8]}
-    stopped = serve_ps_stop(harvest, job, tmp_path / "served", ps_args=("--config", str(job)),
-                            expect_where=lambda w: w.startswith("node 127.0.0.1 (") and w[-9:-1] in workers)
-    assert all(r["run_dir"].startswith("node 127.0.0.1 (") for r in stopped["servers"])  # measured on its node
+
+    def on_a_worker(where: str) -> bool:
+        return where.startswith("node 127.0.0.1 (") and where[-9:-1] in workers
+
+    every_command(Place("ray", harvest, tables, where=on_a_worker, servers=2), tmp_path)
     rec = json.loads((tmp_path / "served" / "placement.json").read_text())
     assert rec["kind"] == "ray" and [m["state"] for m in rec["members"]] == ["stopped", "stopped"]
     assert {m["info"]["node_id"][:8] for m in rec["members"]} == workers  # one per worker node
+    run = record.find(tmp_path / "run")
+    assert [doc["kind"] for _, doc in run] == ["ray"]
+    assert {m["info"]["node_id"][:8] for m in run[0][1]["members"]} == workers  # the run's servers: one on each
 
 
 def test_max_relaunches_spent(tmp_path, ray_cluster, llama_server_bin, tiny_gguf):

@@ -76,3 +76,20 @@ def test_stop_of_a_folder_without_a_record_is_one_line(tmp_path):
     assert res.returncode == 2
     (line,) = res.stderr.strip().splitlines()
     assert "no launch record in" in line and "host-*" in line
+
+
+@pytest.mark.parametrize("where", [["--host", "root@127.0.0.1"], ["--cluster", "127.0.0.1:9"]])
+def test_preflight_wait_off_this_machine_is_one_line(tmp_path, where):
+    """--wait polls this machine's rules; a far host or a Ray cluster is checked once: refused before
+    anything is contacted (no SSH, no Ray connection: the addresses above answer nothing)."""
+    if where[0] == "--cluster":
+        pytest.importorskip("ray", reason="the [cluster] placement needs Ray (pip install 'harvest[ray]')")
+    port = engines.free_port()
+    job = tmp_path / "job.toml"
+    job.write_text(f'[server]\nengine = "command"\ncommand = ["true"]\nport = {port}\n')
+    res = harvest(tmp_path, "preflight", str(job), *where, "--wait", "5")
+    assert res.returncode == 2, res.stdout + res.stderr
+    (line,) = res.stderr.strip().splitlines()
+    assert line.startswith("error: ") and "--wait" in line, line
+    assert res.stdout == ""
+    nothing_here(tmp_path, port)

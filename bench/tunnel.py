@@ -16,7 +16,9 @@ latency per request then also loses server share to the others, so this ratio is
 (on a shared 2-core machine it is steadier against load that comes and goes). Every request generates exactly
 ``max_tokens`` (``ignore_eos``). tok/s of a path = its completion tokens / its own window (its first
 request sent to its last answer). The figure is the median over rounds of tunnel tok/s / direct
-tok/s; the load average is printed beside each round.
+tok/s; the load average is printed beside each round, and so are each path's connections (open at
+the end of its window / closed during it: keep-alive holds when the second stays near 0, while a
+path that opened a connection per request would close about one per request).
 
 Everything started here is stopped here: the server by its process group, sshd by its pid, the
 tunnels by closing them.
@@ -32,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -44,11 +48,25 @@ from tests import engines  # noqa: E402
 from tests.hosts.conftest import start_sshd  # noqa: E402
 
 
-async def drive(url: str, n: int, concurrency: int, max_tokens: int, tag: str) -> tuple[int, float]:
+def connections(port: int) -> tuple[int, int]:
+    """TCP connections to or from ``port`` now: (established, TIME_WAIT). A client that lost
+    keep-alive closes one connection per request, which leaves a TIME_WAIT behind each (60 s)."""
+    est = tw = 0
+    for c in psutil.net_connections(kind="tcp"):
+        if (c.laddr and c.laddr.port == port) or (c.raddr and c.raddr.port == port):
+            est += c.status == psutil.CONN_ESTABLISHED
+            tw += c.status == psutil.CONN_TIME_WAIT
+    return est, tw
+
+
+async def drive(url: str, n: int, concurrency: int, max_tokens: int, tag: str) -> tuple[int, float, int, int]:
+    """(completion tokens, window seconds, connections open at the end, connections closed during it)."""
     sampling = SamplingConfig(max_tokens=max_tokens, temperature=0.0, extra_body={"ignore_eos": True})
     tokens = 0
+    port = int(url.rsplit(":", 1)[1])
     async with Client([url], ClientConfig(concurrency=concurrency, max_retries=0), sampling) as client:
         await client.chat([{"role": "user", "content": "warm up"}], max_tokens=1)
+        closed_before = connections(port)[1]
         t0 = time.monotonic()
 
         async def one(i: int) -> None:
@@ -57,7 +75,9 @@ async def drive(url: str, n: int, concurrency: int, max_tokens: int, tag: str) -
             tokens += c.completion_tokens or 0
 
         await asyncio.gather(*(one(i) for i in range(n)))
-        return tokens, time.monotonic() - t0
+        window = time.monotonic() - t0
+        est, closed = connections(port)
+        return tokens, window, est, closed - closed_before
 
 
 class AsyncsshForward:
@@ -100,16 +120,15 @@ async def main_async(args: argparse.Namespace, server_url: str, far_port: int, s
         names = list(paths)
         for r in range(args.rounds):
             if args.mode == "head-to-head":
-                got = await asyncio.gather(*(drive(url, args.prompts, per, args.max_tokens, name)
-                                             for name, url in paths.items()))
-                rates = {name: tok / win for name, (tok, win) in zip(paths, got)}
+                got = dict(zip(paths, await asyncio.gather(*(drive(url, args.prompts, per, args.max_tokens, name)
+                                                             for name, url in paths.items()))))
             else:  # each path alone at the full concurrency, the order rotating every round
                 order = names[r % len(names):] + names[:r % len(names)]
-                rates = {}
-                for name in order:
-                    tok, win = await drive(paths[name], args.prompts, args.concurrency, args.max_tokens, name)
-                    rates[name] = tok / win
+                got = {name: await drive(paths[name], args.prompts, args.concurrency, args.max_tokens, name)
+                       for name in order}
+            rates = {name: tok / win for name, (tok, win, _, _) in got.items()}
             line = ", ".join(f"{k} {v:.1f} tok/s" for k, v in rates.items())
+            line += "; connections open/closed: " + ", ".join(f"{k} {o}/{c}" for k, (_, _, o, c) in got.items())
             for k in ratios:
                 ratios[k].append(rates[k] / rates["direct"])
             print(f"round {r + 1}: {line}; " + ", ".join(f"{k}/direct x{ratios[k][-1]:.3f}" for k in ratios)

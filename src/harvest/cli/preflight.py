@@ -71,7 +71,8 @@ def grouped(results: Sequence[RuleResult]) -> list[RuleResult]:
 @click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
               help="re-check 5 times a second until every rule passes or SECONDS pass")
-@click.option("--json", "as_json", is_flag=True, help="print the documented JSON document (harvest.preflight/2, the same on every placement)")
+@click.option("--json", "as_json", is_flag=True,
+              help="print the documented JSON document (harvest.preflight/2, the same on every placement)")
 @click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="folder whose disk must have room (default: [output] dir of the config)")
 @host_options

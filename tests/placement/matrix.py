@@ -18,7 +18,7 @@ import json
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +86,6 @@ class Place:
     #: The recorded engine (its pid as recorded there, its create time) is gone, measured.
     engine_gone: Callable[[int, float], bool] = gone
     servers: int = 1  # servers a run of this job starts
-    ps_args: tuple[str, ...] = field(default=())
 
 
 def engine_folders(folder: Path) -> list[Path]:

@@ -30,11 +30,21 @@ from harvest.server import StateFile, stop_run
 from tests.gpu.fake_nvml import FakeNvml, h200s
 from tests.realparts import require
 from tests.server.helpers import gone, read_pid, wait_for
+from tests.timing import SLACK_S
 
 STUBBORN = Path(__file__).with_name("stubborn_engine.py")
 FREEZER = Path("/sys/fs/cgroup/freezer")
 #: Seconds a bounded step may overrun on a loaded 2-core machine (the stop itself promises one poll).
 MARGIN = 5.0
+
+
+def cli_startup_s() -> float:
+    """Seconds ``python -m harvest stop --help`` takes now: the interpreter, harvest's imports and the
+    CLI's parser, all that a ``harvest stop`` costs before the stop itself starts its clock."""
+    t = time.monotonic()
+    subprocess.run([sys.executable, "-m", "harvest", "stop", "--help"], capture_output=True, timeout=120,
+                   check=True)
+    return time.monotonic() - t
 
 
 def stubborn(pid_dir: Path, *flags: str, **over: object):
@@ -117,6 +127,7 @@ def test_a_process_alive_after_sigkill_at_the_deadline_is_named_and_the_stop_end
     worker = read_pid(pids, "worker")
     deadline = 6.0
     with frozen(freezer, worker):
+        startup = cli_startup_s()  # what the interpreter and imports cost under this moment's load
         t = time.monotonic()
         out = subprocess.run([sys.executable, "-m", "harvest", "stop", str(server.run_dir), "--grace", "1",
                               "--deadline", str(deadline)], capture_output=True, text=True, timeout=120,
@@ -126,10 +137,14 @@ def test_a_process_alive_after_sigkill_at_the_deadline_is_named_and_the_stop_end
     text = out.stdout + out.stderr
     assert out.returncode == 1, text
     assert "DIRTY" in text.upper() and f"still alive at the deadline: {worker}" in text, text
-    # + 5 s: the interpreter's start-up and imports, on top of the stop itself
-    assert took <= deadline + MARGIN + 5, f"harvest stop took {took:.1f} s with --deadline {deadline}"
     saved = json.loads(StateFile(server.run_dir).stop_path.read_text())  # the stop.json harvest wrote
     assert saved is not None and saved["verdict"] == "dirty"
+    # The promise (RELIABILITY.md): the stop ends inside its deadline, by the stop's own clock ...
+    assert saved["total_s"] <= deadline + MARGIN, f"the stop took {saved['total_s']:.1f} s, --deadline {deadline}"
+    # ... and the command around it adds only its start-up, measured just before under the same load
+    # (a fixed allowance failed at load 48: 55 s against 16, the stop itself inside its deadline).
+    bound = deadline + MARGIN + 2 * startup + SLACK_S
+    assert took <= bound, f"harvest stop took {took:.1f} s with --deadline {deadline} (start-up {startup:.1f} s)"
     assert [s["pid"] for s in saved["survivors"]] == [worker]
     assert any("recorded processes still alive" in p and str(worker) in p for p in saved["problems"])
     assert gone(leader.pid, leader.create_time)

@@ -30,14 +30,15 @@ pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 
 def write_job(tmp_path: Path, cluster, llama_server_bin: str, tiny_gguf: Path, n: int, *, servers: str = "2",
-              resources: str = "{ engine = 1 }", max_relaunches: int = 3, slots: int = 4) -> tuple[Path, Path]:
+              resources: str = "{ engine = 1 }", max_relaunches: int = 3, slots: int = 4,
+              stop_deadline: float = 20) -> tuple[Path, Path]:
     data = write_data(tmp_path / "in.jsonl", n)
     run_dir = tmp_path / "run"
     job = tmp_path / "job.toml"
     job.write_text(
         f'[server]\nengine = "llamacpp"\nmodel = "{tiny_gguf}"\ncommand = ["{llama_server_bin}"]\n'
         f'port = {engines.free_port()}\nmax_running_requests = {slots}\nextra_args = ["-c", "4096"]\n'
-        f'ready_timeout = 90\nstop_grace = 3\nstop_deadline = 20\n'
+        f'ready_timeout = 90\nstop_grace = 3\nstop_deadline = {stop_deadline:g}\n'
         f'[preflight]\nmin_disk_free_gib = 0.1\nram_reserve_gib = 0\n'
         f'[cluster]\nbackend = "ray"\naddress = "{cluster.address}"\nservers = {servers}\n'
         f'gpus_per_server = 0\nresources = {resources}\nconnect_timeout = 60\n'

@@ -71,9 +71,11 @@ def tiny_gguf(tiny_model: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def vllm_server(vllm_python: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory):
-    """One vLLM CPU server shared by the session's tests that are not about lifecycle."""
+    """One vLLM CPU server shared by the session's tests that are not about lifecycle (the campaign
+    tests, the auto-concurrency controller's). Its readiness bound is a guard, not a measurement:
+    vLLM's compile warm-up took over 240 s at load 30 on 2 cores."""
     server = engines.start_vllm(vllm_python, tiny_model, tmp_path_factory.mktemp("vllm-shared"),
-                                "--max-model-len", "2048", timeout=600)  # the tests' own vLLM jobs' ready_timeout
+                                "--max-model-len", "2048", timeout=900)
     try:
         yield server
     finally:

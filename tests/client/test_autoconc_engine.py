@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 
 import pytest
 
 from harvest.client import Client
 from harvest.client.autoconc import AutoSettings
 from harvest.config import ClientConfig, SamplingConfig
-from tests import engines
 
-# The server's start (up to its 900 s readiness bound on a loaded machine) counts against the test.
+# The shared server's start (tests/conftest.py, up to its 900 s readiness bound on a loaded machine)
+# counts against the test when it is the first of the session to ask for it.
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 START = 2
@@ -28,20 +27,7 @@ AFTER = 10
 DEADLINE_S = 300.0
 
 
-@pytest.fixture(scope="module")
-def vllm_auto_server(vllm_python: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory):
-    """A vLLM CPU server of this module's own, with a readiness bound that survives a loaded
-    machine (its compile warm-up took over 240 s at load 30 on 2 cores)."""
-    server = engines.start_vllm(vllm_python, tiny_model, tmp_path_factory.mktemp("vllm-auto"),
-                                "--max-model-len", "1024", timeout=900.0)
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-async def test_auto_target_rises_from_start_and_settles_on_vllm(vllm_auto_server):
-    vllm_server = vllm_auto_server
+async def test_auto_target_rises_from_start_and_settles_on_vllm(vllm_server):
     config = ClientConfig(concurrency="auto", auto_start=START, max_concurrency=64, request_timeout=300)
     sampling = SamplingConfig(max_tokens=16, temperature=0.0, extra_body={"ignore_eos": True})
     auto = AutoSettings(start=START, max_concurrency=64, interval_s=1.0)

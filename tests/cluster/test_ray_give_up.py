@@ -29,7 +29,14 @@ import pytest
 from harvest.placement.ray.servers import POLL_MISSES, POLL_S, POLL_TIMEOUT_S, STOP_SLACK_S
 from tests.campaign.ledger_peek import attempts
 from tests.chaos.killer import final_check, harvest_argv, wait_committed
-from tests.cluster.test_ray_run import engine_process, ray_record, run, wait_record, wait_replacement, write_job
+from tests.cluster.test_ray_run import (
+    engine_process,
+    ray_record,
+    run,
+    wait_record,
+    wait_replacement,
+    write_job,
+)
 from tests.timing import SLACK_S
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -100,7 +107,8 @@ def gone(pid: int, timeout: float) -> bool:
 
 def test_missed_polls_write_a_frozen_server_off(tmp_path, ray_cluster, llama_server_bin, tiny_gguf):
     n = 200
-    job, run_dir = write_job(tmp_path, ray_cluster, llama_server_bin, tiny_gguf, n, stop_deadline=STOP_DEADLINE)
+    job, run_dir = write_job(tmp_path, ray_cluster, llama_server_bin, tiny_gguf, n,
+                             stop_deadline=STOP_DEADLINE)
     proc = subprocess.Popen(harvest_argv("run", str(job), "--no-live"), env=ray_cluster.env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     frozen: list[tuple[str, int]] = []  # ("group"|"pid", id) this test stopped, resumed in any case

@@ -20,6 +20,11 @@ tok/s; the load average is printed beside each round, and so are each path's con
 the end of its window / closed during it: keep-alive holds when the second stays near 0, while a
 path that opened a connection per request would close about one per request).
 
+``--engine sim`` serves from ``bench/sim_engine.py`` instead (a continuous-batching engine that
+sleeps a decode step per batch: its compute is not on this machine's cores, as on a GPU box). On a
+2-core machine vLLM CPU keeps both cores busy, so the tunnel's two extra processes (``ssh``, ``sshd``)
+take CPU from the engine itself; with the sim engine the ratio is the tunnel's own cost per request.
+
 Everything started here is stopped here: the server by its process group, sshd by its pid, the
 tunnels by closing them.
 """
@@ -152,16 +157,29 @@ def main() -> int:
     p.add_argument("--mode", choices=["alternate", "head-to-head"], default="head-to-head",
                    help="alternate: each path alone at --concurrency, order rotating (a saturated server, "
                         "as in a campaign); head-to-head: all paths at once, the concurrency split")
+    p.add_argument("--engine", choices=["vllm", "sim"], default="vllm",
+                   help="vllm: vLLM CPU and the tiny model (the recorded figure); sim: bench/sim_engine.py, "
+                        "a decode step of --sim-step s per batch of up to --sim-batch, no CPU of its own")
+    p.add_argument("--sim-step", type=float, default=0.02)
+    p.add_argument("--sim-batch", type=int, default=64)
     args = p.parse_args()
     benchutil.exit_on_sigterm()
     work = Path(tempfile.mkdtemp(prefix="harvest-bench-tunnel-"))
-    py = engines.install_engine("vllm") if "HARVEST_VLLM_PYTHON" not in __import__("os").environ \
-        else __import__("os").environ["HARVEST_VLLM_PYTHON"]
-    model = engines.build_tiny_model(py, work / "model", gguf=False)
     port = engines.free_port()
-    server = engines.start_engine(engines.vllm_argv(py, str(model), port, "--max-model-len", "2048"), port=port,
-                                  model=str(model), log_path=work / "server.log", health="/health",
-                                  env=engines.VLLM_ENV, timeout=600)
+    if args.engine == "sim":
+        argv = [sys.executable, str(Path(__file__).with_name("sim_engine.py")), "--port", str(port),
+                "--token-latency", str(args.sim_step), "--max-batch", str(args.sim_batch)]
+        server = engines.start_engine(argv, port=port, model="sim-model", log_path=work / "server.log",
+                                      health="/health", timeout=60)
+    else:
+        py = engines.install_engine("vllm") if "HARVEST_VLLM_PYTHON" not in __import__("os").environ \
+            else __import__("os").environ["HARVEST_VLLM_PYTHON"]
+        model = engines.build_tiny_model(py, work / "model", gguf=False)
+        server = engines.start_engine(engines.vllm_argv(py, str(model), port, "--max-model-len", "2048"), port=port,
+                                      model=str(model), log_path=work / "server.log", health="/health",
+                                      env=engines.VLLM_ENV, timeout=600)
+    print(f"engine: {args.engine}" + (f" (step {args.sim_step} s, batch {args.sim_batch})" if args.engine == "sim"
+                                      else ""), flush=True)
     sshd = None
     try:
         sshd = start_sshd(work / "sshd")

@@ -167,12 +167,13 @@ class DispatchSteps:
 
     async def _refill(self, d: _Dispatch, writer: LedgerWriter, client: Client, progress: Progress) -> None:
         """Claim up to ``CLAIM_FACTOR`` x the client's capacity (it moves with ``concurrency =
-        "auto"``), then send from the claimed rows, prefix-aware (campaign/order.py), while the client
-        has room for them plus a little headroom, so its own queue stays short and in our order."""
+        "auto"``; deeper while the claimed rows share prefixes: ``PrefixOrder.depth``), then send
+        from the claimed rows, prefix-aware (campaign/order.py), while the client has room for them
+        plus a little headroom, so its own queue stays short and in our order."""
         capacity = client.capacity()
         if self.stop_requested.is_set() or d.server_down:
             return
-        want = capacity * CLAIM_FACTOR - len(d.tasks) - len(d.order)
+        want = d.order.depth(capacity * CLAIM_FACTOR) - len(d.tasks) - len(d.order)
         if not d.exhausted and want > 0:
             # Asked before the claim: an ingest that ended before it committed before it.
             ingesting = self._ingesting()

@@ -122,14 +122,19 @@ async def test_a_conversations_turns_go_to_one_server_with_affinity_and_spread_w
 
 def test_the_window_deepens_only_while_the_claimed_rows_share_prefixes():
     """40 system prompts shuffled: a window of 64 holds one or two rows of each, so it deepens to
-    LOOKAHEAD once the rows show it; rows that share nothing (and a disabled order) keep 64."""
+    LOOKAHEAD once the rows show it; rows that share nothing, share one prompt, come sorted by
+    prompt (FIFO groups them already), or a disabled order keep 64."""
     from harvest.campaign.order import LOOKAHEAD
 
     rng = random.Random(5)
     shared = [row(i, f"system prompt {i % 40} " + "y" * 300, f"question {i}") for i in range(1000)]
     rng.shuffle(shared)
     alone = [row(i, f"system prompt of row {i} alone " + "z" * 300, f"question {i}") for i in range(1000)]
-    for rows, enabled, deep in ((shared, True, True), (alone, True, False), (shared, False, False)):
+    one = [row(i, "the one system prompt of every row " + "v" * 300, f"question {i}") for i in range(1000)]
+    in_order = sorted(shared, key=lambda r: prefix_key(r.item))  # already grouped: FIFO groups it
+    cases = ((shared, True, True), (alone, True, False), (one, True, False), (in_order, True, False),
+             (shared, False, False))
+    for rows, enabled, deep in cases:
         order = PrefixOrder(enabled=enabled)
         assert order.depth(64) == 64  # nothing seen yet: the client's own window
         order.add(rows[:64])

@@ -18,10 +18,12 @@ them and hands out next:
 
 Grouping needs several rows of a prefix in the window at once: a window of twice the client's
 capacity over a shuffled dataset of 40 prefixes holds one or two rows of each, so the order could
-only pass them on as FIFO would. Once the rows claimed show that they share prefixes (at least
-``SHARED_SHARE`` of the last ``SHARED_SAMPLE`` rows added had a key seen before), :meth:`PrefixOrder.depth`
-asks the dispatch to hold up to ``LOOKAHEAD`` rows; while nothing is shared the window stays the
-client's own (FIFO, nothing claimed further ahead).
+only pass them on as FIFO would. Once the rows claimed show that they share prefixes out of order
+(at least ``SHARED_SHARE`` of the last ``SHARED_SAMPLE`` rows added had a key seen before, other than
+the key of the row just before them), :meth:`PrefixOrder.depth` asks the dispatch to hold up to
+``LOOKAHEAD`` rows. While nothing is shared, or what is shared already comes grouped (one system
+prompt for every row, a dataset sorted by prompt), the window stays the client's own: the order is
+FIFO, and nothing is claimed further ahead.
 
 Nothing about a row changes but the moment it is sent: exactly once, resume (rows held here are
 ``running`` in the ledger, released with the in-flight ones; a killed session's are recovered to
@@ -88,6 +90,7 @@ class PrefixOrder:
         #: Keys of the rows added lately (an LRU), and whether each of the last rows repeated one.
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._repeats: deque[bool] = deque(maxlen=SHARED_SAMPLE)
+        self._last_added: str | None = None
 
     def __len__(self) -> int:
         return len(self._fifo)
@@ -96,7 +99,8 @@ class PrefixOrder:
         """Hold ``rows`` (in claim order)."""
         for row in rows:
             key = prefix_key(row.item)
-            self._repeats.append(key in self._seen)
+            self._repeats.append(key != self._last_added and key in self._seen)  # a run of one key: FIFO groups it
+            self._last_added = key
             self._seen.pop(key, None)
             self._seen[key] = None
             if len(self._seen) > SEEN_KEYS:
@@ -106,7 +110,7 @@ class PrefixOrder:
             self._groups.setdefault(key, deque()).append(self._seq)
 
     def sharing(self) -> bool:
-        """True when the rows added lately share prefixes (see the module docstring)."""
+        """True when the rows added lately share prefixes out of order (see the module docstring)."""
         added = len(self._repeats)
         return added >= 16 and sum(self._repeats) >= SHARED_SHARE * added
 

@@ -63,7 +63,6 @@ class _Dispatch:
     last_update: float = 0.0
 
 
-
 class _Samples:
     """The samples of one item claimed together: generated once (``generate_samples``: one request
     with ``n`` where the engine takes it), handed to each sample's task by index. The shared work
@@ -88,7 +87,6 @@ class _Samples:
         if isinstance(found[index], BaseException):
             raise found[index]
         return found[index]
-
 
 
 def _by_item(rows: Sequence[Any]) -> list[list[Any]]:

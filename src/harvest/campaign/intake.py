@@ -66,7 +66,6 @@ def _sampling_settings(config: HarvestConfig) -> dict[str, Any]:
     return out
 
 
-
 def dataset_fingerprint(path: str) -> str:
     """Size plus a hash of the first and last MiB of every file: cheap, catches edits and swaps."""
     p = Path(path)
@@ -95,7 +94,6 @@ def describe_ids(data: Any, report: IngestReport) -> str:
         return f"ids: the rows' {field!r} field"
     return (f"ids: the rows' {field!r} field ({report.own_ids}), content hashes where a row has none "
             f"({usable - report.own_ids})")
-
 
 
 class IngestSteps:

@@ -181,14 +181,16 @@ def summarize(results: dict[str, list[dict[str, Any]]], label: str) -> dict[str,
 
 # ----------------------------------------------------------------------------------------- servers
 
-def start_vllm(py: str, model: str, work: Path, name: str, max_num_seqs: int | None, *, max_model_len: int = 1024):
+def start_vllm(py: str, model: str, work: Path, name: str, max_num_seqs: int | None, *, max_model_len: int = 1024,
+               more_args: tuple[str, ...] = ()):
     import socket
 
     from harvest.config import PreflightConfig, ServerConfig
     from harvest.errors import LaunchError
     from harvest.server import Server
 
-    extra = ["--max-model-len", str(max_model_len)] + (["--max-num-seqs", str(max_num_seqs)] if max_num_seqs else [])
+    extra = (["--max-model-len", str(max_model_len)] + (["--max-num-seqs", str(max_num_seqs)] if max_num_seqs else [])
+             + list(more_args))
     last: Exception | None = None
     for attempt in range(3):
         with socket.socket() as s:

@@ -17,7 +17,8 @@ import time
 
 import pytest
 
-from tests.campaign.ledger_peek import orphan_results, results_count, unique_items
+from tests.campaign.ledger_peek import orphan_results, results_count, statuses, unique_items
+from tests.chaos.killer import shared_row
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -26,8 +27,10 @@ N_ITEMS = 3000
 
 
 def write_job(tmp_path, url, campaign):
-    rows = [json.dumps({"id": f"k{i}", "prompt": f"Write a line about the number {i}."})
-            for i in range(N_ITEMS)]
+    # Half the rows share one of 4 system prompts: the send order groups them and holds a deeper
+    # window of claimed rows (campaign/order.py), which a kill leaves running in the ledger.
+    rows = [json.dumps(shared_row(i, 4) if i % 2 == 0 else
+                       {"id": f"k{i}", "prompt": f"Write a line about the number {i}."}) for i in range(N_ITEMS)]
     rows += [json.dumps({"id": "k7", "prompt": "Write a line about the number 7."})] * 5  # duplicates
     data = tmp_path / "in.jsonl"
     data.write_text("\n".join(rows) + "\n")
@@ -65,6 +68,7 @@ def test_sigkill_at_random_moments_then_resume(tmp_path, vllm_server):
     seen_results = 0
     kills = 0
     rounds = 0
+    deepest = 0  # the most rows a kill left running (claimed: in flight or held by the send order)
     while kills < ROUNDS and rounds < 4 * ROUNDS:
         rounds += 1
         argv = [sys.executable, "-m", "harvest", "run", str(job), "--no-live"]
@@ -74,6 +78,7 @@ def test_sigkill_at_random_moments_then_resume(tmp_path, vllm_server):
             os.kill(proc.pid, signal.SIGKILL)
             kills += 1
         proc.wait(timeout=30)
+        deepest = max(deepest, statuses(run_dir).get("running", 0))
         results = results_count(run_dir)
         assert orphan_results(run_dir) == 0, "a committed result belongs to an item that is not done"
         assert results >= seen_results, f"committed results went from {seen_results} to {results}"
@@ -84,4 +89,6 @@ def test_sigkill_at_random_moments_then_resume(tmp_path, vllm_server):
             job, run_dir = write_job(tmp_path, vllm_server.url, campaign)
             seen_results = 0
     assert kills >= ROUNDS, f"only {kills} of {rounds} rounds were killed mid-run"
+    # Some kill hit a session holding more than its client's own window (2 x concurrency 32).
+    assert deepest > 64, f"no kill left more than {deepest} rows running: the deeper window never held"
     check_complete(job, run_dir)

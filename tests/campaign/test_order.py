@@ -118,3 +118,52 @@ async def test_a_conversations_turns_go_to_one_server_with_affinity_and_spread_w
         await generate_item(client, Item("x", "d.jsonl", 9, messages), run=RunConfig(), sampling=SamplingConfig(),
                             settings_hash="h")
         assert len(set(seen)) == 2, seen  # no key: round-robin among equals
+
+
+def test_the_window_deepens_only_while_the_claimed_rows_share_prefixes():
+    """40 system prompts shuffled: a window of 64 holds one or two rows of each, so it deepens to
+    LOOKAHEAD once the rows show it; rows that share nothing, share one prompt, come sorted by
+    prompt (FIFO groups them already), or a disabled order keep 64."""
+    from harvest.campaign.order import LOOKAHEAD
+
+    rng = random.Random(5)
+    shared = [row(i, f"system prompt {i % 40} " + "y" * 300, f"question {i}") for i in range(1000)]
+    rng.shuffle(shared)
+    alone = [row(i, f"system prompt of row {i} alone " + "z" * 300, f"question {i}") for i in range(1000)]
+    one = [row(i, "the one system prompt of every row " + "v" * 300, f"question {i}") for i in range(1000)]
+    in_order = sorted(shared, key=lambda r: prefix_key(r.item))  # already grouped: FIFO groups it
+    cases = ((shared, True, True), (alone, True, False), (one, True, False), (in_order, True, False),
+             (shared, False, False))
+    for rows, enabled, deep in cases:
+        order = PrefixOrder(enabled=enabled)
+        assert order.depth(64) == 64  # nothing seen yet: the client's own window
+        order.add(rows[:64])
+        assert order.depth(64) == (LOOKAHEAD if deep else 64), (enabled, deep)
+        assert order.depth(4096) == 4096  # never shallower than the client's own
+
+
+def test_a_deep_window_groups_what_a_short_one_cannot(monkeypatch):
+    """The same shuffled 40 x 25 through a dispatch-like loop (32 in flight, refill to depth()):
+    with the deep window nearly every prefix goes out in one run; held to the client's window of 64
+    the order finds runs of ~2 rows; disabled (FIFO), of ~1."""
+    from harvest.campaign import order as order_module
+
+    rng = random.Random(7)
+    rows = [row(i, f"system prompt {i % 40} " + "w" * 300, f"question {i}") for i in range(1000)]
+    rng.shuffle(rows)
+
+    def send(order: PrefixOrder) -> list[str]:
+        pending, sent = list(rows), []
+        while pending or len(order):
+            want = order.depth(64) - 32 - len(order)  # 32 in flight all along
+            if want > 0 and pending:
+                order.add(pending[:want])
+                del pending[:want]
+            sent.append(order.pop())
+        assert sorted(r.id for r in sent) == sorted(r.id for r in rows)  # every row once
+        return [prefix_key(r.item) for r in sent]
+
+    assert runs(send(PrefixOrder())) <= 60
+    assert runs(send(PrefixOrder(enabled=False))) > 900
+    monkeypatch.setattr(order_module, "LOOKAHEAD", 64)
+    assert runs(send(PrefixOrder())) > 400

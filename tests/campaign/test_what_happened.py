@@ -197,11 +197,12 @@ def test_a_first_batch_all_skipped_stops_before_anything_is_sent(tmp_path, monke
     file left to be read next time under fixed settings."""
     import asyncio
 
-    from harvest.campaign import run as run_module
+    from harvest.campaign import intake
     from harvest.campaign.run import run_campaign
     from harvest.config import parse_config
+    from harvest.ledger import Status
 
-    monkeypatch.setattr(run_module, "INGEST_BATCH", 10)  # a batch of 10 rows stands for 10,000
+    monkeypatch.setattr(intake, "INGEST_BATCH", 10)  # a batch of 10 rows stands for 10,000
     rows(tmp_path / "in.jsonl", [{"qid": i, "question": f"q{i}"} for i in range(25)])
 
     def config(**data: Any) -> Any:
@@ -211,7 +212,7 @@ def test_a_first_batch_all_skipped_stops_before_anything_is_sent(tmp_path, monke
 
     report = asyncio.run(run_campaign(config(), live=False))
     assert report.outcome == "stopped" and "rows read first were all skipped" in (report.note or ""), report
-    assert not report.ok and report.totals.counts[run_module.Status.SKIPPED] == 10
+    assert not report.ok and report.totals.counts[Status.SKIPPED] == 10
     assert report.skip_reasons and report.skip_reasons[0].error_class == "shape"
 
 

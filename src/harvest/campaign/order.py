@@ -16,8 +16,18 @@ them and hands out next:
 3. but never passes over the oldest row more than ``patience`` times: an item cannot starve
    behind a prefix that keeps coming.
 
+Grouping needs several rows of a prefix in the window at once: a window of twice the client's
+capacity over a shuffled dataset of 40 prefixes holds one or two rows of each, so the order could
+only pass them on as FIFO would. Once the rows claimed show that they share prefixes out of order
+(at least ``SHARED_SHARE`` of the last ``SHARED_SAMPLE`` rows added had a key seen before, other than
+the key of the row just before them), :meth:`PrefixOrder.depth` asks the dispatch to hold up to
+``LOOKAHEAD`` rows. While nothing is shared, or what is shared already comes grouped (one system
+prompt for every row, a dataset sorted by prompt), the window stays the client's own: the order is
+FIFO, and nothing is claimed further ahead.
+
 Nothing about a row changes but the moment it is sent: exactly once, resume (rows held here are
-``running`` in the ledger, released with the in-flight ones) and the ledger's claim order stand.
+``running`` in the ledger, released with the in-flight ones; a killed session's are recovered to
+pending by the next) and the ledger's claim order (oldest pending input first) stand.
 
 :func:`prefix_key` names what an item shares: its system prompt when it has one, else the head of
 its first message (up to ``PREFIX_CHARS``, at most half of it; under ``2 x MIN_SHARED``
@@ -38,6 +48,13 @@ PREFIX_CHARS = 1024
 #: A first message shorter than twice this is its own key (a shorter shared head is not worth a
 #: cache block: vLLM caches whole blocks of 16 tokens).
 MIN_SHARED = 128
+#: Rows held at most (claimed, not sent) once the claimed rows share prefixes.
+LOOKAHEAD = 2048
+#: The last rows added that tell whether the data shares prefixes, and the share of them that must
+#: repeat a key seen before (in the last ``SEEN_KEYS`` keys) for the deeper window.
+SHARED_SAMPLE = 256
+SHARED_SHARE = 0.125
+SEEN_KEYS = 8192
 
 
 def prefix_key(item: Item) -> str:
@@ -70,6 +87,10 @@ class PrefixOrder:
         #: Keys sent most recently, the most recent last.
         self._recent: OrderedDict[str, None] = OrderedDict()
         self._passed = 0
+        #: Keys of the rows added lately (an LRU), and whether each of the last rows repeated one.
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._repeats: deque[bool] = deque(maxlen=SHARED_SAMPLE)
+        self._last_added: str | None = None
 
     def __len__(self) -> int:
         return len(self._fifo)
@@ -78,9 +99,25 @@ class PrefixOrder:
         """Hold ``rows`` (in claim order)."""
         for row in rows:
             key = prefix_key(row.item)
+            self._repeats.append(key != self._last_added and key in self._seen)  # a run of one key: FIFO groups it
+            self._last_added = key
+            self._seen.pop(key, None)
+            self._seen[key] = None
+            if len(self._seen) > SEEN_KEYS:
+                self._seen.popitem(last=False)
             self._seq += 1
             self._fifo[self._seq] = (key, row)
             self._groups.setdefault(key, deque()).append(self._seq)
+
+    def sharing(self) -> bool:
+        """True when the rows added lately share prefixes out of order (see the module docstring)."""
+        added = len(self._repeats)
+        return added >= 16 and sum(self._repeats) >= SHARED_SHARE * added
+
+    def depth(self, window: int) -> int:
+        """How many rows to hold, claimed and not yet sent (in flight included), for a client whose
+        own claim window is ``window``: deeper, up to ``LOOKAHEAD``, while the rows share prefixes."""
+        return max(window, LOOKAHEAD) if self.enabled and self.sharing() else window
 
     def pop(self) -> ItemRow:
         """The next row to send. IndexError when none is held."""
@@ -118,4 +155,4 @@ class PrefixOrder:
         return ids
 
 
-__all__ = ["PREFIX_CHARS", "PrefixOrder", "prefix_key"]
+__all__ = ["LOOKAHEAD", "PREFIX_CHARS", "PrefixOrder", "prefix_key"]

@@ -1,0 +1,295 @@
+"""The run's input: the ledger opened under the resume rules, and the dataset ingested into it.
+
+Steps of a session's start and of its background ingest (mixed into the session, ``campaign/run.py``):
+open the ledger, refusing settings that change outputs (``output_settings``, hashed) or a dataset
+that changed (``dataset_fingerprint``) unless ``allow_mixed``; read again the rows skipped under
+other ``[data]`` settings; apply ``--retry``; ingest the dataset's first batch before any launch (so
+that a dataset that cannot be read fails before a server starts), then the rest batch by batch beside
+the launch and the dispatch, one transaction per batch through the single writer. An interrupted
+ingest resumes by position, passing over what it committed without normalizing it. Nothing here
+sends a request or touches a server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import itertools
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from harvest.campaign.distill import check_logprob_space, describe_samples
+from harvest.campaign.folder import other_job
+from harvest.campaign.progress import Progress
+from harvest.config import HarvestConfig
+from harvest.dataset import iter_items
+from harvest.dataset.skips import SkipReason, describe_skips, shape_settings
+from harvest.errors import ConfigError, LedgerError
+from harvest.ledger import IngestBatch, IngestReport, Ledger, LedgerWriter, Status, prepare_ingest
+from harvest.redact import escape_controls, redact_argv
+
+log = logging.getLogger("harvest.campaign")
+
+#: Input records per ingest transaction.
+INGEST_BATCH = 10_000
+#: Longest wait for the background ingest to finish its current batch once asked to stop.
+INGEST_STOP_TIMEOUT = 60.0
+
+
+def output_settings(config: HarvestConfig) -> dict[str, Any]:
+    """The settings that change what the model writes: their hash guards a resume."""
+    server = config.server
+    return {
+        "model": server.served_model_name or server.model if server else None,
+        "engine": server.engine if server else None,
+        "kv_cache_dtype": server.kv_cache_dtype if server else None,
+        "dtype": server.dtype if server else None,
+        "extra_args": list(redact_argv(server.extra_args)) if server else [],  # a secret is no setting
+        "sampling": _sampling_settings(config),
+        "history": config.run.history,
+        "reasoning": config.run.reasoning,
+        "truncated": [config.run.truncated, config.run.retry_max_tokens],
+        "system_prompt": config.data.system_prompt if config.data else None,
+    }
+
+
+def _sampling_settings(config: HarvestConfig) -> dict[str, Any]:
+    """``[sampling]`` as hashed: ``n`` and ``logprobs`` only when set (a run begun before they
+    existed resumes under the same hash); ``n_per_request`` never (it changes no output)."""
+    out = config.sampling.model_dump(mode="json", exclude={"n_per_request"})
+    for key, default in (("n", 1), ("logprobs", 0)):
+        if out.get(key) == default:
+            out.pop(key)
+    return out
+
+
+def dataset_fingerprint(path: str) -> str:
+    """Size plus a hash of the first and last MiB of every file: cheap, catches edits and swaps."""
+    p = Path(path)
+    files = sorted(q for q in p.rglob("*") if q.is_file()) if p.is_dir() else [p]
+    h = hashlib.blake2b(digest_size=16)
+    for f in files:
+        size = f.stat().st_size
+        h.update(f"{f.relative_to(p) if p.is_dir() else f.name}:{size};".encode())
+        with open(f, "rb") as fh:
+            h.update(fh.read(1 << 20))
+            if size > 2 << 20:
+                fh.seek(-(1 << 20), os.SEEK_END)
+                h.update(fh.read())
+    return h.hexdigest()
+
+
+def describe_ids(data: Any, report: IngestReport) -> str:
+    """Where the items' ids come from, for the input line: the user's field, content hashes, or both."""
+    usable = report.total_rows - report.skipped
+    field = data.id_field if data is not None and data.id_field else "id"
+    if data is not None and data.id_field == "":
+        return "ids: content hashes (id_field = \"\")"
+    if report.own_ids == 0:
+        return f"ids: content hashes (no {field!r} field)"
+    if report.own_ids >= usable:
+        return f"ids: the rows' {field!r} field"
+    return (f"ids: the rows' {field!r} field ({report.own_ids}), content hashes where a row has none "
+            f"({usable - report.own_ids})")
+
+
+class IngestSteps:
+    """The ledger and dataset steps of a session (``_Campaign`` in ``campaign/run.py`` sets the state)."""
+
+    config: HarvestConfig
+    run_dir: Path
+    allow_mixed: bool
+    force: bool
+    settings_hash: str
+    retry: tuple[str, ...]
+    requeued: int
+    # The background ingest: its records, task, a wake-up per committed batch, and its stop.
+    _records: Any
+    _ingest_task: asyncio.Task[None] | None
+    _ingested: asyncio.Event
+    _ingest_stop: bool
+    _first_rows: int | None
+    _first_batch: tuple[int, int]
+    _skip_reasons: dict[tuple[str, str], int]
+    _space: Any
+
+    def open_ledger(self) -> Ledger:
+        data = self.config.data
+        assert data is not None
+        if not self.allow_mixed:
+            try:
+                now_fingerprint: str | None = dataset_fingerprint(data.path)
+            except OSError:
+                now_fingerprint = None  # said below, once the folder is open
+            foreign = other_job(self.run_dir, output_settings(self.config), data.path, now_fingerprint)
+            if foreign is not None:
+                raise LedgerError(foreign)
+        meta = {"job": self.config.recorded(), "job_file": self.config.source,
+                "output_settings": output_settings(self.config)}
+        ledger = Ledger.open(self.run_dir, settings_hash=self.settings_hash, meta=meta,
+                             allow_mixed=self.allow_mixed, samples=self.config.sampling.n)
+        try:
+            fingerprint = dataset_fingerprint(data.path)
+        except OSError as exc:
+            ledger.close()
+            raise ConfigError(self.config.source, [(f"{self.config.source} [data] path",
+                                                    f"cannot read {data.path}: {exc.strerror or exc}")]) from None
+        known = ledger.meta().get("dataset_fingerprint")
+        if known is not None and known != fingerprint and not self.allow_mixed:
+            ledger.close()
+            raise LedgerError(f"{data.path} changed since this run ingested it (its size, or its first or last "
+                              f"MiB, differ); resuming would mix inputs. Use a new output dir, or "
+                              f"--allow-mixed to accept it")
+        ledger.set_meta("dataset_fingerprint", fingerprint)
+        self._reread_skipped(ledger)
+        if (line := describe_samples(self.config)) is not None:
+            log.info("sampling: %s", line)
+        for what in self.retry:  # after open: settings that change outputs were checked there
+            count = ledger.requeue(what, reason=f"harvest run --retry {what}")
+            log.info("--retry %s: %d items back to pending", what, count)
+            self.requeued += count
+        state = ledger.ingest_state()
+        if not state["complete"]:
+            # The first batch now, before any launch: a dataset that cannot be read fails here.
+            self._records = iter_items(data, skip=state["rows"])
+            try:
+                first = prepare_ingest(self._records, INGEST_BATCH, self.config.sampling.n)
+                self._count_skips(first)
+                self._first_batch = (first.rows, first.skipped)
+                report = ledger.commit_ingest(first, resumed_from=state["rows"])
+                self._first_rows = report.total_rows
+                self._space = check_logprob_space(self.config, ledger, first, report, force=self.force)
+            except BaseException:
+                self._close_records()
+                ledger.close()
+                raise
+            if state["rows"]:
+                log.info("ingest resumed after row %d", state["rows"])
+            if report.complete:
+                self._close_records()
+                self._log_input(report)
+        return ledger
+
+    def _reread_skipped(self, ledger: Ledger) -> None:
+        """Rows skipped at ingest are read again from the source when the [data] settings that
+        decide a row's shape changed since they were read, or on ``--retry skipped``."""
+        data = self.config.data
+        assert data is not None
+        shape = shape_settings(data)
+        known = ledger.meta().get("data_shape")
+        changed = known is not None and known != shape
+        if (changed or "skipped" in self.retry) and ledger.counts()[Status.SKIPPED]:
+            why = ("[data] " + ", ".join(f"{k} {known.get(k)!r} -> {v!r}" for k, v in shape.items()
+                                         if known.get(k) != v)) if changed else "--retry skipped"
+            rows = ledger.ingest_state()["rows"]
+            records = iter_items(data)
+            try:
+                recovered, still = ledger.reread_skipped(itertools.islice(records, rows),
+                                                         ("shape", "input"), reason=why)
+            finally:
+                with contextlib.suppress(ValueError):
+                    records.close()  # type: ignore[attr-defined]
+            log.info("skipped rows read again (%s): %d now items to generate, %d still skipped",
+                     why, recovered, still)
+            self.requeued += recovered
+        ledger.set_meta("data_shape", shape)
+
+    def _log_input(self, report: IngestReport) -> None:
+        conflicts = ""
+        if report.duplicates:  # a reader of its own: the writer thread may hold the run's connection
+            with contextlib.suppress(LedgerError):
+                ro = Ledger.open_readonly(self.run_dir)
+                try:
+                    n = ro.id_conflicts()
+                    ids = ro.conflicting_ids() if n else []
+                finally:
+                    ro.close()
+                if n:
+                    shown = ", ".join(f"'{escape_controls(i, one_line=True)}'" for i in ids)
+                    conflicts = (f" ({n} of them id conflicts: same id, different content; the first row "
+                                 f"with the id is kept: {shown}{', ...' if n > len(ids) else ''})")
+        log.info("input: %d rows, %d unique, %d duplicates%s, %d skipped; %s", report.total_rows, report.unique,
+                 report.duplicates, conflicts, report.skipped, describe_ids(self.config.data, report))
+        if self._skip_reasons:
+            reasons = sorted((SkipReason(c, r, n) for (c, r), n in self._skip_reasons.items()),
+                             key=lambda r: -r.count)
+            for line in describe_skips(reasons):
+                log.warning("  %s", line)
+
+    def _first_batch_all_skipped(self, counts: dict[Status, int]) -> bool:
+        """True when this session's first ingest batch was a whole batch, every row of it skipped,
+        the dataset goes on, and nothing in the ledger waits to be generated."""
+        rows, skipped = self._first_batch
+        return (self._records is not None and rows >= INGEST_BATCH and skipped == rows
+                and not counts[Status.PENDING] and not counts[Status.RUNNING])
+
+    def _count_skips(self, batch: IngestBatch) -> None:
+        for key, n in batch.skip_reasons.items():
+            self._skip_reasons[key] = self._skip_reasons.get(key, 0) + n
+
+    def _close_records(self) -> None:
+        if self._records is not None:
+            with contextlib.suppress(ValueError):  # still being read by a batch left to finish
+                self._records.close()
+            self._records = None
+
+    async def _ingest_rest(self, writer: LedgerWriter, progress: Progress) -> None:
+        """Ingest the rest of the dataset beside the launch and the dispatch, one batch per
+        transaction through the writer; records are read and normalized on a worker thread."""
+        records = self._records
+        try:
+            while not self._ingest_stop:
+                batch: IngestBatch = await asyncio.to_thread(prepare_ingest, records, INGEST_BATCH,
+                                                             self.config.sampling.n)
+                if self._ingest_stop:
+                    return  # not committed: the next session reads it again
+                self._count_skips(batch)
+                report = await writer.ingest(batch)
+                progress.rows_read = report.total_rows
+                progress.total = report.unique * self.config.sampling.n  # rows: one per sample
+                progress.already_final += report.new_skipped * self.config.sampling.n  # final without any work
+                self._ingested.set()
+                if report.complete:
+                    self._log_input(report)
+                    progress.ingesting = False
+                    return
+        finally:
+            self._close_records()
+            self._ingested.set()
+
+    def _ingesting(self) -> bool:
+        """True while the background ingest may still add items; raises what ended it, if anything did."""
+        task = self._ingest_task
+        if task is None:
+            return False
+        if not task.done():
+            return True
+        if not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
+        return False
+
+    async def _wait_ingested(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for the next committed ingest batch (or the ingest's end)."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._ingested.wait(), timeout)
+        self._ingested.clear()
+
+    async def _finish_ingest(self) -> None:
+        """Let the background ingest finish its current batch and stop (it resumes next session)."""
+        task = self._ingest_task
+        if task is None:
+            return
+        self._ingest_stop = True
+        try:
+            await asyncio.wait_for(asyncio.shield(task), INGEST_STOP_TIMEOUT)
+        except asyncio.TimeoutError:
+            log.warning("the ingest did not finish its batch within %.0f s; it resumes next time",
+                        INGEST_STOP_TIMEOUT)
+        except Exception as exc:  # noqa: BLE001 - dispatch raises it where it looks; here it only ends
+            log.warning("the ingest stopped: %s", exc)
+
+
+__all__ = ["INGEST_BATCH", "IngestSteps", "dataset_fingerprint", "describe_ids", "output_settings"]

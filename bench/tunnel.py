@@ -53,15 +53,19 @@ from tests import engines  # noqa: E402
 from tests.hosts.conftest import start_sshd  # noqa: E402
 
 
-def connections(port: int) -> tuple[int, int]:
-    """TCP connections to or from ``port`` now: (established, TIME_WAIT). A client that lost
-    keep-alive closes one connection per request, which leaves a TIME_WAIT behind each (60 s)."""
-    est = tw = 0
+def connections(port: int) -> tuple[int, set[tuple]]:
+    """TCP connections to or from ``port`` now: (established count, the TIME_WAIT ones by address
+    pair). A client that lost keep-alive closes one connection per request, which leaves a
+    TIME_WAIT behind each (60 s); those that appear during a window are the ones it closed (a
+    count difference would go negative as older ones expire)."""
+    est = 0
+    waiting: set[tuple] = set()
     for c in psutil.net_connections(kind="tcp"):
         if (c.laddr and c.laddr.port == port) or (c.raddr and c.raddr.port == port):
             est += c.status == psutil.CONN_ESTABLISHED
-            tw += c.status == psutil.CONN_TIME_WAIT
-    return est, tw
+            if c.status == psutil.CONN_TIME_WAIT:
+                waiting.add((tuple(c.laddr), tuple(c.raddr) if c.raddr else ()))
+    return est, waiting
 
 
 async def drive(url: str, n: int, concurrency: int, max_tokens: int, tag: str) -> tuple[int, float, int, int]:
@@ -82,7 +86,7 @@ async def drive(url: str, n: int, concurrency: int, max_tokens: int, tag: str) -
         await asyncio.gather(*(one(i) for i in range(n)))
         window = time.monotonic() - t0
         est, closed = connections(port)
-        return tokens, window, est, closed - closed_before
+        return tokens, window, est, len(closed - closed_before)
 
 
 class AsyncsshForward:

@@ -41,7 +41,7 @@ from harvest.client import Client
 from harvest.client.autoconc import AutoSettings, start_for
 from harvest.config import ClientConfig, SamplingConfig
 from harvest.errors import RequestError
-from harvest.server.batch import batch_limit
+from harvest.server.batch import batch_limit, batch_limit_exact
 
 
 def prompts(n: int) -> list[str]:
@@ -278,11 +278,16 @@ def main(argv: list[str] | None = None) -> int:
     work = args.keep or Path(tempfile.mkdtemp(prefix="harvest-autoconc-"))
     work.mkdir(parents=True, exist_ok=True)
     def auto_for(*servers: Any) -> AutoSettings:
-        """Where ``harvest run`` starts auto for these launched servers (the smallest batch limit)."""
+        """Where ``harvest run`` starts auto for these launched servers (the smallest batch limit),
+        and its hard cap when every server has the same one, known exactly (``Client.from_config``)."""
         limit = min(batch_limit(s.config) or 64 for s in servers)
         start = start_for(limit, metrics=True, max_concurrency=args.max_concurrency)
-        print(f"  auto starts at {start} (the engines' batch limit, server/batch.py)", flush=True)
-        return AutoSettings(start=start, max_concurrency=args.max_concurrency, interval_s=args.interval)
+        same = len({batch_limit(s.config) for s in servers}) == 1
+        exact = limit if same and all(batch_limit_exact(s.config) for s in servers) else None
+        print(f"  auto starts at {start} (the engines' batch limit, server/batch.py)"
+              + (f", stops at {exact} + a short queue (known exactly)" if exact else ""), flush=True)
+        return AutoSettings(start=start, max_concurrency=args.max_concurrency, interval_s=args.interval,
+                            engine_limit=exact)
 
     print(f"auto concurrency: {args.requests} requests x {args.max_tokens} tokens (ignore_eos), "
           f"{args.rounds} round(s); vLLM CPU, tiny model; auto interval {args.interval} s", flush=True)

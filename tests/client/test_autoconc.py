@@ -339,3 +339,18 @@ def test_with_gauges_an_engine_that_takes_more_than_max_concurrency_settles_ther
     trace = drive(engine, ctl, 30)
     assert [t for t, _ in trace][-1] == 64
     assert (ctl.last.phase, ctl.last.reason) == ("settled", "at max_concurrency"), ctl.last
+
+
+def test_with_an_exact_engine_limit_the_target_stops_at_it_plus_a_short_queue():
+    """vLLM CPU runs at most its 128 (``max_num_seqs``, known exactly when harvest launched it): a
+    look at 256 only filled its queue (BENCHMARKS P7 A2, x0.741 of fixed 128 on a run of 8 s)."""
+    engine = Engine(metrics=True, max_seqs=128, knee=16)
+    ctl = AutoConcurrency(AutoSettings(start=128, max_concurrency=1024, engine_limit=128))
+    trace = drive(engine, ctl, 40)
+    targets = [t for t, _ in trace]
+    assert max(targets) == 144 and targets[-1] == 144, targets  # 128 + max(2, 128 / 8)
+    assert ctl.last.reason == "at the engine's batch limit", ctl.last
+    assert all(g.waiting <= 16 for _, g in trace if g is not None)
+    # below the limit it still grows (with its tok/s judged) up to the same stop
+    low = AutoConcurrency(AutoSettings(start=8, max_concurrency=1024, engine_limit=128))
+    assert [t for t, _ in drive(Engine(metrics=True, max_seqs=128, knee=16), low, 60)][-1] == 144

@@ -6,7 +6,7 @@ import pytest
 
 from harvest.client.autoconc import start_for
 from harvest.config import ServerConfig
-from harvest.server.batch import batch_limit, has_metrics
+from harvest.server.batch import batch_limit, batch_limit_exact, has_metrics
 
 
 def cfg(engine: str, **fields) -> ServerConfig:
@@ -27,6 +27,33 @@ def cfg(engine: str, **fields) -> ServerConfig:
 ])
 def test_batch_limit_by_engine_and_flags(config, limit):
     assert batch_limit(config) == limit
+
+
+@pytest.mark.parametrize(("config", "exact"), [
+    (cfg("vllm"), True),  # the CPU build's 128 does not depend on the machine
+    (cfg("vllm", gpus=[0]), False),  # 256 or 1024 by GPU memory: a guess
+    (cfg("vllm", gpus=[0], extra_args=["--max-num-seqs", "300"]), True),
+    (cfg("sglang"), False),
+    (cfg("sglang", max_running_requests=200), True),
+    (cfg("llamacpp"), True),
+    (cfg("transformers"), False),  # requests per batch is an upper bound KV memory may lower
+])
+def test_which_limits_are_the_engines_hard_cap(config, exact):
+    assert batch_limit_exact(config) is exact
+
+
+def test_a_client_caps_auto_at_the_limit_only_when_every_endpoint_is_the_launched_engine():
+    from harvest.client import Client
+    from harvest.config import HarvestConfig
+
+    def settings(endpoints: list[str]):
+        config = HarvestConfig.model_validate({
+            "server": {"engine": "vllm", "model": "/m"}, "client": {"endpoints": endpoints},
+            "data": {"path": "in.jsonl"}})
+        return Client.from_config(config)._steer.settings
+
+    assert settings([]).engine_limit == 128
+    assert settings(["http://127.0.0.1:9/v1"]).engine_limit is None  # another engine, another cap
 
 
 def test_auto_starts_at_the_limit_with_metrics_and_at_half_without():

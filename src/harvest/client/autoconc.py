@@ -13,7 +13,9 @@ two scrapes in a row, the engine is full and the target becomes what it ran at m
 ``peak_window`` scrapes plus that slack. With a token counter (vLLM, SGLang, llama.cpp) a step up
 is kept only if the engine also *makes* more: two scrapes of tok/s at the new level against two at
 the one below (a CPU engine may run 512 at once and make fewer tokens than at 64); one that does not
-pay goes back and growth waits ``ceiling_steps`` scrapes before another look. Preemptions (KV thrashing) cut the
+pay goes back and growth waits ``ceiling_steps`` scrapes before another look. When the engine's cap
+is known exactly (``engine_limit``: vLLM ``max_num_seqs`` harvest set, its CPU build's 128, llama.cpp
+slots), the target stops at that cap plus the short queue: past it only the queue grows. Preemptions (KV thrashing) cut the
 target to ``decrease`` x what ran and cap growth below that level for a while. Seconds, not answer
 latencies: a vLLM or SGLang engine admits new requests within one scheduler step, so the next
 scrape shows them.
@@ -125,6 +127,10 @@ class AutoSettings:
     peak_window: int = 5
     #: With gauges: scrapes after a preemption during which growth stays below where it happened.
     ceiling_steps: int = 30
+    #: The engine's hard cap on requests running at once, when harvest knows it exactly (it launched
+    #: every endpoint with it: ``server/batch.py``). With gauges the target then stops at it plus a
+    #: short queue: more in flight could only wait in the engine's queue.
+    engine_limit: int | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.start <= self.max_concurrency:
@@ -240,6 +246,8 @@ class AutoConcurrency:
                 self._rates.append(tok_s)
                 del self._rates[:-s.peak_window]
         target: float = self.target
+        #: With an exact engine limit: where the target stops (its batch plus a short queue).
+        full = None if s.engine_limit is None else s.engine_limit + max(2, math.ceil(s.queue_slack * s.engine_limit))
         trial = self._judge_trial(preempted)
         if trial is not None:
             target, phase, reason = trial
@@ -263,7 +271,10 @@ class AutoConcurrency:
             if self._ceiling is not None:
                 up = min(up, max(self.target, self._ceiling - 1))
             target, phase, reason = up, "start", "engine takes more"
-            if up <= self.target:  # a step up that gave nothing, not long ago
+            if full is not None and up >= full:
+                # It runs its whole batch: past it only its queue grows. A short one, never empty.
+                target, phase, reason = max(self.target, full), "settled", "at the engine's batch limit"
+            elif up <= self.target:  # a step up that gave nothing, not long ago
                 target, phase, reason = self.target, "settled", "hold"
             elif self._trial is not None:
                 target, phase, reason = self.target, "start", "measuring"
@@ -279,6 +290,8 @@ class AutoConcurrency:
             phase, reason = "settled", "hold"
         else:  # the client does not keep it at its target (too few items, fast answers): no verdict
             phase, reason = self.last.phase, "not filled"
+        if full is not None and self.target >= full and reason in ("hold", "not filled"):
+            phase, reason = "settled", "at the engine's batch limit"
         before, self.target = self.target, self._bound(target)
         if phase == "start" and target > self.target:  # it would take more than max_concurrency allows
             phase, reason = "settled", "at max_concurrency"

@@ -61,7 +61,7 @@ from harvest.transport import (
 from harvest.config import ClientConfig, HarvestConfig, SamplingConfig
 from harvest.errors import HarvestError, RequestError, ServerSick
 from harvest.redact import redact_text
-from harvest.server.batch import batch_limit, has_metrics
+from harvest.server.batch import batch_limit, batch_limit_exact, has_metrics
 
 log = logging.getLogger("harvest.client")
 
@@ -114,7 +114,8 @@ class Client:
     client owns it and closes it. ``auto``: the controller's knobs for ``concurrency = "auto"``
     (default: start and bound from the config; ``auto_start`` unset: ``batch_limit``, the engine's
     known batch, where ``engine_metrics`` says whether it has /metrics, see
-    :func:`~harvest.client.autoconc.start_for`). ``clock`` / ``sleep``: time seams for tests.
+    :func:`~harvest.client.autoconc.start_for`; ``limit_exact``: that batch is the engine's hard cap
+    on every endpoint, so the target stops just above it). ``clock`` / ``sleep``: time seams for tests.
     """
 
     def __init__(
@@ -129,6 +130,7 @@ class Client:
         retry: RetryPolicy | None = None,
         auto: AutoSettings | None = None,
         batch_limit: int | None = None,
+        limit_exact: bool = False,
         engine_metrics: bool = True,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
@@ -160,7 +162,8 @@ class Client:
             start = self.config.auto_start or start_for(batch_limit, metrics=engine_metrics,
                                                         max_concurrency=self.config.max_concurrency)
             settings = auto or AutoSettings(start=min(start, self.config.max_concurrency),
-                                            max_concurrency=self.config.max_concurrency)
+                                            max_concurrency=self.config.max_concurrency,
+                                            engine_limit=batch_limit if limit_exact else None)
             self._steer = Steering(self._pool, settings, self._scrape_gauges, clock, sleep)
         self._in_flight = self._held = self._completed = self._retries = 0
         self._errors: Counter[str] = Counter()
@@ -178,6 +181,8 @@ class Client:
             api_key = config.server.api_key()
             model = config.server.requested_model
             kwargs.setdefault("batch_limit", batch_limit(config.server))
+            # Its cap bounds every endpoint only when every endpoint is one of its servers.
+            kwargs.setdefault("limit_exact", batch_limit_exact(config.server) and not config.client.endpoints)
             kwargs.setdefault("engine_metrics", has_metrics(config.server))
         urls.extend(config.client.endpoints)
         kwargs.setdefault("api_key", api_key)

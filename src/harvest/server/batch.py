@@ -44,6 +44,19 @@ def batch_limit(config: ServerConfig) -> int | None:
     return None
 
 
+def batch_limit_exact(config: ServerConfig) -> bool:
+    """Whether :func:`batch_limit` is the engine's hard cap on requests running at once, not a guess:
+    set by its flag or ``max_running_requests``, or a default that does not depend on the machine
+    (vLLM's CPU build: 128; llama.cpp: 4 slots). vLLM's GPU default (256 or 1024 by GPU memory) and
+    transformers' requests per batch (an upper bound that KV memory may lower) are not."""
+    engine = config.engine
+    if _flag_value(config.extra_args, _FLAGS.get(engine, ())) is not None:
+        return True
+    if config.max_running_requests is not None and engine in ("vllm", "sglang", "llamacpp"):
+        return True
+    return (engine == "vllm" and not config.gpus) or engine == "llamacpp"
+
+
 def has_metrics(config: ServerConfig) -> bool:
     """Whether the engine exports Prometheus /metrics (the controller then steers on its gauges)."""
     from harvest.server.base import adapter_for
@@ -66,4 +79,4 @@ def _flag_value(argv: Sequence[str], flags: tuple[str, ...]) -> int | None:
     return value
 
 
-__all__ = ["batch_limit", "has_metrics"]
+__all__ = ["batch_limit", "batch_limit_exact", "has_metrics"]

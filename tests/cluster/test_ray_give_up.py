@@ -47,6 +47,20 @@ pytestmark = [pytest.mark.engine, pytest.mark.slow]
 STOP_DEADLINE = 8.0
 
 
+def written_off_and_replaced(run_dir, n: int, rec: dict, victim: dict, *, verdict: str) -> dict:
+    """Every item once with no attempt charged for the loss, the victim written off as lost with the
+    stop ``verdict`` its node allowed, its replacement stopped clean; returns the final record."""
+    assert final_check(run_dir, n) == []  # nothing lost, nothing duplicated
+    assert max(attempts(run_dir)) == 1, "an attempt was charged for the lost server"
+    after = ray_record(run_dir)
+    lost = [m for m in after["members"] if m["name"] == victim["name"]]
+    assert lost and lost[0]["state"] == "lost" and lost[0]["verdict"] == verdict, lost
+    replacements = [m for m in after["members"] if m["name"] not in {x["name"] for x in rec["members"]}]
+    assert replacements and all(m["state"] == "stopped" and m["verdict"] == "clean" for m in replacements), \
+        replacements
+    return after
+
+
 def test_an_engine_that_dies_while_its_actor_lives_is_replaced(tmp_path, ray_cluster, llama_server_bin,
                                                                 tiny_gguf):
     n = 200
@@ -77,15 +91,8 @@ def test_an_engine_that_dies_while_its_actor_lives_is_replaced(tmp_path, ray_clu
             proc.wait(timeout=30)
     assert proc.returncode == 0, output[-4000:]
     assert f"server {victim['name']} on" in output and "lost: its engine exited" in output, output[-4000:]
-    assert final_check(run_dir, n) == []  # nothing lost, nothing duplicated
-    assert max(attempts(run_dir)) == 1, "an attempt was charged for the engine's death"
-    after = ray_record(run_dir)
-    lost = [m for m in after["members"] if m["name"] == victim["name"]]
     # The actor still answered: the stop of the written-off server ran on its node, verified there.
-    assert lost and lost[0]["state"] == "lost" and lost[0]["verdict"] == "clean", lost
-    replacements = [m for m in after["members"] if m["name"] not in {x["name"] for x in rec["members"]}]
-    assert replacements and all(m["state"] == "stopped" and m["verdict"] == "clean" for m in replacements), \
-        replacements
+    after = written_off_and_replaced(run_dir, n, rec, victim, verdict="clean")
     assert engine_process(victim["info"]) is None
     for m in after["members"]:
         if m["info"] is not None:
@@ -156,14 +163,7 @@ def test_missed_polls_write_a_frozen_server_off(tmp_path, ray_cluster, llama_ser
     # Its stop could not run there: the report says so, unverified, and names the way out.
     assert "could not run there" in output and f"harvest stop {victim['info']['run_dir']}" in output, \
         output[-4000:]
-    assert final_check(run_dir, n) == []  # nothing lost, nothing duplicated
-    assert max(attempts(run_dir)) == 1, "an attempt was charged for the frozen server"
-    after = ray_record(run_dir)
-    lost = [m for m in after["members"] if m["name"] == victim["name"]]
-    assert lost and lost[0]["state"] == "lost" and lost[0]["verdict"] == "dirty", lost
-    replacements = [m for m in after["members"] if m["name"] not in {x["name"] for x in rec["members"]}]
-    assert replacements and all(m["state"] == "stopped" and m["verdict"] == "clean" for m in replacements), \
-        replacements
+    after = written_off_and_replaced(run_dir, n, rec, victim, verdict="dirty")
     # The way out works: on that machine, the node's own record stops and verifies the engine.
     assert hinted.returncode == 0 and json.loads(hinted.stdout)["verdict"] == "clean", \
         hinted.stdout + hinted.stderr

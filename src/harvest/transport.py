@@ -5,8 +5,13 @@ sync helper :mod:`harvest.http` share it, each importing downward.
 
 A transport sends one request and returns the status and body, or raises one of three exceptions
 that say, by type, how the exchange failed: :class:`Unreachable` (no connection), :class:`Interrupted`
-(connection lost after sending) or :class:`TimedOut`. It never retries, never interprets a status,
-never logs, and never puts request headers (the API key) into an exception.
+(connection lost after sending) or :class:`TimedOut`. It never interprets a status, never logs, and
+never puts request headers (the API key) into an exception. It retries one thing only, once: a
+request the server closed its connection on without answering (``ServerDisconnectedError``). That
+is the race of a kept-alive connection the server closes just as the client reuses it (HTTP/1.1
+allows it; seen at 128+ requests in flight on vLLM, where three at once made an endpoint "sick"),
+and a second connection settles it; when the second try fails too, the first failure is raised, so
+a server that died under a request still reads as :class:`Interrupted`, not :class:`Unreachable`.
 
 :class:`AiohttpTransport` is the production transport: one long-lived ``aiohttp.ClientSession`` per
 client with explicit connection limits and timeouts, never an environment proxy. aiohttp is harvest's one
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, Union
@@ -39,6 +45,12 @@ class Unreachable(TransportError):
 
 class Interrupted(TransportError):
     """The connection broke after the request was sent: reset, closed early, truncated body."""
+
+    def __init__(self, message: str, *, closed_unanswered: bool = False):
+        super().__init__(message)
+        #: The server closed the connection without a byte of answer (a kept-alive connection it
+        #: hung up on, or a server that died): the one failure the transport tries once more.
+        self.closed_unanswered = closed_unanswered
 
 
 class TimedOut(Interrupted):
@@ -70,9 +82,10 @@ class AiohttpTransport:
     """One ``aiohttp.ClientSession`` with a bounded connection pool, created on first use."""
 
     def __init__(self, *, max_connections: int, connect_timeout: float = 10.0,
-                 keepalive_timeout: float = 4.0):
-        # keepalive_timeout stays below uvicorn's 5 s (vLLM, SGLang): an idle connection is dropped
-        # here before the server closes it, instead of being reused just as the server hangs up.
+                 keepalive_timeout: float = 2.0):
+        # keepalive_timeout stays well below uvicorn's 5 s (vLLM, SGLang): an idle connection is
+        # dropped here before the server closes it. The margin is wide because the client's clock
+        # starts when it has read the answer, the server's when it sent it: a loaded client reads late.
         if max_connections < 1:
             raise ValueError(f"max_connections must be >= 1, got {max_connections}")
         self._max_connections = max_connections
@@ -98,7 +111,8 @@ class AiohttpTransport:
         timeout = self._timeouts.get(seconds)
         if timeout is None:
             timeout = aiohttp.ClientTimeout(total=seconds, sock_connect=min(self._connect_timeout, seconds))
-            self._timeouts[seconds] = timeout
+            if len(self._timeouts) < 32:  # a retry's leftover seconds are one-off values
+                self._timeouts[seconds] = timeout
         return timeout
 
     async def request(self, method: str, url: str, *, body: bytes | None = None,
@@ -107,6 +121,23 @@ class AiohttpTransport:
         target = self._urls.get(url)
         if target is None:
             target = self._urls[url] = URL(url)
+        started = time.monotonic()
+        try:
+            return await self._send(session, method, target, body, headers, timeout)
+        except Interrupted as exc:
+            if not exc.closed_unanswered:
+                raise
+            first = exc
+        left = timeout - (time.monotonic() - started)
+        if left <= 0:
+            raise first
+        try:  # once more, on another connection
+            return await self._send(session, method, target, body, headers, left)
+        except TransportError:
+            raise first from None
+
+    async def _send(self, session: aiohttp.ClientSession, method: str, target: URL, body: bytes | None,
+                    headers: Mapping[str, str] | None, timeout: float) -> RawResponse:
         try:
             async with session.request(method, target, data=body, headers=headers,
                                        timeout=self._timeout(timeout), allow_redirects=False) as resp:
@@ -118,6 +149,8 @@ class AiohttpTransport:
             raise Unreachable(_describe(exc)) from None
         except (asyncio.TimeoutError, TimeoutError):
             raise TimedOut(f"no complete response within {timeout:g} s") from None
+        except aiohttp.ServerDisconnectedError as exc:
+            raise Interrupted(_describe(exc), closed_unanswered=True) from None
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             raise Interrupted(_describe(exc)) from None
 

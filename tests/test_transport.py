@@ -1,0 +1,134 @@
+"""AiohttpTransport against a real HTTP/1.1 server on loopback that hangs up on kept-alive connections.
+
+The server is a raw asyncio TCP server (a test fixture), so the test decides exactly which request
+on which connection is closed unanswered: the race of a kept-alive connection the server closes as
+the client reuses it, which made a vLLM endpoint "sick" at 128+ requests in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+import pytest
+
+from harvest.transport import AiohttpTransport, Interrupted, TimedOut, Unreachable
+
+_OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 12\r\n\r\n{\"ok\": true}"
+
+
+@dataclass
+class _Server:
+    """Answers request k (0-based, counted per connection) unless ``hang_up(conn, k)`` says close."""
+
+    hang_up: Callable[[int, int], bool]
+    requests: list[tuple[int, int]] = field(default_factory=list)
+    connections: int = 0
+    port: int = 0
+    listener: asyncio.AbstractServer | None = None
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn, self.connections = self.connections, self.connections + 1
+        k = 0
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                await reader.readexactly(length)
+                self.requests.append((conn, k))
+                if self.hang_up(conn, k):
+                    return  # close without a byte of answer
+                writer.write(_OK)
+                await writer.drain()
+                k += 1
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return
+        finally:
+            writer.close()
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Callable[[Callable[[int, int], bool]], Awaitable[_Server]]]:
+    """Start a server on a free loopback port; all of them are closed at the end of the test."""
+    made: list[asyncio.AbstractServer] = []
+
+    async def start(hang_up: Callable[[int, int], bool]) -> _Server:
+        state = _Server(hang_up)
+        server = await asyncio.start_server(state.handle, "127.0.0.1", 0)
+        state.port, state.listener = server.sockets[0].getsockname()[1], server
+        made.append(server)
+        return state
+
+    yield start
+    for server in made:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_kept_alive_connection_closed_unanswered_is_tried_once_more_on_a_new_one(serve):
+    # The second request of every connection is hung up on: the race of a kept-alive connection.
+    server = await serve(lambda conn, k: k == 1)
+    transport = AiohttpTransport(max_connections=4)
+    try:
+        url = f"http://127.0.0.1:{server.port}/v1/chat/completions"
+        first = await transport.request("POST", url, body=b"{}", timeout=10)
+        second = await transport.request("POST", url, body=b"{}", timeout=10)  # reuses the connection
+    finally:
+        await transport.aclose()
+    assert first.status == second.status == 200 and second.body == b'{"ok": true}'
+    # The hung-up request, then the same request again on a second connection.
+    assert server.requests == [(0, 0), (0, 1), (1, 0)]
+
+
+async def test_a_server_that_hangs_up_twice_is_interrupted_after_one_more_try(serve):
+    server = await serve(lambda conn, k: True)
+    transport = AiohttpTransport(max_connections=4)
+    try:
+        with pytest.raises(Interrupted, match="ServerDisconnectedError") as caught:
+            await transport.request("POST", f"http://127.0.0.1:{server.port}/x", body=b"{}", timeout=10)
+    finally:
+        await transport.aclose()
+    assert caught.value.closed_unanswered
+    assert len(server.requests) == 2  # one more try, not a loop
+
+
+async def test_a_server_that_died_under_the_request_reads_as_interrupted_not_unreachable(serve):
+    # It hangs up and stops listening at once (a crash): the second try is refused, and what the
+    # client sees is the first failure, so a request that may have killed a server is counted as such.
+    server = await serve(lambda conn, k: True)
+
+    def hang_up_and_die(conn: int, k: int) -> bool:
+        server.listener.close()
+        return True
+
+    server.hang_up = hang_up_and_die
+    transport = AiohttpTransport(max_connections=4)
+    try:
+        with pytest.raises(Interrupted) as caught:
+            await transport.request("POST", f"http://127.0.0.1:{server.port}/x", body=b"{}", timeout=10)
+    finally:
+        await transport.aclose()
+    assert not isinstance(caught.value, Unreachable) and caught.value.closed_unanswered
+    assert server.requests == [(0, 0)]
+
+
+async def test_a_request_that_times_out_is_not_tried_again(serve):
+    hung = asyncio.Event()
+
+    async def never(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        hung.set()
+        await asyncio.sleep(30)
+
+    listener = await asyncio.start_server(never, "127.0.0.1", 0)
+    transport = AiohttpTransport(max_connections=4)
+    try:
+        with pytest.raises(TimedOut):
+            await transport.request("POST", f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}/x",
+                                    body=b"{}", timeout=0.5)
+    finally:
+        await transport.aclose()
+        listener.close()
+    assert hung.is_set()

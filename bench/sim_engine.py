@@ -15,7 +15,8 @@ measures harvest (its client, its ledger, the placement) and not this machine's 
 
 Endpoints:
 
-    POST /v1/chat/completions   ``usage`` counts (prompt: whitespace words of the messages)
+    POST /v1/chat/completions   ``usage`` counts (prompt: whitespace words of the messages);
+                                ``stream: true`` sends one server-sent event per token
     POST /v1/completions        the same for ``prompt``
     GET  /v1/models             one model (``--model``, default ``sim-model``)
     GET  /health                200 once listening
@@ -53,6 +54,8 @@ class _Seq:
     target: int
     future: asyncio.Future[int]
     done: int = 0
+    #: A streamed request: each token's step puts the running count here.
+    tokens: asyncio.Queue[int] | None = None
 
 
 @dataclass
@@ -72,9 +75,10 @@ class SimEngine:
     def __post_init__(self) -> None:
         self._wake = asyncio.Event()
 
-    async def generate(self, prompt_tokens: int, tokens: int) -> int:
-        """Queue a request for ``tokens`` tokens; returns once they are generated."""
-        seq = _Seq(max(1, tokens), asyncio.get_running_loop().create_future())
+    async def generate(self, prompt_tokens: int, tokens: int, stream: asyncio.Queue[int] | None = None) -> int:
+        """Queue a request for ``tokens`` tokens; returns once they are generated (``stream``: gets
+        each token's count as its step ends)."""
+        seq = _Seq(max(1, tokens), asyncio.get_running_loop().create_future(), tokens=stream)
         self.prompt_tokens += prompt_tokens
         self.waiting.append(seq)
         self._wake.set()
@@ -105,6 +109,8 @@ class SimEngine:
                     continue
                 seq.done += 1
                 self.generated += 1
+                if seq.tokens is not None:
+                    seq.tokens.put_nowait(seq.done)
                 if seq.done >= seq.target:
                     seq.future.set_result(seq.done)
                     self.finished += 1
@@ -147,6 +153,8 @@ def build_app(engine: SimEngine, *, model: str, output_tokens: int, metrics_on: 
             words = len(prompt.split())
         prompt_tokens = max(1, words)
         want = max_tokens if output_tokens <= 0 else min(max_tokens, output_tokens)
+        if body.get("stream") is True:
+            return await _stream(request, prompt_tokens, want, chat)
         n = await engine.generate(prompt_tokens, want)
         finish = "length" if n >= max_tokens else "stop"
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
@@ -160,6 +168,29 @@ def build_app(engine: SimEngine, *, model: str, output_tokens: int, metrics_on: 
             doc = {"id": f"cmpl-sim-{engine.finished}", "object": "text_completion", "created": int(time.time()),
                    "model": model, "choices": [choice], "usage": usage}
         return web.Response(body=json.dumps(doc).encode(), content_type="application/json")
+
+    async def _stream(request: web.Request, prompt_tokens: int, want: int, chat: bool) -> web.StreamResponse:
+        """``stream: true``: one server-sent event per token as its step ends, then ``[DONE]``."""
+        tokens: asyncio.Queue[int] = asyncio.Queue()
+        job = asyncio.ensure_future(engine.generate(prompt_tokens, want, tokens))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        try:
+            done = 0
+            while done < want:
+                done = await tokens.get()
+                word = _WORDS[(done - 1) % len(_WORDS)]
+                delta = {"content": (" " if done > 1 else "") + word}
+                choice = {"index": 0, "delta": delta, "finish_reason": "length" if done >= want else None} if chat \
+                    else {"index": 0, "text": " " + word, "finish_reason": "length" if done >= want else None}
+                chunk = {"id": "sim-stream", "object": "chat.completion.chunk" if chat else "text_completion",
+                         "model": model, "choices": [choice]}
+                await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            await resp.write(b"data: [DONE]\n\n")
+            await job
+        finally:
+            job.cancel()  # a client gone mid-stream frees its slot
+        return resp
 
     async def chat(request: web.Request) -> web.Response:
         return await _request(request, chat=True)

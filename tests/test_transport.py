@@ -132,3 +132,18 @@ async def test_a_request_that_times_out_is_not_tried_again(serve):
         await transport.aclose()
         listener.close()
     assert hung.is_set()
+
+
+async def test_the_second_try_takes_a_new_connection_not_another_pooled_one(serve):
+    # Two pooled connections, both stale: a client that read its answers late reuses every one late.
+    server = await serve(lambda conn, k: k == 1)
+    transport = AiohttpTransport(max_connections=4)
+    url = f"http://127.0.0.1:{server.port}/x"
+    try:
+        await asyncio.gather(*(transport.request("POST", url, body=b"{}", timeout=10) for _ in range(2)))
+        assert server.connections == 2
+        answer = await transport.request("POST", url, body=b"{}", timeout=10)
+    finally:
+        await transport.aclose()
+    assert answer.status == 200
+    assert server.connections == 3 and server.requests[-1] == (2, 0), server.requests

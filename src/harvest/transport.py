@@ -67,12 +67,26 @@ class RawResponse:
     retry_after: str | None = None
 
 
+@dataclass(frozen=True)
+class TimedEvents:
+    """A streamed answer (server-sent events) as the transport received it: when each event came."""
+
+    status: int
+    #: Seconds from sending the request to the arrival of each ``data:`` event but ``[DONE]``.
+    arrivals: tuple[float, ...]
+
+
 class Transport(Protocol):
     """What the client needs from an HTTP library. Lifecycle: create, ``request`` many times, ``aclose``."""
 
     async def request(self, method: str, url: str, *, body: bytes | None = None,
                       headers: Mapping[str, str] | None = None, timeout: float) -> RawResponse:
         """Send one request; return the whole response or raise a :class:`TransportError`."""
+
+    async def timed_events(self, url: str, *, body: bytes, headers: Mapping[str, str] | None = None,
+                           timeout: float, arrivals: list[float] | None = None) -> TimedEvents:
+        """POST a streaming request; return when each of its events arrived (also appended to
+        ``arrivals`` as they come), or raise a :class:`TransportError`. Never tried again."""
 
     async def aclose(self) -> None:
         """Close every connection. Idempotent."""
@@ -92,6 +106,8 @@ class AiohttpTransport:
         self._connect_timeout = connect_timeout
         self._keepalive_timeout = keepalive_timeout
         self._session: aiohttp.ClientSession | None = None
+        #: Connections used once (``force_close``): where a request the server hung up on is tried again.
+        self._fresh: aiohttp.ClientSession | None = None
         self._closed = False
         # Parsing a URL and building a timeout object cost more than the rest of the request path;
         # the client uses a handful of each, so they are built once.
@@ -131,8 +147,14 @@ class AiohttpTransport:
         left = timeout - (time.monotonic() - started)
         if left <= 0:
             raise first
-        try:  # once more, on another connection
-            return await self._send(session, method, target, body, headers, left)
+        if self._fresh is None:
+            # Another pooled connection may be as stale as the first (a client that read its answers
+            # late, on a loaded machine, reuses all of them late): a new connection, used once.
+            self._fresh = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0, force_close=True),
+                auto_decompress=True, raise_for_status=False, trust_env=False)
+        try:  # once more, on a new connection
+            return await self._send(self._fresh, method, target, body, headers, left)
         except TransportError:
             raise first from None
 
@@ -154,11 +176,34 @@ class AiohttpTransport:
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             raise Interrupted(_describe(exc)) from None
 
+    async def timed_events(self, url: str, *, body: bytes, headers: Mapping[str, str] | None = None,
+                           timeout: float, arrivals: list[float] | None = None) -> TimedEvents:
+        session = self._session or self._open()
+        started = time.monotonic()
+        arrivals = [] if arrivals is None else arrivals
+        try:
+            async with session.post(URL(url), data=body, headers=headers, timeout=self._timeout(timeout),
+                                    allow_redirects=False) as resp:
+                if resp.status != 200:
+                    await resp.read()
+                    return TimedEvents(resp.status, ())
+                async for line in resp.content:
+                    if line.startswith(b"data:") and line[5:].strip() != b"[DONE]":
+                        arrivals.append(time.monotonic() - started)
+                return TimedEvents(resp.status, tuple(arrivals))
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+            raise Unreachable(_describe(exc)) from None
+        except (asyncio.TimeoutError, TimeoutError):
+            raise TimedOut(f"no complete response within {timeout:g} s") from None
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+            raise Interrupted(_describe(exc)) from None
+
     async def aclose(self) -> None:
         self._closed = True
-        session, self._session = self._session, None
-        if session is not None:
-            await session.close()
+        for session in (self._session, self._fresh):
+            if session is not None:
+                await session.close()
+        self._session = self._fresh = None
 
 
 def _describe(exc: BaseException) -> str:
@@ -196,6 +241,18 @@ class MockTransport:
                 raise TimedOut(f"no complete response within {timeout:g} s") from None
         return result  # type: ignore[return-value]
 
+    async def timed_events(self, url: str, *, body: bytes, headers: Mapping[str, str] | None = None,
+                           timeout: float, arrivals: list[float] | None = None) -> TimedEvents:
+        """The handler's answer split into events, all arriving when it returned."""
+        started = time.monotonic()
+        raw = await self.request("POST", url, body=body, headers=headers, timeout=timeout)
+        at = time.monotonic() - started
+        events = [at for line in raw.body.splitlines()
+                  if line.startswith(b"data:") and line[5:].strip() != b"[DONE]"]
+        if arrivals is not None:
+            arrivals.extend(events)
+        return TimedEvents(raw.status, tuple(events))
+
     async def aclose(self) -> None:
         self.closed = True
 
@@ -206,6 +263,7 @@ __all__ = [
     "Interrupted",
     "MockTransport",
     "RawResponse",
+    "TimedEvents",
     "TimedOut",
     "Transport",
     "TransportError",

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from harvest.client.autoconc import AutoConcurrency, AutoSettings, Gauges
+from harvest.client.autoconc import AutoConcurrency, AutoSettings, Canary, Gauges
 
 OUT_TOKENS = 64
 
@@ -388,3 +388,74 @@ def test_a_deeper_queue_that_makes_no_more_tokens_is_taken_back():
     targets = [t for t, _ in trace]
     assert max(targets) > 144, targets  # it looked
     assert targets[-1] == 144 and ctl.last.reason in ("no gain", "at the engine's batch limit"), (targets, ctl.last)
+
+
+@dataclass
+class CanaryEngine:
+    """An engine without /metrics, seen through a canary: it runs at most ``capacity`` requests at
+    once (the rest wait, first come first served); a decode step takes ``base + per_seq x running``
+    (at least ``floor``), and a canary's first token comes after the queue ahead of it has drained."""
+
+    capacity: int = 10_000
+    base: float = 0.05
+    per_seq: float = 0.00019
+    floor: float = 0.0
+
+    def step_s(self, running: int) -> float:
+        return max(self.floor, self.base + self.per_seq * running)
+
+    def tick(self, target: int, ctl: AutoConcurrency, now: float, canary: tuple[float, int] | None) -> tuple[
+            Canary, tuple[float, int] | None]:
+        """One second at ``target`` in flight; returns the canary's reading and the canary going on."""
+        running = min(target, self.capacity)
+        step = self.step_s(running)
+        rate = running / step / OUT_TOKENS  # answers per second
+        for _ in range(int(rate)):
+            ctl.record(OUT_TOKENS, OUT_TOKENS * step * (1 + (target - running) / running))
+        sent_at, held = canary if canary is not None else (now - 1.0, target)
+        ttft = step + max(0, held - self.capacity) / rate
+        age = now - sent_at
+        if age >= ttft + 9 * step:  # done: the next one is sent now
+            return Canary(sent_at, held, ttft + 9 * step, ttft=ttft, itl=step, done=True), None
+        return Canary(sent_at, held, age, ttft=ttft if age >= ttft else None), (sent_at, held)
+
+
+def drive_paced(engine: CanaryEngine, ctl: AutoConcurrency, steps: int) -> list[int]:
+    targets, going, now = [], None, 0.0
+    for _ in range(steps):
+        now += 1.0
+        if going is None:
+            going = (now - 1.0, ctl.target)
+        reading, going = engine.tick(ctl.target, ctl, now, going)
+        ctl.step(now, None, busy=True, canary=reading)
+        targets.append(ctl.target)
+    return targets
+
+
+def test_with_a_canary_a_level_the_engine_only_queues_is_left_within_seconds():
+    """The H200's shape (BENCHMARKS P7 A1): 512 in flight run at once, 1024 only queue. Judged by
+    answers, 1024 was held 14 s at twice the latency; a canary that waits for its first token says
+    so in about a second."""
+    ctl = AutoConcurrency(AutoSettings(start=512, max_concurrency=1024))
+    targets = drive_paced(CanaryEngine(capacity=560), ctl, 60)
+    assert targets[0] == 512 and 1024 in targets, targets  # it looked
+    assert sum(1 for t in targets if t > 512) <= 4, targets  # left at the first canary that waited
+    assert targets[-1] == 512, targets  # one look up in 60 s (the ceiling holds ``ceiling_steps``)
+    assert ctl.last.reason in ("queue", "hold", "measuring", "no gain"), ctl.last
+
+
+def test_with_a_canary_an_engine_that_runs_more_at_once_is_driven_up_in_seconds():
+    ctl = AutoConcurrency(AutoSettings(start=64, max_concurrency=1024))
+    targets = drive_paced(CanaryEngine(), ctl, 30)
+    first = targets.index(1024)
+    assert first <= 15, targets  # 64 -> 1024: four steps up, each judged by one canary (~3 s)
+    assert targets[-1] == 1024, targets
+
+
+def test_with_a_canary_a_level_that_makes_no_more_tokens_goes_back():
+    """Past 512 the step grows with the batch (compute-bound): as many tok/s at twice the latency."""
+    ctl = AutoConcurrency(AutoSettings(start=512, max_concurrency=1024))
+    targets = drive_paced(CanaryEngine(base=0.0, per_seq=1 / 3500), ctl, 30)
+    up = targets.index(1024)
+    assert targets.index(512, up) - up <= 4, targets  # one canary's time at the level that did not pay
+    assert targets[-1] == 512 and max(targets[up + 4:]) == 512, targets  # no look again for a while

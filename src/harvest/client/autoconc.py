@@ -16,7 +16,7 @@ the one below (a CPU engine may run 512 at once and make fewer tokens than at 64
 pay goes back and growth waits ``ceiling_steps`` scrapes before another look. When the engine's cap
 is known exactly (``engine_limit``: vLLM ``max_num_seqs`` harvest set, its CPU build's 128, llama.cpp
 slots), the target stops at that cap plus the short queue: past it only the queue grows. Unless the
-engine's queue runs dry there with its batch short (three of the last ``peak_window`` scrapes): what
+engine's queue runs dry there with its batch short (two of the last ``peak_window`` scrapes): what
 the client holds and the engine does not yet see is in transit (HTTP, tokenizing, answers on their
 way back), and the target grows by the batch's measured deficit, up to twice the cap, judged like
 any step up. Preemptions (KV thrashing) cut the
@@ -96,6 +96,25 @@ class Gauges:
 
         gauges = cls(first(RUNNING), first(WAITING), first(KV_USAGE), first(PREEMPTIONS), first(GENERATED))
         return None if gauges == cls() else gauges
+
+
+@dataclass(frozen=True)
+class Canary:
+    """One small streamed request the steering loop keeps going to an endpoint without /metrics
+    (:mod:`harvest.client.canary`): how long it waited for its first token, and the pace of the
+    rest, which is the engine's decode step as a request in its batch sees it."""
+
+    #: Clock time it was sent.
+    sent_at: float
+    #: The client's requests on the endpoint when it was sent.
+    outstanding: int
+    #: Seconds since it was sent (still going), or until its last token (done).
+    age: float
+    #: Seconds to its first token; None while none came.
+    ttft: float | None = None
+    #: Mean seconds between its tokens after the first; None while it runs, or with too few tokens.
+    itl: float | None = None
+    done: bool = False
 
 
 @dataclass(frozen=True)
@@ -185,17 +204,22 @@ class AutoConcurrency:
         tokens = max(int(completion_tokens or 0), 0)
         self._tokens += tokens
         self._answers += 1
+        self._paced_answers += 1
         if tokens > 0 and latency_s > 0 and len(self._tpots_now) < _TPOT_SAMPLE:
             self._tpots_now.append(latency_s / tokens)
         if latency_s > 0 and len(self._latencies_now) < _TPOT_SAMPLE:
             self._latencies_now.append(latency_s)
 
-    def step(self, now: float, gauges: Gauges | None = None, *, busy: bool | None = None) -> Decision:
+    def step(self, now: float, gauges: Gauges | None = None, *, busy: bool | None = None,
+             canary: Canary | None = None) -> Decision:
         """One control step at clock time ``now`` with this step's scrape (None: no /metrics).
         ``busy``: whether the client held (nearly) the target on the endpoint during the step (None:
-        judged from the gauges, running + waiting against the target)."""
+        judged from the gauges, running + waiting against the target). ``canary``: the latest
+        canary of an endpoint without queue gauges (None: none, or it failed: answers alone)."""
         if gauges is not None and gauges.running is not None and gauges.waiting is not None:
             return self._fill(now, gauges, busy)
+        if canary is not None:
+            return self._paced(now, canary, busy is not False)
         obs = self._measure(now, gauges)
         if obs is None:
             return self.last
@@ -277,11 +301,13 @@ class AutoConcurrency:
             phase, reason = "settled", "queue"
         elif g.kv_usage is not None and g.kv_usage >= s.kv_high:
             phase, reason = "settled", "kv full"
-        elif full is not None and (deeper := self._deeper(full)) is not None:
+        elif full is not None and (g.generated is None or len(self._rates) >= _TRIAL_SCRAPES) \
+                and (deeper := self._deeper(full)) is not None:
+            # With a token counter it is judged like any step up, against this level's tok/s.
             before_transit = self._transit
             self._transit += deeper - full
             target, phase, reason = deeper, "start", "engine's queue ran dry at its batch limit"
-            if g.generated is not None and len(self._rates) >= _TRIAL_SCRAPES:
+            if g.generated is not None:
                 self._trial = (self.target, statistics.median(self._rates[-_TRIAL_SCRAPES:]))
                 self._trial_transit = before_transit
         elif (busy if busy is not None else running + waiting >= 0.9 * self.target) and \
@@ -350,12 +376,87 @@ class AutoConcurrency:
         scrapes show is added at once; the target never passes twice the engine's batch."""
         limit = self.settings.engine_limit
         dry = [r for r in self._dry if r is not None]
-        if limit is None or len(dry) < 3 or full >= 2 * limit or (self._ceiling is not None and full + 1 >= self._ceiling):
+        if limit is None or len(dry) < 2 or full >= 2 * limit or (self._ceiling is not None and full + 1 >= self._ceiling):
             return None
         self._dry.clear()
         deficit = limit - statistics.median(dry)
         slack = max(2, math.ceil(self.settings.queue_slack * limit))
         return int(min(2 * limit, full + max(slack, math.ceil(deficit))))
+
+    # --- without queue gauges, with a canary: every canary ------------------------------------------
+
+    def _paced(self, now: float, c: Canary, busy: bool) -> Decision:
+        """Steer on the canary: it *waited* for its first token (the engine queues: it runs fewer
+        than it is sent) or its tokens came at a pace that, for every request the client holds, makes
+        the engine's tok/s. A level shows in one canary (seconds), not one answer latency (7-20 s on
+        the H200, where judging 1024 by its answers held it 14 s at twice the latency)."""
+        s = self.settings
+        self._rates_at.append((now, self._paced_answers))
+        del self._rates_at[:-5]
+        if self._ceiling_left > 0:
+            self._ceiling_left -= 1
+            if self._ceiling_left == 0:
+                self._ceiling = None
+        if c.sent_at < self._changed_at:  # sent before the last change: it speaks of the old level
+            return self._hold("measuring", "start" if not self._settled else "settled")
+        step_s = c.itl or self._step_s
+        queue_after = max(0.5, 5 * step_s) if step_s else 2.0
+        waited = c.ttft if c.ttft is not None else c.age
+        if waited > queue_after and (c.ttft is not None or not c.done):
+            if self._acted_on == c.sent_at:
+                return self._hold("queue", "backoff")  # this canary was acted on already
+            self._acted_on = c.sent_at
+            self._ceiling, self._ceiling_left = self.target, s.ceiling_steps
+            self._settled = True
+            if self._accepted is not None and self._accepted < self.target:
+                return self._move(now, self._accepted, "backoff", "queue")
+            rate = self._answer_rate()
+            if c.ttft is not None and rate:
+                runs = max(1.0, c.outstanding - c.ttft * rate)  # it waited behind ttft x rate requests
+                return self._move(now, runs + max(2.0, math.ceil(s.queue_slack * runs)), "backoff", "queue")
+            return self._move(now, self.target * s.decrease, "backoff", "queue")
+        if not c.done:
+            return self._hold("measuring", self.last.phase)
+        if c.itl is None or c.itl <= 0:
+            return self._hold("hold", self.last.phase)
+        self._step_s = c.itl
+        tok_s = c.outstanding / c.itl
+        if self._accepted is not None and self.target > self._accepted:
+            base, base_tok_s = self._accepted, self._level_tok_s or 0.0
+            if tok_s < base_tok_s * (1 + s.gain):
+                self._ceiling, self._ceiling_left = self.target, s.ceiling_steps
+                self._settled = True
+                return self._move(now, base, "settled", "no gain", tok_s)
+        if self._accepted == self.target and self._level_tok_s is not None:
+            self._level_tok_s = 0.5 * (self._level_tok_s + tok_s)
+        else:
+            self._accepted, self._level_tok_s = self.target, tok_s
+        up = self.target * (s.probe if self._settled else s.increase)
+        if self._ceiling is not None:
+            # Settled under a ceiling: no look up until it lifts (``ceiling_steps``); starting (a
+            # restart under an old ceiling): up to just below it.
+            up = self.target if self._settled else min(up, self._ceiling - 1)
+        if not busy or up < self.target + 1 or self.target >= s.max_concurrency:
+            return self._hold("hold", "settled" if self._settled else "start", tok_s)
+        return self._move(now, up, "probe" if self._settled else "start", "tok/s grew", tok_s)
+
+    def _move(self, now: float, target: float, phase: str, reason: str, tok_s: float | None = None) -> Decision:
+        before, self.target = self.target, self._bound(target)
+        if self.target != before:
+            self._changed_at = now
+        self.last = Decision(self.target, phase, reason, tok_s, False)
+        return self.last
+
+    def _hold(self, reason: str, phase: str, tok_s: float | None = None) -> Decision:
+        self.last = Decision(self.target, phase, reason, tok_s if tok_s is not None else self.last.tok_s, False)
+        return self.last
+
+    def _answer_rate(self) -> float | None:
+        """Answers per second over the last steps (the canary's own clock: the steps' times)."""
+        if len(self._rates_at) < 2:
+            return None
+        (t0, n0), (t1, n1) = self._rates_at[0], self._rates_at[-1]
+        return (n1 - n0) / (t1 - t0) if t1 > t0 else None
 
     # --- the steps ------------------------------------------------------------------------------
 
@@ -588,6 +689,14 @@ class AutoConcurrency:
         self._transit = 0
         self._dry: list[float | None] = []
         self._trial_transit: int | None = None
+        #: With a canary: when the target last changed (a canary sent before speaks of the old
+        #: level), the engine's decode step as the last canary saw it, the canary a back-off already
+        #: answered, and (step time, answers so far) of the last steps, for the answer rate.
+        self._changed_at = float("-inf")
+        self._step_s: float | None = None
+        self._acted_on: float | None = None
+        self._rates_at: list[tuple[float, int]] = []
+        self._paced_answers = getattr(self, "_paced_answers", 0)
 
 
 def start_for(limit: int | None, *, metrics: bool, max_concurrency: int, fallback: int = 64) -> int:

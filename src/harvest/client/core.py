@@ -44,6 +44,8 @@ from pydantic import SecretStr
 
 from harvest.client import protocol
 from harvest.client.autoconc import GAUGE_NAMES, AutoSettings, start_for
+from harvest.client.canary import TOKENS as CANARY_TOKENS
+from harvest.client.canary import canary_body
 from harvest.client.endpoints import Endpoint, EndpointPool, normalize_url
 from harvest.client.metrics import scrape_metrics
 from harvest.client.policy import backoff_delay, classify_status, error_message, parse_retry_after, redact
@@ -53,6 +55,7 @@ from harvest.transport import (
     AiohttpTransport,
     Interrupted,
     RawResponse,
+    TimedEvents,
     TimedOut,
     Transport,
     TransportError,
@@ -164,7 +167,9 @@ class Client:
             settings = auto or AutoSettings(start=min(start, self.config.max_concurrency),
                                             max_concurrency=self.config.max_concurrency,
                                             engine_limit=batch_limit if limit_exact else None)
-            self._steer = Steering(self._pool, settings, self._scrape_gauges, clock, sleep)
+            self._steer = Steering(self._pool, settings, self._scrape_gauges, clock, sleep, canary=self._send_canary)
+        #: The path of the last request sent: the canary speaks the same dialect (chat or completions).
+        self._last_path = protocol.CHAT_PATH
         self._in_flight = self._held = self._completed = self._retries = 0
         self._errors: Counter[str] = Counter()
         self._closed = False
@@ -349,6 +354,7 @@ class Client:
         except (TypeError, ValueError) as exc:
             raise RequestError(f"request body cannot be sent: {exc}") from None
         timeout = timeout or self.config.request_timeout
+        self._last_path = path
         charged = outages = 0
         while True:
             endpoint = await self._acquire(affinity)
@@ -415,6 +421,12 @@ class Client:
                     delay = max(delay, retry_after)
             log.debug("retry %d of a request to %s in %.2f s: %s", charged, endpoint.url, delay, detail)
             await self._sleep(delay)
+
+    async def _send_canary(self, url: str, arrivals: list[float]) -> TimedEvents:
+        """One canary to ``url`` (see :mod:`harvest.client.canary`): not an item, never retried."""
+        body = canary_body(self._model, CANARY_TOKENS, chat=self._last_path == protocol.CHAT_PATH)
+        return await self._transport.timed_events(url + self._last_path, body=body, headers=self._headers,
+                                                  timeout=min(60.0, self.config.request_timeout), arrivals=arrivals)
 
     async def _acquire(self, affinity: str | None = None) -> Endpoint:
         """A concurrency slot and a healthy endpoint (``affinity``: see :meth:`chat`), its outstanding

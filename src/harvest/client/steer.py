@@ -3,8 +3,9 @@
 Every ``interval_s`` it scrapes each healthy endpoint's ``/metrics`` (all at once, each bounded by
 the step's length), hands the gauges and the time to that endpoint's
 :class:`~harvest.client.autoconc.AutoConcurrency`, and writes the new target into the pool, which
-gates dispatch per endpoint. An endpoint whose /metrics is missing (404) or unreadable steers on
-its answers alone; a missing one is asked again only every ``rescrape_every`` steps. The loop never
+gates dispatch per endpoint. An endpoint whose /metrics is missing (404) steers on a canary
+(:mod:`harvest.client.canary`) when the client gave one, else, or when it does not stream, on its
+answers alone; a missing /metrics is asked again only every ``rescrape_every`` steps. The loop never
 raises into the client: a failed step is logged and the targets stay where they were.
 """
 
@@ -15,7 +16,8 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
-from harvest.client.autoconc import AutoConcurrency, AutoSettings, Decision, Gauges
+from harvest.client.autoconc import AutoConcurrency, AutoSettings, Canary, Decision, Gauges
+from harvest.client.canary import CanaryRunner, Send
 from harvest.client.endpoints import Endpoint, EndpointPool
 from harvest.client.records import EndpointState
 
@@ -43,7 +45,7 @@ class Steering:
 
     def __init__(self, pool: EndpointPool, settings: AutoSettings, scrape: Scrape,
                  clock: Callable[[], float], sleep: Callable[[float], Awaitable[object]],
-                 rescrape_every: int = 15):
+                 rescrape_every: int = 15, canary: Send | None = None):
         self._pool = pool
         self.settings = settings
         self._scrape = scrape
@@ -51,6 +53,8 @@ class Steering:
         self._rescrape_every = rescrape_every
         self._controllers = {e.url: AutoConcurrency(settings) for e in pool.endpoints}
         self._no_metrics: dict[str, int] = {}
+        self._canary = canary
+        self._canaries: dict[str, CanaryRunner] = {}
         self._task: asyncio.Task[None] | None = None
         for endpoint in pool.endpoints:
             pool.set_limit(endpoint, settings.start)
@@ -60,6 +64,7 @@ class Steering:
         self._controllers[new] = self._controllers.pop(old)
         if old in self._no_metrics:
             self._no_metrics[new] = self._no_metrics.pop(old)
+        self._canaries.pop(old, None)  # a canary of the old server says nothing of the new one
 
     def record(self, endpoint: Endpoint, completion_tokens: int | None, latency_s: float) -> None:
         """One answer from ``endpoint``."""
@@ -84,6 +89,8 @@ class Steering:
         if task is not None and not task.done():
             task.cancel()
             await asyncio.wait([task], timeout=5.0)
+        canaries, self._canaries = list(self._canaries.values()), {}
+        await asyncio.gather(*(c.aclose() for c in canaries))
 
     async def _run(self) -> None:
         while True:
@@ -106,11 +113,20 @@ class Steering:
             # Busy: the client held (nearly) its target on it at some moment of the step.
             busy = endpoint.peak >= 0.9 * before
             endpoint.peak = endpoint.outstanding
-            decision = controller.step(now, reading, busy=busy)
+            decision = controller.step(now, reading, busy=busy, canary=self._read_canary(endpoint, reading, now))
             if decision.target != before:
                 log.debug("auto concurrency %s: %d -> %d (%s, %s)", endpoint.url, before, decision.target,
                           decision.phase, decision.reason)
             self._pool.set_limit(endpoint, decision.target)
+
+    def _read_canary(self, endpoint: Endpoint, gauges: Gauges | None, now: float) -> Canary | None:
+        """The canary of an endpoint with no /metrics (starting one when none is going)."""
+        if self._canary is None or gauges is not None or endpoint.url not in self._no_metrics:
+            return None
+        runner = self._canaries.get(endpoint.url)
+        if runner is None:
+            runner = self._canaries[endpoint.url] = CanaryRunner(self._canary)
+        return runner.read(endpoint.url, now, endpoint.outstanding)
 
     async def _read(self, endpoint: Endpoint) -> Gauges | None:
         skipped = self._no_metrics.get(endpoint.url)

@@ -1,0 +1,114 @@
+"""The canary of ``concurrency = "auto"`` on an engine without /metrics, against a real streaming server.
+
+The server is ``bench/sim_engine.py`` with ``--no-metrics`` (the shape of ``transformers serve``: a
+batch it runs at once, a first-come-first-served queue behind it, no Prometheus text), run as a
+subprocess and stopped by its pid; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harvest.client import Client
+from harvest.client.autoconc import AutoSettings
+from harvest.client.canary import CanaryRunner, canary_body
+from harvest.config import ClientConfig, SamplingConfig
+from harvest.transport import AiohttpTransport, TimedEvents
+
+SIM = Path(__file__).resolve().parents[2] / "bench" / "sim_engine.py"
+BATCH, STEP, OUT = 64, 0.02, 24
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[str]:
+    proc = subprocess.Popen([sys.executable, str(SIM), "--port", "0", "--token-latency", str(STEP),
+                             "--max-batch", str(BATCH), "--no-metrics", "--model", "sim-model"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # bounded by the test's timeout; the server prints at once
+        assert line.startswith("listening on "), line
+        yield "http://" + line.split("listening on ", 1)[1].strip()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+async def test_a_streamed_canary_reports_when_each_token_came(sim: str) -> None:
+    transport = AiohttpTransport(max_connections=4)
+    arrivals: list[float] = []
+    try:
+        events = await transport.timed_events(sim + "/v1/chat/completions", body=canary_body("sim-model", 10),
+                                              timeout=30, arrivals=arrivals)
+    finally:
+        await transport.aclose()
+    assert events.status == 200 and len(events.arrivals) == 10 and list(events.arrivals) == arrivals
+    gaps = [b - a for a, b in zip(events.arrivals, events.arrivals[1:])]
+    assert all(g >= 0 for g in gaps)
+    # One token per decode step: 9 steps from the first token to the last (a loaded machine is slower).
+    assert events.arrivals[-1] - events.arrivals[0] >= 9 * STEP * 0.8, events.arrivals
+
+
+async def test_auto_on_an_engine_without_metrics_leaves_a_level_it_only_queues_within_seconds(sim: str) -> None:
+    """Auto starts at the engine's batch (64), looks at 128, which the engine only queues: the
+    canary that waits for its first token sends it back, long before an answer at 128 comes back."""
+    config = ClientConfig(concurrency="auto", max_concurrency=256, request_timeout=60, max_retries=0)
+    settings = AutoSettings(start=BATCH, max_concurrency=256, interval_s=0.25)
+    seen: list[tuple[float, int, str]] = []
+    async with Client([sim], config, SamplingConfig(max_tokens=OUT), model="sim-model", auto=settings) as client:
+        t0 = time.monotonic()
+
+        async def watch() -> None:
+            while True:
+                for t in client.concurrency_targets():
+                    if not seen or seen[-1][1:] != (t.target, t.reason):
+                        seen.append((time.monotonic() - t0, t.target, t.reason))
+                await asyncio.sleep(0.05)
+
+        watcher = asyncio.create_task(watch())
+        try:
+            n = 1200
+            done = await asyncio.wait_for(asyncio.gather(*(client.chat([{"role": "user", "content": f"q {i}"}])
+                                                           for i in range(n))), 120)
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+        stats = client.stats()
+    assert len(done) == n and stats.completed == n and not stats.errors, stats  # canaries are not items
+    above = [(t, target) for t, target, _ in seen if target > BATCH]
+    assert above, seen  # it looked above the batch
+    backs = [t for t, target, reason in seen if reason == "queue" and target <= BATCH + 16]
+    assert backs, seen  # and a canary that waited sent it back
+    first_up = above[0][0]
+    # Judged by answers, a level shows one answer latency after it was set (here ~1 s at 128, up to
+    # 20 s on a GPU); the canary's first token shows it within a few control steps.
+    assert backs[0] - first_up < 8 * settings.interval_s + 1.0, seen
+
+
+async def test_an_endpoint_that_does_not_stream_gives_the_canary_up() -> None:
+    calls = 0
+
+    async def send(url: str, arrivals: list[float]) -> TimedEvents:
+        nonlocal calls
+        calls += 1
+        return TimedEvents(200, (0.05,))  # one event: a whole answer, not a stream
+
+    runner = CanaryRunner(send, give_up_after=3)
+    readings = []
+    for step in range(8):
+        readings.append(runner.read("http://e", float(step), 10))
+        await asyncio.sleep(0)  # the canary's task runs
+    await runner.aclose()
+    assert runner.given_up and calls == 3, calls
+    assert all(r is None or not r.done for r in readings), readings

@@ -188,6 +188,8 @@ def build_app(engine: SimEngine, *, model: str, output_tokens: int, metrics_on: 
                 await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
             await resp.write(b"data: [DONE]\n\n")
             await job
+        except ConnectionResetError:  # the client went away mid-stream (aiohttp's reset error is one)
+            pass
         finally:
             job.cancel()  # a client gone mid-stream frees its slot
         return resp

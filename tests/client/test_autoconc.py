@@ -405,29 +405,37 @@ class CanaryEngine:
         return max(self.floor, self.base + self.per_seq * running)
 
     def tick(self, target: int, ctl: AutoConcurrency, now: float, canary: tuple[float, int] | None) -> tuple[
-            Canary, tuple[float, int] | None]:
-        """One second at ``target`` in flight; returns the canary's reading and the canary going on."""
+            Canary | None, tuple[float, int] | None]:
+        """One second at ``target`` in flight (the canary in one of its places); returns the canary's
+        reading and the canary still going (None: none was)."""
         running = min(target, self.capacity)
         step = self.step_s(running)
         rate = running / step / OUT_TOKENS  # answers per second
         for _ in range(int(rate)):
             ctl.record(OUT_TOKENS, OUT_TOKENS * step * (1 + (target - running) / running))
-        sent_at, held = canary if canary is not None else (now - 1.0, target)
-        ttft = step + max(0, held - self.capacity) / rate
+        if canary is None:
+            return None, None
+        sent_at, held = canary
+        ttft = step + max(0, held + 1 - self.capacity) / rate  # it waits behind what the engine queues
         age = now - sent_at
-        if age >= ttft + 9 * step:  # done: the next one is sent now
+        if age >= ttft + 9 * step:  # done
             return Canary(sent_at, held, ttft + 9 * step, ttft=ttft, itl=step, done=True), None
-        return Canary(sent_at, held, age, ttft=ttft if age >= ttft else None), (sent_at, held)
+        return Canary(sent_at, held, age, ttft=ttft if age >= ttft else None), canary
 
 
 def drive_paced(engine: CanaryEngine, ctl: AutoConcurrency, steps: int) -> list[int]:
-    targets, going, now = [], None, 0.0
+    """As the steering loop drives it: one canary at a time, in a place reserved in the target, sent
+    at the end of a step that did not move the target."""
+    targets: list[int] = []
+    going: tuple[float, int] | None = None
+    now = 0.0
     for _ in range(steps):
         now += 1.0
-        if going is None:
-            going = (now - 1.0, ctl.target)
         reading, going = engine.tick(ctl.target, ctl, now, going)
-        ctl.step(now, None, busy=True, canary=reading)
+        before = ctl.target
+        ctl.step(now, None, busy=True, canary=reading, paced=True)
+        if going is None and ctl.target == before:
+            going = (now, ctl.target - 1)
         targets.append(ctl.target)
     return targets
 

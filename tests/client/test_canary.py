@@ -107,7 +107,8 @@ async def test_an_endpoint_that_does_not_stream_gives_the_canary_up() -> None:
     runner = CanaryRunner(send, give_up_after=3)
     readings = []
     for step in range(8):
-        readings.append(runner.read("http://e", float(step), 10))
+        readings.append(runner.poll("http://e", float(step)))
+        runner.start("http://e", float(step), 10)
         await asyncio.sleep(0)  # the canary's task runs
     await runner.aclose()
     assert runner.given_up and calls == 3, calls

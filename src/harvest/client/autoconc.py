@@ -211,14 +211,16 @@ class AutoConcurrency:
             self._latencies_now.append(latency_s)
 
     def step(self, now: float, gauges: Gauges | None = None, *, busy: bool | None = None,
-             canary: Canary | None = None) -> Decision:
+             canary: Canary | None = None, paced: bool = False) -> Decision:
         """One control step at clock time ``now`` with this step's scrape (None: no /metrics).
         ``busy``: whether the client held (nearly) the target on the endpoint during the step (None:
-        judged from the gauges, running + waiting against the target). ``canary``: the latest
-        canary of an endpoint without queue gauges (None: none, or it failed: answers alone)."""
+        judged from the gauges, running + waiting against the target). ``paced``: an endpoint
+        without queue gauges steered by a canary, ``canary`` its latest (None: none yet)."""
         if gauges is not None and gauges.running is not None and gauges.waiting is not None:
             return self._fill(now, gauges, busy)
-        if canary is not None:
+        if paced or canary is not None:
+            if canary is None:
+                return self._hold("measuring", self.last.phase)
             return self._paced(now, canary, busy is not False)
         obs = self._measure(now, gauges)
         if obs is None:
@@ -397,10 +399,12 @@ class AutoConcurrency:
             self._ceiling_left -= 1
             if self._ceiling_left == 0:
                 self._ceiling = None
-        if c.sent_at < self._changed_at:  # sent before the last change: it speaks of the old level
+        if c.sent_at <= self._changed_at:  # sent before the last change: it speaks of the old level
             return self._hold("measuring", "start" if not self._settled else "settled")
         step_s = c.itl or self._step_s
-        queue_after = max(0.5, 5 * step_s) if step_s else 2.0
+        # No queue: its first token within a few steps (its prefill, the step it joined); a tenth
+        # of a second (event-loop lag on a loaded client) at least.
+        queue_after = max(0.1, 5 * step_s) if step_s else 2.0
         waited = c.ttft if c.ttft is not None else c.age
         if waited > queue_after and (c.ttft is not None or not c.done):
             if self._acted_on == c.sent_at:

@@ -65,23 +65,30 @@ class CanaryRunner:
     def given_up(self) -> bool:
         return self._failures >= self._give_up_after
 
-    def read(self, url: str, now: float, outstanding: int) -> Canary | None:
-        """The canary as it stands at clock time ``now``: a finished one (then the next is sent), the
-        one going, or None (it failed, or the endpoint gave it up). ``outstanding``: the client's
-        requests on the endpoint now (recorded with a canary sent now)."""
-        if self.given_up:
-            return None
+    @property
+    def going(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def poll(self, url: str, now: float) -> Canary | None:
+        """The canary as it stands at clock time ``now``: the one going, the one that just finished
+        (read once), or None (none, or it failed)."""
         task = self._task
-        if task is not None and not task.done():
-            sent_at, held = self._sent
+        if task is None:
+            return None
+        sent_at, held = self._sent
+        if not task.done():
             first = self._arrivals[0] if self._arrivals else None
             return Canary(sent_at, held, now - sent_at, ttft=first)
-        reading = None
-        if task is not None:
-            reading = self._finished(task, url)
-        if not self.given_up:
-            self._start(url, now, outstanding)
-        return reading
+        self._task = None
+        return self._finished(task, url)
+
+    def start(self, url: str, now: float, outstanding: int) -> None:
+        """Send the next canary (``outstanding``: the client's requests on the endpoint now)."""
+        if self.going or self.given_up:
+            return
+        self._arrivals = []
+        self._sent = (now, outstanding)
+        self._task = asyncio.get_running_loop().create_task(self._send(url, self._arrivals))
 
     def _finished(self, task: asyncio.Task[TimedEvents], url: str) -> Canary | None:
         sent_at, held = self._sent
@@ -103,11 +110,6 @@ class CanaryRunner:
         self._failures += 1
         if self.given_up:
             log.info("auto concurrency: %s does not stream a canary (%s); steering on its answers", url, why)
-
-    def _start(self, url: str, now: float, outstanding: int) -> None:
-        self._arrivals = []
-        self._sent = (now, outstanding)
-        self._task = asyncio.get_running_loop().create_task(self._send(url, self._arrivals))
 
     async def aclose(self) -> None:
         task, self._task = self._task, None

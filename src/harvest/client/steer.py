@@ -113,20 +113,29 @@ class Steering:
             # Busy: the client held (nearly) its target on it at some moment of the step.
             busy = endpoint.peak >= 0.9 * before
             endpoint.peak = endpoint.outstanding
-            decision = controller.step(now, reading, busy=busy, canary=self._read_canary(endpoint, reading, now))
+            runner = self._runner(endpoint, reading)
+            canary = runner.poll(endpoint.url, now) if runner is not None else None
+            decision = controller.step(now, reading, busy=busy, canary=canary, paced=runner is not None)
             if decision.target != before:
                 log.debug("auto concurrency %s: %d -> %d (%s, %s)", endpoint.url, before, decision.target,
                           decision.phase, decision.reason)
-            self._pool.set_limit(endpoint, decision.target)
+            # A canary takes one of the target's places: sent on top of a full engine it would wait
+            # for a place the level never asked for (and read as a queue).
+            self._pool.set_limit(endpoint, max(1, decision.target - (1 if runner is not None else 0)))
+            if runner is not None and decision.target == before and endpoint.outstanding < decision.target:
+                # Into its reserved place, and not in the step that moved the target: sent after the
+                # requests a new level lets in, it waits behind them if the engine queues them.
+                runner.start(endpoint.url, now, endpoint.outstanding)
 
-    def _read_canary(self, endpoint: Endpoint, gauges: Gauges | None, now: float) -> Canary | None:
-        """The canary of an endpoint with no /metrics (starting one when none is going)."""
+    def _runner(self, endpoint: Endpoint, gauges: Gauges | None) -> CanaryRunner | None:
+        """The canary of an endpoint with no /metrics (None: it has them, or no canary is given,
+        or the endpoint does not stream one)."""
         if self._canary is None or gauges is not None or endpoint.url not in self._no_metrics:
             return None
         runner = self._canaries.get(endpoint.url)
         if runner is None:
             runner = self._canaries[endpoint.url] = CanaryRunner(self._canary)
-        return runner.read(endpoint.url, now, endpoint.outstanding)
+        return None if runner.given_up else runner
 
     async def _read(self, endpoint: Endpoint) -> Gauges | None:
         skipped = self._no_metrics.get(endpoint.url)

@@ -467,3 +467,19 @@ def test_with_a_canary_a_level_that_makes_no_more_tokens_goes_back():
     up = targets.index(1024)
     assert targets.index(512, up) - up <= 4, targets  # one canary's time at the level that did not pay
     assert targets[-1] == 512 and max(targets[up + 4:]) == 512, targets  # no look again for a while
+
+
+def test_with_gauges_a_scrape_that_did_not_come_back_changes_nothing():
+    """vLLM CPU under load answered /metrics later than the step (gaps of 3-5 s in the A2 trace);
+    such a step must not fall back to judging by answers, whose windows this mode never kept."""
+    engine = Engine(metrics=True, max_seqs=64, knee=16)
+    ctl = AutoConcurrency(AutoSettings(start=8, max_concurrency=1024))
+    drive(engine, ctl, 20)
+    before, last = ctl.target, ctl.last
+    now = 20.0
+    for _ in range(15):
+        now += 1.0
+        for _ in range(50):
+            ctl.record(OUT_TOKENS, 30.0)  # slow answers: the answers' rules would back off
+        assert ctl.step(now, None, busy=True) == last
+    assert ctl.target == before

@@ -218,6 +218,10 @@ class AutoConcurrency:
         without queue gauges steered by a canary, ``canary`` its latest (None: none yet)."""
         if gauges is not None and gauges.running is not None and gauges.waiting is not None:
             return self._fill(now, gauges, busy)
+        if gauges is None and self._fill_prev is not None and not paced:
+            # A scrape that did not come back (a busy engine answers /metrics late): no verdict, and
+            # not a switch to judging by answers, whose windows this mode never kept.
+            return self.last
         if paced or canary is not None:
             if canary is None:
                 return self._hold("measuring", self.last.phase)
@@ -268,7 +272,8 @@ class AutoConcurrency:
             self._ceiling_left -= 1
             if self._ceiling_left == 0:
                 self._ceiling = None
-        self._queued = self._queued + 1 if waiting > slack else 0
+        # The queue a deepening at an exact cap allows for (``_transit``) is on purpose, not a queue.
+        self._queued = self._queued + 1 if waiting > slack + self._transit else 0
         if tok_s is not None:
             if self._settling:  # the scrape right after a change: newcomers still in prefill
                 self._settling -= 1
@@ -297,8 +302,8 @@ class AutoConcurrency:
             phase, reason = "backoff", "preemption"
         elif self._queued >= 2:
             # Full: it runs ``peak`` at most and queues the rest. A short queue, never an empty one.
-            # Queued past the slack with a transit allowance: less is in transit than allowed for.
-            self._transit = max(0, self._transit - int(waiting - slack))
+            # Queued past what a deepening allowed for: less is in transit than it measured.
+            self._transit = max(0, self._transit - int(waiting - slack - self._transit))
             target = peak + slack + self._transit
             phase, reason = "settled", "queue"
         elif g.kv_usage is not None and g.kv_usage >= s.kv_high:

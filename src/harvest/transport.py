@@ -25,9 +25,10 @@ aiohttp 3, x17 in the latest P2 run (BENCHMARKS.md).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol, Union
 
@@ -160,28 +161,19 @@ class AiohttpTransport:
 
     async def _send(self, session: aiohttp.ClientSession, method: str, target: URL, body: bytes | None,
                     headers: Mapping[str, str] | None, timeout: float) -> RawResponse:
-        try:
+        with _failures(timeout):
             async with session.request(method, target, data=body, headers=headers,
                                        timeout=self._timeout(timeout), allow_redirects=False) as resp:
                 data = await resp.read()
                 retry_after = resp.headers.get("Retry-After") if resp.status >= 400 else None
                 return RawResponse(resp.status, data, retry_after)
-        # Order matters: a connect timeout is also a TimeoutError, a refused connection an OSError.
-        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-            raise Unreachable(_describe(exc)) from None
-        except (asyncio.TimeoutError, TimeoutError):
-            raise TimedOut(f"no complete response within {timeout:g} s") from None
-        except aiohttp.ServerDisconnectedError as exc:
-            raise Interrupted(_describe(exc), closed_unanswered=True) from None
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
-            raise Interrupted(_describe(exc)) from None
 
     async def timed_events(self, url: str, *, body: bytes, headers: Mapping[str, str] | None = None,
                            timeout: float, arrivals: list[float] | None = None) -> TimedEvents:
         session = self._session or self._open()
         started = time.monotonic()
         arrivals = [] if arrivals is None else arrivals
-        try:
+        with _failures(timeout):
             async with session.post(URL(url), data=body, headers=headers, timeout=self._timeout(timeout),
                                     allow_redirects=False) as resp:
                 if resp.status != 200:
@@ -191,12 +183,6 @@ class AiohttpTransport:
                     if line.startswith(b"data:") and line[5:].strip() != b"[DONE]":
                         arrivals.append(time.monotonic() - started)
                 return TimedEvents(resp.status, tuple(arrivals))
-        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-            raise Unreachable(_describe(exc)) from None
-        except (asyncio.TimeoutError, TimeoutError):
-            raise TimedOut(f"no complete response within {timeout:g} s") from None
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
-            raise Interrupted(_describe(exc)) from None
 
     async def aclose(self) -> None:
         self._closed = True
@@ -204,6 +190,22 @@ class AiohttpTransport:
             if session is not None:
                 await session.close()
         self._session = self._fresh = None
+
+
+@contextlib.contextmanager
+def _failures(timeout: float) -> Iterator[None]:
+    """aiohttp's exceptions as the three of this module."""
+    try:
+        yield
+    # Order matters: a connect timeout is also a TimeoutError, a refused connection an OSError.
+    except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+        raise Unreachable(_describe(exc)) from None
+    except (asyncio.TimeoutError, TimeoutError):
+        raise TimedOut(f"no complete response within {timeout:g} s") from None
+    except aiohttp.ServerDisconnectedError as exc:
+        raise Interrupted(_describe(exc), closed_unanswered=True) from None
+    except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+        raise Interrupted(_describe(exc)) from None
 
 
 def _describe(exc: BaseException) -> str:

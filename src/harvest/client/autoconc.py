@@ -268,10 +268,7 @@ class AutoConcurrency:
         del self._peaks[:-s.peak_window]
         peak = max(self._peaks)
         slack = max(2.0, math.ceil(s.queue_slack * peak))
-        if self._ceiling_left > 0:
-            self._ceiling_left -= 1
-            if self._ceiling_left == 0:
-                self._ceiling = None
+        self._age_ceiling()
         # The queue a deepening at an exact cap allows for (``_transit``) is on purpose, not a queue.
         self._queued = self._queued + 1 if waiting > slack + self._transit else 0
         if tok_s is not None:
@@ -400,10 +397,7 @@ class AutoConcurrency:
         s = self.settings
         self._rates_at.append((now, self._paced_answers))
         del self._rates_at[:-5]
-        if self._ceiling_left > 0:
-            self._ceiling_left -= 1
-            if self._ceiling_left == 0:
-                self._ceiling = None
+        self._age_ceiling()
         if c.sent_at <= self._changed_at:  # sent before the last change: it speaks of the old level
             return self._hold("measuring", "start" if not self._settled else "settled")
         step_s = c.itl or self._step_s
@@ -448,6 +442,13 @@ class AutoConcurrency:
         if not busy or up < self.target + 1 or self.target >= s.max_concurrency:
             return self._hold("hold", "settled" if self._settled else "start", tok_s)
         return self._move(now, up, "probe" if self._settled else "start", "tok/s grew", tok_s)
+
+    def _age_ceiling(self) -> None:
+        """One step of a ceiling's life (``ceiling_steps``): then it lifts."""
+        if self._ceiling_left > 0:
+            self._ceiling_left -= 1
+            if self._ceiling_left == 0:
+                self._ceiling = None
 
     def _move(self, now: float, target: float, phase: str, reason: str, tok_s: float | None = None) -> Decision:
         before, self.target = self.target, self._bound(target)

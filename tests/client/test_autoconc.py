@@ -483,3 +483,18 @@ def test_with_gauges_a_scrape_that_did_not_come_back_changes_nothing():
             ctl.record(OUT_TOKENS, 30.0)  # slow answers: the answers' rules would back off
         assert ctl.step(now, None, busy=True) == last
     assert ctl.target == before
+
+
+def test_an_engine_whose_queue_stays_empty_is_driven_up_though_it_runs_few_of_what_it_is_sent():
+    """A vLLM CPU of 32 sequences sharing 2 cores with another at load 20 (A2, two endpoints): at
+    8 in flight it ran 4-5 in every scrape and queued none (the rest in its HTTP server or on their
+    way back), and auto sat at 8 for 60 s reading "not filled"."""
+    engine = Engine(metrics=True, max_seqs=32, knee=16, transit_s=0.0)
+    ctl = AutoConcurrency(AutoSettings(start=8, max_concurrency=512))
+    targets = []
+    for i in range(40):
+        running = min(ctl.target * 0.55, 32)  # ~45 % of what it is sent is in transit
+        gauges = engine.tick(int(running), 1.0, ctl)
+        ctl.step(float(i + 1), Gauges(running=float(int(running)), waiting=0.0, generated=gauges.generated), busy=True)
+        targets.append(ctl.target)
+    assert max(targets) >= 32, targets

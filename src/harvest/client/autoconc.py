@@ -271,6 +271,7 @@ class AutoConcurrency:
         self._age_ceiling()
         # The queue a deepening at an exact cap allows for (``_transit``) is on purpose, not a queue.
         self._queued = self._queued + 1 if waiting > slack + self._transit else 0
+        self._empty = self._empty + 1 if waiting == 0 else 0
         if tok_s is not None:
             if self._settling:  # the scrape right after a change: newcomers still in prefill
                 self._settling -= 1
@@ -315,11 +316,13 @@ class AutoConcurrency:
                 self._trial = (self.target, statistics.median(self._rates[-_TRIAL_SCRAPES:]))
                 self._trial_transit = before_transit
         elif (busy if busy is not None else running + waiting >= 0.9 * self.target) and \
-                waiting < max(1.0, slack / 2) and peak >= 0.8 * self.target:
-            # It ran 80 % of what it was sent in a recent scrape, its queue is under half the slack
-            # (the queue kept at the slack on purpose does not count), and we keep it busy: there
-            # may be room above. One scrape's empty queue alone is no proof (seen on a 4-sequence
-            # vLLM: between two answers its queue reads 0 while it runs its 4).
+                waiting < max(1.0, slack / 2) and (peak >= 0.8 * self.target or self._empty >= 3):
+            # It ran 80 % of what it was sent in a recent scrape (or its queue read empty three
+            # scrapes in a row: the rest are in transit, in its HTTP server or on their way back, as
+            # on a CPU-starved vLLM at load 20), its queue is under half the slack (the queue kept at
+            # the slack on purpose does not count), and we keep it busy: there may be room above.
+            # One scrape's empty queue alone is no proof (seen on a 4-sequence vLLM: between two
+            # answers its queue reads 0 while it runs its 4).
             up = self.target * s.increase
             if self._ceiling is not None:
                 up = min(up, max(self.target, self._ceiling - 1))
@@ -686,7 +689,7 @@ class AutoConcurrency:
         #: row with a queue past the slack, and scrapes left under a preemption's ceiling.
         self._fill_prev: tuple[float, Gauges] | None = None
         self._peaks: list[float] = []
-        self._queued = 0
+        self._queued = self._empty = 0
         self._ceiling_left = 0
         #: With a token counter: tok/s of the last scrapes at this target (the first scrape after a
         #: change skipped), and the step up being judged: (the level below, its tok/s).

@@ -88,12 +88,14 @@ async def test_auto_on_an_engine_without_metrics_leaves_a_level_it_only_queues_w
     assert len(done) == n and stats.completed == n and not stats.errors, stats  # canaries are not items
     above = [(t, target) for t, target, _ in seen if target > BATCH]
     assert above, seen  # it looked above the batch
+    # Sent back by a canary that waited for its first token: "queue" is a verdict only the canary
+    # gives an engine without /metrics (answers alone speak of latency).
     backs = [t for t, target, reason in seen if reason == "queue" and target <= BATCH + 16]
-    assert backs, seen  # and a canary that waited sent it back
-    first_up = above[0][0]
-    # Judged by answers, a level shows one answer latency after it was set (here ~1 s at 128, up to
-    # 20 s on a GPU); the canary's first token shows it within a few control steps.
-    assert backs[0] - first_up < 8 * settings.interval_s + 1.0, seen
+    assert backs, seen
+    # Within a few control steps of the look (a loose bound: the machine may be loaded); then the
+    # target stays at the batch, in its place reserved for the canary, for most of the run.
+    assert backs[0] - above[0][0] < 20 * settings.interval_s + 2.0, seen
+    assert seen[-1][1] <= BATCH + 16, seen
 
 
 async def test_an_endpoint_that_does_not_stream_gives_the_canary_up() -> None:

@@ -142,7 +142,9 @@ class Steering:
         if skipped is not None and skipped < self._rescrape_every:
             self._no_metrics[endpoint.url] = skipped + 1
             return None
-        timeout = max(self.settings.interval_s, 1.0)
+        # A late reading is still a reading: vLLM CPU's HTTP server, swamped by a level's new
+        # requests, answered /metrics in 2-5 s, and a 1 s bound left auto blind for 5-10 s at start.
+        timeout = max(3 * self.settings.interval_s, 3.0)
         try:
             metrics = await asyncio.wait_for(self._scrape(endpoint.url, timeout), timeout + 1.0)
         except (asyncio.TimeoutError, Exception) as exc:  # a busy engine may answer /metrics late

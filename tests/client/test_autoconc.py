@@ -498,3 +498,20 @@ def test_an_engine_whose_queue_stays_empty_is_driven_up_though_it_runs_few_of_wh
         ctl.step(float(i + 1), Gauges(running=float(int(running)), waiting=0.0, generated=gauges.generated), busy=True)
         targets.append(ctl.target)
     assert max(targets) >= 32, targets
+
+
+def test_with_an_exact_limit_a_queue_that_runs_dry_between_waves_is_deepened_by_a_whole_batch():
+    """Equal-length answers end in waves: a scrape in a wave's gap sees the batch nearly empty and no
+    queue, the next sees it full. The next wave must be queued before the current one ends."""
+    ctl = AutoConcurrency(AutoSettings(start=128, max_concurrency=1024, engine_limit=128))
+    generated, targets = 0.0, []
+    for i in range(30):
+        deep = ctl.target >= 240
+        gap = i % 2 == 1 and not deep
+        generated += 4000.0 if deep else 3000.0
+        dip = 20.0 if i % 4 == 1 else 100.0  # a scrape lands anywhere in a gap
+        gauges = Gauges(running=dip if gap else 128.0, waiting=0.0 if gap else float(max(0, ctl.target - 128)),
+                        generated=generated)
+        ctl.step(float(i + 1), gauges, busy=True)
+        targets.append(ctl.target)
+    assert targets[-1] >= 240 and sum(t >= 240 for t in targets) >= 20, targets  # 128 + the gap of 108 + 16

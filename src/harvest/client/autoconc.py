@@ -18,8 +18,8 @@ is known exactly (``engine_limit``: vLLM ``max_num_seqs`` harvest set, its CPU b
 slots), the target stops at that cap plus the short queue: past it only the queue grows. Unless the
 engine's queue runs dry there with its batch short (two of the last ``peak_window`` scrapes): what
 the client holds and the engine does not yet see is in transit (HTTP, tokenizing, answers on their
-way back), and the target grows by the batch's measured deficit, up to twice the cap, judged like
-any step up. Preemptions (KV thrashing) cut the
+way back), and the target grows by the deepest gap a dry scrape showed, up to twice the cap, judged
+like any step up. Preemptions (KV thrashing) cut the
 target to ``decrease`` x what ran and cap growth below that level for a while. Seconds, not answer
 latencies: a vLLM or SGLang engine admits new requests within one scheduler step, so the next
 scrape shows them.
@@ -378,17 +378,21 @@ class AutoConcurrency:
         return float(base), "settled", "no gain"
 
     def _deeper(self, full: int) -> int | None:
-        """With an exact engine limit: a deeper target when the engine's queue ran dry in most recent
-        scrapes at ``full`` (its batch short by what is in transit), else None. The deficit the dry
-        scrapes show is added at once; the target never passes twice the engine's batch."""
+        """With an exact engine limit: a deeper target when the engine's queue ran dry in two of the
+        last scrapes at ``full`` (its batch short by what is in transit), else None. It grows by the
+        deepest gap a dry scrape showed, up to twice the limit: with a steady flow the gap is what is
+        in transit; with equal-length answers, which end in waves, it is the wave's gap, and the
+        next wave must already be in the engine when the current one ends (on vLLM CPU fixed 256
+        made x1.1-1.4 the tok/s of fixed 128, its cap; growing by the median gap, to 175, paid
+        nothing measurable)."""
         limit = self.settings.engine_limit
         dry = [r for r in self._dry if r is not None]
-        if limit is None or len(dry) < 2 or full >= 2 * limit or (self._ceiling is not None and full + 1 >= self._ceiling):
+        if limit is None or len(dry) < 2 or full >= 2 * limit or (
+                self._ceiling is not None and full + 1 >= self._ceiling):
             return None
         self._dry.clear()
-        deficit = limit - statistics.median(dry)
         slack = max(2, math.ceil(self.settings.queue_slack * limit))
-        return int(min(2 * limit, full + max(slack, math.ceil(deficit))))
+        return int(min(2 * limit, full + max(slack, math.ceil(limit - min(dry)))))
 
     # --- without queue gauges, with a canary: every canary ------------------------------------------
 

@@ -115,3 +115,28 @@ async def test_an_endpoint_that_does_not_stream_gives_the_canary_up() -> None:
     await runner.aclose()
     assert runner.given_up and calls == 3, calls
     assert all(r is None or not r.done for r in readings), readings
+
+
+async def test_canaries_lost_to_a_server_that_is_down_do_not_give_streaming_up() -> None:
+    from harvest.transport import Unreachable
+
+    calls = 0
+
+    async def send(url: str, arrivals: list[float]) -> TimedEvents:
+        nonlocal calls
+        calls += 1
+        if calls <= 5:
+            raise Unreachable("connection refused")  # the server is restarting
+        arrivals.extend([0.05, 0.1, 0.15, 0.2, 0.25])
+        return TimedEvents(200, (0.05, 0.1, 0.15, 0.2, 0.25))
+
+    runner = CanaryRunner(send, give_up_after=3)
+    readings = []
+    for step in range(8):
+        readings.append(runner.poll("http://e", float(step)))
+        runner.start("http://e", float(step), 10)
+        await asyncio.sleep(0)
+    await runner.aclose()
+    assert not runner.given_up
+    done = [r for r in readings if r is not None and r.done]
+    assert done and abs(done[0].itl - 0.05) < 1e-9 and done[0].ttft == 0.05, readings

@@ -1,7 +1,7 @@
 """The loop that steers ``concurrency = "auto"``: one controller per endpoint, fed once per step.
 
 Every ``interval_s`` it scrapes each healthy endpoint's ``/metrics`` (all at once, each bounded by
-the step's length), hands the gauges and the time to that endpoint's
+three steps: a late reading is still one), hands the gauges and the time to that endpoint's
 :class:`~harvest.client.autoconc.AutoConcurrency`, and writes the new target into the pool, which
 gates dispatch per endpoint. An endpoint whose /metrics is missing (404) steers on a canary
 (:mod:`harvest.client.canary`) when the client gave one, else, or when it does not stream, on its

@@ -97,6 +97,9 @@ class CanaryRunner:
             events = task.result()
         except (TransportError, asyncio.CancelledError):
             return None  # a lost reading (the server down or restarting), not a verdict on streaming
+        except Exception as exc:  # a transport that cannot stream at all: counted, never raised
+            self._failed(url, f"{type(exc).__name__}: {exc}")
+            return None
         arrivals = events.arrivals
         if events.status != 200 or len(arrivals) < 4:
             self._failed(url, f"HTTP {events.status}, {len(arrivals)} streamed events")

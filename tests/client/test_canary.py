@@ -140,3 +140,23 @@ async def test_canaries_lost_to_a_server_that_is_down_do_not_give_streaming_up()
     assert not runner.given_up
     done = [r for r in readings if r is not None and r.done]
     assert done and abs(done[0].itl - 0.05) < 1e-9 and done[0].ttft == 0.05, readings
+
+
+async def test_a_small_target_spares_no_place_for_a_canary(fake_server) -> None:
+    """At 8 in flight a canary would hold one eighth of what the engine is sent: no canary there."""
+    from harvest.transport import MockTransport
+
+    async def slow(method: str, url: str, body: bytes | None, headers: dict[str, str]):
+        await asyncio.sleep(0.01)  # an answer takes a moment: the steering gets its steps
+        return fake_server.handler(method, url, body, headers)
+
+    config = ClientConfig(concurrency="auto", max_concurrency=16, request_timeout=30)
+    settings = AutoSettings(start=8, max_concurrency=16, interval_s=0.01)
+    async with Client(["http://e:1"], config, SamplingConfig(max_tokens=4), model="m", auto=settings,
+                      transport=MockTransport(slow)) as client:
+        await asyncio.wait_for(asyncio.gather(*(client.chat([{"role": "user", "content": f"q {i}"}])
+                                                for i in range(200))), 60)
+        steps = [t.reason for t in client.concurrency_targets()]
+    assert fake_server.count("GET", "/metrics") >= 1 and steps != ["initial"], steps  # steered without /metrics
+    assert not [b for b in fake_server.bodies("/v1/chat/completions") if b.get("stream")]
+    assert len(fake_server.bodies("/v1/chat/completions")) == 200

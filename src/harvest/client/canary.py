@@ -35,6 +35,11 @@ Send = Callable[[str, list[float]], Awaitable[TimedEvents]]
 #: Tokens per canary: enough gaps for a decode step's pace, few enough to end in seconds.
 TOKENS = 10
 
+#: The smallest target a canary is kept at: it holds one of the target's places, which below 32
+#: is more than 3 % of what the engine is sent (a quarter of a 4-slot engine); there the engine
+#: is steered on its answers, which at such small batches come back soon.
+MIN_TARGET = 32
+
 PROMPT = "Count from 1 to 200 in words, one number per line."
 
 
@@ -122,4 +127,4 @@ class CanaryRunner:
                 await asyncio.wait_for(task, 5.0)
 
 
-__all__ = ["PROMPT", "TOKENS", "CanaryRunner", "Send", "canary_body"]
+__all__ = ["MIN_TARGET", "PROMPT", "TOKENS", "CanaryRunner", "Send", "canary_body"]

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from harvest.client.autoconc import AutoConcurrency, AutoSettings, Canary, Decision, Gauges
+from harvest.client.canary import MIN_TARGET as CANARY_MIN_TARGET
 from harvest.client.canary import CanaryRunner, Send
 from harvest.client.endpoints import Endpoint, EndpointPool
 from harvest.client.records import EndpointState
@@ -128,9 +129,10 @@ class Steering:
                 runner.start(endpoint.url, now, endpoint.outstanding)
 
     def _runner(self, endpoint: Endpoint, gauges: Gauges | None) -> CanaryRunner | None:
-        """The canary of an endpoint with no /metrics (None: it has them, or no canary is given,
-        or the endpoint does not stream one)."""
-        if self._canary is None or gauges is not None or endpoint.url not in self._no_metrics:
+        """The canary of an endpoint with no /metrics (None: it has them, no canary is given, the
+        endpoint does not stream one, or its target is too small to spare a place for one)."""
+        if self._canary is None or gauges is not None or endpoint.url not in self._no_metrics \
+                or self._controllers[endpoint.url].target < CANARY_MIN_TARGET:
             return None
         runner = self._canaries.get(endpoint.url)
         if runner is None:

@@ -189,3 +189,26 @@ def not_http_peer() -> Iterator[int]:
     finally:
         thread.join(30)
         listener.close()
+
+
+SIM_ENGINE = Path(__file__).resolve().parents[1] / "bench" / "sim_engine.py"
+
+
+@contextmanager
+def sim_engine(*args: str) -> Iterator[str]:
+    """``bench/sim_engine.py`` with ``args`` on a port it picks and prints; yields its base URL and
+    stops it by its pid (SIGTERM, then SIGKILL after 10 s)."""
+    proc = subprocess.Popen([sys.executable, str(SIM_ENGINE), "--port", "0", *args],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # bounded by the test's timeout; the server prints at once
+        assert line.startswith("listening on "), line
+        yield "http://" + line.split("listening on ", 1)[1].strip()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)

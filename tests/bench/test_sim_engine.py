@@ -7,39 +7,23 @@ from __future__ import annotations
 
 import asyncio
 import math
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import aiohttp
 import pytest
 
 from bench.sim_engine import parse_metrics
+from tests.engines import sim_engine
 from tests.timing import SLACK_S
 
-SIM = Path(__file__).resolve().parents[2] / "bench" / "sim_engine.py"
 LATENCY, BATCH, OUTPUT = 0.05, 4, 10
 
 
 @pytest.fixture
 def sim() -> Iterator[str]:
-    proc = subprocess.Popen([sys.executable, str(SIM), "--port", "0", "--token-latency", str(LATENCY),
-                             "--max-batch", str(BATCH), "--output-tokens", str(OUTPUT)],
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()  # bounded: the test's timeout; the server prints at once
-        assert line.startswith("listening on "), line
-        yield "http://" + line.split("listening on ", 1)[1].strip()
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+    with sim_engine("--token-latency", str(LATENCY), "--max-batch", str(BATCH), "--output-tokens", str(OUTPUT)) as url:
+        yield url
 
 
 async def _chat(session: aiohttp.ClientSession, base: str, max_tokens: int = 20) -> dict:

@@ -8,11 +8,8 @@ subprocess and stopped by its pid; every wait is bounded.
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -21,28 +18,16 @@ from harvest.client.autoconc import AutoSettings
 from harvest.client.canary import CanaryRunner, canary_body
 from harvest.config import ClientConfig, SamplingConfig
 from harvest.transport import AiohttpTransport, TimedEvents
+from tests.engines import sim_engine
 
-SIM = Path(__file__).resolve().parents[2] / "bench" / "sim_engine.py"
 BATCH, STEP, OUT = 64, 0.02, 24
 
 
 @pytest.fixture(scope="module")
 def sim() -> Iterator[str]:
-    proc = subprocess.Popen([sys.executable, str(SIM), "--port", "0", "--token-latency", str(STEP),
-                             "--max-batch", str(BATCH), "--no-metrics", "--model", "sim-model"],
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()  # bounded by the test's timeout; the server prints at once
-        assert line.startswith("listening on "), line
-        yield "http://" + line.split("listening on ", 1)[1].strip()
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+    with sim_engine("--token-latency", str(STEP), "--max-batch", str(BATCH), "--no-metrics",
+                    "--model", "sim-model") as url:
+        yield url
 
 
 async def test_a_streamed_canary_reports_when_each_token_came(sim: str) -> None:

@@ -24,7 +24,17 @@ target to ``decrease`` x what ran and cap growth below that level for a while. S
 latencies: a vLLM or SGLang engine admits new requests within one scheduler step, so the next
 scrape shows them.
 
-**Answers alone** (no /metrics: ``transformers serve``), once per control step, in four named steps:
+**A canary** (no /metrics, an endpoint that streams: ``transformers serve``, an endpoint of unknown
+make; :mod:`harvest.client.canary`): one small streamed request at a time, in a place reserved in the
+target, sent after the requests a new level lets in. A canary that waits for its first token more
+than 5 decode steps says the engine queues: back to the last level that showed no queue (or to what
+the engine runs, from its wait and the answer rate). Otherwise requests held / its token pace is the
+engine's tok/s at that level: x2 while that grows by ``gain``, else back and a ceiling for
+``ceiling_steps``; then one look x``probe`` each time the ceiling lifts. A level shows in one canary,
+seconds, where judging it by its answers takes one answer latency (7-20 s on an H200 at a big batch).
+
+**Answers alone** (no /metrics and no canary: it does not stream, or the target is under the canary's
+minimum), once per control step, in four named steps:
 
     measure   generation tok/s over the step (the engine's token counter when /metrics has one,
               otherwise the tokens of the answers that came back), latency per output token of

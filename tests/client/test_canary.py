@@ -69,6 +69,7 @@ async def test_auto_on_an_engine_without_metrics_leaves_a_level_it_only_queues_w
         finally:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
+        seen_end = time.monotonic() - t0
         stats = client.stats()
     assert len(done) == n and stats.completed == n and not stats.errors, stats  # canaries are not items
     above = [(t, target) for t, target, _ in seen if target > BATCH]
@@ -78,9 +79,12 @@ async def test_auto_on_an_engine_without_metrics_leaves_a_level_it_only_queues_w
     backs = [t for t, target, reason in seen if reason == "queue" and target <= BATCH + 16]
     assert backs, seen
     # Within a few control steps of the look (a loose bound: the machine may be loaded); then the
-    # target stays at the batch, in its place reserved for the canary, for most of the run.
+    # target stays at the batch for most of the run. A later look x1.25 (80: 16 queued behind a
+    # batch that clears in a tenth of a second) is borderline for any signal and may be kept a while.
     assert backs[0] - above[0][0] < 20 * settings.interval_s + 2.0, seen
-    assert seen[-1][1] <= BATCH + 16, seen
+    after = [(t, target) for t, target, _ in seen if t >= backs[0]] + [(seen_end, 0)]
+    over = sum(b[0] - a[0] for a, b in zip(after, after[1:]) if a[1] > BATCH + 16)
+    assert over < 0.3 * (seen_end - backs[0]), seen
 
 
 async def test_an_endpoint_that_does_not_stream_gives_the_canary_up() -> None:

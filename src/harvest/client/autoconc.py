@@ -440,7 +440,12 @@ class AutoConcurrency:
         if c.itl is None or c.itl <= 0:
             return self._hold("hold", self.last.phase)
         self._step_s = c.itl
-        tok_s = c.outstanding / c.itl
+        # Every request held runs at the canary's pace, but those it found queued ahead of it: its
+        # wait past one step, times the answer rate. A short queue (16 behind a 64-request batch
+        # that clears in 0.1 s) is as easy to miss in the wait as it is to count here.
+        rate = self._answer_rate() or 0.0
+        queued = max(0.0, (c.ttft or 0.0) - c.itl) * rate
+        tok_s = max(1.0, c.outstanding - queued) / c.itl
         if self._accepted is not None and self.target > self._accepted:
             base, base_tok_s = self._accepted, self._level_tok_s or 0.0
             if tok_s < base_tok_s * (1 + s.gain):

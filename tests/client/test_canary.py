@@ -20,7 +20,7 @@ from harvest.config import ClientConfig, SamplingConfig
 from harvest.transport import AiohttpTransport, TimedEvents
 from tests.engines import sim_engine
 
-BATCH, STEP, OUT = 64, 0.02, 24
+BATCH, STEP, OUT = 64, 0.05, 24
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ async def test_auto_on_an_engine_without_metrics_leaves_a_level_it_only_queues_w
 
         watcher = asyncio.create_task(watch())
         try:
-            n = 1200
+            n = 600
             done = await asyncio.wait_for(asyncio.gather(*(client.chat([{"role": "user", "content": f"q {i}"}])
                                                            for i in range(n))), 120)
         finally:

@@ -26,8 +26,9 @@ scrape shows them.
 
 **A canary** (no /metrics, an endpoint that streams: ``transformers serve``, an endpoint of unknown
 make; :mod:`harvest.client.canary`): one small streamed request at a time, in a place reserved in the
-target, sent after the requests a new level lets in. A canary that waits for its first token more
-than 5 decode steps says the engine queues: back to the last level that showed no queue (or to what
+target, sent after the requests a new level lets in. Two canaries in a row that wait for their first
+token more than 5 decode steps (half a second at least), or one that waits twice that, say the
+engine queues: back to the last level that showed no queue (or to what
 the engine runs, from its wait and the answer rate). Otherwise requests held / its token pace is the
 engine's tok/s at that level: x2 while that grows by ``gain``, else back and a ceiling for
 ``ceiling_steps``; then one look x``probe`` each time the ceiling lifts. A level shows in one canary,
@@ -418,14 +419,19 @@ class AutoConcurrency:
         if c.sent_at <= self._changed_at:  # sent before the last change: it speaks of the old level
             return self._hold("measuring", "start" if not self._settled else "settled")
         step_s = c.itl or self._step_s
-        # No queue: its first token within a few steps (its prefill, the step it joined); a tenth
-        # of a second (event-loop lag on a loaded client) at least.
-        queue_after = max(0.1, 5 * step_s) if step_s else 2.0
+        # No queue: its first token within a few steps (its prefill, the step it joined), and half a
+        # second at least: a loaded client reads late (seen at load 8: a canary of a 20 ms-step
+        # engine "waited" 0.1-0.3 s with nothing queued). A short queue is counted in its tok/s below.
+        queue_after = max(0.5, 5 * step_s) if step_s else 2.0
         waited = c.ttft if c.ttft is not None else c.age
-        if waited > queue_after and (c.ttft is not None or not c.done):
+        long_wait = waited > 2 * queue_after  # well behind a queue: no doubt, even while it runs
+        if (waited > queue_after and c.ttft is not None) or (long_wait and not c.done):
             if self._acted_on == c.sent_at:
                 return self._hold("queue", "backoff")  # this canary was acted on already
             self._acted_on = c.sent_at
+            self._waits += 1
+            if not long_wait and self._waits < 2:  # one such wait may be the client's own lag
+                return self._hold("measuring", self.last.phase)
             self._ceiling, self._ceiling_left = self.target, s.ceiling_steps
             self._settled = True
             if self._accepted is not None and self._accepted < self.target:
@@ -439,6 +445,8 @@ class AutoConcurrency:
             return self._hold("measuring", self.last.phase)
         if c.itl is None or c.itl <= 0:
             return self._hold("hold", self.last.phase)
+        if self._acted_on != c.sent_at:
+            self._waits = 0  # it did not wait: a wait before was lag, or the level changed
         self._step_s = c.itl
         # Every request held runs at the canary's pace, but those it found queued ahead of it: its
         # wait past one step, times the answer rate. A short queue (16 behind a 64-request batch
@@ -475,7 +483,7 @@ class AutoConcurrency:
     def _move(self, now: float, target: float, phase: str, reason: str, tok_s: float | None = None) -> Decision:
         before, self.target = self.target, self._bound(target)
         if self.target != before:
-            self._changed_at = now
+            self._changed_at, self._waits = now, 0
         self.last = Decision(self.target, phase, reason, tok_s, False)
         return self.last
 
@@ -727,6 +735,7 @@ class AutoConcurrency:
         self._changed_at = float("-inf")
         self._step_s: float | None = None
         self._acted_on: float | None = None
+        self._waits = 0
         self._rates_at: list[tuple[float, int]] = []
         self._paced_answers = getattr(self, "_paced_answers", 0)
 

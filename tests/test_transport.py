@@ -147,3 +147,17 @@ async def test_the_second_try_takes_a_new_connection_not_another_pooled_one(serv
         await transport.aclose()
     assert answer.status == 200
     assert server.connections == 3 and server.requests[-1] == (2, 0), server.requests
+
+
+async def test_timed_events_count_only_events_that_carry_text():
+    """A role-only chunk sent before any token (and a usage chunk after the last) would read as a
+    first token that never waited: only events with generated text are timed."""
+    from harvest.transport import MockTransport, RawResponse
+
+    stream = (b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n'
+              b'data: {"choices":[{"delta":{"content":"one"}}]}\n\n'
+              b'data: {"choices":[{"text":" two"}]}\n\n'
+              b'data: {"choices":[],"usage":{"completion_tokens":2}}\n\n'
+              b'data: [DONE]\n\n')
+    events = await MockTransport(lambda *_: RawResponse(200, stream)).timed_events("http://e/x", body=b"{}", timeout=5)
+    assert events.status == 200 and len(events.arrivals) == 2

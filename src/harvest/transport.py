@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import re
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -73,7 +74,7 @@ class TimedEvents:
     """A streamed answer (server-sent events) as the transport received it: when each event came."""
 
     status: int
-    #: Seconds from sending the request to the arrival of each ``data:`` event but ``[DONE]``.
+    #: Seconds from sending the request to the arrival of each ``data:`` event that carries text.
     arrivals: tuple[float, ...]
 
 
@@ -180,7 +181,7 @@ class AiohttpTransport:
                     await resp.read()
                     return TimedEvents(resp.status, ())
                 async for line in resp.content:
-                    if line.startswith(b"data:") and line[5:].strip() != b"[DONE]":
+                    if _carries_text(line):
                         arrivals.append(time.monotonic() - started)
                 return TimedEvents(resp.status, tuple(arrivals))
 
@@ -206,6 +207,16 @@ def _failures(timeout: float) -> Iterator[None]:
         raise Interrupted(_describe(exc), closed_unanswered=True) from None
     except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
         raise Interrupted(_describe(exc)) from None
+
+
+#: A server-sent event that carries generated text: a chat delta's content (or reasoning) or a
+#: completion's text, not empty. A server may send a role-only chunk before any token (it would
+#: read as a first token that never waited) and a usage-only one after the last.
+_TEXT = re.compile(rb'"(?:content|reasoning_content|text)"\s*:\s*"[^"]')
+
+
+def _carries_text(line: bytes) -> bool:
+    return line.startswith(b"data:") and _TEXT.search(line) is not None
 
 
 def _describe(exc: BaseException) -> str:
@@ -249,8 +260,7 @@ class MockTransport:
         started = time.monotonic()
         raw = await self.request("POST", url, body=body, headers=headers, timeout=timeout)
         at = time.monotonic() - started
-        events = [at for line in raw.body.splitlines()
-                  if line.startswith(b"data:") and line[5:].strip() != b"[DONE]"]
+        events = [at for line in raw.body.splitlines() if _carries_text(line)]
         if arrivals is not None:
             arrivals.extend(events)
         return TimedEvents(raw.status, tuple(events))

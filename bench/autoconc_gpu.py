@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         model_name, label = model_path, f"transformers serve {Path(model_path).name} (GPU {args.gpu}, {args.dtype})"
         limit, metrics = batch_limit(server.config), has_metrics(server.config)
     start = start_for(limit, metrics=metrics, max_concurrency=args.max_concurrency)
-    auto = AutoSettings(start=start, max_concurrency=args.max_concurrency, interval_s=args.interval)
+    auto = AutoSettings(start=start, max_concurrency=args.max_concurrency, interval_s=args.interval,
+                        batch_hint=limit)
     series = parse_series(args.series) if args.series else [(args.requests, fixed)]
     print(f"auto concurrency on {label}: " + "; ".join(f"{n} requests, fixed {','.join(f)} and auto" for n, f in series)
           + f"; {args.max_tokens} tokens; auto start {auto.start}, interval {auto.interval_s} s; {args.rounds} round(s)",

@@ -471,6 +471,35 @@ def test_with_a_canary_a_level_that_makes_no_more_tokens_goes_back():
     assert targets[-1] == 512 and max(targets[up + 4:]) == 512, targets  # no look again for a while
 
 
+def test_with_a_canary_bursts_of_admission_at_the_accepted_level_do_not_back_off_but_a_lasting_queue_does():
+    """On the H200 (4096 equal answers at 512) a wave ends at once and its refill reaches the
+    server's front end ahead of the canary, which then waits; the old rule (two waits in a row)
+    took 512 down to 495 four times, each a wave more. At a level that ran without a queue only
+    three waits in a row are a queue."""
+    ctl = AutoConcurrency(AutoSettings(start=512, max_concurrency=512))
+    engine = CanaryEngine(capacity=560)
+    drive_paced(engine, ctl, 10)
+    assert ctl.target == 512 and ctl._accepted == 512, ctl.last
+
+    def canary(sent: float, ttft: float) -> Canary:
+        return Canary(sent, 511, ttft + 9 * 0.15, ttft=ttft, itl=0.15, done=True)
+
+    now = 20.0
+    for burst in range(4):  # two waiting canaries after every wave, then two that did not wait
+        for ttft in (1.6, 1.6, 0.15, 0.15):
+            now += 2.0
+            for _ in range(114):  # 512 answers every 9 s
+                ctl.record(OUT_TOKENS, 9.0)
+            ctl.step(now, None, busy=True, canary=canary(now - 1.9, ttft), paced=True)
+            assert ctl.target == 512, (burst, ttft, ctl.last)
+    for _ in range(3):  # a queue that lasts: ~3 s x 57 answers/s ahead of every canary
+        now += 2.0
+        for _ in range(114):
+            ctl.record(OUT_TOKENS, 9.0)
+        ctl.step(now, None, busy=True, canary=canary(now - 1.9, 3.0), paced=True)
+    assert ctl.target < 512 and ctl.last.reason == "queue", ctl.last
+
+
 def test_with_gauges_a_scrape_that_did_not_come_back_changes_nothing():
     """vLLM CPU under load answered /metrics later than the step (gaps of 3-5 s in the A2 trace);
     such a step must not fall back to judging by answers, whose windows this mode never kept."""

@@ -149,3 +149,47 @@ async def test_a_small_target_spares_no_place_for_a_canary(fake_server) -> None:
     assert fake_server.count("GET", "/metrics") >= 1 and steps != ["initial"], steps  # steered without /metrics
     assert not [b for b in fake_server.bodies("/v1/chat/completions") if b.get("stream")]
     assert len(fake_server.bodies("/v1/chat/completions")) == 200
+
+
+@pytest.mark.parametrize(("hint", "items_at_most"), [(128, 64), (64, 63), (None, 63)])
+async def test_a_canary_takes_a_place_of_the_target_only_at_the_engines_batch_limit(hint, items_at_most) -> None:
+    """Below the engine's batch (transformers' 1024 requests, at 512 in flight) the items keep the
+    whole target: one place less adds a wave to a run of equal answers (4096 at 511 is 9 waves).
+    At the limit, or with none known, the canary holds one of the target's places."""
+    from harvest.transport import MockTransport, RawResponse
+
+    in_flight = peak = streamed = canaries = 0  # peak: items in flight while a canary is
+
+    async def engine(method: str, url: str, body: bytes | None, headers: dict[str, str]):
+        nonlocal in_flight, peak, streamed, canaries
+        if method == "GET":
+            return RawResponse(404, b"not found")  # no /metrics: a canary is how auto steers
+        import json
+        request = json.loads(body or b"{}")
+        if request.get("stream"):
+            streamed += 1
+            canaries += 1
+            peak = max(peak, in_flight)
+            for _ in range(10):
+                await asyncio.sleep(0.005)
+                peak = max(peak, in_flight)
+            canaries -= 1
+            return RawResponse(200, b"".join(b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n' for _ in range(10)))
+        in_flight += 1
+        if canaries:
+            peak = max(peak, in_flight)
+        await asyncio.sleep(0.05)
+        in_flight -= 1
+        answer = {"choices": [{"message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+                  "usage": {"prompt_tokens": 3, "completion_tokens": 4}}
+        return RawResponse(200, json.dumps(answer).encode())
+
+    config = ClientConfig(concurrency="auto", max_concurrency=64, request_timeout=30)
+    settings = AutoSettings(start=64, max_concurrency=64, interval_s=0.02, batch_hint=hint)
+    async with Client(["http://e:1"], config, SamplingConfig(max_tokens=4), model="m", auto=settings,
+                      transport=MockTransport(engine)) as client:
+        await asyncio.wait_for(asyncio.gather(*(client.chat([{"role": "user", "content": f"q {i}"}])
+                                                for i in range(1500))), 60)
+        assert client.stats().completed == 1500
+    assert streamed >= 3, streamed  # the canary ran
+    assert peak == items_at_most, (peak, hint)

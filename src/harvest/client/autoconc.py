@@ -165,6 +165,9 @@ class AutoSettings:
     #: every endpoint with it: ``server/batch.py``). With gauges the target then stops at it plus a
     #: short queue: more in flight could only wait in the engine's queue.
     engine_limit: int | None = None
+    #: The engine's batch limit as harvest knows it, exact or an upper bound (transformers' 1024
+    #: requests per batch, which KV memory may lower): below it a canary needs no place of its own.
+    batch_hint: int | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.start <= self.max_concurrency:
@@ -430,7 +433,13 @@ class AutoConcurrency:
                 return self._hold("queue", "backoff")  # this canary was acted on already
             self._acted_on = c.sent_at
             self._waits += 1
-            if not long_wait and self._waits < 2:  # one such wait may be the client's own lag
+            # One such wait may be the client's own lag. At a level that already ran without a
+            # queue it is most often a burst of admissions: a wave of equal answers ends together
+            # and the requests that refill it reach the engine's front end at once, ahead of the
+            # canary (seen on the H200: 512 -> 495 four times in a 4096-request run, each costing
+            # a wave). There only three waits in a row are a queue; above it one long wait is.
+            known = self._accepted is not None and self.target <= self._accepted
+            if self._waits < (3 if known else 1 if long_wait else 2):
                 return self._hold("measuring", self.last.phase)
             self._ceiling, self._ceiling_left = self.target, s.ceiling_steps
             self._settled = True
@@ -472,6 +481,14 @@ class AutoConcurrency:
         if not busy or up < self.target + 1 or self.target >= s.max_concurrency:
             return self._hold("hold", "settled" if self._settled else "start", tok_s)
         return self._move(now, up, "probe" if self._settled else "start", "tok/s grew", tok_s)
+
+    def canary_place(self) -> bool:
+        """Whether a canary takes one of the target's places: at or above the engine's batch limit
+        (or with none known), where a canary sent on top would wait for a place the level never
+        asked for. Below it the items keep the whole target: one place less would add a wave to
+        a run of equal answers (4096 at 511 in flight is 9 waves, at 512 it is 8)."""
+        hint = self.settings.batch_hint or self.settings.engine_limit
+        return hint is None or self.target >= hint
 
     def _age_ceiling(self) -> None:
         """One step of a ceiling's life (``ceiling_steps``): then it lifts."""

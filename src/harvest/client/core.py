@@ -166,7 +166,9 @@ class Client:
                                                         max_concurrency=self.config.max_concurrency)
             settings = auto or AutoSettings(start=min(start, self.config.max_concurrency),
                                             max_concurrency=self.config.max_concurrency,
-                                            engine_limit=batch_limit if limit_exact else None)
+                                            engine_limit=batch_limit if limit_exact else None,
+                                            # an endpoint of [client] endpoints may be any engine
+                                            batch_hint=None if self.config.endpoints else batch_limit)
             self._steer = Steering(self._pool, settings, self._scrape_gauges, clock, sleep, canary=self._send_canary)
         #: The path of the last request sent: the canary speaks the same dialect (chat or completions).
         self._last_path = protocol.CHAT_PATH

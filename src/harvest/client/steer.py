@@ -122,8 +122,10 @@ class Steering:
                           decision.phase, decision.reason)
             # A canary takes one of the target's places: sent on top of a full engine it would wait
             # for a place the level never asked for (and read as a queue).
-            self._pool.set_limit(endpoint, max(1, decision.target - (1 if runner is not None else 0)))
-            if runner is not None and decision.target == before and endpoint.outstanding < decision.target:
+            place = runner is not None and controller.canary_place()
+            self._pool.set_limit(endpoint, max(1, decision.target - (1 if place else 0)))
+            if runner is not None and decision.target == before and (
+                    not place or endpoint.outstanding < decision.target):
                 # Into its reserved place, and not in the step that moved the target: sent after the
                 # requests a new level lets in, it waits behind them if the engine queues them.
                 runner.start(endpoint.url, now, endpoint.outstanding)

@@ -500,6 +500,29 @@ def test_with_a_canary_bursts_of_admission_at_the_accepted_level_do_not_back_off
     assert ctl.target < 512 and ctl.last.reason == "queue", ctl.last
 
 
+def test_with_a_canary_that_waits_without_a_place_below_the_known_limit_it_takes_one_before_backing_off():
+    """transformers' 1024 requests per batch is an upper bound (KV memory may lower it). On the
+    H200 model of the sim (512 at once, equal answers in waves) a canary sent on top of 512 waited
+    a whole wave and auto backed off to 358. That wait is its own missing place, not a queue of the
+    level: it gets one and the target stays; a queue that lasts with its place still backs off."""
+    ctl = AutoConcurrency(AutoSettings(start=512, max_concurrency=512, batch_hint=1024))
+    assert not ctl.canary_place()
+    now = 0.0
+
+    def wait(ttft: float) -> None:
+        nonlocal now
+        now += 2.0
+        for _ in range(114):  # 512 answers every 9 s
+            ctl.record(OUT_TOKENS, 9.0)
+        ctl.step(now, None, busy=True, canary=Canary(now - 1.9, 512, ttft + 1.5, ttft=ttft, itl=0.15, done=True),
+                 paced=True)
+
+    wait(3.0)  # sent on top of a full batch: it waited most of a wave (a long wait: a verdict)
+    assert ctl.target == 512 and ctl.canary_place(), ctl.last
+    wait(3.0)  # with its place it still waits: the level queues
+    assert ctl.target < 512 and ctl.last.reason == "queue", ctl.last
+
+
 def test_with_gauges_a_scrape_that_did_not_come_back_changes_nothing():
     """vLLM CPU under load answered /metrics later than the step (gaps of 3-5 s in the A2 trace);
     such a step must not fall back to judging by answers, whose windows this mode never kept."""

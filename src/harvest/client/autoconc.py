@@ -441,6 +441,12 @@ class AutoConcurrency:
             known = self._accepted is not None and self.target <= self._accepted
             if self._waits < (3 if known else 1 if long_wait else 2):
                 return self._hold("measuring", self.last.phase)
+            if not self.canary_place():
+                # It had no place of its own: the engine's real cap may be below the limit harvest
+                # knows (an upper bound KV memory lowers), and the canary on top of a full batch
+                # waits for a place the level never asked for. Give it one and look again.
+                self._reserve, self._waits = True, 0
+                return self._hold("measuring", self.last.phase)
             self._ceiling, self._ceiling_left = self.target, s.ceiling_steps
             self._settled = True
             if self._accepted is not None and self._accepted < self.target:
@@ -486,9 +492,10 @@ class AutoConcurrency:
         """Whether a canary takes one of the target's places: at or above the engine's batch limit
         (or with none known), where a canary sent on top would wait for a place the level never
         asked for. Below it the items keep the whole target: one place less would add a wave to
-        a run of equal answers (4096 at 511 in flight is 9 waves, at 512 it is 8)."""
+        a run of equal answers (4096 at 511 in flight is 9 waves, at 512 it is 8). A canary that
+        waited there without a place once takes one from then on (the real cap was lower)."""
         hint = self.settings.batch_hint or self.settings.engine_limit
-        return hint is None or self.target >= hint
+        return hint is None or self.target >= hint or self._reserve
 
     def _age_ceiling(self) -> None:
         """One step of a ceiling's life (``ceiling_steps``): then it lifts."""
@@ -753,6 +760,8 @@ class AutoConcurrency:
         self._step_s: float | None = None
         self._acted_on: float | None = None
         self._waits = 0
+        #: A canary that waited without a place of its own: from then on it takes one.
+        self._reserve: bool = getattr(self, "_reserve", False)
         self._rates_at: list[tuple[float, int]] = []
         self._paced_answers = getattr(self, "_paced_answers", 0)
 

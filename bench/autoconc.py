@@ -282,10 +282,11 @@ def main(argv: list[str] | None = None) -> int:
         """Where ``harvest run`` starts auto for these launched servers (the smallest batch limit),
         and its hard cap when every server has the same one, known exactly (``Client.from_config``)."""
         limit = min(batch_limit(s.config) or 64 for s in servers)
-        start = start_for(limit, metrics=True, max_concurrency=args.max_concurrency)
         same = len({batch_limit(s.config) for s in servers}) == 1
         exact = limit if same and all(batch_limit_exact(s.config) for s in servers) else None
-        print(f"  auto starts at {start} (the engines' batch limit, server/batch.py)"
+        start = start_for(limit, metrics=True, max_concurrency=args.max_concurrency, exact=exact is not None)
+        print(f"  auto starts at {start} (the engines' batch limit, server/batch.py"
+              + (", and a short queue)" if exact else ")")
               + (f", stops at {exact} + a short queue (known exactly)" if exact else ""), flush=True)
         return AutoSettings(start=start, max_concurrency=args.max_concurrency, interval_s=args.interval,
                             engine_limit=exact)

@@ -523,6 +523,23 @@ def test_with_a_canary_that_waits_without_a_place_below_the_known_limit_it_takes
     assert ctl.target < 512 and ctl.last.reason == "queue", ctl.last
 
 
+def test_with_an_exact_limit_and_a_token_counter_one_dry_scrape_starts_a_judged_deepening():
+    """A2 (vLLM CPU, 128 a batch, runs of ~20 s): the deepening waited for two dry scrapes of five
+    and came 7-8 s into the run. With a token counter it is a trial that goes back if it does not
+    pay, so one dry scrape starts it; without a counter two are still needed."""
+    for counter, first in ((True, 3), (False, 4)):
+        ctl = AutoConcurrency(AutoSettings(start=144, max_concurrency=1024, engine_limit=128))
+        generated, targets = 0.0, []
+        for i in range(6):
+            generated += 3000.0
+            dry = i == 2 or i == 3  # the third and fourth scrapes fall in a wave's gap
+            gauges = Gauges(running=40.0 if dry else 128.0, waiting=0.0 if dry else 16.0,
+                            generated=generated if counter else None)
+            ctl.step(float(i + 1), gauges, busy=True)
+            targets.append(ctl.target)
+        assert targets.index(max(targets)) == first - 1 and max(targets) > 200, (counter, targets)
+
+
 def test_with_gauges_a_scrape_that_did_not_come_back_changes_nothing():
     """vLLM CPU under load answered /metrics later than the step (gaps of 3-5 s in the A2 trace);
     such a step must not fall back to judging by answers, whose windows this mode never kept."""

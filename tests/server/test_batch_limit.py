@@ -62,3 +62,9 @@ def test_auto_starts_at_the_limit_with_metrics_and_at_half_without():
     assert start_for(1024, metrics=False, max_concurrency=1024) == 512
     assert start_for(None, metrics=True, max_concurrency=1024) == 64
     assert start_for(4096, metrics=True, max_concurrency=1024) == 1024
+    # A cap known exactly (vLLM CPU's 128) starts at it and a short queue; without /metrics, or
+    # above max_concurrency, it does not.
+    assert start_for(128, metrics=True, max_concurrency=1024, exact=True) == 144
+    assert start_for(4, metrics=True, max_concurrency=1024, exact=True) == 6
+    assert start_for(128, metrics=False, max_concurrency=1024, exact=True) == 64
+    assert start_for(128, metrics=True, max_concurrency=140, exact=True) == 140

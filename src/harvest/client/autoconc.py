@@ -392,8 +392,8 @@ class AutoConcurrency:
         return float(base), "settled", "no gain"
 
     def _deeper(self, full: int) -> int | None:
-        """With an exact engine limit: a deeper target when the engine's queue ran dry in two of the
-        last scrapes at ``full`` (its batch short by what is in transit), else None. It grows by the
+        """With an exact engine limit: a deeper target when the engine's queue ran dry in one (with a
+        token counter, which judges it) or two of the last scrapes at ``full`` (its batch short by what is in transit), else None. It grows by the
         deepest gap a dry scrape showed, up to twice the limit: with a steady flow the gap is what is
         in transit; with equal-length answers, which end in waves, it is the wave's gap, and the
         next wave must already be in the engine when the current one ends (on vLLM CPU fixed 256
@@ -401,7 +401,10 @@ class AutoConcurrency:
         nothing measurable)."""
         limit = self.settings.engine_limit
         dry = [r for r in self._dry if r is not None]
-        if limit is None or len(dry) < 2 or full >= 2 * limit or (
+        # With a token counter the deepening is a trial (kept only if it pays): one dry scrape
+        # starts it. Without one nothing would take it back: two.
+        needed = 1 if self._fill_prev is not None and self._fill_prev[1].generated is not None else 2
+        if limit is None or len(dry) < needed or full >= 2 * limit or (
                 self._ceiling is not None and full + 1 >= self._ceiling):
             return None
         self._dry.clear()
@@ -766,9 +769,14 @@ class AutoConcurrency:
         self._paced_answers = getattr(self, "_paced_answers", 0)
 
 
-def start_for(limit: int | None, *, metrics: bool, max_concurrency: int, fallback: int = 64) -> int:
+def start_for(limit: int | None, *, metrics: bool, max_concurrency: int, fallback: int = 64,
+              exact: bool = False) -> int:
     """The first target of an endpoint: the engine's batch limit when harvest knows it (it launched
     the engine), else ``fallback``; within [1, ``max_concurrency``].
+
+    A limit known ``exact`` on an engine with /metrics starts where the controller would settle at
+    once: the batch plus a short queue (``AutoSettings.queue_slack``), so the batch is full from the
+    first answer on (vLLM CPU's 128: 144, one step sooner; a run of 20 s noticed the step).
 
     An engine without /metrics starts at half its limit: sent its full batch, only latency (an
     answer later) would say whether that overshot what it really runs at once (the requests per
@@ -776,6 +784,8 @@ def start_for(limit: int | None, *, metrics: bool, max_concurrency: int, fallbac
     the requests of a short run wait twice as long. From half, the first step up probes the limit.
     """
     start = fallback if limit is None else (limit if metrics else max(1, limit // 2))
+    if limit is not None and metrics and exact:
+        start = limit + max(2, math.ceil(AutoSettings.queue_slack * limit))
     return max(1, min(start, max_concurrency))
 
 

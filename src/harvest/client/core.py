@@ -163,7 +163,8 @@ class Client:
         self._steer: Steering | None = None
         if self.config.auto:
             start = self.config.auto_start or start_for(batch_limit, metrics=engine_metrics,
-                                                        max_concurrency=self.config.max_concurrency)
+                                                        max_concurrency=self.config.max_concurrency,
+                                                        exact=limit_exact)
             settings = auto or AutoSettings(start=min(start, self.config.max_concurrency),
                                             max_concurrency=self.config.max_concurrency,
                                             engine_limit=batch_limit if limit_exact else None,

@@ -183,7 +183,7 @@ def summarize(results: dict[str, list[dict[str, Any]]], label: str) -> dict[str,
 # ----------------------------------------------------------------------------------------- servers
 
 def start_vllm(py: str, model: str, work: Path, name: str, max_num_seqs: int | None, *, max_model_len: int = 1024,
-               more_args: tuple[str, ...] = ()):
+               more_args: tuple[str, ...] = (), cpus: str | None = None):
     import socket
 
     from harvest.config import PreflightConfig, ServerConfig
@@ -198,7 +198,7 @@ def start_vllm(py: str, model: str, work: Path, name: str, max_num_seqs: int | N
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         cfg = ServerConfig(engine="vllm", model=model, python=py, port=port, served_model_name=SERVED_NAME,
-                           env=dict(VLLM_ENV), extra_args=extra, ready_timeout=600.0, stop_grace=20.0,
+                           env={**VLLM_ENV, **({"VLLM_CPU_OMP_THREADS_BIND": cpus} if cpus else {})}, extra_args=extra, ready_timeout=600.0, stop_grace=20.0,
                            stop_deadline=60.0)
         server = Server(cfg, run_dir=work / f"{name}-{attempt}",
                         preflight=PreflightConfig(min_disk_free_gib=1, ram_reserve_gib=1))
@@ -256,6 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--fixed", default="4,16,64,256,512", help="fixed concurrency values of the sweep")
     ap.add_argument("--two-speed-fixed", default="8,32,64,128", help="fixed values of the two-speeds scenario")
+    ap.add_argument("--pin", action="store_true",
+                    help="two-speeds: bind each engine's compute threads to a CPU of its own "
+                         "(VLLM_CPU_OMP_THREADS_BIND), as two servers have their own hardware")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--max-concurrency", type=int, default=1024)
     ap.add_argument("--interval", type=float, default=1.0, help="seconds per control step of auto")
@@ -332,8 +335,13 @@ def main(argv: list[str] | None = None) -> int:
     if "two-speeds" in scenarios:
         servers = []
         try:
-            servers.append(start_vllm(py, model, work, "seqs4", 4))
-            servers.append(start_vllm(py, model, work, "seqs32", 32))
+            cpus = sorted(os.sched_getaffinity(0)) if args.pin else []
+            if args.pin and len(cpus) < 2:
+                raise SystemExit("--pin needs two CPUs at least")
+            servers.append(start_vllm(py, model, work, "seqs4", 4, cpus=str(cpus[0]) if cpus else None))
+            servers.append(start_vllm(py, model, work, "seqs32", 32, cpus=str(cpus[1]) if cpus else None))
+            if cpus:
+                print(f"  engines pinned: seqs4 to CPU {cpus[0]}, seqs32 to CPU {cpus[1]}", flush=True)
             urls = [s.url for s in servers]
             for url in urls:
                 asyncio.run(drive([url], 8, 16, 8, model=SERVED_NAME, extra_body={"ignore_eos": True}))

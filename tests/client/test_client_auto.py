@@ -98,17 +98,17 @@ async def test_steering_raises_the_target_in_seconds_while_the_engine_runs_all_i
         seen = []
         clock = 0.0
         steer._clock = lambda: clock
-        for _ in range(16):  # the engine runs every request it holds, none waits, tok/s follows
+        for _ in range(24):  # the engine runs every request it holds, none waits, tok/s follows
             running = client.concurrency_targets()[0].target
             client._pool.endpoints[0].peak = running  # the client kept its target in flight
             generated += 100.0 * running
             clock += 1.0
             await steer.step()
             seen.append(client.concurrency_targets()[0].target)
-        # a doubling every few scrapes (a level judged on two scrapes of the token counter), not per
-        # answer latency, up to the bound
+        # a doubling every few scrapes (a level judged on three scrapes of the token counter), not
+        # per answer latency, up to the bound
         assert sorted(seen) == seen and seen[0] <= 4, seen
-        assert seen.index(64) <= 15, seen
+        assert seen.index(64) <= 21, seen
         assert seen[-1] == 64, seen
         assert client.concurrency_targets()[0].gauges
         # a client that does not keep the endpoint busy gets no rise (no verdict on more)
@@ -171,8 +171,10 @@ async def test_steering_comes_back_when_a_step_up_the_engine_takes_makes_no_more
         clock = 0.0
         steer._clock = lambda: clock
         seen = []
-        for _ in range(40):
+        for i in range(50):
             target = client.concurrency_targets()[0].target
+            if i >= 40 and target == 16:
+                break  # the run ends back at 16 (not inside a later look)
             client._pool.endpoints[0].peak = target
             generated += 1000.0 * (1.0 if target <= 16 else 0.9)  # more in flight: a little less
             clock += 1.0
@@ -181,5 +183,5 @@ async def test_steering_comes_back_when_a_step_up_the_engine_takes_makes_no_more
         assert max(seen) == 32, seen  # it looked one step up...
         # ...and came back within a few scrapes, and stayed, but for one more look now and then
         stints = "".join("u" if t == 32 else "." for t in seen).split(".")
-        assert max(len(st) for st in stints) <= 3 and seen.count(16) >= 30 and seen[-1] == 16, seen
+        assert max(len(st) for st in stints) <= 4 and seen.count(16) >= 30 and seen[-1] == 16, seen
         assert client.concurrency_targets()[0].reason in {"no gain", "hold"}, client.concurrency_targets()

@@ -327,7 +327,7 @@ class AutoConcurrency:
             self._transit += deeper - full
             target, phase, reason = deeper, "start", "engine's queue ran dry at its batch limit"
             if g.generated is not None:
-                self._trial = (self.target, statistics.median(self._rates[-_TRIAL_SCRAPES:]))
+                self._trial = (self.target, statistics.fmean(self._rates[-_TRIAL_SCRAPES:]))
                 self._trial_transit = before_transit
         elif (busy if busy is not None else running + waiting >= 0.9 * self.target) and \
                 waiting < max(1.0, slack / 2) and (peak >= 0.8 * self.target or self._empty >= 3):
@@ -355,7 +355,7 @@ class AutoConcurrency:
                 if len(self._rates) < _TRIAL_SCRAPES:
                     target, phase, reason = self.target, "start", "measuring"
                 else:
-                    self._trial = (self.target, statistics.median(self._rates[-_TRIAL_SCRAPES:]))
+                    self._trial = (self.target, statistics.fmean(self._rates[-_TRIAL_SCRAPES:]))
         elif self._queued:
             phase, reason = "settled", "hold"
         else:  # the client does not keep it at its target (too few items, fast answers): no verdict
@@ -382,7 +382,7 @@ class AutoConcurrency:
         s = self.settings
         base, base_tok_s = self._trial
         self._trial = None
-        if statistics.median(self._rates[-_TRIAL_SCRAPES:]) >= base_tok_s * (1 + s.gain):
+        if statistics.fmean(self._rates[-_TRIAL_SCRAPES:]) >= base_tok_s * (1 + s.gain):
             self._trial_transit = None
             return None  # it paid: the usual rules (grow again, hold, queue) go on from here
         # No growth above ``base`` for a while; then one more look (the engine or the work changes).
@@ -789,8 +789,11 @@ def start_for(limit: int | None, *, metrics: bool, max_concurrency: int, fallbac
     return max(1, min(start, max_concurrency))
 
 
-#: Scrapes of tok/s that judge a level (their median): one is noise on a loaded machine.
-_TRIAL_SCRAPES = 2
+#: Scrapes of tok/s that judge a step up: their mean against the mean of the level below's last
+#: scrapes (up to ``peak_window``), both tokens over time. Equal-length answers end in waves about
+#: a second apart on vLLM CPU, so one-second scrapes alias them: two scrapes each (their median)
+#: read a deepening worth x1.47 as "no gain" twice in a row (A2, session 8).
+_TRIAL_SCRAPES = 3
 
 #: Answers whose latency per token a step keeps (the median of the first ones is as good as all).
 _TPOT_SAMPLE = 4096

@@ -547,7 +547,7 @@ def test_a_deepening_is_judged_on_tokens_over_seconds_not_on_two_scrapes_that_al
     """A2 (vLLM CPU, answers of 32 tokens ending in waves about a second apart): one-second scrapes
     of the token counter alias the waves, high and low by turns. Judged on the median of two
     scrapes each, a deepening that made x1.47 the tok/s (fixed 256 against 128) read "no gain" in
-    both rounds; judged on the mean of three against the mean of the level's last five, it pays."""
+    both rounds; judged on the mean of three against the mean of the level's last three, it pays."""
     ctl = AutoConcurrency(AutoSettings(start=144, max_concurrency=1024, engine_limit=128))
     generated, now = 0.0, 0.0
     base = [None, 3400.0, 5000.0, 3400.0, 5000.0, 5000.0]  # the first scrape has nothing to compare
@@ -566,6 +566,31 @@ def test_a_deepening_is_judged_on_tokens_over_seconds_not_on_two_scrapes_that_al
         generated += rate
         ctl.step(now, Gauges(running=128.0, waiting=float(deep - 128), generated=generated), busy=True)
     assert ctl.target == deep and ctl.last.reason != "no gain", ctl.last
+
+
+def test_with_a_canary_a_step_up_is_kept_only_on_two_readings_of_gain():
+    """H200 run 3 (BENCHMARKS P7 A1, session 8): one canary at 640 read 5 % more than 512 and the
+    probe was kept; the next would have read less. A gain must show in the mean of two canaries;
+    a reading of no gain sends the step back at once."""
+    def run(readings: list[float]) -> AutoConcurrency:
+        ctl = AutoConcurrency(AutoSettings(start=512, max_concurrency=640))
+        now = 0.0
+        itl_512 = 0.14
+        for i, itl in enumerate([itl_512] + readings):
+            now += 2.0
+            held = ctl.target
+            ctl.step(now, None, busy=True, canary=Canary(now - 1.5, held, 1.5, ttft=itl, itl=itl, done=True),
+                     paced=True)
+            if i == 0:
+                assert ctl.target == 640, ctl.last  # the look up
+        return ctl
+
+    # at 640 the first canary reads +7 % (noise), the second -3 %: the mean is no gain
+    up, down = 640 / (512 / 0.14 * 1.07), 640 / (512 / 0.14 * 0.97)
+    assert run([up, down]).target == 512
+    assert run([up, up]).target == 640  # a gain both times is kept
+    ctl = run([down])
+    assert ctl.target == 512 and ctl.last.reason == "no gain", ctl.last  # no gain: back at once
 
 
 def test_with_gauges_a_scrape_that_did_not_come_back_changes_nothing():

@@ -11,12 +11,14 @@ engine's queue is kept short but never empty: while the client keeps the endpoin
 half the slack), the target doubles; once requests wait beyond ``max(2, queue_slack x running)``
 two scrapes in a row, the engine is full and the target becomes what it ran at most over the last
 ``peak_window`` scrapes plus that slack. With a token counter (vLLM, SGLang, llama.cpp) a step up
-is kept only if the engine also *makes* more: two scrapes of tok/s at the new level against two at
-the one below (a CPU engine may run 512 at once and make fewer tokens than at 64); one that does not
-pay goes back and growth waits ``ceiling_steps`` scrapes before another look. When the engine's cap
-is known exactly (``engine_limit``: vLLM ``max_num_seqs`` harvest set, its CPU build's 128, llama.cpp
-slots), the target stops at that cap plus the short queue: past it only the queue grows. Unless the
-engine's queue runs dry there with its batch short (two of the last ``peak_window`` scrapes): what
+is kept only if the engine also *makes* more: the mean tok/s of three scrapes at the new level
+against three at the one below, tokens over seconds (a CPU engine may run 512 at once and make fewer
+tokens than at 64; answers of equal length end in waves that one-second scrapes alias); one that does
+not pay goes back and growth waits ``ceiling_steps`` scrapes before another look. When the engine's
+cap is known exactly (``engine_limit``: vLLM ``max_num_seqs`` harvest set, its CPU build's 128,
+llama.cpp slots), the target starts and stops at that cap plus the short queue: past it only the
+queue grows. Unless the engine's queue runs dry there with its batch short (one scrape of the last
+``peak_window`` with a token counter, which judges the deepening; two without): what
 the client holds and the engine does not yet see is in transit (HTTP, tokenizing, answers on their
 way back), and the target grows by the deepest gap a dry scrape showed, up to twice the cap, judged
 like any step up. Preemptions (KV thrashing) cut the
@@ -25,14 +27,18 @@ latencies: a vLLM or SGLang engine admits new requests within one scheduler step
 scrape shows them.
 
 **A canary** (no /metrics, an endpoint that streams: ``transformers serve``, an endpoint of unknown
-make; :mod:`harvest.client.canary`): one small streamed request at a time, in a place reserved in the
-target, sent after the requests a new level lets in. Two canaries in a row that wait for their first
-token more than 5 decode steps (half a second at least), or one that waits twice that, say the
-engine queues: back to the last level that showed no queue (or to what
-the engine runs, from its wait and the answer rate). Otherwise requests held / its token pace is the
-engine's tok/s at that level: x2 while that grows by ``gain``, else back and a ceiling for
-``ceiling_steps``; then one look x``probe`` each time the ceiling lifts. A level shows in one canary,
-seconds, where judging it by its answers takes one answer latency (7-20 s on an H200 at a big batch).
+make; :mod:`harvest.client.canary`): one small streamed request at a time, sent after the requests a
+new level lets in. It takes one of the target's places only at or above the engine's batch limit as
+harvest knows it (``batch_hint``), or when none is known, or once it waited without one (the real cap
+was lower). Two canaries in a row that wait for their first token more than 5 decode steps (half a
+second at least), or one that waits twice that, say the engine queues: back to the last level that
+showed no queue (or to what the engine runs, from its wait and the answer rate); at a level that
+already ran without a queue it takes three in a row (a wave of equal answers refilled at once reaches
+the server's front end ahead of the canary). Otherwise requests held / its token pace is the
+engine's tok/s at that level: x2 while that grows by ``gain`` (the mean of two canaries; one that
+shows no gain sends it back at once), else back and a ceiling for ``ceiling_steps``; then one look
+x``probe`` each time the ceiling lifts. A level shows in a canary or two, seconds, where judging it
+by its answers takes one answer latency (7-20 s on an H200 at a big batch).
 
 **Answers alone** (no /metrics and no canary: it does not stream, or the target is under the canary's
 minimum), once per control step, in four named steps:

@@ -35,9 +35,9 @@ Send = Callable[[str, list[float]], Awaitable[TimedEvents]]
 #: Tokens per canary: enough gaps for a decode step's pace, few enough to end in seconds.
 TOKENS = 10
 
-#: The smallest target a canary is kept at: it holds one of the target's places, which below 32
-#: is more than 3 % of what the engine is sent (a quarter of a 4-slot engine); there the engine
-#: is steered on its answers, which at such small batches come back soon.
+#: The smallest target a canary is kept at: below 32 it is more than 3 % of what the engine is
+#: sent, or of the places the items have (a quarter of a 4-slot engine); there the engine is
+#: steered on its answers, which at such small batches come back soon.
 MIN_TARGET = 32
 
 PROMPT = "Count from 1 to 200 in words, one number per line."

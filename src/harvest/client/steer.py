@@ -120,14 +120,15 @@ class Steering:
             if decision.target != before:
                 log.debug("auto concurrency %s: %d -> %d (%s, %s)", endpoint.url, before, decision.target,
                           decision.phase, decision.reason)
-            # A canary takes one of the target's places: sent on top of a full engine it would wait
-            # for a place the level never asked for (and read as a queue).
+            # At the engine's batch limit a canary takes one of the target's places: sent on top of
+            # a full engine it would wait for a place the level never asked for (and read as a
+            # queue). Below it, it goes on top and the items keep the whole target.
             place = runner is not None and controller.canary_place()
             self._pool.set_limit(endpoint, max(1, decision.target - (1 if place else 0)))
             if runner is not None and decision.target == before and (
                     not place or endpoint.outstanding < decision.target):
-                # Into its reserved place, and not in the step that moved the target: sent after the
-                # requests a new level lets in, it waits behind them if the engine queues them.
+                # Not in the step that moved the target: sent after the requests a new level lets
+                # in, it waits behind them if the engine queues them.
                 runner.start(endpoint.url, now, endpoint.outstanding)
 
     def _runner(self, endpoint: Endpoint, gauges: Gauges | None) -> CanaryRunner | None:

@@ -198,7 +198,8 @@ def start_vllm(py: str, model: str, work: Path, name: str, max_num_seqs: int | N
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         cfg = ServerConfig(engine="vllm", model=model, python=py, port=port, served_model_name=SERVED_NAME,
-                           env={**VLLM_ENV, **({"VLLM_CPU_OMP_THREADS_BIND": cpus} if cpus else {})}, extra_args=extra, ready_timeout=600.0, stop_grace=20.0,
+                           env={**VLLM_ENV, **({"VLLM_CPU_OMP_THREADS_BIND": cpus} if cpus else {})},
+                           extra_args=extra, ready_timeout=600.0, stop_grace=20.0,
                            stop_deadline=60.0)
         server = Server(cfg, run_dir=work / f"{name}-{attempt}",
                         preflight=PreflightConfig(min_disk_free_gib=1, ram_reserve_gib=1))

@@ -399,12 +399,12 @@ class AutoConcurrency:
 
     def _deeper(self, full: int) -> int | None:
         """With an exact engine limit: a deeper target when the engine's queue ran dry in one (with a
-        token counter, which judges it) or two of the last scrapes at ``full`` (its batch short by what is in transit), else None. It grows by the
-        deepest gap a dry scrape showed, up to twice the limit: with a steady flow the gap is what is
-        in transit; with equal-length answers, which end in waves, it is the wave's gap, and the
-        next wave must already be in the engine when the current one ends (on vLLM CPU fixed 256
-        made x1.1-1.4 the tok/s of fixed 128, its cap; growing by the median gap, to 175, paid
-        nothing measurable)."""
+        token counter, which judges it) or two of the last scrapes at ``full`` (its batch short by
+        what is in transit), else None. It grows by the deepest gap a dry scrape showed, up to
+        twice the limit: with a steady flow the gap is what is in transit; with equal-length
+        answers, which end in waves, it is the wave's gap, and the next wave must already be in the
+        engine when the current one ends (on vLLM CPU fixed 256 made x1.1-1.4 the tok/s of fixed
+        128, its cap; growing by the median gap, to 175, paid nothing measurable)."""
         limit = self.settings.engine_limit
         dry = [r for r in self._dry if r is not None]
         # With a token counter the deepening is a trial (kept only if it pays): one dry scrape

@@ -327,7 +327,7 @@ class AutoConcurrency:
         elif g.kv_usage is not None and g.kv_usage >= s.kv_high:
             phase, reason = "settled", "kv full"
         elif full is not None and (g.generated is None or len(self._rates) >= _TRIAL_SCRAPES) \
-                and (deeper := self._deeper(full)) is not None:
+                and (deeper := self._deeper(full, counter=g.generated is not None)) is not None:
             # With a token counter it is judged like any step up, against this level's tok/s.
             before_transit = self._transit
             self._transit += deeper - full
@@ -397,7 +397,7 @@ class AutoConcurrency:
             self._transit, self._trial_transit = self._trial_transit, None
         return float(base), "settled", "no gain"
 
-    def _deeper(self, full: int) -> int | None:
+    def _deeper(self, full: int, *, counter: bool) -> int | None:
         """With an exact engine limit: a deeper target when the engine's queue ran dry in one (with a
         token counter, which judges it) or two of the last scrapes at ``full`` (its batch short by
         what is in transit), else None. It grows by the deepest gap a dry scrape showed, up to
@@ -409,8 +409,7 @@ class AutoConcurrency:
         dry = [r for r in self._dry if r is not None]
         # With a token counter the deepening is a trial (kept only if it pays): one dry scrape
         # starts it. Without one nothing would take it back: two.
-        needed = 1 if self._fill_prev is not None and self._fill_prev[1].generated is not None else 2
-        if limit is None or len(dry) < needed or full >= 2 * limit or (
+        if limit is None or len(dry) < (1 if counter else 2) or full >= 2 * limit or (
                 self._ceiling is not None and full + 1 >= self._ceiling):
             return None
         self._dry.clear()

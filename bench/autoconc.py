@@ -51,8 +51,11 @@ def prompts(n: int) -> list[str]:
 
 async def drive(urls: list[str], concurrency: int | str, requests: int, max_tokens: int, *, model: str,
                 extra_body: dict[str, Any] | None = None, auto: AutoSettings | None = None,
-                max_concurrency: int = 512, sample_s: float = 1.0, timeout: float = 600.0) -> dict[str, Any]:
-    """Send ``requests`` chat requests through one Client; tok/s, latencies and (auto) the targets."""
+                max_concurrency: int = 512, sample_s: float = 1.0, timeout: float = 600.0,
+                canary: bool = False) -> dict[str, Any]:
+    """Send ``requests`` chat requests through one Client; tok/s, latencies and (auto) the targets.
+    ``canary``: a diagnostic arm, a fixed value with auto's canary streamed beside it the whole run
+    (what the canary alone costs the engine)."""
     config = ClientConfig(concurrency=concurrency, max_concurrency=max_concurrency, max_retries=2,
                           request_timeout=timeout, health_deadline=60.0,
                           auto_start=min(auto.start, max_concurrency) if auto else None)
@@ -61,6 +64,7 @@ async def drive(urls: list[str], concurrency: int | str, requests: int, max_toke
     finished: list[tuple[float, int]] = []
     tokens = failed = 0
     trace: list[tuple[float, dict[str, int], dict[str, float | None]]] = []
+    in_flight: list[tuple[float, int]] = []
     decisions: dict[str, list[tuple[float, int, str, str]]] = {}
     async with Client(urls, config, sampling, model=model, auto=auto) as client:
         t0 = time.monotonic()
@@ -86,22 +90,34 @@ async def drive(urls: list[str], concurrency: int | str, requests: int, max_toke
                 waiting = {u: m.get("vllm:num_requests_waiting") for u, m in metrics.items()}
                 targets = client.concurrency_targets()
                 trace.append((time.monotonic() - t0, {t.url: t.target for t in targets}, waiting))
+                in_flight.append((time.monotonic() - t0, client.stats().in_flight))
                 for t in targets:
                     if not decisions.get(t.url) or decisions[t.url][-1][1:] != (t.target, t.phase, t.reason):
                         decisions.setdefault(t.url, []).append((round(time.monotonic() - t0, 1), t.target,
                                                                 t.phase, t.reason))
 
+        async def canaries() -> None:
+            while True:  # one at a time, back to back, as the steering loop keeps them
+                try:
+                    await client._send_canary(urls[0], [])  # noqa: SLF001 - the diagnostic arm
+                except Exception:  # noqa: BLE001 - a lost canary is only a lost reading
+                    await asyncio.sleep(sample_s)
+
         watch = asyncio.create_task(sampler())
+        side = asyncio.create_task(canaries()) if canary else None
         try:
             # The campaign's own dispatch claims 2 x capacity ahead; here every request waits in the client.
             await asyncio.wait_for(asyncio.gather(*(one(p) for p in prompts(requests))), timeout * 4)
         finally:
-            watch.cancel()
-            await asyncio.gather(watch, return_exceptions=True)
+            for task in (watch, side):
+                if task is not None:
+                    task.cancel()
+            await asyncio.gather(*(t for t in (watch, side) if t is not None), return_exceptions=True)
         window = time.monotonic() - t0
     return {"concurrency": concurrency, "tok_s": tokens / window, "window_s": window, "tokens": tokens,
             "tok_s_late": late_rate(finished), "finished": finished,
             "failed": failed, "p50": _pct(latencies, 50), "p90": _pct(latencies, 90), "trace": trace, "decisions": decisions,
+            "in_flight": in_flight,
             "load": load()}
 
 
@@ -145,6 +161,18 @@ def targets_over_time(r: dict[str, Any], points: int = 12) -> str:
     return "  targets (target/queue): " + ", ".join(out) + "\n  decisions: " + moves
 
 
+def timeline(r: dict[str, Any], bucket_s: float = 2.5) -> str:
+    """Answers' tok/s and the requests in flight per ``bucket_s`` of the run: where a setting lost time."""
+    end = max((t for t, _ in r["finished"]), default=0.0)
+    cells = []
+    for k in range(int(end // bucket_s) + 1):
+        lo, hi = k * bucket_s, (k + 1) * bucket_s
+        tok = sum(n for t, n in r["finished"] if lo <= t < hi) / bucket_s
+        held = [n for t, n in r.get("in_flight", []) if lo <= t < hi]
+        cells.append(f"{lo:g}s {tok:.0f}/{max(held) if held else '-'}")
+    return "  timeline (tok/s / in flight per " + f"{bucket_s} s): " + ", ".join(cells)
+
+
 def settled(r: dict[str, Any]) -> tuple[dict[str, float], dict[str, float]]:
     """Median target and mean queue of each endpoint over the second half of the run."""
     half = r["trace"][len(r["trace"]) // 2:]
@@ -159,7 +187,7 @@ def summarize(results: dict[str, list[dict[str, Any]]], label: str) -> dict[str,
     """Median tok/s and p50 per setting; auto against the best fixed one and against fixed 64."""
     med = {k: {"tok_s": statistics.median(r["tok_s"] for r in rs), "p50": statistics.median(r["p50"] for r in rs)}
            for k, rs in results.items()}
-    fixed = {k: v for k, v in med.items() if k != "auto"}
+    fixed = {k: v for k, v in med.items() if k.isdigit()}  # not auto, not a diagnostic arm ("512c")
     best = max(fixed, key=lambda k: fixed[k]["tok_s"])
     a = med["auto"]
     out = {"auto_tok_s": a["tok_s"], "auto_p50": a["p50"], "best_fixed": float(best),
@@ -170,7 +198,7 @@ def summarize(results: dict[str, list[dict[str, Any]]], label: str) -> dict[str,
         print(f"  {k:>5}: {v['tok_s']:8.1f} tok/s  p50 {v['p50']:6.2f} s")
     print(f"  auto / best fixed ({best}): tok/s x{out['ratio_tok_s']:.3f}, p50 x{out['ratio_p50']:.3f}")
     late = {k: statistics.median(r.get("tok_s_late", float("nan")) for r in rs) for k, rs in results.items()}
-    best_late = max((k for k in late if k != "auto"), key=lambda k: late[k])
+    best_late = max((k for k in late if k.isdigit()), key=lambda k: late[k])
     out["ratio_late"] = late["auto"] / late[best_late]
     print(f"  answers 50-90 % of the run (after auto's ramp, before the drain): auto {late['auto']:.1f} tok/s, "
           f"best fixed ({best_late}) {late[best_late]:.1f}: x{out['ratio_late']:.3f}")
@@ -232,7 +260,7 @@ def run_series_model(args: argparse.Namespace, urls: list[str], settings: list[s
     """Every setting once per round (order reversed every other round); ``warm_up``: one untimed
     pass at the real size first, at the middle fixed value."""
     if warm_up:
-        fixed = [int(s) for s in settings if s != "auto"]
+        fixed = [int(s) for s in settings if s.isdigit()]
         w = asyncio.run(drive(urls, fixed[len(fixed) // 2], getattr(args, "warm_up_requests", None) or args.requests,
                               args.max_tokens, model=model, extra_body=extra_body))
         print(f"  warm-up: {describe(w)}", flush=True)
@@ -240,11 +268,14 @@ def run_series_model(args: argparse.Namespace, urls: list[str], settings: list[s
     for k in range(args.rounds):
         order = settings if k % 2 == 0 else settings[::-1]
         for s in order:
-            conc: int | str = s if s == "auto" else int(s)
+            conc: int | str = s if s == "auto" else int(s.rstrip("c"))
             r = asyncio.run(drive(urls, conc, args.requests, args.max_tokens, model=model,
-                                  extra_body=extra_body, auto=auto, max_concurrency=args.max_concurrency))
+                                  extra_body=extra_body, auto=auto, max_concurrency=args.max_concurrency,
+                                  canary=s.endswith("c")))
             results[s].append(r)
             print(f"  {label} round {k} {describe(r)}", flush=True)
+            if getattr(args, "timeline", False):
+                print(timeline(r), flush=True)
             if s == "auto":
                 print(targets_over_time(r), flush=True)
     return results

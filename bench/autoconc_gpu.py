@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--max-concurrency", type=int, default=1024)
     ap.add_argument("--series", help='several sizes on one server: "2048:256,512,1024;4096:512,1024" '
-                    "(REQUESTS:FIXED;...; replaces --requests and --fixed)")
+                    "(REQUESTS:FIXED;...; replaces --requests and --fixed); a value ending in c, as 512c, is a diagnostic "
+                         "arm: that fixed value with auto's canary streamed beside it, not a candidate for best")
     ap.add_argument("--ramp-window", type=float, default=10.0, help="seconds of the trailing window of the ramp")
     ap.add_argument("--no-warm-up", action="store_true", help="skip the untimed warm-up pass")
     ap.add_argument("--warm-up-requests", type=int, help="requests of the warm-up pass (default: --requests)")
@@ -68,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--interval", type=float, default=1.0, help="seconds per control step of auto")
     ap.add_argument("--cuda-graph", action="store_true", help="pass --cb-use-cuda-graph to the server")
     ap.add_argument("--force", action="store_true", help="launch even if harvest's preflight fails")
+    ap.add_argument("--timeline", action="store_true",
+                    help="print every arm's answers' tok/s and requests in flight per 2.5 s")
     ap.add_argument("--keep", type=Path, help="work folder to keep (default: a temporary one)")
     ap.add_argument("--dry", action="store_true", help="a short run on vLLM CPU with the tiny model instead")
     ap.add_argument("--engine-python", help="with --dry: Python of vLLM's CPU build")

@@ -465,6 +465,27 @@ def test_with_a_canary_an_engine_that_runs_more_at_once_is_driven_up_in_seconds(
     assert targets[-1] == 1024, targets
 
 
+def test_with_a_canary_a_start_at_a_known_batch_limit_steps_up_by_a_probe_not_a_doubling():
+    """H200 (BENCHMARKS P7 A1, session 9): from half of transformers' 1024 a doubling sent 512 more
+    requests at 4.6 s, before any answer; the engine ran all 1023 (its tok/s flat from 512 on) and
+    the first answers came at 17.5 s where fixed 512's came at 10 s. Near a known limit a step up is
+    x1.25; an engine that does pay for more is still driven to the limit within seconds."""
+    flat = CanaryEngine(capacity=1024, base=0.0, per_seq=1 / 3500)
+    ctl = AutoConcurrency(AutoSettings(start=512, max_concurrency=1024, batch_hint=1024))
+    targets = drive_paced(flat, ctl, 30)
+    assert max(targets) <= 640, targets  # one look x1.25, never the whole limit at once
+    assert targets[-1] == 512, targets  # it did not pay: back
+    ctl = AutoConcurrency(AutoSettings(start=512, max_concurrency=1024, batch_hint=1024))
+    targets = drive_paced(CanaryEngine(), ctl, 30)  # tok/s grows with the batch up to 1024
+    # x1.25 at a time, each kept on two canaries: 640, 800, 1000, then the limit, in ~20 s
+    assert targets.index(640) < targets.index(800) < targets.index(1000) < targets.index(1024) <= 25, targets
+    assert targets[-1] >= 1000, targets  # 1024 made 0.5 % more than 1000: within noise
+    # From a guess (no limit known) a step up still doubles.
+    ctl = AutoConcurrency(AutoSettings(start=64, max_concurrency=1024))
+    targets = drive_paced(CanaryEngine(), ctl, 10)
+    assert 128 in targets and not any(64 < t < 128 for t in targets), targets
+
+
 def test_with_a_canary_a_level_that_makes_no_more_tokens_goes_back():
     """Past 512 the step grows with the batch (compute-bound): as many tok/s at twice the latency."""
     ctl = AutoConcurrency(AutoSettings(start=512, max_concurrency=1024))

@@ -35,8 +35,8 @@ second at least), or one that waits twice that, say the engine queues: back to t
 showed no queue (or to what the engine runs, from its wait and the answer rate); at a level that
 already ran without a queue it takes three in a row (a wave of equal answers refilled at once reaches
 the server's front end ahead of the canary). Otherwise requests held / its token pace is the
-engine's tok/s at that level: x2 while that grows by ``gain`` (the mean of two canaries; one that
-shows no gain sends it back at once), else back and a ceiling for ``ceiling_steps``; then one look
+engine's tok/s at that level: x2 while that grows by ``gain`` (x``probe`` from a start at a known
+batch limit; the mean of two canaries; one that shows no gain sends it back at once), else back and a ceiling for ``ceiling_steps``; then one look
 x``probe`` each time the ceiling lifts. A level shows in a canary or two, seconds, where judging it
 by its answers takes one answer latency (7-20 s on an H200 at a big batch).
 
@@ -495,7 +495,13 @@ class AutoConcurrency:
             self._level_tok_s = 0.5 * (self._level_tok_s + tok_s)
         else:
             self._accepted, self._level_tok_s = self.target, tok_s
-        up = self.target * (s.probe if self._settled else s.increase)
+        # Starting from a batch limit harvest knows (half of it: :func:`start_for`), a doubling
+        # is the whole limit at once: on the H200 it sent 512 more requests at 4.6 s, before any
+        # answer, and the batch of 1023 they made held the first answers back to 17.5 s where
+        # fixed 512's came at 10 s (the engine ran them all; its tok/s was flat from 512 to
+        # 1024). Near a known limit a step up is a probe's size; from a guess it doubles.
+        factor = s.probe if self._settled or s.batch_hint is not None else s.increase
+        up = self.target * factor
         if self._ceiling is not None:
             # Settled under a ceiling: no look up until it lifts (``ceiling_steps``); starting (a
             # restart under an old ceiling): up to just below it.

@@ -52,10 +52,13 @@ def prompts(n: int) -> list[str]:
 async def drive(urls: list[str], concurrency: int | str, requests: int, max_tokens: int, *, model: str,
                 extra_body: dict[str, Any] | None = None, auto: AutoSettings | None = None,
                 max_concurrency: int = 512, sample_s: float = 1.0, timeout: float = 600.0,
-                canary: bool = False) -> dict[str, Any]:
+                canary: bool = False, scrape: bool = False) -> dict[str, Any]:
     """Send ``requests`` chat requests through one Client; tok/s, latencies and (auto) the targets.
     ``canary``: a diagnostic arm, a fixed value with auto's canary streamed beside it the whole run
-    (what the canary alone costs the engine)."""
+    (what the canary alone costs the engine). Every arm pays what it pays in ``harvest run``: auto
+    its steering's scrape of /metrics every control step (its queue in the trace is that scrape's),
+    a fixed value none. ``scrape``: a diagnostic, one more scrape of /metrics every ``sample_s`` in
+    every arm (what a scrape costs the engine)."""
     config = ClientConfig(concurrency=concurrency, max_concurrency=max_concurrency, max_retries=2,
                           request_timeout=timeout, health_deadline=60.0,
                           auto_start=min(auto.start, max_concurrency) if auto else None)
@@ -83,12 +86,13 @@ async def drive(urls: list[str], concurrency: int | str, requests: int, max_toke
         async def sampler() -> None:
             while True:
                 await asyncio.sleep(sample_s)
-                # Every arm is sampled alike: a /metrics scrape costs vLLM CPU's HTTP server real CPU
-                # on 2 cores, and sampling the auto arms only made them pay it alone (the auto arm of
-                # a 16,384-request sweep held fixed 256's target from 7 s on at x0.74 of its tok/s).
-                metrics = await client.scrape_metrics()
-                waiting = {u: m.get("vllm:num_requests_waiting") for u, m in metrics.items()}
+                # No scrape of its own: a /metrics scrape costs vLLM CPU's HTTP server real CPU on 2
+                # cores (sampling the auto arms only made them pay twice: the auto arm of a
+                # 16,384-request sweep held fixed 256's target from 7 s on at x0.74 of its tok/s).
                 targets = client.concurrency_targets()
+                waiting = {t.url: t.queue for t in targets}
+                if scrape:
+                    await client.scrape_metrics()
                 trace.append((time.monotonic() - t0, {t.url: t.target for t in targets}, waiting))
                 in_flight.append((time.monotonic() - t0, client.stats().in_flight))
                 for t in targets:
@@ -268,10 +272,12 @@ def run_series_model(args: argparse.Namespace, urls: list[str], settings: list[s
     for k in range(args.rounds):
         order = settings if k % 2 == 0 else settings[::-1]
         for s in order:
-            conc: int | str = s if s == "auto" else int(s.rstrip("c"))
+            # A fixed value with a suffix is a diagnostic arm: "c" auto's canary beside it, "s" one
+            # scrape of /metrics a second beside it.
+            conc: int | str = s if s == "auto" else int(s.rstrip("cs"))
             r = asyncio.run(drive(urls, conc, args.requests, args.max_tokens, model=model,
                                   extra_body=extra_body, auto=auto, max_concurrency=args.max_concurrency,
-                                  canary=s.endswith("c")))
+                                  canary=s.endswith("c"), scrape=s.endswith("s")))
             results[s].append(r)
             print(f"  {label} round {k} {describe(r)}", flush=True)
             if getattr(args, "timeline", False):
@@ -286,7 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scenarios", default="sweep,small-batch,two-speeds")
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--fixed", default="4,16,64,256,512", help="fixed concurrency values of the sweep")
+    ap.add_argument("--fixed", default="4,16,64,256,512",
+                    help='fixed concurrency values of the sweep; "256s" is a diagnostic arm, fixed 256 with one '
+                         "scrape of /metrics a second beside it (what auto's steering scrape costs the engine)")
     ap.add_argument("--two-speed-fixed", default="8,32,64,128", help="fixed values of the two-speeds scenario")
     ap.add_argument("--pin", action="store_true",
                     help="two-speeds: bind each engine's compute threads to a CPU of its own "

@@ -20,8 +20,10 @@ llama.cpp slots), the target starts and stops at that cap plus the short queue: 
 queue grows. Unless the engine's queue runs dry there with its batch short (one scrape of the last
 ``peak_window`` with a token counter, which judges the deepening; two without): what
 the client holds and the engine does not yet see is in transit (HTTP, tokenizing, answers on their
-way back), and the target grows by the deepest gap a dry scrape showed, up to twice the cap, judged
-like any step up. Preemptions (KV thrashing) cut the
+way back), and the target grows, judged like any step up, to twice the cap with a token counter (with
+answers of equal length ending in waves, the next wave must already wait in the engine when one ends:
+a deepening by the gap paid nothing measurable where a whole second batch did), else by the deepest
+gap a dry scrape showed. Preemptions (KV thrashing) cut the
 target to ``decrease`` x what ran and cap growth below that level for a while. Seconds, not answer
 latencies: a vLLM or SGLang engine admits new requests within one scheduler step, so the next
 scrape shows them.
@@ -217,6 +219,11 @@ class AutoConcurrency:
         self._last_gauges: Gauges | None = None
         self.last = Decision(self.target, "start", "initial")
 
+    @property
+    def seen(self) -> Gauges | None:
+        """The gauges of the last scrape that reached a step (None: none yet)."""
+        return self._seen
+
     # --- feeding --------------------------------------------------------------------------------
 
     def record(self, completion_tokens: int | None, latency_s: float) -> None:
@@ -400,11 +407,13 @@ class AutoConcurrency:
     def _deeper(self, full: int, *, counter: bool) -> int | None:
         """With an exact engine limit: a deeper target when the engine's queue ran dry in one (with a
         token counter, which judges it) or two of the last scrapes at ``full`` (its batch short by
-        what is in transit), else None. It grows by the deepest gap a dry scrape showed, up to
-        twice the limit: with a steady flow the gap is what is in transit; with equal-length
-        answers, which end in waves, it is the wave's gap, and the next wave must already be in the
-        engine when the current one ends (on vLLM CPU fixed 256 made x1.1-1.4 the tok/s of fixed
-        128, its cap; growing by the median gap, to 175, paid nothing measurable)."""
+        what is in transit), else None. With a token counter it is twice the limit, a whole second
+        batch, kept only if it pays: with equal-length answers, which end in waves, the next wave
+        must already be in the engine when the current one ends (on vLLM CPU fixed 256 made
+        x1.1-1.4 the tok/s of fixed 128, its cap, where growing by the gap, to 175 or 223, read "no
+        gain"); a steady flow short by what is in transit pays for it too, at a queue of up to one
+        batch. Without a counter nothing would take it back: it grows by the deepest gap a dry
+        scrape showed (what is in transit), up to twice the limit."""
         limit = self.settings.engine_limit
         dry = [r for r in self._dry if r is not None]
         # With a token counter the deepening is a trial (kept only if it pays): one dry scrape
@@ -413,6 +422,10 @@ class AutoConcurrency:
                 self._ceiling is not None and full + 1 >= self._ceiling):
             return None
         self._dry.clear()
+        if counter:
+            # Judged, so straight to a second batch: a deepening by the gap (to 223, and to 175 in
+            # session 8) read "no gain" on vLLM CPU where fixed 256 made x1.26-1.43 of fixed 128.
+            return 2 * limit
         slack = max(2, math.ceil(self.settings.queue_slack * limit))
         return int(min(2 * limit, full + max(slack, math.ceil(limit - min(dry)))))
 

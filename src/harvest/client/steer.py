@@ -39,6 +39,8 @@ class Target:
     tok_s: float | None
     #: True when the engine's /metrics fed the last step.
     gauges: bool
+    #: Requests waiting in the engine's queue at the steering's last scrape (None: no gauges).
+    queue: float | None = None
 
 
 class Steering:
@@ -75,9 +77,11 @@ class Steering:
         """Each endpoint's current target and the last decision about it."""
         out = []
         for endpoint in self._pool.endpoints:
-            last: Decision = self._controllers[endpoint.url].last
-            out.append(Target(endpoint.url, self._controllers[endpoint.url].target, last.phase, last.reason,
-                              last.tok_s, last.gauges))
+            controller = self._controllers[endpoint.url]
+            last: Decision = controller.last
+            seen = controller.seen
+            out.append(Target(endpoint.url, controller.target, last.phase, last.reason, last.tok_s, last.gauges,
+                              seen.waiting if seen is not None and last.gauges else None))
         return tuple(out)
 
     def ensure_started(self) -> None:

@@ -80,8 +80,9 @@ class Steering:
             controller = self._controllers[endpoint.url]
             last: Decision = controller.last
             seen = controller.seen
+            queue = seen.waiting if seen is not None and last.gauges else None
             out.append(Target(endpoint.url, controller.target, last.phase, last.reason, last.tok_s, last.gauges,
-                              seen.waiting if seen is not None and last.gauges else None))
+                              queue))
         return tuple(out)
 
     def ensure_started(self) -> None:

@@ -81,8 +81,8 @@ class Steering:
             last: Decision = controller.last
             seen = controller.seen
             queue = seen.waiting if seen is not None and last.gauges else None
-            out.append(Target(endpoint.url, controller.target, last.phase, last.reason, last.tok_s, last.gauges,
-                              queue))
+            out.append(Target(endpoint.url, controller.target, last.phase, last.reason, last.tok_s,
+                              last.gauges, queue))
         return tuple(out)
 
     def ensure_started(self) -> None:

@@ -349,10 +349,12 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             stop_all(servers)
         out = summarize(res, "sweep (one server)")
-        ok = out["ratio_tok_s"] >= 0.98 and out["ratio_p50"] <= 1.2
-        print(f"  target: auto >= x0.98 best fixed tok/s with p50 <= x1.2: {'met' if ok else 'MISSED'}")
+        ok = out["ratio_tok_s"] >= 0.95  # P7 A2 (issue 23)
+        ok_p5 = out["ratio_tok_s"] >= 0.98 and out["ratio_p50"] <= 1.2  # the older P5 line
+        print(f"  target (P7 A2): auto >= x0.95 best fixed tok/s: {'met' if ok else 'MISSED'}; "
+              f"(P5: x0.98 with p50 <= x1.2: {'met' if ok_p5 else 'MISSED'})")
         print("BENCH autoconc_sweep " + " ".join(f"{k}={v:.3f}" for k, v in out.items())
-              + f" met={int(ok)} load1={os.getloadavg()[0]:.2f}", flush=True)
+              + f" met={int(ok)} met_p5={int(ok_p5)} load1={os.getloadavg()[0]:.2f}", flush=True)
 
     if "small-batch" in scenarios:
         servers = [start_vllm(py, model, work, "seqs8", 8)]

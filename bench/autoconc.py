@@ -293,8 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--fixed", default="4,16,64,256,512",
-                    help='fixed concurrency values of the sweep; "256s" is a diagnostic arm, fixed 256 with one '
-                         "scrape of /metrics a second beside it (what auto's steering scrape costs the engine)")
+                    help='fixed concurrency values of the sweep; "256s" is a diagnostic arm, fixed 256 '
+                    "with one scrape of /metrics a second beside it (what auto's steering scrape costs)")
     ap.add_argument("--two-speed-fixed", default="8,32,64,128", help="fixed values of the two-speeds scenario")
     ap.add_argument("--pin", action="store_true",
                     help="two-speeds: bind each engine's compute threads to a CPU of its own "

@@ -59,8 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--max-concurrency", type=int, default=1024)
     ap.add_argument("--series", help='several sizes on one server: "2048:256,512,1024;4096:512,1024" '
-                    "(REQUESTS:FIXED;...; replaces --requests and --fixed); a value ending in c, as 512c, is a diagnostic "
-                         "arm: that fixed value with auto's canary streamed beside it, not a candidate for best")
+                    "(REQUESTS:FIXED;...; replaces --requests and --fixed); a value ending in c (512c) or s "
+                    "(512s) is a diagnostic arm, not a candidate for best: that fixed value with auto's canary "
+                    "streamed beside it, or with one scrape of /metrics a second")
     ap.add_argument("--ramp-window", type=float, default=10.0, help="seconds of the trailing window of the ramp")
     ap.add_argument("--no-warm-up", action="store_true", help="skip the untimed warm-up pass")
     ap.add_argument("--warm-up-requests", type=int, help="requests of the warm-up pass (default: --requests)")

@@ -385,7 +385,8 @@ def test_with_an_exact_engine_limit_a_queue_that_runs_dry_is_deepened_by_what_is
         out.append((ctl.target, gauges))
     assert 144 < out[-1][0] < 256, [t for t, _ in out]
     late = [g for _, g in out[-15:]]
-    assert all(g.running >= 0.95 * 128 and g.waiting <= 32 for g in late), [(g.running, g.waiting) for g in late]
+    assert all(g.running >= 0.95 * 128 and g.waiting <= 32 for g in late), \
+        [(g.running, g.waiting) for g in late]
     # With nothing in transit the same engine stops where it did: 128 + a short queue.
     still = AutoConcurrency(AutoSettings(start=128, max_concurrency=1024, engine_limit=128))
     assert [t for t, _ in drive(Engine(metrics=True, max_seqs=128, knee=256), still, 60)][-1] == 144

@@ -20,10 +20,10 @@ llama.cpp slots), the target starts and stops at that cap plus the short queue: 
 queue grows. Unless the engine's queue runs dry there with its batch short (one scrape of the last
 ``peak_window`` with a token counter, which judges the deepening; two without): what
 the client holds and the engine does not yet see is in transit (HTTP, tokenizing, answers on their
-way back), and the target grows, judged like any step up, to twice the cap with a token counter (with
-answers of equal length ending in waves, the next wave must already wait in the engine when one ends:
-a deepening by the gap paid nothing measurable where a whole second batch did), else by the deepest
-gap a dry scrape showed. Preemptions (KV thrashing) cut the
+way back), and the target grows to twice the cap with a token counter, kept unless it makes fewer
+tokens (a queue at an exact cap costs latency, not tokens; with answers of equal length ending in
+waves, the next wave must already wait in the engine when one ends: a deepening by the gap paid
+nothing measurable where a whole second batch did), else by the deepest gap a dry scrape showed. Preemptions (KV thrashing) cut the
 target to ``decrease`` x what ran and cap growth below that level for a while. Seconds, not answer
 latencies: a vLLM or SGLang engine admits new requests within one scheduler step, so the next
 scrape shows them.
@@ -336,7 +336,7 @@ class AutoConcurrency:
             phase, reason = "settled", "kv full"
         elif full is not None and (g.generated is None or len(self._rates) >= _TRIAL_SCRAPES) \
                 and (deeper := self._deeper(full, counter=g.generated is not None)) is not None:
-            # With a token counter it is judged like any step up, against this level's tok/s.
+            # With a token counter it is judged against this level's tok/s (kept unless it costs).
             before_transit = self._transit
             self._transit += deeper - full
             target, phase, reason = deeper, "start", "engine's queue ran dry at its batch limit"
@@ -396,20 +396,28 @@ class AutoConcurrency:
         s = self.settings
         base, base_tok_s = self._trial
         self._trial = None
-        if statistics.fmean(self._rates[-_TRIAL_SCRAPES:]) >= base_tok_s * (1 + s.gain):
+        # A deeper queue at an exact cap cannot make the engine run more at once, only keep its
+        # batch full between waves, and vLLM's waiting requests hold no KV: it costs latency, not
+        # tokens. So it stays unless it makes fewer tokens (``gain`` less). Judged to pay ``gain``
+        # like a step up, it read "no gain" in half the A2 rounds where fixed 256 made x1.19-1.88
+        # the tok/s of 128 (three one-second scrapes of waves of equal answers are that noisy).
+        deepening = self._trial_transit is not None
+        bar = base_tok_s * (1 - s.gain) if deepening else base_tok_s * (1 + s.gain)
+        if statistics.fmean(self._rates[-_TRIAL_SCRAPES:]) >= bar:
             self._trial_transit = None
             return None  # it paid: the usual rules (grow again, hold, queue) go on from here
         # No growth above ``base`` for a while; then one more look (the engine or the work changes).
         self._ceiling, self._ceiling_left = base + 1, s.ceiling_steps
-        if self._trial_transit is not None:  # a deeper queue that did not pay: back to the old one
+        if deepening:  # a deeper queue that cost tokens: back to the old one
             self._transit, self._trial_transit = self._trial_transit, None
+            return float(base), "settled", "fewer tokens"
         return float(base), "settled", "no gain"
 
     def _deeper(self, full: int, *, counter: bool) -> int | None:
         """With an exact engine limit: a deeper target when the engine's queue ran dry in one (with a
         token counter, which judges it) or two of the last scrapes at ``full`` (its batch short by
         what is in transit), else None. With a token counter it is twice the limit, a whole second
-        batch, kept only if it pays: with equal-length answers, which end in waves, the next wave
+        batch, kept unless it makes fewer tokens: with equal-length answers, which end in waves, the next wave
         must already be in the engine when the current one ends (on vLLM CPU fixed 256 made
         x1.1-1.4 the tok/s of fixed 128, its cap, where growing by the gap, to 175 or 223, read "no
         gain"); a steady flow short by what is in transit pays for it too, at a queue of up to one
@@ -417,7 +425,7 @@ class AutoConcurrency:
         scrape showed (what is in transit), up to twice the limit."""
         limit = self.settings.engine_limit
         dry = [r for r in self._dry if r is not None]
-        # With a token counter the deepening is a trial (kept only if it pays): one dry scrape
+        # With a token counter the deepening is a trial (taken back if it costs): one dry scrape
         # starts it. Without one nothing would take it back: two.
         if limit is None or len(dry) < (1 if counter else 2) or full >= 2 * limit or (
                 self._ceiling is not None and full + 1 >= self._ceiling):

@@ -596,6 +596,22 @@ def test_with_an_exact_limit_and_a_token_counter_one_dry_scrape_starts_a_judged_
         assert targets.index(max(targets)) == first - 1 and max(targets) > 200, (counter, targets)
 
 
+def test_with_an_exact_limit_a_deepening_needs_two_scrapes_of_tok_s_at_the_cap_not_three():
+    """A2: the deepening came 5-6 s into runs of 17-19 s, and each second at the cap made a quarter
+    fewer tokens than fixed 256. Judged to stay unless it makes fewer tokens, a base of two scrapes
+    will do: the first scrape has nothing to compare, the next two give tok/s, and a dry one
+    among them starts it."""
+    ctl = AutoConcurrency(AutoSettings(start=144, max_concurrency=1024, engine_limit=128))
+    generated, targets = 0.0, []
+    for i in range(4):
+        generated += 3000.0
+        dry = i == 2
+        ctl.step(float(i + 1), Gauges(running=40.0 if dry else 128.0, waiting=0.0 if dry else 16.0,
+                                      generated=generated), busy=True)
+        targets.append(ctl.target)
+    assert targets[:3] == [144, 144, 256], targets
+
+
 def test_a_deepening_is_judged_on_tokens_over_seconds_not_on_two_scrapes_that_alias_the_waves():
     """A2 (vLLM CPU, answers of 32 tokens ending in waves about a second apart): one-second scrapes
     of the token counter alias the waves, high and low by turns. Judged on the median of two

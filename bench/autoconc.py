@@ -68,7 +68,7 @@ async def drive(urls: list[str], concurrency: int | str, requests: int, max_toke
     tokens = failed = 0
     trace: list[tuple[float, dict[str, int], dict[str, float | None]]] = []
     in_flight: list[tuple[float, int]] = []
-    decisions: dict[str, list[tuple[float, int, str, str]]] = {}
+    decisions: dict[str, list[tuple[float, int, str, str, float | None]]] = {}
     async with Client(urls, config, sampling, model=model, auto=auto) as client:
         t0 = time.monotonic()
 
@@ -96,9 +96,9 @@ async def drive(urls: list[str], concurrency: int | str, requests: int, max_toke
                 trace.append((time.monotonic() - t0, {t.url: t.target for t in targets}, waiting))
                 in_flight.append((time.monotonic() - t0, client.stats().in_flight))
                 for t in targets:
-                    if not decisions.get(t.url) or decisions[t.url][-1][1:] != (t.target, t.phase, t.reason):
+                    if not decisions.get(t.url) or decisions[t.url][-1][1:4] != (t.target, t.phase, t.reason):
                         decisions.setdefault(t.url, []).append((round(time.monotonic() - t0, 1), t.target,
-                                                                t.phase, t.reason))
+                                                                t.phase, t.reason, t.tok_s))
 
         async def canaries() -> None:
             while True:  # one at a time, back to back, as the steering loop keeps them
@@ -160,8 +160,10 @@ def targets_over_time(r: dict[str, Any], points: int = 12) -> str:
         parts = [f"{targets.get(u, '-')}" + (f"/q{waiting[u]:.0f}" if waiting.get(u) is not None else "")
                  for u in targets]
         out.append(f"{t:5.1f}s " + "+".join(parts))
-    moves = "; ".join(f"{url.rsplit(':', 1)[-1]}: " + ", ".join(f"{t}s {n} {phase} ({why})" for t, n, phase, why in d)
-                      for url, d in r.get("decisions", {}).items())
+    moves = "; ".join(f"{url.rsplit(':', 1)[-1]}: " + ", ".join(
+        f"{t}s {n} {phase} ({why}" + (f", {tok_s:.0f} tok/s)" if tok_s is not None else ")")
+        for t, n, phase, why, *rest in d for tok_s in (rest[0] if rest else None,))
+        for url, d in r.get("decisions", {}).items())
     return "  targets (target/queue): " + ", ".join(out) + "\n  decisions: " + moves
 
 

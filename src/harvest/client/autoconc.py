@@ -37,8 +37,9 @@ second at least), or one that waits twice that, say the engine queues: back to t
 showed no queue (or to what the engine runs, from its wait and the answer rate); at a level that
 already ran without a queue it takes three in a row (a wave of equal answers refilled at once reaches
 the server's front end ahead of the canary). Otherwise requests held / its token pace is the
-engine's tok/s at that level: x2 while that grows by ``gain`` (x``probe`` from a start at a known
-batch limit; the mean of two canaries; one that shows no gain sends it back at once), else back and
+engine's tok/s at that level (the median of the level's canaries): x2 while that grows by ``gain``
+(from a start at a known batch limit only once half the start's requests came back, its first wave;
+judged on the mean of two canaries; one that shows no gain sends it back at once), else back and
 a ceiling for ``ceiling_steps``; then one look x``probe`` each time the ceiling lifts. A level shows
 in a canary or two, seconds, where judging it by its answers takes one answer latency (7-20 s on an
 H200 at a big batch).

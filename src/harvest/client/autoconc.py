@@ -38,9 +38,11 @@ showed no queue (or to what the engine runs, from its wait and the answer rate);
 already ran without a queue it takes three in a row (a wave of equal answers refilled at once reaches
 the server's front end ahead of the canary). Otherwise requests held / its token pace is the
 engine's tok/s at that level (the median of the level's canaries): x2 while that grows by ``gain``
-(from a start at a known batch limit only once half the start's requests came back, its first wave;
-judged on the mean of two canaries; one that shows no gain sends it back at once), else back and
-a ceiling for ``ceiling_steps``; then one look x``probe`` each time the ceiling lifts. A level shows
+(judged on the mean of two canaries; one that shows no gain sends it back at once), else back and
+a ceiling for ``ceiling_steps``; then one look x``probe`` each time the ceiling lifts. A start at
+half a batch limit harvest knows is such a level from the first canary: the first look up is a
+probe, ``ceiling_steps`` in (with equal answers a canary reads its level +-40 % by where in a wave
+it runs; judged in the first seconds, a look up cost a wave whichever way it went). A level shows
 in a canary or two, seconds, where judging it by its answers takes one answer latency (7-20 s on an
 H200 at a big batch).
 
@@ -452,6 +454,17 @@ class AutoConcurrency:
         s = self.settings
         self._rates_at.append((now, self._paced_answers))
         del self._rates_at[:-5]
+        if self._accepted is None and not self._settled and s.batch_hint is not None \
+                and self.target < s.batch_hint:
+            # A start at half a batch limit harvest knows (:func:`start_for`) is a level, not a
+            # guess: it is kept for ``ceiling_steps`` before the first look up, a probe. On the
+            # H200 (BENCHMARKS P7 A1) transformers' 1024 made x0.91-1.22 the tok/s of 512 across
+            # machines (about x1.03 typical), and with answers of equal length the canaries of one
+            # level read 1700-5300 tok/s by where in a wave they ran: a look up judged on two of
+            # them in the first seconds was a coin toss, and each that went wrong cost a wave (1024
+            # at 4.6 s held the first answers to 17.5 s; kept where it did not pay, p50 x1.9).
+            self._settled = True
+            self._ceiling, self._ceiling_left = self.target + 1, s.ceiling_steps
         self._age_ceiling()
         if c.sent_at <= self._changed_at:  # sent before the last change: it speaks of the old level
             return self._hold("measuring", "start" if not self._settled else "settled")
@@ -526,16 +539,7 @@ class AutoConcurrency:
         else:
             self._accepted, self._level_readings = self.target, [tok_s]
         self._level_tok_s = statistics.median(self._level_readings)
-        # Starting from a batch limit harvest knows (half of it: :func:`start_for`), a doubling
-        # is the whole limit at once: on the H200 it sent 512 more requests at 4.6 s, before any
-        # answer, and the batch of 1023 they made held the first answers back to 17.5 s where
-        # fixed 512's came at 10 s. So it waits for the start level's first wave (half its
-        # requests answered). Steps of x1.25 instead read no gain where 1024 made x1.14 the tok/s
-        # of 512 (about 3.5 % a step, under ``gain``: x0.84 of the best fixed value).
         factor = s.probe if self._settled else s.increase
-        if s.batch_hint is not None and not self._settled \
-                and self._paced_answers - self._answers_at_change < self.target / 2:
-            return self._hold("first wave", "start", tok_s)
         up = self.target * factor
         if self._ceiling is not None:
             # Settled under a ceiling: no look up until it lifts (``ceiling_steps``); starting (a
@@ -565,7 +569,6 @@ class AutoConcurrency:
         before, self.target = self.target, self._bound(target)
         if self.target != before:
             self._changed_at, self._waits, self._judged = now, 0, []
-            self._answers_at_change = self._paced_answers
         self.last = Decision(self.target, phase, reason, tok_s, False)
         return self.last
 
@@ -826,8 +829,6 @@ class AutoConcurrency:
         self._reserve: bool = getattr(self, "_reserve", False)
         self._rates_at: list[tuple[float, int]] = []
         self._paced_answers = getattr(self, "_paced_answers", 0)
-        #: Answers before the last change (a level's first wave: half its requests answered since).
-        self._answers_at_change = self._paced_answers
 
 
 def start_for(limit: int | None, *, metrics: bool, max_concurrency: int, fallback: int = 64,

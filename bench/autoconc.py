@@ -302,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="two-speeds: bind each engine's compute threads to a CPU of its own "
                          "(VLLM_CPU_OMP_THREADS_BIND), as two servers have their own hardware")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--timeline", action="store_true",
+                    help="print every arm's answers' tok/s and requests in flight per 2.5 s")
     ap.add_argument("--max-concurrency", type=int, default=1024)
     ap.add_argument("--interval", type=float, default=1.0, help="seconds per control step of auto")
     ap.add_argument("--engine-python", help="Python of vLLM's CPU build (default: scripts/install-engines vllm)")

@@ -340,9 +340,9 @@ class AutoConcurrency:
         elif full is not None and (g.generated is None or len(self._rates) >= _DEEPEN_BASE) \
                 and (deeper := self._deeper(full, counter=g.generated is not None)) is not None:
             # With a token counter it is judged against this level's tok/s (kept unless it costs),
-            # two scrapes of it: each second at the cap cost a quarter of the tok/s on vLLM CPU
-            # (A2: the deepening came 5-6 s into runs of 17-19 s), and a base that is low because
-            # it holds the first prefills can only make the deepening stay.
+            # from the first scrape of it: each second at the cap cost a quarter of the tok/s on
+            # vLLM CPU (A2: the deepening came 4-6 s into runs of 17-20 s), and a base that is low
+            # because it holds the first prefills can only make the deepening stay.
             before_transit = self._transit
             self._transit += deeper - full
             target, phase, reason = deeper, "start", "engine's queue ran dry at its batch limit"
@@ -857,7 +857,7 @@ def start_for(limit: int | None, *, metrics: bool, max_concurrency: int, fallbac
 #: read a deepening worth x1.47 as "no gain" twice in a row (A2, session 8).
 _TRIAL_SCRAPES = 3
 #: With an exact cap and a token counter: scrapes of tok/s at the cap a deepening is judged against.
-_DEEPEN_BASE = 2
+_DEEPEN_BASE = 1
 
 #: Answers whose latency per token a step keeps (the median of the first ones is as good as all).
 _TPOT_SAMPLE = 4096

@@ -341,8 +341,9 @@ class AutoConcurrency:
                 and (deeper := self._deeper(full, counter=g.generated is not None)) is not None:
             # With a token counter it is judged against this level's tok/s (kept unless it costs),
             # from the first scrape of it: each second at the cap cost a quarter of the tok/s on
-            # vLLM CPU (A2: the deepening came 4-6 s into runs of 17-20 s), and a base that is low
-            # because it holds the first prefills can only make the deepening stay.
+            # vLLM CPU (A2: the deepening came 4-6 s into runs of 17-20 s). One scrape is a noisy
+            # base (waves of equal answers); a take-back needs the mean of three at the new level
+            # 5 % under it, which on vLLM CPU happened in one round of the five since.
             before_transit = self._transit
             self._transit += deeper - full
             target, phase, reason = deeper, "start", "engine's queue ran dry at its batch limit"

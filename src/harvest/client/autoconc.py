@@ -343,7 +343,7 @@ class AutoConcurrency:
             # from the first scrape of it: each second at the cap cost a quarter of the tok/s on
             # vLLM CPU (A2: the deepening came 4-6 s into runs of 17-20 s). One scrape is a noisy
             # base (waves of equal answers); a take-back needs the mean of three at the new level
-            # 5 % under it, which on vLLM CPU happened in one round of the five since.
+            # 5 % under it: on vLLM CPU one round in eleven (BENCHMARKS P7 A2, session 10).
             before_transit = self._transit
             self._transit += deeper - full
             target, phase, reason = deeper, "start", "engine's queue ran dry at its batch limit"

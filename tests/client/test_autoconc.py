@@ -730,3 +730,18 @@ def test_with_an_exact_limit_a_queue_that_runs_dry_between_waves_is_deepened_by_
         ctl.step(float(i + 1), gauges, busy=True)
         targets.append(ctl.target)
     assert targets[-1] >= 240 and sum(t >= 240 for t in targets) >= 20, targets  # 128 + the gap of 108 + 16
+
+
+def test_with_a_canary_a_wait_read_twice_does_not_show_a_back_off_that_did_not_happen():
+    """H200 (BENCHMARKS P7 A1, session 10): the decisions read "1024 backoff (queue)" while the target
+    stayed at 1024: the canary's one wait was counted (not yet a verdict), and the next step, seeing
+    the same canary, said "backoff". The display must say what was decided."""
+    ctl = AutoConcurrency(AutoSettings(start=512, max_concurrency=1024))
+    itl = 512 / 3470
+    ctl.step(2.0, None, busy=True, canary=Canary(0.5, 512, 1.5, ttft=itl, itl=itl, done=True), paced=True)
+    assert ctl.target == 1024, ctl.last
+    waited = Canary(2.5, 1023, 1.0, ttft=1.0)  # its first token after 1 s: one wait, not a long one
+    first = ctl.step(3.5, None, busy=True, canary=waited, paced=True)
+    again = ctl.step(4.5, None, busy=True, canary=Canary(2.5, 1023, 2.0, ttft=1.0), paced=True)
+    assert ctl.target == 1024 and first.phase != "backoff", first
+    assert again.phase != "backoff" and again.reason != "queue", again  # nothing backed off

@@ -478,7 +478,7 @@ class AutoConcurrency:
         long_wait = waited > 2 * queue_after  # well behind a queue: no doubt, even while it runs
         if (waited > queue_after and c.ttft is not None) or (long_wait and not c.done):
             if self._acted_on == c.sent_at:
-                return self._hold("queue", "backoff")  # this canary was acted on already
+                return self.last  # this canary was acted on already: what was decided then stands
             self._acted_on = c.sent_at
             self._waits += 1
             # One such wait may be the client's own lag. At a level that already ran without a

@@ -27,6 +27,11 @@ def _nvidia_driver() -> str | None:
         return f"no NVIDIA driver ({type(exc).__name__})"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # A test run stopped by SIGTERM stops the engines it started (their own sessions outlive it).
+    engines.stop_started_on_sigterm()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not any(item.get_closest_marker("gpu") is not None for item in items):
         return

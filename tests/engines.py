@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +24,11 @@ import psutil
 from harvest.http import HttpError, SyncHttp
 
 ROOT = Path(__file__).resolve().parents[1]
+
+#: What the tests started and have not stopped yet: pid -> its stop. A SIGTERM to the test process
+#: (a CI runner's timeout, ``kill`` by hand) stops these before it dies (``stop_started_on_sigterm``):
+#: their own sessions keep them alive past the process that started them.
+_STARTED: dict[int, Callable[[], None]] = {}
 INSTALLER = ROOT / "scripts" / "install-engines"
 MAKE_MODEL = ROOT / "src" / "harvest" / "demo" / "make_tiny_model.py"
 
@@ -78,18 +83,21 @@ class EngineProcess:
     def stop(self, grace: float = 20.0) -> None:
         """SIGTERM the group, then SIGKILL it after ``grace``; verify the leader is gone."""
         pgid = self.proc.pid  # start_new_session: the leader's pid is the group id
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
-            if self.proc.poll() is not None and not _group_alive(pgid):
-                return
-            try:
-                os.killpg(pgid, sig)
-            except ProcessLookupError:
-                return
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline:
+        try:
+            for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
                 if self.proc.poll() is not None and not _group_alive(pgid):
                     return
-                time.sleep(0.1)
+                try:
+                    os.killpg(pgid, sig)
+                except ProcessLookupError:
+                    return
+                deadline = time.monotonic() + wait
+                while time.monotonic() < deadline:
+                    if self.proc.poll() is not None and not _group_alive(pgid):
+                        return
+                    time.sleep(0.1)
+        finally:
+            _STARTED.pop(self.proc.pid, None)
 
 
 def _group_alive(pgid: int) -> bool:
@@ -110,6 +118,7 @@ def start_engine(argv: list[str], *, port: int, model: str, log_path: Path, heal
                             start_new_session=True, env={**os.environ, **(env or {})})
     log.close()
     engine = EngineProcess(argv, port, model, log_path, proc, psutil.Process(proc.pid).create_time())
+    _STARTED[proc.pid] = lambda: engine.stop(grace=5.0)
     deadline = time.monotonic() + timeout
     with SyncHttp(max_connections=1) as client:
         while time.monotonic() < deadline:
@@ -200,6 +209,7 @@ def sim_engine(*args: str) -> Iterator[str]:
     stops it by its pid (SIGTERM, then SIGKILL after 10 s)."""
     proc = subprocess.Popen([sys.executable, str(SIM_ENGINE), "--port", "0", *args],
                             stdout=subprocess.PIPE, text=True)
+    _STARTED[proc.pid] = proc.kill  # unreaped until the wait below: the pid is still this child
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()  # bounded by the test's timeout; the server prints at once
@@ -212,3 +222,24 @@ def sim_engine(*args: str) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
+        finally:
+            _STARTED.pop(proc.pid, None)
+
+
+def stop_started_on_sigterm() -> None:
+    """From the main thread: on SIGTERM, stop what the tests started and not yet stopped (each by
+    its recorded group or pid), then die of the SIGTERM as before. Only where no one else handles
+    SIGTERM. Not a KeyboardInterrupt: raised inside pytest-asyncio's loop, that hung the run."""
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def stop_all(signum: int, frame: object) -> None:
+        for stop in list(_STARTED.values()):  # one C call under the GIL: no lock a thread may hold
+            try:
+                stop()
+            except Exception:  # one that fails must not keep the rest running
+                pass
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, stop_all)

@@ -23,10 +23,10 @@ the client holds and the engine does not yet see is in transit (HTTP, tokenizing
 way back), and the target grows to twice the cap with a token counter, kept unless it makes fewer
 tokens (a queue at an exact cap costs latency, not tokens; with answers of equal length ending in
 waves, the next wave must already wait in the engine when one ends: a deepening by the gap paid
-nothing measurable where a whole second batch did), else by the deepest gap a dry scrape showed. Preemptions (KV thrashing) cut the
-target to ``decrease`` x what ran and cap growth below that level for a while. Seconds, not answer
-latencies: a vLLM or SGLang engine admits new requests within one scheduler step, so the next
-scrape shows them.
+nothing measurable where a whole second batch did), else by the deepest gap a dry scrape showed.
+Preemptions (KV thrashing) cut the target to ``decrease`` x what ran and cap growth below that level
+for a while. Seconds, not answer latencies: a vLLM or SGLang engine admits new requests within one
+scheduler step, so the next scrape shows them.
 
 **A canary** (no /metrics, an endpoint that streams: ``transformers serve``, an endpoint of unknown
 make; :mod:`harvest.client.canary`): one small streamed request at a time, sent after the requests a
@@ -844,7 +844,8 @@ def start_for(limit: int | None, *, metrics: bool, max_concurrency: int, fallbac
     An engine without /metrics starts at half its limit: sent its full batch, only latency (an
     answer later) would say whether that overshot what it really runs at once (the requests per
     batch are an upper bound; KV memory or the step's token budget may hold fewer), and then half
-    the requests of a short run wait twice as long. From half, the first step up probes the limit.
+    the requests of a short run wait twice as long. Half is held a while, then probed above
+    (``AutoConcurrency._paced``).
     """
     start = fallback if limit is None else (limit if metrics else max(1, limit // 2))
     if limit is not None and metrics and exact:

@@ -147,11 +147,15 @@ class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
         t0 = time.monotonic()
         ledger = self.open_ledger()
         loop = asyncio.get_running_loop()
-        installed: list[int] = []
+        #: Signals taken for a clean stop, and the handler each had: ``remove_signal_handler`` leaves
+        #: the default, and a program that embeds the run (or a test session that stops its engines
+        #: on SIGTERM) would lose its own.
+        installed: dict[int, Any] = {}
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                before = signal.getsignal(sig)
                 loop.add_signal_handler(sig, self._request_stop)
-                installed.append(sig)
+                installed[sig] = before
         try:
             counts = ledger.counts()
             total = sum(counts.values())
@@ -212,8 +216,11 @@ class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
         finally:
             if self.timeline is not None:
                 self.timeline.close(self.outcome)
-            for sig in installed:
+            for sig, before in installed.items():
                 loop.remove_signal_handler(sig)
+                if before is not None:  # None: not set from Python, nothing to give back
+                    with contextlib.suppress(ValueError, TypeError):
+                        signal.signal(sig, before)
             self._close_records()
             ledger.close()
         data = self.config.data

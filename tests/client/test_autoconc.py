@@ -634,6 +634,25 @@ def test_with_an_exact_limit_a_deepening_starts_at_the_first_dry_scrape_with_a_r
     assert targets[:2] == [144, 256], targets
 
 
+def test_a_deepening_started_on_one_scrape_of_the_cap_is_not_taken_back_on_that_scrape():
+    """A2 (session 10): a deepening at the third scrape had one scrape of the cap's tok/s to be judged
+    against; that scrape read 8445 where the cap made about 7000 (waves of equal answers), and three
+    scrapes of ~7000 at the deeper level took it back as "fewer tokens" in a run where fixed 256 made
+    x1.3 of fixed 128. A base that short judges nothing: the deepening stays."""
+    ctl = AutoConcurrency(AutoSettings(start=144, max_concurrency=1024, engine_limit=128))
+    generated, now = 0.0, 0.0
+    for rate, running, waiting in ((None, 128.0, 16.0), (8445.0, 40.0, 0.0)):
+        now += 1.0
+        generated += rate or 0.0
+        ctl.step(now, Gauges(running=running, waiting=waiting, generated=generated), busy=True)
+    assert ctl.target == 256, ctl.last
+    for _ in range(6):
+        now += 1.0
+        generated += 7000.0
+        ctl.step(now, Gauges(running=128.0, waiting=128.0, generated=generated), busy=True)
+    assert ctl.target == 256 and ctl.last.reason != "fewer tokens", ctl.last
+
+
 def test_a_deepening_is_judged_on_tokens_over_seconds_not_on_two_scrapes_that_alias_the_waves():
     """A2 (vLLM CPU, answers of 32 tokens ending in waves about a second apart): one-second scrapes
     of the token counter alias the waves, high and low by turns. Judged on the median of two

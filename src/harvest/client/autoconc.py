@@ -339,15 +339,16 @@ class AutoConcurrency:
             phase, reason = "settled", "kv full"
         elif full is not None and (g.generated is None or len(self._rates) >= _DEEPEN_BASE) \
                 and (deeper := self._deeper(full, counter=g.generated is not None)) is not None:
-            # With a token counter it is judged against this level's tok/s (kept unless it costs),
-            # from the first scrape of it: each second at the cap cost a quarter of the tok/s on
-            # vLLM CPU (A2: the deepening came 4-6 s into runs of 17-20 s). One scrape is a noisy
-            # base (waves of equal answers); a take-back needs the mean of three at the new level
-            # 5 % under it: on vLLM CPU one round in eleven (BENCHMARKS P7 A2, session 10).
+            # It starts at the first dry scrape with a rate: each second at the cap cost a quarter
+            # of the tok/s on vLLM CPU (A2: the deepening came 4-6 s into runs of 17-20 s). With a
+            # token counter it is judged (kept unless it makes fewer tokens) only against as many
+            # scrapes of this level as judge the new one: one scrape of waves of equal answers read
+            # 8445 and 7112 tok/s where the level made about 7000, and took back a deepening that
+            # paid (A2, session 10). Unjudged it costs latency, not tokens.
             before_transit = self._transit
             self._transit += deeper - full
             target, phase, reason = deeper, "start", "engine's queue ran dry at its batch limit"
-            if g.generated is not None:
+            if g.generated is not None and len(self._rates) >= _TRIAL_SCRAPES:
                 self._trial = (self.target, statistics.fmean(self._rates[-_TRIAL_SCRAPES:]))
                 self._trial_transit = before_transit
         elif (busy if busy is not None else running + waiting >= 0.9 * self.target) and \

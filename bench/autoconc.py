@@ -162,7 +162,7 @@ def targets_over_time(r: dict[str, Any], points: int = 12) -> str:
         out.append(f"{t:5.1f}s " + "+".join(parts))
     moves = "; ".join(f"{url.rsplit(':', 1)[-1]}: " + ", ".join(
         f"{t}s {n} {phase} ({why}" + (f", {tok_s:.0f} tok/s)" if tok_s is not None else ")")
-        for t, n, phase, why, *rest in d for tok_s in (rest[0] if rest else None,))
+        for t, n, phase, why, tok_s in d)
         for url, d in r.get("decisions", {}).items())
     return "  targets (target/queue): " + ", ".join(out) + "\n  decisions: " + moves
 

@@ -458,9 +458,11 @@ class CanaryEngine:
         return Canary(sent_at, held, age, ttft=ttft if age >= ttft else None), canary
 
 
-def drive_paced(engine: CanaryEngine, ctl: AutoConcurrency, steps: int) -> list[int]:
+def drive_paced(engine: CanaryEngine, ctl: AutoConcurrency, steps: int,
+                canary_steps: list[int] | None = None) -> list[int]:
     """As the steering loop drives it: one canary at a time, in a place reserved in the target, sent
-    at the end of a step that did not move the target."""
+    at the end of a step that did not move the target unless the canary rests (``canary_steps``:
+    appended with each step a canary was going at its end)."""
     targets: list[int] = []
     going: tuple[float, int] | None = None
     now = 0.0
@@ -469,8 +471,10 @@ def drive_paced(engine: CanaryEngine, ctl: AutoConcurrency, steps: int) -> list[
         reading, going = engine.tick(ctl.target, ctl, now, going)
         before = ctl.target
         ctl.step(now, None, busy=True, canary=reading, paced=True)
-        if going is None and ctl.target == before:
+        if going is None and ctl.target == before and not ctl.canary_rests():
             going = (now, ctl.target - 1)
+        if canary_steps is not None and going is not None:
+            canary_steps.append(len(targets))
         targets.append(ctl.target)
     return targets
 
@@ -519,6 +523,28 @@ def test_with_a_canary_a_start_at_a_known_batch_limit_is_held_then_probed():
     ctl = AutoConcurrency(AutoSettings(start=64, max_concurrency=1024))
     targets = drive_paced(CanaryEngine(), ctl, 10)
     assert 128 in targets[:4] and not any(64 < t < 128 for t in targets), targets
+
+
+def test_with_a_canary_it_rests_while_nothing_is_judged_and_looks_up_less_often_each_time_it_did_not_pay():
+    """H200 (BENCHMARKS P7 A1, session 11): with one canary streamed back to back beside fixed 512,
+    transformers serve made x0.63-0.66 of fixed 512's tok/s. Held at a known limit's half, or
+    settled under a ceiling, there is nothing for a canary to decide: it rests. Each look up that
+    did not pay makes the next wait twice as long, so a long run on a level that is right spends
+    a shrinking share of its time with a canary."""
+    flat = CanaryEngine(capacity=1024, base=0.0, per_seq=1 / 3500)  # tok/s flat from 512 on
+    ctl = AutoConcurrency(AutoSettings(start=512, max_concurrency=1024, batch_hint=1024))
+    going: list[int] = []
+    targets = drive_paced(flat, ctl, 600, going)
+    assert not [i for i in going if i < 29], going  # the held start: no canary at all
+    looks = [i for i in range(1, len(targets)) if targets[i] == 640 and targets[i - 1] == 512]
+    gaps = [b - a for a, b in zip(looks, looks[1:])]
+    assert len(looks) >= 3 and all(b > 1.5 * a for a, b in zip(gaps, gaps[1:])), (looks, targets)
+    assert len(going) < 0.1 * len(targets), len(going)  # a canary in under a tenth of the steps
+    assert targets[-1] == 512 and sum(t == 640 for t in targets) <= 3 * len(looks), targets
+    # A look up that pays is kept, and the looks come at the usual pace again.
+    ctl = AutoConcurrency(AutoSettings(start=512, max_concurrency=1024, batch_hint=1024))
+    targets = drive_paced(CanaryEngine(), ctl, 120)
+    assert targets[-1] > 640, targets
 
 
 def test_with_a_canary_the_level_s_tok_s_is_the_median_of_its_canaries_not_pulled_up_by_one():

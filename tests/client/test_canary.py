@@ -193,3 +193,43 @@ async def test_a_canary_takes_a_place_of_the_target_only_at_the_engines_batch_li
         assert client.stats().completed == 1500
     assert streamed >= 3, streamed  # the canary ran
     assert peak == items_at_most, (peak, hint)
+
+
+@pytest.mark.parametrize(("ceiling_steps", "streams"), [(100_000, False), (5, True)])
+async def test_a_held_start_streams_no_canary_until_its_ceiling_lifts(ceiling_steps, streams) -> None:
+    """A canary is not free (H200, BENCHMARKS P7 A1, session 11: transformers serve made x0.63-0.66
+    of fixed 512's tok/s with one streamed back to back beside it). Held at half a batch limit
+    harvest knows, auto has nothing to judge until the hold ends: no canary is sent before, and
+    the items keep every place of the target."""
+    from harvest.transport import MockTransport, RawResponse
+
+    streamed = in_flight = peak = 0
+
+    async def engine(method: str, url: str, body: bytes | None, headers: dict[str, str]):
+        nonlocal streamed, in_flight, peak
+        if method == "GET":
+            return RawResponse(404, b"not found")  # no /metrics: auto steers on a canary
+        import json
+        if json.loads(body or b"{}").get("stream"):
+            streamed += 1
+            return RawResponse(200, b"".join(b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n' for _ in range(10)))
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await asyncio.sleep(0.02)
+        in_flight -= 1
+        answer = {"choices": [{"message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+                  "usage": {"prompt_tokens": 3, "completion_tokens": 4}}
+        return RawResponse(200, json.dumps(answer).encode())
+
+    config = ClientConfig(concurrency="auto", max_concurrency=64, request_timeout=30)
+    settings = AutoSettings(start=32, max_concurrency=64, interval_s=0.01, batch_hint=64,
+                            ceiling_steps=ceiling_steps)
+    async with Client(["http://e:1"], config, SamplingConfig(max_tokens=4), model="m", auto=settings,
+                      transport=MockTransport(engine)) as client:
+        await asyncio.wait_for(asyncio.gather(*(client.chat([{"role": "user", "content": f"q {i}"}])
+                                                for i in range(1000))), 60)
+        assert client.stats().completed == 1000
+        target = client.concurrency_targets()[0]
+    assert (streamed > 0) is streams, (streamed, target)
+    if not streams:
+        assert target.target == 32 and peak == 32, (target, peak)  # held, every place the items'

@@ -254,7 +254,14 @@ class AutoConcurrency:
             # not a switch to judging by answers, whose windows this mode never kept.
             return self.last
         if paced or canary is not None:
+            self._held_start()
             if canary is None:
+                if self.canary_rests():
+                    # Nothing to judge until the ceiling lifts: the canary rests, the ceiling ages.
+                    self._age_ceiling()
+                    if self._ceiling_left == 0:
+                        self._level_readings = []  # the level is read afresh before a look up
+                    return self._hold("hold", self.last.phase)
                 return self._hold("measuring", self.last.phase)
             return self._paced(now, canary, busy is not False)
         obs = self._measure(now, gauges)
@@ -456,17 +463,6 @@ class AutoConcurrency:
         s = self.settings
         self._rates_at.append((now, self._paced_answers))
         del self._rates_at[:-5]
-        if self._accepted is None and not self._settled and s.batch_hint is not None \
-                and self.target < s.batch_hint:
-            # A start at half a batch limit harvest knows (:func:`start_for`) is a level, not a
-            # guess: it is kept for ``ceiling_steps`` before the first look up, a probe. On the
-            # H200 (BENCHMARKS P7 A1) transformers' 1024 made x0.91-1.22 the tok/s of 512 across
-            # machines (about x1.03 typical), and with answers of equal length the canaries of one
-            # level read 1700-5300 tok/s by where in a wave they ran: a look up judged on two of
-            # them in the first seconds was a coin toss, and each that went wrong cost a wave (1024
-            # at 4.6 s held the first answers to 17.5 s; kept where it did not pay, p50 x1.9).
-            self._settled = True
-            self._ceiling, self._ceiling_left = self.target + 1, s.ceiling_steps
         self._age_ceiling()
         if c.sent_at <= self._changed_at:  # sent before the last change: it speaks of the old level
             return self._hold("measuring", "start" if not self._settled else "settled")
@@ -529,9 +525,15 @@ class AutoConcurrency:
                 return self._hold("measuring", self.last.phase, tok_s)
             tok_s = statistics.fmean(self._judged)
             if tok_s < base_tok_s * (1 + s.gain):
-                self._ceiling, self._ceiling_left = self.target, s.ceiling_steps
+                # A look up that did not pay: the next waits longer, each time twice as long (up to
+                # ``8 x ceiling_steps``): a level that stays right costs fewer canaries and waves.
+                wait = self._probe_wait if self._settled else s.ceiling_steps
+                if self._settled:
+                    self._probe_wait = min(2 * self._probe_wait, 8 * s.ceiling_steps)
+                self._ceiling, self._ceiling_left = self.target, wait
                 self._settled = True
                 return self._move(now, base, "settled", "no gain", tok_s)
+            self._probe_wait = s.ceiling_steps  # it paid: looks come at the usual pace again
         # The level's tok/s is the median of its last canaries: one that ran while a wave ended
         # and its refill was still in prefill paces a short batch (on the sim of the H200, 4416
         # tok/s among readings of 3470 at 512), and an average it pulls up makes the next step
@@ -547,9 +549,35 @@ class AutoConcurrency:
             # Settled under a ceiling: no look up until it lifts (``ceiling_steps``); starting (a
             # restart under an old ceiling): up to just below it.
             up = self.target if self._settled else min(up, self._ceiling - 1)
+        if self._settled and len(self._level_readings) < _PROBE_BASE:
+            return self._hold("measuring", "settled", tok_s)  # a look up is judged against the median of these
         if not busy or up < self.target + 1 or self.target >= s.max_concurrency:
             return self._hold("hold", "settled" if self._settled else "start", tok_s)
         return self._move(now, up, "probe" if self._settled else "start", "tok/s grew", tok_s)
+
+    def _held_start(self) -> None:
+        """A start at half a batch limit harvest knows (:func:`start_for`) is a level, not a guess:
+        it is kept for ``ceiling_steps`` before the first look up, a probe, with the canary at rest.
+        On the H200 (BENCHMARKS P7 A1) transformers' 1024 made x0.91-1.22 the tok/s of 512 across
+        machines (about x1.03 typical), and with answers of equal length the canaries of one level
+        read 1700-5300 tok/s by where in a wave they ran: a look up judged on two of them in the
+        first seconds was a coin toss, and each that went wrong cost a wave (1024 at 4.6 s held the
+        first answers to 17.5 s; kept where it did not pay, p50 x1.9)."""
+        s = self.settings
+        if self._accepted is None and not self._settled and s.batch_hint is not None \
+                and self.target < s.batch_hint:
+            self._settled = self._holding = True
+            self._ceiling, self._ceiling_left = self.target + 1, s.ceiling_steps
+
+    def canary_rests(self) -> bool:
+        """Whether the canary rests: settled on a level it has read (or the held start) under a
+        ceiling, with no wait or step up to judge, there is nothing for it to decide until the
+        ceiling lifts. It is not free: on the H200 transformers serve made x0.63-0.66 the tok/s of
+        fixed 512 with one canary streamed back to back beside the 512 (BENCHMARKS P7 A1, session
+        11), so it runs only while a reading is wanted."""
+        if not self._settled or self._ceiling_left <= 0 or self._waits or self._judged:
+            return False
+        return self.target == self._accepted or (self._holding and self._accepted is None)
 
     def canary_place(self) -> bool:
         """Whether a canary takes one of the target's places: at or above the engine's batch limit
@@ -825,8 +853,11 @@ class AutoConcurrency:
         self._step_s: float | None = None
         self._acted_on: float | None = None
         self._waits = 0
-        #: With a canary: tok/s readings of a step up under judgement.
+        #: With a canary: tok/s readings of a step up under judgement, whether the start is held at
+        #: a known batch limit's half, and the ceiling after the next look up that does not pay.
         self._judged: list[float] = []
+        self._holding = False
+        self._probe_wait = self.settings.ceiling_steps
         #: A canary that waited without a place of its own: from then on it takes one.
         self._reserve: bool = getattr(self, "_reserve", False)
         self._rates_at: list[tuple[float, int]] = []
@@ -861,6 +892,9 @@ def start_for(limit: int | None, *, metrics: bool, max_concurrency: int, fallbac
 _TRIAL_SCRAPES = 3
 #: With an exact cap and a token counter: scrapes of tok/s at the cap a deepening is judged against.
 _DEEPEN_BASE = 1
+#: With a canary: readings of a settled level (their median) before a look up above it, taken
+#: afresh after the canary rested (with answers of equal length one canary reads its level +-40 %).
+_PROBE_BASE = 3
 
 #: Answers whose latency per token a step keeps (the median of the first ones is as good as all).
 _TPOT_SAMPLE = 4096

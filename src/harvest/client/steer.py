@@ -128,9 +128,11 @@ class Steering:
             # At the engine's batch limit a canary takes one of the target's places: sent on top of
             # a full engine it would wait for a place the level never asked for (and read as a
             # queue). Below it, it goes on top and the items keep the whole target.
-            place = runner is not None and controller.canary_place()
+            # A canary at rest (nothing to judge until a ceiling lifts) takes no place and none is sent.
+            resting = runner is not None and controller.canary_rests()
+            place = runner is not None and not resting and controller.canary_place()
             self._pool.set_limit(endpoint, max(1, decision.target - (1 if place else 0)))
-            if runner is not None and decision.target == before and (
+            if runner is not None and not resting and decision.target == before and (
                     not place or endpoint.outstanding < decision.target):
                 # Not in the step that moved the target: sent after the requests a new level lets
                 # in, it waits behind them if the engine queues them.

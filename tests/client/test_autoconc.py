@@ -547,6 +547,24 @@ def test_with_a_canary_it_rests_while_nothing_is_judged_and_looks_up_less_often_
     assert targets[-1] > 640, targets
 
 
+def test_with_a_canary_a_held_start_and_a_look_up_say_what_they_are():
+    """H200 decisions (session 11) read "512 start (hold)" through a held start and "800 probe (tok/s
+    grew, 1831 tok/s)" for a look up after a ceiling lifted, showing its last canary where the level
+    read 4530. A held start is settled; a look up is shown with the level's tok/s it must beat."""
+    ctl = AutoConcurrency(AutoSettings(start=512, max_concurrency=1024, batch_hint=1024, ceiling_steps=3))
+    held = [ctl.step(float(t), None, busy=True, paced=True) for t in (1, 2, 3)]
+    assert ctl.canary_rests() is False and ctl.target == 512, held  # the hold is over: it reads again
+    assert all((d.phase, d.reason) == ("settled", "hold") for d in held), held
+    now = 3.0
+    for tok_s in (3000.0, 4500.0, 1800.0):
+        now += 2.0
+        itl = 512 / tok_s
+        last = ctl.step(now, None, busy=True, canary=Canary(now - 1.5, 512, 1.5, ttft=itl, itl=itl, done=True),
+                        paced=True)
+    assert (last.target, last.phase, last.reason) == (640, "probe", "look up"), last
+    assert last.tok_s == pytest.approx(3000.0), last  # the median of the three, not the last one
+
+
 def test_with_a_canary_the_level_s_tok_s_is_the_median_of_its_canaries_not_pulled_up_by_one():
     """H200 and its sim (BENCHMARKS P7 A1, session 10): a canary that ran while a wave ended and
     its refill was still in prefill paced a short batch and read 4416 tok/s among readings of 3470

@@ -39,12 +39,16 @@ already ran without a queue it takes three in a row (a wave of equal answers ref
 the server's front end ahead of the canary). Otherwise requests held / its token pace is the
 engine's tok/s at that level (the median of the level's canaries): x2 while that grows by ``gain``
 (judged on the mean of two canaries; one that shows no gain sends it back at once), else back and
-a ceiling for ``ceiling_steps``; then one look x``probe`` each time the ceiling lifts. A start at
-half a batch limit harvest knows is such a level from the first canary: the first look up is a
-probe, ``ceiling_steps`` in (with equal answers a canary reads its level +-40 % by where in a wave
-it runs; judged in the first seconds, a look up cost a wave whichever way it went). A level shows
-in a canary or two, seconds, where judging it by its answers takes one answer latency (7-20 s on an
-H200 at a big batch).
+a ceiling for ``ceiling_steps``; then one look x``probe`` each time the ceiling lifts, against the
+median of three fresh canaries at the level, and each look that does not pay doubles the wait for
+the next (up to 8 x). A start at half a batch limit harvest knows is such a level from the start:
+the first look up is a probe, ``ceiling_steps`` in (with equal answers a canary reads its level
++-40 % by where in a wave it runs; judged in the first seconds, a look up cost a wave whichever way
+it went). The canary is not free (transformers serve on the H200 made x0.63-0.66 of fixed 512's
+tok/s with one streamed back to back beside it), so it rests while there is nothing to judge: held
+or settled under a ceiling, with no wait and no step up pending (:meth:`canary_rests`). A level
+shows in a canary or two, seconds, where judging it by its answers takes one answer latency (7-20 s
+on an H200 at a big batch).
 
 **Answers alone** (no /metrics and no canary: it does not stream, or the target is under the canary's
 minimum), once per control step, in four named steps:
@@ -261,7 +265,7 @@ class AutoConcurrency:
                     self._age_ceiling()
                     if self._ceiling_left == 0:
                         self._level_readings = []  # the level is read afresh before a look up
-                    return self._hold("hold", self.last.phase)
+                    return self._hold("hold", "settled")
                 return self._hold("measuring", self.last.phase)
             return self._paced(now, canary, busy is not False)
         obs = self._measure(now, gauges)
@@ -553,7 +557,9 @@ class AutoConcurrency:
             return self._hold("measuring", "settled", tok_s)  # a look up is judged against the median of these
         if not busy or up < self.target + 1 or self.target >= s.max_concurrency:
             return self._hold("hold", "settled" if self._settled else "start", tok_s)
-        return self._move(now, up, "probe" if self._settled else "start", "tok/s grew", tok_s)
+        if self._settled:  # a look up once a ceiling lifted: shown with the level's tok/s it must beat
+            return self._move(now, up, "probe", "look up", self._level_tok_s)
+        return self._move(now, up, "start", "tok/s grew", tok_s)
 
     def _held_start(self) -> None:
         """A start at half a batch limit harvest knows (:func:`start_for`) is a level, not a guess:

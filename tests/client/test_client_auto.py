@@ -213,3 +213,44 @@ async def test_each_target_shows_the_engine_queue_of_the_steerings_own_scrape():
         queues = {t.url: t.queue for t in client.concurrency_targets()}
         assert queues == {A: 3.0, B: None}, queues
         assert scrapes == {A: 1, B: 1}, scrapes  # reading the targets scraped nothing more
+
+
+async def test_a_settled_engine_is_scraped_less_often_and_at_once_again_when_it_changes():
+    """A scrape is not free (on 2 cores one a second cost vLLM CPU x0.94 of its tok/s, BENCHMARKS
+    P7 A2). An engine settled with nothing to move soon (full, its queue at the slack) is scraped
+    every 2, 4, then 8 steps; when a scrape shows it changed, every step again. The display then
+    says "hold", not "not filled": the client keeps it busy and its queue is short on purpose."""
+    generated, runs, scraped = 0.0, 12, []
+
+    async def handler(method, url, body, headers):
+        if url.endswith("/metrics"):
+            scraped.append(step)
+            target = client.concurrency_targets()[0].target
+            running = min(target, runs)
+            return RawResponse(200, (f"vllm:num_requests_running {running}\nvllm:num_requests_waiting "
+                                     f"{target - running}\nvllm:generation_tokens_total {generated}\n").encode())
+        return answer()
+
+    config = ClientConfig(concurrency="auto", auto_start=16, max_concurrency=64)
+    async with Client([A], config, model="m", transport=MockTransport(handler),
+                      auto=AutoSettings(start=16, max_concurrency=64, interval_s=1.0)) as client:
+        steer = client._steer
+        assert steer is not None
+        clock = 0.0
+        steer._clock = lambda: clock
+        targets = []
+        for step in range(80):
+            if step == 50:
+                runs = 6  # the engine now runs fewer at once (another client, a slower model)
+            client._pool.endpoints[0].peak = client.concurrency_targets()[0].target
+            generated += 1000.0
+            clock += 1.0
+            await steer.step()
+            targets.append(client.concurrency_targets()[0])
+    assert targets[49].target == 14 and (targets[49].phase, targets[49].reason) == ("settled", "hold"), targets[49]
+    quiet = [s for s in scraped if 10 <= s < 50]
+    assert len(quiet) <= 6 and max(b - a for a, b in zip(quiet, quiet[1:])) == 8, scraped
+    seen = next(s for s in scraped if s >= 50)  # the first scrape of the change: within 8 steps
+    moved = next(i for i in range(50, 80) if targets[i].target < 14)  # once its old peaks aged out
+    assert seen < 58 and moved <= seen + 5 and targets[moved].target == 8, (scraped, targets[seen:moved + 1])
+    assert set(range(seen, moved + 3)) <= set(scraped), scraped  # every step while it moves

@@ -389,7 +389,8 @@ class AutoConcurrency:
                     target, phase, reason = self.target, "start", "measuring"
                 else:
                     self._trial = (self.target, statistics.fmean(self._rates[-_TRIAL_SCRAPES:]))
-        elif self._queued:
+        elif self._queued or (busy if busy is not None else running + waiting >= 0.9 * self.target):
+            # Kept busy with its queue at the slack (on purpose), or queued past it once: full, hold.
             phase, reason = "settled", "hold"
         else:  # the client does not keep it at its target (too few items, fast answers): no verdict
             phase, reason = self.last.phase, "not filled"
@@ -584,6 +585,16 @@ class AutoConcurrency:
         if not self._settled or self._ceiling_left <= 0 or self._waits or self._judged:
             return False
         return self.target == self._accepted or (self._holding and self._accepted is None)
+
+    def scrape_rests(self) -> bool:
+        """With gauges: whether the last scrape left nothing to move soon, so the steering may scrape
+        less often: settled, no step up under judgement, and no growth left but its queue (no exact
+        cap known, the deepening done, or a ceiling over it). At an exact cap before the deepening,
+        a dry scrape must be seen at once (A2: each second there cost a quarter of the tok/s)."""
+        last, limit = self.last, self.settings.engine_limit
+        if not last.gauges or last.phase != "settled" or self._trial is not None or self._queued:
+            return False
+        return limit is None or self.target >= 2 * limit or self._ceiling is not None
 
     def canary_place(self) -> bool:
         """Whether a canary takes one of the target's places: at or above the engine's batch limit

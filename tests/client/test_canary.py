@@ -8,6 +8,7 @@ subprocess and stopped by its pid; every wait is bounded.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterator
 
@@ -17,7 +18,7 @@ from harvest.client import Client
 from harvest.client.autoconc import AutoSettings
 from harvest.client.canary import CanaryRunner, canary_body
 from harvest.config import ClientConfig, SamplingConfig
-from harvest.transport import AiohttpTransport, TimedEvents
+from harvest.transport import AiohttpTransport, MockTransport, RawResponse, TimedEvents
 from tests.engines import sim_engine
 
 BATCH, STEP, OUT = 64, 0.05, 24
@@ -133,8 +134,6 @@ async def test_canaries_lost_to_a_server_that_is_down_do_not_give_streaming_up()
 
 async def test_a_small_target_spares_no_place_for_a_canary(fake_server) -> None:
     """At 8 in flight a canary would hold one eighth of what the engine is sent: no canary there."""
-    from harvest.transport import MockTransport
-
     async def slow(method: str, url: str, body: bytes | None, headers: dict[str, str]):
         await asyncio.sleep(0.01)  # an answer takes a moment: the steering gets its steps
         return fake_server.handler(method, url, body, headers)
@@ -151,20 +150,29 @@ async def test_a_small_target_spares_no_place_for_a_canary(fake_server) -> None:
     assert len(fake_server.bodies("/v1/chat/completions")) == 200
 
 
+def _streamed() -> RawResponse:
+    """A canary's answer: ten streamed events."""
+    return RawResponse(200, b"".join(b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n' for _ in range(10)))
+
+
+def _answered() -> RawResponse:
+    """An item's answer: 4 tokens."""
+    answer = {"choices": [{"message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+              "usage": {"prompt_tokens": 3, "completion_tokens": 4}}
+    return RawResponse(200, json.dumps(answer).encode())
+
+
 @pytest.mark.parametrize(("hint", "items_at_most"), [(128, 64), (64, 63), (None, 63)])
 async def test_a_canary_takes_a_place_of_the_target_only_at_the_engines_batch_limit(hint, items_at_most) -> None:
     """Below the engine's batch (transformers' 1024 requests, at 512 in flight) the items keep the
     whole target: one place less adds a wave to a run of equal answers (4096 at 511 is 9 waves).
     At the limit, or with none known, the canary holds one of the target's places."""
-    from harvest.transport import MockTransport, RawResponse
-
     in_flight = peak = streamed = canaries = 0  # peak: items in flight while a canary is
 
     async def engine(method: str, url: str, body: bytes | None, headers: dict[str, str]):
         nonlocal in_flight, peak, streamed, canaries
         if method == "GET":
             return RawResponse(404, b"not found")  # no /metrics: a canary is how auto steers
-        import json
         request = json.loads(body or b"{}")
         if request.get("stream"):
             streamed += 1
@@ -174,15 +182,13 @@ async def test_a_canary_takes_a_place_of_the_target_only_at_the_engines_batch_li
                 await asyncio.sleep(0.005)
                 peak = max(peak, in_flight)
             canaries -= 1
-            return RawResponse(200, b"".join(b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n' for _ in range(10)))
+            return _streamed()
         in_flight += 1
         if canaries:
             peak = max(peak, in_flight)
         await asyncio.sleep(0.05)
         in_flight -= 1
-        answer = {"choices": [{"message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
-                  "usage": {"prompt_tokens": 3, "completion_tokens": 4}}
-        return RawResponse(200, json.dumps(answer).encode())
+        return _answered()
 
     config = ClientConfig(concurrency="auto", max_concurrency=64, request_timeout=30)
     settings = AutoSettings(start=64, max_concurrency=64, interval_s=0.02, batch_hint=hint)
@@ -201,25 +207,20 @@ async def test_a_held_start_streams_no_canary_until_its_ceiling_lifts(ceiling_st
     of fixed 512's tok/s with one streamed back to back beside it). Held at half a batch limit
     harvest knows, auto has nothing to judge until the hold ends: no canary is sent before, and
     the items keep every place of the target."""
-    from harvest.transport import MockTransport, RawResponse
-
     streamed = in_flight = peak = 0
 
     async def engine(method: str, url: str, body: bytes | None, headers: dict[str, str]):
         nonlocal streamed, in_flight, peak
         if method == "GET":
             return RawResponse(404, b"not found")  # no /metrics: auto steers on a canary
-        import json
         if json.loads(body or b"{}").get("stream"):
             streamed += 1
-            return RawResponse(200, b"".join(b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n' for _ in range(10)))
+            return _streamed()
         in_flight += 1
         peak = max(peak, in_flight)
         await asyncio.sleep(0.02)
         in_flight -= 1
-        answer = {"choices": [{"message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
-                  "usage": {"prompt_tokens": 3, "completion_tokens": 4}}
-        return RawResponse(200, json.dumps(answer).encode())
+        return _answered()
 
     config = ClientConfig(concurrency="auto", max_concurrency=64, request_timeout=30)
     settings = AutoSettings(start=32, max_concurrency=64, interval_s=0.01, batch_hint=64,

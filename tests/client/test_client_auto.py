@@ -23,6 +23,25 @@ def answer(tokens: int = 8) -> RawResponse:
     return RawResponse(200, json.dumps(body).encode())
 
 
+def vllm_metrics(running: float, waiting: float, generated: float) -> RawResponse:
+    """vLLM's /metrics, the lines auto reads."""
+    return RawResponse(200, (f"vllm:num_requests_running {running}\nvllm:num_requests_waiting {waiting}\n"
+                             f"vllm:generation_tokens_total {generated}\n").encode())
+
+
+def by_hand(client: Client):
+    """The client's steering stepped by the test: each call moves its clock 1 s and runs one step."""
+    steer = client._steer
+    assert steer is not None
+    clock = [0.0]
+    steer._clock = lambda: clock[0]
+
+    async def step() -> None:
+        clock[0] += 1.0
+        await steer.step()
+    return step
+
+
 class TwoSpeeds:
     """A slow endpoint (A, each request waits for a release) and a fast one (B, answers at once);
     records the most requests each held at once."""
@@ -86,24 +105,19 @@ async def test_steering_raises_the_target_in_seconds_while_the_engine_runs_all_i
 
     async def handler(method, url, body, headers):
         if url.endswith("/metrics"):
-            return RawResponse(200, (f"vllm:num_requests_running {running}\nvllm:num_requests_waiting 0\n"
-                                     f"vllm:generation_tokens_total {generated}\n").encode())
+            return vllm_metrics(running, 0, generated)
         return answer()
 
     config = ClientConfig(concurrency="auto", auto_start=2, max_concurrency=64)
     async with Client([A], config, model="m", transport=MockTransport(handler),
                       auto=AutoSettings(start=2, max_concurrency=64, interval_s=1.0)) as client:
-        steer = client._steer
-        assert steer is not None
+        step_steering = by_hand(client)
         seen = []
-        clock = 0.0
-        steer._clock = lambda: clock
         for _ in range(24):  # the engine runs every request it holds, none waits, tok/s follows
             running = client.concurrency_targets()[0].target
             client._pool.endpoints[0].peak = running  # the client kept its target in flight
             generated += 100.0 * running
-            clock += 1.0
-            await steer.step()
+            await step_steering()
             seen.append(client.concurrency_targets()[0].target)
         # a doubling every few scrapes (a level judged on three scrapes of the token counter), not
         # per answer latency, up to the bound
@@ -114,7 +128,7 @@ async def test_steering_raises_the_target_in_seconds_while_the_engine_runs_all_i
         # a client that does not keep the endpoint busy gets no rise (no verdict on more)
         client._pool.endpoints[0].peak = 0
         running = 64
-        await steer.step()
+        await step_steering()
         assert client.concurrency_targets()[0].target == 64
         assert client.concurrency_targets()[0].reason in ("not filled", "hold")
         assert client.stats().endpoints[0].target == seen[-1]
@@ -158,18 +172,13 @@ async def test_steering_comes_back_when_a_step_up_the_engine_takes_makes_no_more
 
     async def handler(method, url, body, headers):
         if url.endswith("/metrics"):
-            running = client.concurrency_targets()[0].target
-            return RawResponse(200, (f"vllm:num_requests_running {running}\nvllm:num_requests_waiting 0\n"
-                                     f"vllm:generation_tokens_total {generated}\n").encode())
+            return vllm_metrics(client.concurrency_targets()[0].target, 0, generated)
         return answer()
 
     config = ClientConfig(concurrency="auto", auto_start=16, max_concurrency=512)
     async with Client([A], config, model="m", transport=MockTransport(handler),
                       auto=AutoSettings(start=16, max_concurrency=512, interval_s=1.0)) as client:
-        steer = client._steer
-        assert steer is not None
-        clock = 0.0
-        steer._clock = lambda: clock
+        step_steering = by_hand(client)
         seen = []
         for i in range(50):
             target = client.concurrency_targets()[0].target
@@ -177,8 +186,7 @@ async def test_steering_comes_back_when_a_step_up_the_engine_takes_makes_no_more
                 break  # the run ends back at 16 (not inside a later look)
             client._pool.endpoints[0].peak = target
             generated += 1000.0 * (1.0 if target <= 16 else 0.9)  # more in flight: a little less
-            clock += 1.0
-            await steer.step()
+            await step_steering()
             seen.append(client.concurrency_targets()[0].target)
         assert max(seen) == 32, seen  # it looked one step up...
         # ...and came back within a few scrapes, and stayed, but for one more look now and then
@@ -226,26 +234,20 @@ async def test_a_settled_engine_is_scraped_less_often_and_at_once_again_when_it_
         if url.endswith("/metrics"):
             scraped.append(step)
             target = client.concurrency_targets()[0].target
-            running = min(target, runs)
-            return RawResponse(200, (f"vllm:num_requests_running {running}\nvllm:num_requests_waiting "
-                                     f"{target - running}\nvllm:generation_tokens_total {generated}\n").encode())
+            return vllm_metrics(min(target, runs), target - min(target, runs), generated)
         return answer()
 
     config = ClientConfig(concurrency="auto", auto_start=16, max_concurrency=64)
     async with Client([A], config, model="m", transport=MockTransport(handler),
                       auto=AutoSettings(start=16, max_concurrency=64, interval_s=1.0)) as client:
-        steer = client._steer
-        assert steer is not None
-        clock = 0.0
-        steer._clock = lambda: clock
+        step_steering = by_hand(client)
         targets = []
         for step in range(80):
             if step == 50:
                 runs = 6  # the engine now runs fewer at once (another client, a slower model)
             client._pool.endpoints[0].peak = client.concurrency_targets()[0].target
             generated += 1000.0
-            clock += 1.0
-            await steer.step()
+            await step_steering()
             targets.append(client.concurrency_targets()[0])
     assert targets[49].target == 14 and (targets[49].phase, targets[49].reason) == ("settled", "hold"), targets[49]
     quiet = [s for s in scraped if 10 <= s < 50]

@@ -559,8 +559,8 @@ def test_with_a_canary_a_held_start_and_a_look_up_say_what_they_are():
     for tok_s in (3000.0, 4500.0, 1800.0):
         now += 2.0
         itl = 512 / tok_s
-        last = ctl.step(now, None, busy=True, canary=Canary(now - 1.5, 512, 1.5, ttft=itl, itl=itl, done=True),
-                        paced=True)
+        reading = Canary(now - 1.5, 512, 1.5, ttft=itl, itl=itl, done=True)
+        last = ctl.step(now, None, busy=True, canary=reading, paced=True)
     assert (last.target, last.phase, last.reason) == (640, "probe", "look up"), last
     assert last.tok_s == pytest.approx(3000.0), last  # the median of the three, not the last one
 

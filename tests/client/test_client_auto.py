@@ -249,7 +249,8 @@ async def test_a_settled_engine_is_scraped_less_often_and_at_once_again_when_it_
             generated += 1000.0
             await step_steering()
             targets.append(client.concurrency_targets()[0])
-    assert targets[49].target == 14 and (targets[49].phase, targets[49].reason) == ("settled", "hold"), targets[49]
+    settled = targets[49]
+    assert (settled.target, settled.phase, settled.reason) == (14, "settled", "hold"), settled
     quiet = [s for s in scraped if 10 <= s < 50]
     assert len(quiet) <= 6 and max(b - a for a, b in zip(quiet, quiet[1:])) == 8, scraped
     seen = next(s for s in scraped if s >= 50)  # the first scrape of the change: within 8 steps

@@ -555,7 +555,8 @@ class AutoConcurrency:
             # restart under an old ceiling): up to just below it.
             up = self.target if self._settled else min(up, self._ceiling - 1)
         if self._settled and len(self._level_readings) < _PROBE_BASE:
-            return self._hold("measuring", "settled", tok_s)  # a look up is judged against the median of these
+            # A look up is judged against the median of these: a few more first.
+            return self._hold("measuring", "settled", tok_s)
         if not busy or up < self.target + 1 or self.target >= s.max_concurrency:
             return self._hold("hold", "settled" if self._settled else "start", tok_s)
         if self._settled:  # a look up once a ceiling lifted: shown with the level's tok/s it must beat

@@ -10,8 +10,8 @@ engine's tok/s at that level (:meth:`~harvest.client.autoconc.AutoConcurrency.st
 One canary at a time per endpoint, sent right after the previous one ended while the controller
 wants a reading (none while it rests: :meth:`~harvest.client.autoconc.AutoConcurrency.canary_rests`;
 on the H200 one streamed back to back cost transformers serve a third of its tok/s): ``max_tokens``
-tokens of a fixed prompt, streamed. It is not an item: it is never retried, never counted in the client's
-statistics or errors, and never makes an endpoint sick. An endpoint that answers it ``give_up_after``
+tokens of a fixed prompt, streamed. It is not an item: it is never retried, never counted in the
+client's statistics or errors, and never makes an endpoint sick. An endpoint that answers it ``give_up_after``
 times in a row with an error status or without streaming is steered on its answers alone; a canary
 lost to a connection failure is only a lost reading.
 """

@@ -136,7 +136,8 @@ class Steering:
             decision = controller.step(now, reading, busy=busy, canary=canary, paced=runner is not None)
             if reading is not None:
                 # The same settled decision again with nothing to move soon: scrape half as often.
-                same = (decision.target, decision.phase, decision.reason) == (last.target, last.phase, last.reason)
+                same = (decision.target, decision.phase, decision.reason) == \
+                    (last.target, last.phase, last.reason)
                 period = self._quiet.get(endpoint.url, (0, 1))[1]
                 period = min(2 * period, QUIET_MAX) if same and controller.scrape_rests() else 1
                 self._quiet[endpoint.url] = (period - 1, period)

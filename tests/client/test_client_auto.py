@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from harvest.client import Client, MockTransport, RawResponse
 from harvest.client.autoconc import AutoSettings
 from harvest.client.endpoints import EndpointPool
+from harvest.client.records import EndpointState
 from harvest.config import ClientConfig
 
 A, B = "http://a:1", "http://b:1"
@@ -257,3 +258,29 @@ async def test_a_settled_engine_is_scraped_less_often_and_at_once_again_when_it_
     moved = next(i for i in range(50, 80) if targets[i].target < 14)  # once its old peaks aged out
     assert seen < 58 and moved <= seen + 5 and targets[moved].target == 8, (scraped, targets[seen:moved + 1])
     assert set(range(seen, moved + 3)) <= set(scraped), scraped  # every step while it moves
+
+
+async def test_an_endpoint_back_from_sick_is_scraped_at_once_though_it_was_settled() -> None:
+    """An endpoint paused as sick may come back as a restarted engine: its first step back scrapes."""
+    scraped = []
+
+    async def handler(method, url, body, headers):
+        if url.endswith("/metrics"):
+            scraped.append(step)
+            return vllm_metrics(12, 2, 1000.0 * step)
+        return answer()
+
+    config = ClientConfig(concurrency="auto", auto_start=14, max_concurrency=64)
+    async with Client([A], config, model="m", transport=MockTransport(handler),
+                      auto=AutoSettings(start=14, max_concurrency=64, interval_s=1.0)) as client:
+        step_steering = by_hand(client)
+        endpoint = client._pool.endpoints[0]
+        for step in range(30):
+            endpoint.peak = 14
+            if step == 20:
+                client._pool.set_state(endpoint, EndpointState.SICK)
+            if step == 22:
+                client._pool.set_state(endpoint, EndpointState.HEALTHY)
+            await step_steering()
+    assert [s for s in scraped if s < 20] == [0, 1, 3, 7, 15], scraped  # settled: every 2, 4, 8 steps
+    assert 22 in scraped, scraped  # back healthy: scraped in its first step, not on the old beat (25)

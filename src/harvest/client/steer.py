@@ -122,6 +122,9 @@ class Steering:
     async def step(self) -> None:
         """One round: scrape every healthy endpoint, step its controller, apply its target."""
         endpoints = [e for e in self._pool.endpoints if e.state is EndpointState.HEALTHY]
+        for e in self._pool.endpoints:
+            if e.state is not EndpointState.HEALTHY:
+                self._quiet.pop(e.url, None)  # back healthy, it is scraped at once: it may have restarted
         gauges = await asyncio.gather(*(self._read(e) for e in endpoints))
         now = self._clock()
         for endpoint, reading in zip(endpoints, gauges):

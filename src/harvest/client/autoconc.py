@@ -389,8 +389,10 @@ class AutoConcurrency:
                     target, phase, reason = self.target, "start", "measuring"
                 else:
                     self._trial = (self.target, statistics.fmean(self._rates[-_TRIAL_SCRAPES:]))
-        elif self._queued or (busy if busy is not None else running + waiting >= 0.9 * self.target):
-            # Kept busy with its queue at the slack (on purpose), or queued past it once: full, hold.
+        elif self._queued or (waiting >= max(1.0, slack / 2)
+                              and (busy if busy is not None else running + waiting >= 0.9 * self.target)):
+            # Kept busy with a queue of its own (at the slack, on purpose), or queued past it once:
+            # full, hold. Kept busy with no queue but running fewer: the rest is in transit.
             phase, reason = "settled", "hold"
         else:  # the client does not keep it at its target (too few items, fast answers): no verdict
             phase, reason = self.last.phase, "not filled"

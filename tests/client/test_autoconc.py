@@ -527,7 +527,7 @@ def test_with_a_canary_a_start_at_a_known_batch_limit_is_held_then_probed():
 
 def test_with_a_canary_it_rests_while_nothing_is_judged_and_looks_up_less_often_each_time_it_did_not_pay():
     """H200 (BENCHMARKS P7 A1, session 11): with one canary streamed back to back beside fixed 512,
-    transformers serve made x0.63-0.66 of fixed 512's tok/s. Held at a known limit's half, or
+    transformers serve made x0.63-0.65 of fixed 512's tok/s. Held at a known limit's half, or
     settled under a ceiling, there is nothing for a canary to decide: it rests. Each look up that
     did not pay makes the next wait twice as long, so a long run on a level that is right spends
     a shrinking share of its time with a canary."""

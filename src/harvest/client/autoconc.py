@@ -44,7 +44,7 @@ median of three fresh canaries at the level, and each look that does not pay dou
 the next (up to 8 x). A start at half a batch limit harvest knows is such a level from the start:
 the first look up is a probe, ``ceiling_steps`` in (with equal answers a canary reads its level
 +-40 % by where in a wave it runs; judged in the first seconds, a look up cost a wave whichever way
-it went). The canary is not free (transformers serve on the H200 made x0.63-0.66 of fixed 512's
+it went). The canary is not free (transformers serve on the H200 made x0.63-0.65 of fixed 512's
 tok/s with one streamed back to back beside it), so it rests while there is nothing to judge: held
 or settled under a ceiling, with no wait and no step up pending (:meth:`canary_rests`). A level
 shows in a canary or two, seconds, where judging it by its answers takes one answer latency (7-20 s
@@ -582,7 +582,7 @@ class AutoConcurrency:
     def canary_rests(self) -> bool:
         """Whether the canary rests: settled on a level it has read (or the held start) under a
         ceiling, with no wait or step up to judge, there is nothing for it to decide until the
-        ceiling lifts. It is not free: on the H200 transformers serve made x0.63-0.66 the tok/s of
+        ceiling lifts. It is not free: on the H200 transformers serve made x0.63-0.65 the tok/s of
         fixed 512 with one canary streamed back to back beside the 512 (BENCHMARKS P7 A1, session
         11), so it runs only while a reading is wanted."""
         if not self._settled or self._ceiling_left <= 0 or self._waits or self._judged:

@@ -144,7 +144,7 @@ def _pct(values: list[float], p: int) -> float:
 
 
 def describe(r: dict[str, Any]) -> str:
-    return (f"{str(r['concurrency']):>5}: {r['tok_s']:8.1f} tok/s  p50 {r['p50']:6.2f} s  p90 {r['p90']:6.2f} s  "
+    return (f"{str(r.get('arm', r['concurrency'])):>5}: {r['tok_s']:8.1f} tok/s  p50 {r['p50']:6.2f} s  p90 {r['p90']:6.2f} s  "
             f"({r['tokens']} tokens in {r['window_s']:.1f} s, {r['failed']} failed; answers 50-90 %: "
             f"{r.get('tok_s_late', float('nan')):.1f} tok/s; {r['load']})")
 
@@ -280,6 +280,7 @@ def run_series_model(args: argparse.Namespace, urls: list[str], settings: list[s
             r = asyncio.run(drive(urls, conc, args.requests, args.max_tokens, model=model,
                                   extra_body=extra_body, auto=auto, max_concurrency=args.max_concurrency,
                                   canary=s.endswith("c"), scrape=s.endswith("s")))
+            r["arm"] = s  # a diagnostic arm ("512c") shows as such, not as the fixed value it runs
             results[s].append(r)
             print(f"  {label} round {k} {describe(r)}", flush=True)
             if getattr(args, "timeline", False):

@@ -30,6 +30,13 @@ def vllm_metrics(running: float, waiting: float, generated: float) -> RawRespons
                              f"vllm:generation_tokens_total {generated}\n").encode())
 
 
+def auto_client(urls: list[str], handler, *, start: int, max_concurrency: int, interval_s: float = 1.0) -> Client:
+    """A client under ``concurrency = "auto"`` over ``urls`` answered by ``handler``, starting at ``start``."""
+    config = ClientConfig(concurrency="auto", auto_start=start, max_concurrency=max_concurrency)
+    return Client(urls, config, model="m", transport=MockTransport(handler),
+                  auto=AutoSettings(start=start, max_concurrency=max_concurrency, interval_s=interval_s))
+
+
 def by_hand(client: Client):
     """The client's steering stepped by the test: each call moves its clock 1 s and runs one step."""
     steer = client._steer
@@ -72,9 +79,7 @@ class TwoSpeeds:
 
 async def test_a_full_slow_endpoint_does_not_hold_up_the_fast_one():
     server = TwoSpeeds()
-    config = ClientConfig(concurrency="auto", auto_start=2, max_concurrency=4)
-    async with Client([A, B], config, model="m", transport=MockTransport(server.handler),
-                      auto=AutoSettings(start=2, max_concurrency=4, interval_s=3600)) as client:
+    async with auto_client([A, B], server.handler, start=2, max_concurrency=4, interval_s=3600) as client:
         tasks = [asyncio.create_task(client.chat([{"role": "user", "content": str(i)}])) for i in range(40)]
         # A holds its 2 and never answers until released; all the others go through B meanwhile.
         while server.done[B] < 38:
@@ -109,9 +114,7 @@ async def test_steering_raises_the_target_in_seconds_while_the_engine_runs_all_i
             return vllm_metrics(running, 0, generated)
         return answer()
 
-    config = ClientConfig(concurrency="auto", auto_start=2, max_concurrency=64)
-    async with Client([A], config, model="m", transport=MockTransport(handler),
-                      auto=AutoSettings(start=2, max_concurrency=64, interval_s=1.0)) as client:
+    async with auto_client([A], handler, start=2, max_concurrency=64) as client:
         step_steering = by_hand(client)
         seen = []
         for _ in range(24):  # the engine runs every request it holds, none waits, tok/s follows
@@ -176,9 +179,7 @@ async def test_steering_comes_back_when_a_step_up_the_engine_takes_makes_no_more
             return vllm_metrics(client.concurrency_targets()[0].target, 0, generated)
         return answer()
 
-    config = ClientConfig(concurrency="auto", auto_start=16, max_concurrency=512)
-    async with Client([A], config, model="m", transport=MockTransport(handler),
-                      auto=AutoSettings(start=16, max_concurrency=512, interval_s=1.0)) as client:
+    async with auto_client([A], handler, start=16, max_concurrency=512) as client:
         step_steering = by_hand(client)
         seen = []
         for i in range(50):
@@ -212,9 +213,7 @@ async def test_each_target_shows_the_engine_queue_of_the_steerings_own_scrape():
                                     b"vllm:generation_tokens_total 100\n")
         return answer()
 
-    config = ClientConfig(concurrency="auto", auto_start=8, max_concurrency=64)
-    async with Client([A, B], config, model="m", transport=MockTransport(handler),
-                      auto=AutoSettings(start=8, max_concurrency=64, interval_s=1.0)) as client:
+    async with auto_client([A, B], handler, start=8, max_concurrency=64) as client:
         steer = client._steer
         assert steer is not None
         assert [t.queue for t in client.concurrency_targets()] == [None, None]  # nothing scraped yet
@@ -238,9 +237,7 @@ async def test_a_settled_engine_is_scraped_less_often_and_at_once_again_when_it_
             return vllm_metrics(min(target, runs), target - min(target, runs), generated)
         return answer()
 
-    config = ClientConfig(concurrency="auto", auto_start=16, max_concurrency=64)
-    async with Client([A], config, model="m", transport=MockTransport(handler),
-                      auto=AutoSettings(start=16, max_concurrency=64, interval_s=1.0)) as client:
+    async with auto_client([A], handler, start=16, max_concurrency=64) as client:
         step_steering = by_hand(client)
         targets = []
         for step in range(80):
@@ -270,9 +267,7 @@ async def test_an_endpoint_back_from_sick_is_scraped_at_once_though_it_was_settl
             return vllm_metrics(12, 2, 1000.0 * step)
         return answer()
 
-    config = ClientConfig(concurrency="auto", auto_start=14, max_concurrency=64)
-    async with Client([A], config, model="m", transport=MockTransport(handler),
-                      auto=AutoSettings(start=14, max_concurrency=64, interval_s=1.0)) as client:
+    async with auto_client([A], handler, start=14, max_concurrency=64) as client:
         step_steering = by_hand(client)
         endpoint = client._pool.endpoints[0]
         for step in range(30):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,12 +28,14 @@ from harvest.campaign.context import ContextGuard
 from harvest.campaign.generate import generate_samples
 from harvest.campaign.order import PrefixOrder, prefix_key
 from harvest.campaign.progress import Progress
-from harvest.campaign.timeline import Timeline
+from harvest.campaign.timeline import RUNNING, WAITING, Timeline
 from harvest.client import Client
 from harvest.client.metrics import PrefixCacheMeter
 from harvest.config import HarvestConfig
 from harvest.errors import RequestError, ServerSick
 from harvest.ledger import Completion, Failure, LedgerWriter, Status
+
+log = logging.getLogger("harvest.campaign")
 
 #: Items claimed ahead of the client's concurrency, so the engine's queue never runs dry; the
 #: claimed rows wait in a :class:`PrefixOrder`, the window in which prefix-sharing items are grouped.
@@ -333,23 +336,25 @@ class DispatchSteps:
         await writer.release(ids)
 
     async def _scrape(self, client: Client, progress: Progress) -> None:
+        """The engines' running and waiting requests for the display, and the prefix cache's counters.
+        An endpoint that did not answer within 2 s shows as unknown ("-"), not as its last reading."""
         try:
-            metrics = await asyncio.wait_for(client.scrape_metrics(), timeout=2.0)
-        except (asyncio.TimeoutError, Exception):  # metrics are informative only
-            return
+            metrics = await asyncio.wait_for(client.scrape_metrics(timeout=2.0), timeout=5.0)
+        except Exception:  # noqa: BLE001 - metrics are informative only; what was read is now unknown
+            log.debug("metrics not read for the display", exc_info=True)
+            metrics = {url: {} for url in client.endpoints}
         if self.timeline is not None:
             self.timeline.observe_metrics(metrics)
         running = waiting = None
         per_endpoint: dict[str, dict[str, float | None]] = {}
         for url, values in metrics.items():
-            mine: dict[str, float | None] = {"running": None, "waiting": None}
-            for name, value in values.items():
-                if name in ("vllm:num_requests_running", "sglang:num_running_reqs", "llamacpp:requests_processing"):
-                    running = (running or 0) + value
-                    mine["running"] = (mine["running"] or 0) + value
-                elif name in ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred"):
-                    waiting = (waiting or 0) + value
-                    mine["waiting"] = (mine["waiting"] or 0) + value
+            mine: dict[str, float | None] = {
+                key: sum(values[n] for n in names if n in values) if any(n in values for n in names) else None
+                for key, names in (("running", RUNNING), ("waiting", WAITING))}
+            if mine["running"] is not None:
+                running = (running or 0) + mine["running"]
+            if mine["waiting"] is not None:
+                waiting = (waiting or 0) + mine["waiting"]
             per_endpoint[url] = mine
         progress.server = {"running": running, "waiting": waiting}
         progress.server_endpoints = per_endpoint

@@ -404,5 +404,5 @@ def histograms(doc: Mapping[str, Any]) -> dict[str, Histogram]:
     return out
 
 
-__all__ = ["Histogram", "MAX_POINTS", "TIMELINE_FILE", "TIMELINE_SCHEMA", "Timeline", "histograms",
-           "read_timeline"]
+__all__ = ["Histogram", "MAX_POINTS", "RUNNING", "TIMELINE_FILE", "TIMELINE_SCHEMA", "Timeline", "WAITING",
+           "histograms", "read_timeline"]

@@ -297,17 +297,19 @@ class Client:
         """The model name sent with requests (None until discovered, or when the server lists none)."""
         return self._model
 
-    async def scrape_metrics(self) -> dict[str, dict[str, float]]:
+    async def scrape_metrics(self, timeout: float | None = None) -> dict[str, dict[str, float]]:
         """Each endpoint's ``/metrics`` summed by name (see :func:`scrape_metrics`), over this client's
-        session. An endpoint without metrics, or unreadable right now, maps to {} (logged at debug)."""
-        out: dict[str, dict[str, float]] = {}
-        for endpoint in self._pool.endpoints:
+        session, all endpoints at once, each within ``timeout`` (default: the probe timeout). An
+        endpoint without metrics, unreadable right now or slower than that maps to {} (logged at
+        debug): one slow server does not hold up, or blank, the others' readings."""
+        async def one(url: str) -> dict[str, float]:
             try:
-                out[endpoint.url] = await self._scrape_one(endpoint.url, self.retry.probe_timeout)
+                return await self._scrape_one(url, timeout or self.retry.probe_timeout)
             except HarvestError as exc:
-                log.debug("metrics of %s not read: %s", endpoint.url, self._redact(str(exc)))
-                out[endpoint.url] = {}
-        return out
+                log.debug("metrics of %s not read: %s", url, self._redact(str(exc)))
+                return {}
+        urls = [endpoint.url for endpoint in self._pool.endpoints]
+        return dict(zip(urls, await asyncio.gather(*(one(url) for url in urls)), strict=True))
 
     async def side_request(self, method: str, path: str, body: Any = None, *,
                            timeout: float | None = None) -> tuple[int, Any] | None:

@@ -38,10 +38,10 @@ from benchutil import exit_on_sigterm, load  # bench/benchutil.py
 from saturation import SERVED_NAME, TOPICS, VLLM_ENV, engine_python
 
 from harvest.client import Client
+from harvest.client.core import EngineLimit
 from harvest.client.autoconc import AutoSettings, start_for
 from harvest.config import ClientConfig, SamplingConfig
 from harvest.errors import RequestError
-from harvest.server.batch import batch_limit, batch_limit_exact
 
 
 def prompts(n: int) -> list[str]:
@@ -52,16 +52,18 @@ def prompts(n: int) -> list[str]:
 async def drive(urls: list[str], concurrency: int | str, requests: int, max_tokens: int, *, model: str,
                 extra_body: dict[str, Any] | None = None, auto: AutoSettings | None = None,
                 max_concurrency: int = 512, sample_s: float = 1.0, timeout: float = 600.0,
-                canary: bool = False, scrape: bool = False) -> dict[str, Any]:
+                canary: bool = False, scrape: bool = False,
+                limits: dict[str, EngineLimit] | None = None) -> dict[str, Any]:
     """Send ``requests`` chat requests through one Client; tok/s, latencies and (auto) the targets.
     ``canary``: a diagnostic arm, a fixed value with auto's canary streamed beside it the whole run
     (what the canary alone costs the engine). Every arm pays what it pays in ``harvest run``: auto
     its steering's scrape of /metrics every control step (its queue in the trace is that scrape's),
     a fixed value none. ``scrape``: a diagnostic, one more scrape of /metrics every ``sample_s`` in
-    every arm (what a scrape costs the engine)."""
+    every arm (what a scrape costs the engine). ``limits``: each endpoint's engine as ``harvest run``
+    knows it for servers launched with settings of their own (each starts and stops at its batch)."""
     config = ClientConfig(concurrency=concurrency, max_concurrency=max_concurrency, max_retries=2,
                           request_timeout=timeout, health_deadline=60.0,
-                          auto_start=min(auto.start, max_concurrency) if auto else None)
+                          auto_start=min(auto.start, max_concurrency) if auto and not limits else None)
     sampling = SamplingConfig(max_tokens=max_tokens, temperature=0.0, extra_body=extra_body or {})
     latencies: list[float] = []
     finished: list[tuple[float, int]] = []
@@ -69,7 +71,7 @@ async def drive(urls: list[str], concurrency: int | str, requests: int, max_toke
     trace: list[tuple[float, dict[str, int], dict[str, float | None]]] = []
     in_flight: list[tuple[float, int]] = []
     decisions: dict[str, list[tuple[float, int, str, str, float | None]]] = {}
-    async with Client(urls, config, sampling, model=model, auto=auto) as client:
+    async with Client(urls, config, sampling, model=model, auto=auto, limits=limits) as client:
         t0 = time.monotonic()
 
         async def one(text: str) -> None:
@@ -256,13 +258,16 @@ def stop_all(servers: list[Any]) -> None:
 # ----------------------------------------------------------------------------------------- scenarios
 
 def run_series(args: argparse.Namespace, urls: list[str], settings: list[str], label: str,
-               auto: AutoSettings) -> dict[str, list[dict[str, Any]]]:
-    return run_series_model(args, urls, settings, label, auto, model=SERVED_NAME, extra_body={"ignore_eos": True})
+               auto: AutoSettings, limits: dict[str, EngineLimit] | None = None
+               ) -> dict[str, list[dict[str, Any]]]:
+    return run_series_model(args, urls, settings, label, auto, model=SERVED_NAME,
+                            extra_body={"ignore_eos": True}, limits=limits)
 
 
 def run_series_model(args: argparse.Namespace, urls: list[str], settings: list[str], label: str,
                      auto: AutoSettings, *, model: str, extra_body: dict[str, Any],
-                     warm_up: bool = False) -> dict[str, list[dict[str, Any]]]:
+                     warm_up: bool = False, limits: dict[str, EngineLimit] | None = None
+                     ) -> dict[str, list[dict[str, Any]]]:
     """Every setting once per round (order reversed every other round); ``warm_up``: one untimed
     pass at the real size first, at the middle fixed value."""
     if warm_up:
@@ -279,7 +284,8 @@ def run_series_model(args: argparse.Namespace, urls: list[str], settings: list[s
             conc: int | str = s if s == "auto" else int(s.rstrip("cs"))
             r = asyncio.run(drive(urls, conc, args.requests, args.max_tokens, model=model,
                                   extra_body=extra_body, auto=auto, max_concurrency=args.max_concurrency,
-                                  canary=s.endswith("c"), scrape=s.endswith("s")))
+                                  canary=s.endswith("c"), scrape=s.endswith("s"),
+                                  limits=limits))
             r["arm"] = s  # a diagnostic arm ("512c") shows as such, not as the fixed value it runs
             results[s].append(r)
             print(f"  {label} round {k} {describe(r)}", flush=True)
@@ -326,18 +332,27 @@ def main(argv: list[str] | None = None) -> int:
         model = str(ensure_tiny_model(py))
     work = args.keep or Path(tempfile.mkdtemp(prefix="harvest-autoconc-"))
     work.mkdir(parents=True, exist_ok=True)
-    def auto_for(*servers: Any) -> AutoSettings:
-        """Where ``harvest run`` starts auto for these launched servers (the smallest batch limit),
-        and its hard cap when every server has the same one, known exactly (``Client.from_config``)."""
-        limit = min(batch_limit(s.config) or 64 for s in servers)
-        same = len({batch_limit(s.config) for s in servers}) == 1
-        exact = limit if same and all(batch_limit_exact(s.config) for s in servers) else None
-        start = start_for(limit, metrics=True, max_concurrency=args.max_concurrency, exact=exact is not None)
-        print(f"  auto starts at {start} (the engines' batch limit, server/batch.py"
-              + (", and a short queue)" if exact else ")")
-              + (f", stops at {exact} + a short queue (known exactly)" if exact else ""), flush=True)
-        return AutoSettings(start=start, max_concurrency=args.max_concurrency, interval_s=args.interval,
-                            engine_limit=exact)
+    def auto_for(*servers: Any) -> tuple[AutoSettings, dict[str, EngineLimit] | None]:
+        """Where ``harvest run`` starts auto for these launched servers: with one batch limit for all
+        (one [server]), there plus a short queue when it is exact (``Client.from_config``); with
+        servers launched with limits of their own (``[[hosts]]`` entries that override it), each
+        endpoint at its own (``limits``)."""
+        limits = {s.url: EngineLimit.of(s.config) for s in servers}
+        one = len(set(limits.values())) == 1
+        first = next(iter(limits.values()))
+        start = start_for(first.batch, metrics=True, max_concurrency=args.max_concurrency, exact=first.exact)
+        if one:
+            print(f"  auto starts at {start} (the engines' batch limit, server/batch.py"
+                  + (f", and a short queue), stops at {first.batch} + a short queue (known exactly)"
+                     if first.exact else ")"), flush=True)
+        else:
+            starts = {u: start_for(x.batch, metrics=True, max_concurrency=args.max_concurrency, exact=x.exact)
+                      for u, x in limits.items()}
+            print("  auto starts each endpoint at its own engine's batch limit and a short queue: "
+                  + ", ".join(f"{u}: {n}" for u, n in starts.items()), flush=True)
+        settings = AutoSettings(start=start, max_concurrency=args.max_concurrency, interval_s=args.interval,
+                                engine_limit=first.batch if first.exact else None)
+        return settings, None if one else limits
 
     print(f"auto concurrency: {args.requests} requests x {args.max_tokens} tokens (ignore_eos), "
           f"{args.rounds} round(s); vLLM CPU, tiny model; auto interval {args.interval} s", flush=True)
@@ -350,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             url = servers[0].url
             asyncio.run(drive([url], 16, 32, 8, model=SERVED_NAME, extra_body={"ignore_eos": True}))  # warm-up
-            res = run_series(args, [url], fixed + ["auto"], "sweep", auto_for(*servers))
+            res = run_series(args, [url], fixed + ["auto"], "sweep", *auto_for(*servers))
         finally:
             stop_all(servers)
         out = summarize(res, "sweep (one server)")
@@ -366,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             url = servers[0].url
             asyncio.run(drive([url], 8, 16, 8, model=SERVED_NAME, extra_body={"ignore_eos": True}))
-            res = run_series(args, [url], ["64", "auto"], "max-num-seqs 8", auto_for(*servers))
+            res = run_series(args, [url], ["64", "auto"], "max-num-seqs 8", *auto_for(*servers))
         finally:
             stop_all(servers)
         targets, queues = settled(res["auto"][-1])
@@ -393,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
             for url in urls:
                 asyncio.run(drive([url], 8, 16, 8, model=SERVED_NAME, extra_body={"ignore_eos": True}))
             two = [s.strip() for s in args.two_speed_fixed.split(",") if s.strip()]
-            res = run_series(args, urls, two + ["auto"], "two speeds", auto_for(*servers))
+            res = run_series(args, urls, two + ["auto"], "two speeds", *auto_for(*servers))
         finally:
             stop_all(servers)
         out = summarize(res, "two endpoints (max-num-seqs 4 and 32)")

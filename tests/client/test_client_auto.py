@@ -279,3 +279,34 @@ async def test_an_endpoint_back_from_sick_is_scraped_at_once_though_it_was_settl
             await step_steering()
     assert [s for s in scraped if s < 20] == [0, 1, 3, 7, 15], scraped  # settled: every 2, 4, 8 steps
     assert 22 in scraped, scraped  # back healthy: scraped in its first step, not on the old beat (25)
+
+
+async def test_each_server_endpoint_starts_and_stops_at_its_own_engines_batch():
+    """Servers launched with batch limits of their own (a ``[[hosts]]`` entry overriding
+    ``max_running_requests``) each start at their batch plus a short queue and stay there while the
+    engine runs its whole batch; a [client] endpoint, which may be any engine, starts at [server]'s
+    batch as a guess. URLs and server settings that do not pair up are refused."""
+    from harvest.config import parse_config
+
+    C = "http://c:1"
+    cfg = parse_config({"server": {"engine": "vllm", "model": "/m", "max_running_requests": 16},
+                        "client": {"concurrency": "auto", "endpoints": [C]}})
+    assert cfg.server is not None
+    big = cfg.server.model_copy(update={"max_running_requests": 64})
+    running = {A: 16.0, B: 64.0, C: 16.0}
+
+    async def handler(method: str, url: str, body: bytes | None, headers: dict[str, str]) -> RawResponse:
+        base = url.split("/metrics")[0]
+        return vllm_metrics(running[base], 0, 1000.0)  # its whole batch runs, nothing waits
+
+    client = Client.from_config(cfg, [A, B], [cfg.server, big], transport=MockTransport(handler))
+    async with client:
+        step = by_hand(client)
+        assert {t.url: t.target for t in client.concurrency_targets()} == {A: 18, B: 72, C: 16}
+        for _ in range(4):
+            await step()
+        targets = {t.url: (t.target, t.reason) for t in client.concurrency_targets()}
+        assert targets[A] == (18, "at the engine's batch limit")
+        assert targets[B] == (72, "at the engine's batch limit")
+    with pytest.raises(ValueError, match="2 server configs for 1 server URLs"):
+        Client.from_config(cfg, [A], [cfg.server, big], transport=MockTransport(handler))

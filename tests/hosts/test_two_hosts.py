@@ -26,13 +26,17 @@ def harvest(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str
     return subprocess.run([FAR_HARVEST, *args], capture_output=True, text=True, timeout=timeout)
 
 
-def two_host_job(tmp_path: Path, sshd, sshd2, bin_: str, gguf: Path, *, second_over: dict | None = None) -> Path:
+def two_host_job(tmp_path: Path, sshd, sshd2, bin_: str, gguf: Path, *, second_over: dict | None = None,
+                 client: dict | None = None, server: dict | None = None, items: int = 60,
+                 run: dict | None = None) -> Path:
     data = tmp_path / "in.jsonl"
-    data.write_text("".join(json.dumps({"id": f"h{i}", "prompt": f"Two hosts {i}."}) + "\n" for i in range(60)))
+    data.write_text("".join(json.dumps({"id": f"h{i}", "prompt": f"Two hosts {i}."}) + "\n"
+                            for i in range(items)))
     return write_toml(tmp_path / "job.toml", {
-        "server": server_table(bin_, gguf, engines.free_port()), "preflight": PREFLIGHT,
+        "server": {**server_table(bin_, gguf, engines.free_port()), **(server or {})}, "preflight": PREFLIGHT,
         "data": {"path": str(data), "id_field": "id"}, "sampling": {"max_tokens": 8},
-        "client": {"concurrency": 8, "max_retries": 0, "health_deadline": 60},
+        "client": {"concurrency": 8, "max_retries": 0, "health_deadline": 60, **(client or {})},
+        **({"run": run} if run else {}),
         "output": {"dir": str(tmp_path / "run")},
         "hosts": [sshd.host_table(name="box-a"),
                   sshd2.host_table(name="box-b", server={"port": engines.free_port(), **(second_over or {})})],
@@ -40,7 +44,12 @@ def two_host_job(tmp_path: Path, sshd, sshd2, bin_: str, gguf: Path, *, second_o
 
 
 def test_one_campaign_over_two_hosts(tmp_path, sshd, sshd2, llama_server_bin, tiny_gguf):
-    job = two_host_job(tmp_path, sshd, sshd2, llama_server_bin, tiny_gguf)
+    """Under ``concurrency = "auto"`` each host's endpoint starts and stops at its own engine's batch:
+    box-b overrides [server]'s 2 slots with 8 (a bigger box). Steered by [server]'s 2, an exact cap,
+    box-b's endpoint would stay at 4 at most (its cap and a queue of at most one more batch)."""
+    job = two_host_job(tmp_path, sshd, sshd2, llama_server_bin, tiny_gguf, items=240,
+                       client={"concurrency": "auto"}, server={"max_running_requests": 2},
+                       second_over={"max_running_requests": 8}, run={"progress_interval": 0.2})
     res = harvest("run", str(job), "--no-live")
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.count("server stop: clean") == 2, res.stdout
@@ -50,13 +59,23 @@ def test_one_campaign_over_two_hosts(tmp_path, sshd, sshd2, llama_server_bin, ti
     finally:
         ledger.close()
     served = {r.output["turns"][0]["endpoint"] for r in rows}
-    urls = set()
+    urls = {}
     for sub in ("host-0", "host-1"):
         record = read_remote_record(tmp_path / "run" / "server" / sub)
         assert record is not None and record["status"] == "stopped"
-        urls.add(f"http://127.0.0.1:{record['tunnel']['local_port']}")
+        urls[sub] = f"http://127.0.0.1:{record['tunnel']['local_port']}"
         assert json.loads((Path(record["far_run_dir"]) / "stop.json").read_text())["verdict"] == "clean"
-    assert served == urls  # both hosts got traffic, through their tunnels
+    assert served == set(urls.values())  # both hosts got traffic, through their tunnels
+    assert len({r.item_id for r in rows}) == 240  # every item answered (8 tokens: "truncated" at max_tokens)
+    assert all(r.status in (Status.DONE, Status.TRUNCATED) for r in rows)
+    # each endpoint's auto target, as the run's timeline recorded it: box-a at its 2 slots and a short
+    # queue (4), box-b from its own 8 and a short queue (10) on
+    points = json.loads((tmp_path / "run" / "timeline.json").read_text())["intervals"]
+    targets = {sub: [t for p in points if (t := p["endpoints"].get(url, {}).get("target")) is not None]
+               for sub, url in urls.items()}
+    assert targets["host-0"] and targets["host-1"], points
+    assert set(targets["host-0"]) == {4.0}, targets
+    assert min(targets["host-1"]) >= 10.0, targets
 
     res = harvest("gpus", "--config", str(job))
     assert res.returncode == 0, res.stderr

@@ -188,7 +188,9 @@ class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
                                     self._ingest_task = asyncio.create_task(self._ingest_rest(writer, progress))
                                 await self.start_server()
                                 urls = getattr(self.server, "urls", None)  # far servers: their tunnels
-                                async with Client.from_config(self.config, urls) as client:
+                                # each server's own settings (a [[hosts]] entry's batch limit)
+                                configs = getattr(self.server, "server_configs", None) if urls else None
+                                async with Client.from_config(self.config, urls, configs) as client:
                                     attach = getattr(self.server, "attach_client", None)
                                     if attach is not None:  # Ray: endpoints follow replacement servers
                                         attach(client)

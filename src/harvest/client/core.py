@@ -31,6 +31,7 @@ retries a 4xx that belongs to the item, and never waits without a bound.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import logging
 import random
@@ -61,7 +62,7 @@ from harvest.transport import (
     TransportError,
     Unreachable,
 )
-from harvest.config import ClientConfig, HarvestConfig, SamplingConfig
+from harvest.config import ClientConfig, HarvestConfig, SamplingConfig, ServerConfig
 from harvest.errors import HarvestError, RequestError, ServerSick
 from harvest.redact import redact_text
 from harvest.server.batch import batch_limit, batch_limit_exact, has_metrics
@@ -76,6 +77,23 @@ class _Verdict(enum.Enum):
     CHARGED = "charged"  # the item: an attempt of its max_retries budget
     HELD = "held"  # the server: it is sick (failure run, or found sick by another request)
     OUTAGE = "outage"  # the server: it was confirmed down (refused connection, failed health check)
+
+
+@dataclass(frozen=True)
+class EngineLimit:
+    """What harvest knows of the engine behind an endpoint, for ``concurrency = "auto"``: its batch
+    limit (None: unknown), whether that is its hard cap, whether it has /metrics, and whether the
+    batch may serve the canary as a hint (not for an endpoint that may be any engine)."""
+
+    batch: int | None
+    exact: bool = False
+    metrics: bool = True
+    hint: bool = True
+
+    @classmethod
+    def of(cls, server: ServerConfig) -> EngineLimit:
+        """The engine a server launched with ``server``'s settings runs."""
+        return cls(batch_limit(server), batch_limit_exact(server), has_metrics(server))
 
 
 @dataclass(frozen=True)
@@ -118,7 +136,10 @@ class Client:
     (default: start and bound from the config; ``auto_start`` unset: ``batch_limit``, the engine's
     known batch, where ``engine_metrics`` says whether it has /metrics, see
     :func:`~harvest.client.autoconc.start_for`; ``limit_exact``: that batch is the engine's hard cap
-    on every endpoint, so the target stops just above it). ``clock`` / ``sleep``: time seams for tests.
+    on every endpoint, so the target stops just above it). ``limits``: what harvest knows of the
+    engine behind some endpoints (by URL), for servers launched with settings of their own (a
+    ``[[hosts]]`` entry that overrides ``max_running_requests``); those endpoints start and stop at
+    their own batch, the others at ``batch_limit``. ``clock`` / ``sleep``: time seams for tests.
     """
 
     def __init__(
@@ -135,6 +156,7 @@ class Client:
         batch_limit: int | None = None,
         limit_exact: bool = False,
         engine_metrics: bool = True,
+        limits: Mapping[str, EngineLimit] | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
         rng: random.Random | None = None,
@@ -162,36 +184,60 @@ class Client:
         #: ``concurrency = "auto"``: the per-endpoint controllers that set each endpoint's limit.
         self._steer: Steering | None = None
         if self.config.auto:
-            start = self.config.auto_start or start_for(batch_limit, metrics=engine_metrics,
-                                                        max_concurrency=self.config.max_concurrency,
-                                                        exact=limit_exact)
-            settings = auto or AutoSettings(start=min(start, self.config.max_concurrency),
-                                            max_concurrency=self.config.max_concurrency,
-                                            engine_limit=batch_limit if limit_exact else None,
-                                            # an endpoint of [client] endpoints may be any engine
-                                            batch_hint=None if self.config.endpoints else batch_limit)
-            self._steer = Steering(self._pool, settings, self._scrape_gauges, clock, sleep, canary=self._send_canary)
+            # an endpoint of [client] endpoints may be any engine: its batch is no hint of the canary's
+            default = EngineLimit(batch_limit, limit_exact, engine_metrics, hint=not self.config.endpoints)
+            settings = auto or self._auto_settings(default)
+            own = {normalize_url(url): limit for url, limit in (limits or {}).items()}
+            unknown = set(own) - {e.url for e in self._pool.endpoints}
+            if unknown:
+                raise ValueError(f"limits for URLs that are not endpoints: {', '.join(sorted(unknown))}")
+            per_endpoint = {url: self._auto_settings(limit, auto) for url, limit in own.items()}
+            self._steer = Steering(self._pool, settings, self._scrape_gauges, clock, sleep,
+                                   canary=self._send_canary, per_endpoint=per_endpoint)
         #: The path of the last request sent: the canary speaks the same dialect (chat or completions).
         self._last_path = protocol.CHAT_PATH
         self._in_flight = self._held = self._completed = self._retries = 0
         self._errors: Counter[str] = Counter()
         self._closed = False
 
+    def _auto_settings(self, limit: EngineLimit, base: AutoSettings | None = None) -> AutoSettings:
+        """The controller's knobs for an endpoint whose engine harvest knows as ``limit``: ``base``'s
+        (or the config's) with the start, the hard cap and the canary's hint of that engine."""
+        top = base.max_concurrency if base is not None else self.config.max_concurrency
+        start = self.config.auto_start or start_for(limit.batch, metrics=limit.metrics, max_concurrency=top,
+                                                    exact=limit.exact)
+        knobs = {"start": min(start, top), "engine_limit": limit.batch if limit.exact else None,
+                 "batch_hint": limit.batch if limit.hint else None}
+        if base is not None:
+            return dataclasses.replace(base, **knobs)
+        return AutoSettings(max_concurrency=top, **knobs)
+
     @classmethod
-    def from_config(cls, config: HarvestConfig, server_urls: Sequence[str] | None = None, **kwargs: Any) -> Client:
+    def from_config(cls, config: HarvestConfig, server_urls: Sequence[str] | None = None,
+                    server_configs: Sequence[ServerConfig] | None = None, **kwargs: Any) -> Client:
         """A client for the job's server (if any) plus ``[client] endpoints``, with its key and model.
-        ``server_urls`` replaces the server's own URL (a far server reached through tunnels)."""
+        ``server_urls`` replaces the server's own URL (a far server reached through tunnels);
+        ``server_configs``, one per URL, the settings each server was launched with where they differ
+        from ``[server]`` (a ``[[hosts]]`` entry's own ``max_running_requests``): each endpoint's
+        controller starts and stops at its own engine's batch."""
         urls: list[str] = []
         api_key = None
         model = None
         if config.server is not None:
-            urls.extend(server_urls if server_urls is not None else [config.server.url])
+            own = list(server_urls if server_urls is not None else [config.server.url])
+            configs = list(server_configs) if server_configs is not None else [config.server] * len(own)
+            if len(configs) != len(own):
+                raise ValueError(f"{len(configs)} server configs for {len(own)} server URLs")
+            urls.extend(own)
             api_key = config.server.api_key()
             model = config.server.requested_model
             kwargs.setdefault("batch_limit", batch_limit(config.server))
-            # Its cap bounds every endpoint only when every endpoint is one of its servers.
+            # Its cap bounds an endpoint only when that endpoint is one of its servers: each server's
+            # own (``limits``); a [client] endpoint may be any engine.
             kwargs.setdefault("limit_exact", batch_limit_exact(config.server) and not config.client.endpoints)
             kwargs.setdefault("engine_metrics", has_metrics(config.server))
+            if config.client.endpoints or any(c != config.server for c in configs):
+                kwargs.setdefault("limits", {url: EngineLimit.of(c) for url, c in zip(own, configs)})
         urls.extend(config.client.endpoints)
         kwargs.setdefault("api_key", api_key)
         kwargs.setdefault("model", model)
@@ -637,4 +683,4 @@ class Client:
                           status=statuses[-1] if statuses else None)
 
 
-__all__ = ["Client", "RetryPolicy"]
+__all__ = ["Client", "EngineLimit", "RetryPolicy"]

@@ -56,13 +56,18 @@ class Steering:
 
     def __init__(self, pool: EndpointPool, settings: AutoSettings, scrape: Scrape,
                  clock: Callable[[], float], sleep: Callable[[float], Awaitable[object]],
-                 rescrape_every: int = 15, canary: Send | None = None):
+                 rescrape_every: int = 15, canary: Send | None = None,
+                 per_endpoint: Mapping[str, AutoSettings] | None = None):
+        """``settings``: every endpoint's knobs, but those in ``per_endpoint`` (by URL: a server
+        launched with a batch limit of its own starts and stops there). The loop steps every
+        ``settings.interval_s``."""
         self._pool = pool
         self.settings = settings
         self._scrape = scrape
         self._clock, self._sleep = clock, sleep
         self._rescrape_every = rescrape_every
-        self._controllers = {e.url: AutoConcurrency(settings) for e in pool.endpoints}
+        own = per_endpoint or {}
+        self._controllers = {e.url: AutoConcurrency(own.get(e.url, settings)) for e in pool.endpoints}
         self._no_metrics: dict[str, int] = {}
         #: Endpoints scraped less often while settled: (steps left to skip, steps between scrapes).
         self._quiet: dict[str, tuple[int, int]] = {}
@@ -70,7 +75,7 @@ class Steering:
         self._canaries: dict[str, CanaryRunner] = {}
         self._task: asyncio.Task[None] | None = None
         for endpoint in pool.endpoints:
-            pool.set_limit(endpoint, settings.start)
+            pool.set_limit(endpoint, self._controllers[endpoint.url].target)
 
     def renamed(self, old: str, new: str) -> None:
         """An endpoint now points at another server (``Client.replace_endpoint``): its controller follows."""

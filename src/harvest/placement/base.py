@@ -123,6 +123,16 @@ class Fleet:
         return self.urls[0]
 
     @property
+    def server_configs(self) -> list[ServerConfig]:
+        """The settings each server was launched with, one per URL in order: a ``[[hosts]]`` entry's
+        own where it overrides [server] (its batch limit sets where auto concurrency starts and stops)."""
+        members = getattr(self.inner, "running", None)
+        if members:
+            return [m.config for m in members]
+        own = getattr(self.inner, "config", None)
+        return [own if isinstance(own, ServerConfig) else self.config] * len(self.urls)
+
+    @property
     def ready(self) -> Any:
         return self.inner.ready
 

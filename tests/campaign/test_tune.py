@@ -280,9 +280,11 @@ metrics_interval = 0.1
     assert all(x["stop"] is not None and x["stop"]["verdict"] == "clean" for x in doc["launches"])
     t1 = trials[1]["throughput"]
     assert t1["kv_capacity_tokens"] > 0 and t1["gen_tok_s"] > 0 and t1["gen_tok_s_metrics"] > 0
-    assert t1["peak_running"] is not None and 1 <= t1["peak_running"] <= 8
-    if trials[2]["throughput"]["peak_running"] is not None:
-        assert trials[2]["throughput"]["peak_running"] <= 16
+    # a peak is what a scrape saw while the requests ran; none may come back in time from a busy
+    # server (unknown, not 0: tests/quality/test_throughput.py)
+    for index, batch in ((1, 8), (2, 16)):
+        peak = trials[index]["throughput"]["peak_running"]
+        assert peak is None or 1 <= peak <= batch, trials[index]
     with open(tune_dir / "tune.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
     assert [int(r["trial"]) for r in rows] == [1, 2, 3, 4, 5]

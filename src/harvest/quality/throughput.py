@@ -7,8 +7,10 @@ Every prompt is sent through harvest's own client as a chat completion (the path
 uses), all at once up to ``concurrency``. Measured: generation tokens per second from the answers'
 ``usage`` over the wall time, the same from the engine's ``generation_tokens_total`` counter
 (``/metrics`` before and after), the peak of the running and waiting gauges (``/metrics`` polled
-every ``metrics_interval`` s), and failed requests. The KV capacity is what the adapter read at
-launch. An engine without ``/metrics`` gets usage-based figures only.
+every ``metrics_interval`` s; only a reading asked for after the requests went out and back before
+the last answer counts: a busy vLLM CPU server answered a scrape sent mid-run only once the run had
+drained, with 0 running. No such reading: None, unknown, not 0), and failed requests. The KV
+capacity is what the adapter read at launch. An engine without ``/metrics`` gets usage-based figures only.
 
 This module only sends requests; it never launches or stops a server.
 """
@@ -62,6 +64,8 @@ class ThroughputResult:
     gen_tok_s: float
     #: The same from the engine's generation-token counter (None without /metrics).
     gen_tok_s_metrics: float | None
+    #: Peaks of the engine's gauges while the requests ran; None: no /metrics, or no scrape came back
+    #: while they ran.
     peak_running: int | None
     peak_waiting: int | None
     kv_capacity_tokens: int | None
@@ -71,9 +75,14 @@ class ThroughputResult:
 
 
 async def _poll_gauges(client: Client, metrics: MetricNames, interval: float, peaks: dict[str, float],
-                       stop: asyncio.Event) -> None:
+                       sent: asyncio.Event, stop: asyncio.Event) -> None:
+    """Scrape every ``interval`` s until ``stop``; keep the peaks of readings asked for once the
+    requests were ``sent`` and back before ``stop`` (the last answer)."""
     while True:
+        during = sent.is_set()
         scraped = await client.scrape_metrics()
+        if not during or stop.is_set():
+            scraped = {}  # before the load, or answered after it drained: says nothing of the run
         for values in scraped.values():
             for key, name in (("running", metrics.running), ("waiting", metrics.waiting)):
                 if name and name in values:
@@ -109,9 +118,9 @@ async def throughput_probe(server: ServerConfig, prompts: Sequence[ProbePrompt],
     async with Client([server.url], client_config, sampling, api_key=server.api_key(), model=model) as client:
         before = await client.scrape_metrics() if scrape else {}
         peaks: dict[str, float] = {}
-        stop = asyncio.Event()
-        poller = asyncio.create_task(_poll_gauges(client, metrics, settings.metrics_interval, peaks, stop)) \
-            if scrape and (metrics.running or metrics.waiting) else None
+        sent, stop = asyncio.Event(), asyncio.Event()
+        poll = _poll_gauges(client, metrics, settings.metrics_interval, peaks, sent, stop)
+        poller = asyncio.create_task(poll) if scrape and (metrics.running or metrics.waiting) else None
         failed = 0
         prompt_tokens = completion_tokens = 0
 
@@ -127,7 +136,10 @@ async def throughput_probe(server: ServerConfig, prompts: Sequence[ProbePrompt],
 
         t0 = time.perf_counter()
         try:
-            await asyncio.gather(*(one(p) for p in prompts))
+            requests = [asyncio.ensure_future(one(p)) for p in prompts]
+            await asyncio.sleep(0)  # each request has started: it waits for a slot or is on its way
+            sent.set()
+            await asyncio.gather(*requests)
         finally:
             wall = time.perf_counter() - t0
             stop.set()

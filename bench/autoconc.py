@@ -332,27 +332,17 @@ def main(argv: list[str] | None = None) -> int:
         model = str(ensure_tiny_model(py))
     work = args.keep or Path(tempfile.mkdtemp(prefix="harvest-autoconc-"))
     work.mkdir(parents=True, exist_ok=True)
-    def auto_for(*servers: Any) -> tuple[AutoSettings, dict[str, EngineLimit] | None]:
-        """Where ``harvest run`` starts auto for these launched servers: with one batch limit for all
-        (one [server]), there plus a short queue when it is exact (``Client.from_config``); with
-        servers launched with limits of their own (``[[hosts]]`` entries that override it), each
-        endpoint at its own (``limits``)."""
+    def auto_for(*servers: Any) -> tuple[AutoSettings, dict[str, EngineLimit]]:
+        """The knobs of auto and what ``harvest run`` knows of each launched server's engine
+        (``Client.from_config``): each endpoint starts and stops at its own batch limit."""
         limits = {s.url: EngineLimit.of(s.config) for s in servers}
-        one = len(set(limits.values())) == 1
-        first = next(iter(limits.values()))
-        start = start_for(first.batch, metrics=True, max_concurrency=args.max_concurrency, exact=first.exact)
-        if one:
-            print(f"  auto starts at {start} (the engines' batch limit, server/batch.py"
-                  + (f", and a short queue), stops at {first.batch} + a short queue (known exactly)"
-                     if first.exact else ")"), flush=True)
-        else:
-            starts = {u: start_for(x.batch, metrics=True, max_concurrency=args.max_concurrency, exact=x.exact)
-                      for u, x in limits.items()}
-            print("  auto starts each endpoint at its own engine's batch limit and a short queue: "
-                  + ", ".join(f"{u}: {n}" for u, n in starts.items()), flush=True)
-        settings = AutoSettings(start=start, max_concurrency=args.max_concurrency, interval_s=args.interval,
-                                engine_limit=first.batch if first.exact else None)
-        return settings, None if one else limits
+        described = []
+        for url, x in limits.items():
+            start = start_for(x.batch, metrics=x.metrics, max_concurrency=args.max_concurrency, exact=x.exact)
+            described.append(f"{start} ({url}: batch {x.batch}"
+                             + (", known exactly, and a short queue)" if x.exact else ")"))
+        print("  auto starts at " + ", ".join(described), flush=True)
+        return AutoSettings(max_concurrency=args.max_concurrency, interval_s=args.interval), limits
 
     print(f"auto concurrency: {args.requests} requests x {args.max_tokens} tokens (ignore_eos), "
           f"{args.rounds} round(s); vLLM CPU, tiny model; auto interval {args.interval} s", flush=True)

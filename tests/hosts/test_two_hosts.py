@@ -68,13 +68,13 @@ def test_one_campaign_over_two_hosts(tmp_path, sshd, sshd2, llama_server_bin, ti
     assert served == set(urls.values())  # both hosts got traffic, through their tunnels
     assert len({r.item_id for r in rows}) == 240  # every item answered (8 tokens: "truncated" at max_tokens)
     assert all(r.status in (Status.DONE, Status.TRUNCATED) for r in rows)
-    # each endpoint's auto target, as the run's timeline recorded it: box-a at its 2 slots and a short
-    # queue (4), box-b from its own 8 and a short queue (10) on
+    # each endpoint's auto target, as the run's timeline recorded it: box-a held to its 2 slots and a
+    # short queue (4 at most), box-b from its own 8 and a short queue (10) on
     points = json.loads((tmp_path / "run" / "timeline.json").read_text())["intervals"]
     targets = {sub: [t for p in points if (t := p["endpoints"].get(url, {}).get("target")) is not None]
                for sub, url in urls.items()}
     assert targets["host-0"] and targets["host-1"], points
-    assert set(targets["host-0"]) == {4.0}, targets
+    assert max(targets["host-0"]) <= 4.0, targets
     assert min(targets["host-1"]) >= 10.0, targets
 
     res = harvest("gpus", "--config", str(job))

@@ -307,7 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--two-speed-fixed", default="8,32,64,128", help="fixed values of the two-speeds scenario")
     ap.add_argument("--pin", action="store_true",
                     help="two-speeds: bind each engine's compute threads to a CPU of its own "
-                         "(VLLM_CPU_OMP_THREADS_BIND), as two servers have their own hardware")
+                         "(VLLM_CPU_OMP_THREADS_BIND), as two servers have their own hardware; sweep: "
+                         "the engine's to the last CPU and this client to the others, so that "
+                         "neither takes the other's CPU (as on a GPU box)")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--timeline", action="store_true",
                     help="print every arm's answers' tok/s and requests in flight per 2.5 s")
@@ -351,13 +353,24 @@ def main(argv: list[str] | None = None) -> int:
     fixed = [s.strip() for s in args.fixed.split(",") if s.strip()]
 
     if "sweep" in scenarios:
-        servers = [start_vllm(py, model, work, "sweep", None)]
+        everywhere = os.sched_getaffinity(0)
+        cpus = sorted(everywhere) if args.pin else []
+        if args.pin and len(cpus) < 2:
+            raise SystemExit("--pin needs two CPUs at least")
+        servers = [start_vllm(py, model, work, "sweep", None, cpus=str(cpus[-1]) if cpus else None)]
         try:
+            if cpus:
+                # The engine's compute on one CPU, this client on the others: as on a GPU box, where
+                # the engine's work does not take the CPU that sends and reads the requests.
+                os.sched_setaffinity(0, cpus[:-1])
+                print(f"  engine pinned to CPU {cpus[-1]}, this client to CPU "
+                      f"{','.join(map(str, cpus[:-1]))}", flush=True)
             url = servers[0].url
             asyncio.run(drive([url], 16, 32, 8, model=SERVED_NAME, extra_body={"ignore_eos": True}))  # warm-up
             res = run_series(args, [url], fixed + ["auto"], "sweep", *auto_for(*servers))
         finally:
             stop_all(servers)
+            os.sched_setaffinity(0, everywhere)
         out = summarize(res, "sweep (one server)")
         ok = out["ratio_tok_s"] >= 0.95  # P7 A2 (issue 23)
         ok_p5 = out["ratio_tok_s"] >= 0.98 and out["ratio_p50"] <= 1.2  # the older P5 line

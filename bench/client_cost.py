@@ -8,6 +8,9 @@ harvest's requests per CPU second against the baselines measured in the same run
     harvest          harvest.client.Client (aiohttp transport)
     harvest-uvloop   the same client on uvloop's event loop (``pip install -e .[fast]``; how
                      ``harvest run`` runs when uvloop is installed); not in the default set
+    harvest-auto     the same client with ``concurrency = "auto"`` held at ``--concurrency`` (an engine
+                     whose batch is known exactly, no /metrics), every request asked for at once, so
+                     that all but those in flight wait for room in the pool; not in the default set
     openai-async     a plain ``AsyncOpenAI`` + ``asyncio.Semaphore`` loop
     openai-threads   a thread pool of synchronous ``openai.OpenAI`` clients (one per thread)
     raw-aiohttp      a bare aiohttp loop: the floor for an aiohttp-based client
@@ -57,6 +60,22 @@ async def _harvest(base: str, n: int, concurrency: int) -> None:
 
     config = ClientConfig(concurrency=concurrency, max_retries=0, request_timeout=60)
     async with Client([base], config, SamplingConfig(max_tokens=MAX_TOKENS), model=MODEL) as client:
+        await asyncio.gather(*(client.chat(MESSAGES) for _ in range(n)))
+
+
+async def _harvest_auto(base: str, n: int, concurrency: int) -> None:
+    """``concurrency = "auto"`` held at ``concurrency`` (an engine whose batch is known to be exactly
+    that), every request asked for at once: the callers over the target wait for room in the pool."""
+    from harvest.client import Client
+    from harvest.client.autoconc import AutoSettings
+    from harvest.client.core import EngineLimit
+    from harvest.config import ClientConfig, SamplingConfig
+
+    config = ClientConfig(concurrency="auto", max_concurrency=concurrency, max_retries=0, request_timeout=60,
+                          auto_start=concurrency)
+    auto = AutoSettings(max_concurrency=concurrency, interval_s=1.0)
+    async with Client([base], config, SamplingConfig(max_tokens=MAX_TOKENS), model=MODEL, auto=auto,
+                      limits={base: EngineLimit(concurrency, True, False)}) as client:
         await asyncio.gather(*(client.chat(MESSAGES) for _ in range(n)))
 
 
@@ -132,7 +151,7 @@ def worker(kind: str, base: str, n: int, warmup: int, concurrency: int, server_p
     server's) of the ``n`` only."""
     server = psutil.Process(server_pid)
     runners = {"harvest": _harvest, "openai-async": _openai_async, "raw-aiohttp": _raw_aiohttp,
-               "raw-httpx": _raw_httpx, "harvest-uvloop": _harvest}
+               "raw-httpx": _raw_httpx, "harvest-uvloop": _harvest, "harvest-auto": _harvest_auto}
     if kind == "harvest-uvloop":
         import uvloop  # the ``fast`` extra
 
@@ -260,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     kinds = [k.strip() for k in args.clients.split(",") if k.strip()]
-    unknown = sorted(set(kinds) - set(ALL_CLIENTS) - {"harvest-uvloop"})
+    unknown = sorted(set(kinds) - set(ALL_CLIENTS) - {"harvest-uvloop", "harvest-auto"})
     if unknown:
         parser.error(f"unknown clients: {', '.join(unknown)}")
     proc, base = start_null_server()

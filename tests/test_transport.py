@@ -8,6 +8,8 @@ the client reuses it, which made a vLLM endpoint "sick" at 128+ requests in flig
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -147,6 +149,64 @@ async def test_the_second_try_takes_a_new_connection_not_another_pooled_one(serv
         await transport.aclose()
     assert answer.status == 200
     assert server.connections == 3 and server.requests[-1] == (2, 0), server.requests
+
+
+async def test_a_request_written_into_a_connection_the_server_closed_is_sent_again_on_a_new_one():
+    """The kept-alive race met while the request is being written: the server closes an idle
+    connection (a FIN) while the client's loop is busy elsewhere, so the client still takes it for
+    open, reuses it, and its write breaks (a broken pipe for a long prompt). The request was not
+    answered: it goes once more on a new connection instead of counting against the endpoint."""
+    connections: list[int] = []
+    ready = threading.Event()
+    stop = threading.Event()
+    where: dict[str, int] = {}
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(len(connections))
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length:"))
+            await reader.readexactly(length)
+            writer.write(_OK)
+            await writer.drain()
+            await asyncio.sleep(0.05)  # then its keep-alive ends: one request per connection
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    def serve_in_a_thread() -> None:  # its own loop: it closes while the client's loop is blocked
+        async def run() -> None:
+            listener = await asyncio.start_server(handle, "127.0.0.1", 0)
+            where["port"] = listener.sockets[0].getsockname()[1]
+            ready.set()
+            while not stop.is_set():
+                await asyncio.sleep(0.02)
+            listener.close()
+            await listener.wait_closed()
+
+        asyncio.run(run())
+
+    thread = threading.Thread(target=serve_in_a_thread, daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    transport = AiohttpTransport(max_connections=4)
+    url = f"http://127.0.0.1:{where['port']}/v1/chat/completions"
+    body = b'{"prompt": "' + b"x" * (4 << 20) + b'"}'  # a long prompt: written after the headers
+    try:
+        first = await transport.request("POST", url, body=body, timeout=20)
+        time.sleep(0.3)  # a loop starved of CPU: the server's close arrives and is not read yet
+        second = await transport.request("POST", url, body=body, timeout=20)
+        fresh = transport._fresh  # noqa: SLF001 - made only for a second try
+    finally:
+        await transport.aclose()
+        stop.set()
+        thread.join(10)
+    assert first.status == second.status == 200 and second.body == b'{"ok": true}'
+    # The closed connection was reused (its write broke, no request reached the server), then the
+    # same request went on a connection of its own: the transport's one-use session for retries.
+    assert connections == [0, 1] and fresh is not None
 
 
 async def test_timed_events_count_only_events_that_carry_text():

@@ -7,9 +7,10 @@ A transport sends one request and returns the status and body, or raises one of 
 that say, by type, how the exchange failed: :class:`Unreachable` (no connection), :class:`Interrupted`
 (connection lost after sending) or :class:`TimedOut`. It never interprets a status, never logs, and
 never puts request headers (the API key) into an exception. It retries one thing only, once: a
-request the server closed its connection on without answering (``ServerDisconnectedError``). That
-is the race of a kept-alive connection the server closes just as the client reuses it (HTTP/1.1
-allows it; seen at 128+ requests in flight on vLLM, where three at once made an endpoint "sick"),
+request the server closed its connection on without answering (``ServerDisconnectedError``, or a
+``ClientOSError`` such as a broken pipe while the request was being written). That is the race of a
+kept-alive connection the server closes just as the client reuses it (HTTP/1.1 allows it; seen at
+128+ requests in flight on vLLM, where three at once made an endpoint "sick"),
 and a second connection settles it; when the second try fails too, the first failure is raised, so
 a server that died under a request still reads as :class:`Interrupted`, not :class:`Unreachable`.
 
@@ -204,6 +205,13 @@ def _failures(timeout: float) -> Iterator[None]:
     except (asyncio.TimeoutError, TimeoutError):
         raise TimedOut(f"no complete response within {timeout:g} s") from None
     except aiohttp.ServerDisconnectedError as exc:
+        raise Interrupted(_describe(exc), closed_unanswered=True) from None
+    except aiohttp.ClientOSError as exc:
+        # The same race met while the request is still being written: the server closed the kept-alive
+        # connection, and the write fails ("Broken pipe", or "Can not write request body" once the
+        # loop has seen the close). A request not wholly sent was not answered. Seen with vLLM CPU on
+        # 2 cores, whose client, starved of CPU for seconds, reused connections the server had closed:
+        # three in a row made the endpoint "sick" and dispatch to it stopped.
         raise Interrupted(_describe(exc), closed_unanswered=True) from None
     except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
         raise Interrupted(_describe(exc)) from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import deque
 
 import pytest
 from pydantic import ValidationError
@@ -154,6 +155,45 @@ async def test_room_waiters_wake_first_come_first_served():
     pool.set_limit(endpoint, 3)  # a raised limit wakes the rest
     assert await asyncio.wait_for(second, 1) is True
     assert await pool.wait_room(0.01) is False
+
+
+async def test_a_woken_room_waiter_costs_no_scan_and_a_timed_out_one_leaves_the_queue():
+    """With every request of a dataset asked for at once, thousands of callers wait for room: the one
+    a release wakes is already off the queue, so its exit must not search the queue for it (a scan
+    of every waiter for each request that ends). One that times out or is cancelled leaves it."""
+
+    class Counted(deque):
+        scans = 0
+
+        def remove(self, value):
+            Counted.scans += 1
+            return super().remove(value)
+
+    pool = EndpointPool([A])
+    endpoint = pool.endpoints[0]
+    pool.set_limit(endpoint, 1)
+    endpoint.outstanding = 1
+    pool._room = Counted()
+    waiters = [asyncio.create_task(pool.wait_room(30)) for _ in range(200)]
+    await asyncio.sleep(0)
+    assert len(pool._room) == 200
+    for k in range(50):  # 50 requests end, one after another: each wakes the first waiter
+        pool.release(endpoint)
+        endpoint.outstanding += 1
+        assert await asyncio.wait_for(waiters[k], 1) is True
+    assert Counted.scans == 0 and len(pool._room) == 150
+    waiters[60].cancel()  # a cancelled caller leaves the queue, in its place
+    await asyncio.gather(waiters[60], return_exceptions=True)
+    assert len(pool._room) == 149 and Counted.scans == 1
+    pool.release(endpoint)  # the next one woken is the first still waiting, in order
+    assert await asyncio.wait_for(waiters[50], 1) is True
+    assert [w.done() for w in waiters[51:60]] == [False] * 9
+    late = await pool.wait_room(0.01)  # a timed-out caller leaves the queue too
+    assert late is False and len(pool._room) == 148
+    for w in waiters:
+        w.cancel()
+    await asyncio.gather(*waiters, return_exceptions=True)
+    assert len(pool._room) == 0
 
 
 @pytest.mark.parametrize("fields, ok", [

@@ -8,9 +8,10 @@ harvest's requests per CPU second against the baselines measured in the same run
     harvest          harvest.client.Client (aiohttp transport)
     harvest-uvloop   the same client on uvloop's event loop (``pip install -e .[fast]``; how
                      ``harvest run`` runs when uvloop is installed); not in the default set
-    harvest-auto     the same client with ``concurrency = "auto"`` held at ``--concurrency`` (an engine
-                     whose batch is known exactly, no /metrics), every request asked for at once, so
-                     that all but those in flight wait for room in the pool; not in the default set
+    harvest-auto     the same client with ``concurrency = "auto"`` started at ``--concurrency`` (an
+                     engine whose batch is known exactly, no /metrics) under a bound of 4x it, every
+                     request asked for at once, so that thousands wait for room in the pool (the
+                     auto arm of ``bench/autoconc.py``); not in the default set
     openai-async     a plain ``AsyncOpenAI`` + ``asyncio.Semaphore`` loop
     openai-threads   a thread pool of synchronous ``openai.OpenAI`` clients (one per thread)
     raw-aiohttp      a bare aiohttp loop: the floor for an aiohttp-based client
@@ -64,16 +65,17 @@ async def _harvest(base: str, n: int, concurrency: int) -> None:
 
 
 async def _harvest_auto(base: str, n: int, concurrency: int) -> None:
-    """``concurrency = "auto"`` held at ``concurrency`` (an engine whose batch is known to be exactly
-    that), every request asked for at once: the callers over the target wait for room in the pool."""
+    """``concurrency = "auto"`` started at ``concurrency`` (an engine whose batch is known to be exactly
+    that) under a ``max_concurrency`` of 4x it, every request asked for at once: the callers over the
+    target, up to that bound, wait for room in the pool (the rest for a slot under the bound)."""
     from harvest.client import Client
     from harvest.client.autoconc import AutoSettings
     from harvest.client.core import EngineLimit
     from harvest.config import ClientConfig, SamplingConfig
 
-    config = ClientConfig(concurrency="auto", max_concurrency=concurrency, max_retries=0, request_timeout=60,
+    config = ClientConfig(concurrency="auto", max_concurrency=4 * concurrency, max_retries=0, request_timeout=60,
                           auto_start=concurrency)
-    auto = AutoSettings(max_concurrency=concurrency, interval_s=1.0)
+    auto = AutoSettings(max_concurrency=4 * concurrency, interval_s=1.0)
     async with Client([base], config, SamplingConfig(max_tokens=MAX_TOKENS), model=MODEL, auto=auto,
                       limits={base: EngineLimit(concurrency, True, False)}) as client:
         await asyncio.gather(*(client.chat(MESSAGES) for _ in range(n)))

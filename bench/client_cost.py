@@ -77,7 +77,7 @@ async def _harvest_auto(base: str, n: int, concurrency: int) -> None:
                           auto_start=concurrency)
     auto = AutoSettings(max_concurrency=4 * concurrency, interval_s=1.0)
     async with Client([base], config, SamplingConfig(max_tokens=MAX_TOKENS), model=MODEL, auto=auto,
-                      limits={base: EngineLimit(concurrency, True, False)}) as client:
+                      limits={base: EngineLimit(concurrency, exact=True, metrics=False)}) as client:
         await asyncio.gather(*(client.chat(MESSAGES) for _ in range(n)))
 
 

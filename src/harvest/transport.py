@@ -209,9 +209,11 @@ def _failures(timeout: float) -> Iterator[None]:
     except aiohttp.ClientOSError as exc:
         # The same race met while the request is still being written: the server closed the kept-alive
         # connection, and the write fails ("Broken pipe", or "Can not write request body" once the
-        # loop has seen the close). A request not wholly sent was not answered. Seen with vLLM CPU on
-        # 2 cores, whose client, starved of CPU for seconds, reused connections the server had closed:
-        # three in a row made the endpoint "sick" and dispatch to it stopped.
+        # loop has seen the close). Seen with vLLM CPU on 2 cores, whose client, starved of CPU for
+        # seconds, reused connections the server had closed: three in a row made the endpoint "sick".
+        # A reset met while waiting for the answer lands here too: no answer came either way, and the
+        # one more try is the same as a hang-up's (a dead server refuses it and the first failure is
+        # raised).
         raise Interrupted(_describe(exc), closed_unanswered=True) from None
     except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
         raise Interrupted(_describe(exc)) from None

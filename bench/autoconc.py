@@ -15,7 +15,8 @@ Scenarios (each launches its servers through harvest's supervised ``Server``, ve
     small-batch  one server with ``--max-num-seqs 8``: auto's settled target and the queue it left,
                  beside fixed 64
     two-speeds   two servers, ``--max-num-seqs 4`` and ``32``, as two endpoints of one client: the
-                 fixed values (least-outstanding over both) then auto
+                 fixed values (least-outstanding over both) then auto; ``own`` in ``--two-speed-fixed``
+                 adds the ceiling, each endpoint held at twice its own batch by a client of its own
 
 The machine's load average is printed beside every figure. Prints one ``BENCH`` line per scenario.
 The functions :func:`drive` and :func:`summarize` are reused by ``autoconc_gpu.py``.
@@ -127,6 +128,61 @@ async def drive(urls: list[str], concurrency: int | str, requests: int, max_toke
             "load": load()}
 
 
+async def drive_each(held: dict[str, int], requests: int, max_tokens: int, *, model: str,
+                     extra_body: dict[str, Any] | None = None, sample_s: float = 1.0,
+                     timeout: float = 600.0) -> dict[str, Any]:
+    """The ceiling of any split of the work over several endpoints: one client per endpoint, each
+    held at its own fixed value (``held``: URL -> concurrency, 2 x its batch keeps every batch full
+    with a queue behind it), all taking the next request from one list. No dispatcher, fixed or
+    auto, makes more than every engine running full for the whole run; this arm is that."""
+    sampling = SamplingConfig(max_tokens=max_tokens, temperature=0.0, extra_body=extra_body or {})
+    texts = iter(prompts(requests))
+    latencies: list[float] = []
+    finished: list[tuple[float, int]] = []
+    in_flight: list[tuple[float, int]] = []
+    tokens = failed = 0
+    clients = [Client([url], ClientConfig(concurrency=n, max_retries=2, request_timeout=timeout,
+                                          health_deadline=60.0), sampling, model=model)
+               for url, n in held.items()]
+    for client in clients:
+        await client.__aenter__()
+    try:
+        t0 = time.monotonic()
+
+        async def worker(client: Client) -> None:
+            nonlocal tokens, failed
+            for text in texts:
+                try:
+                    done = await client.chat([{"role": "user", "content": text}])
+                except RequestError:
+                    failed += 1
+                    continue
+                tokens += done.completion_tokens or 0
+                latencies.append(done.latency_s)
+                finished.append((time.monotonic() - t0, done.completion_tokens or 0))
+
+        async def sampler() -> None:
+            while True:
+                await asyncio.sleep(sample_s)
+                in_flight.append((time.monotonic() - t0, sum(c.stats().in_flight for c in clients)))
+
+        watch = asyncio.create_task(sampler())
+        try:
+            await asyncio.wait_for(asyncio.gather(*(worker(c) for c, n in zip(clients, held.values())
+                                                    for _ in range(n))), timeout * 4)
+        finally:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+        window = time.monotonic() - t0
+    finally:
+        for client in clients:
+            await client.__aexit__(None, None, None)
+    return {"concurrency": "+".join(map(str, held.values())), "tok_s": tokens / window, "window_s": window,
+            "tokens": tokens, "tok_s_late": late_rate(finished), "finished": finished, "failed": failed,
+            "p50": _pct(latencies, 50), "p90": _pct(latencies, 90), "trace": [], "decisions": {},
+            "in_flight": in_flight, "load": load()}
+
+
 def late_rate(finished: list[tuple[float, int]], lo: float = 0.5, hi: float = 0.9) -> float:
     """tok/s between the answers at ``lo`` and ``hi`` of the run (by count): after auto's ramp and
     before the last wave drains, the rate a long campaign runs at. The same cut for every setting."""
@@ -195,7 +251,7 @@ def summarize(results: dict[str, list[dict[str, Any]]], label: str) -> dict[str,
     """Median tok/s and p50 per setting; auto against the best fixed one and against fixed 64."""
     med = {k: {"tok_s": statistics.median(r["tok_s"] for r in rs), "p50": statistics.median(r["p50"] for r in rs)}
            for k, rs in results.items()}
-    fixed = {k: v for k, v in med.items() if k.isdigit()}  # not auto, not a diagnostic arm ("512c")
+    fixed = {k: v for k, v in med.items() if k.isdigit()}  # not auto, a diagnostic arm ("512c") or the ceiling
     best = max(fixed, key=lambda k: fixed[k]["tok_s"])
     a = med["auto"]
     out = {"auto_tok_s": a["tok_s"], "auto_p50": a["p50"], "best_fixed": float(best),
@@ -213,6 +269,15 @@ def summarize(results: dict[str, list[dict[str, Any]]], label: str) -> dict[str,
     if "64" in fixed:
         out["ratio_vs_64"] = a["tok_s"] / fixed["64"]["tok_s"]
         print(f"  auto / fixed 64 (the old default): tok/s x{out['ratio_vs_64']:.3f}")
+    if "own" in med:
+        # Every engine held full for the whole run by a client of its own: the most a better split of
+        # the work can make. A best fixed value near it (or past it) leaves auto nothing to win.
+        own = med["own"]["tok_s"]
+        out.update(own_tok_s=own, best_over_own=fixed[best]["tok_s"] / own, auto_over_own=a["tok_s"] / own,
+                   own_over_best=own / fixed[best]["tok_s"])
+        print(f"  every engine held full (own: each endpoint at 2x its batch, a client each): {own:.1f} tok/s; "
+              f"best fixed x{out['best_over_own']:.3f} of it, auto x{out['auto_over_own']:.3f}; "
+              f"own / best fixed x{out['own_over_best']:.3f}")
     return out
 
 
@@ -281,6 +346,16 @@ def run_series_model(args: argparse.Namespace, urls: list[str], settings: list[s
         for s in order:
             # A fixed value with a suffix is a diagnostic arm: "c" auto's canary beside it, "s" one
             # scrape of /metrics a second beside it.
+            if s == "own":  # the ceiling: each endpoint held at twice its own batch by a client of its own
+                if not limits or any(limits[u].batch is None for u in urls):
+                    raise SystemExit("the 'own' arm needs every endpoint's batch limit")
+                r = asyncio.run(drive_each({u: 2 * (limits[u].batch or 0) for u in urls}, args.requests,
+                                           args.max_tokens, model=model, extra_body=extra_body))
+                results[s].append(r | {"arm": s})
+                print(f"  {label} round {k} {describe(r | {'arm': s})}", flush=True)
+                if getattr(args, "timeline", False):
+                    print(timeline(r), flush=True)
+                continue
             conc: int | str = s if s == "auto" else int(s.rstrip("cs"))
             r = asyncio.run(drive(urls, conc, args.requests, args.max_tokens, model=model,
                                   extra_body=extra_body, auto=auto, max_concurrency=args.max_concurrency,
@@ -304,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fixed", default="4,16,64,256,512",
                     help='fixed concurrency values of the sweep; "256s" is a diagnostic arm, fixed 256 '
                     "with one scrape of /metrics a second beside it (what auto's steering scrape costs)")
-    ap.add_argument("--two-speed-fixed", default="8,32,64,128", help="fixed values of the two-speeds scenario")
+    ap.add_argument("--two-speed-fixed", default="8,32,64,128",
+                    help="fixed values of the two-speeds scenario; \"own\" adds the ceiling arm")
     ap.add_argument("--pin", action="store_true",
                     help="two-speeds: bind each engine's compute threads to a CPU of its own "
                          "(VLLM_CPU_OMP_THREADS_BIND), as two servers have their own hardware; sweep: "

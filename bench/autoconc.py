@@ -50,6 +50,34 @@ def prompts(n: int) -> list[str]:
             for i in range(n)]
 
 
+class Tally:
+    """The answers of one arm: tokens, failures, latencies and when each answer came."""
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+        self.tokens = self.failed = 0
+        self.latencies: list[float] = []
+        self.finished: list[tuple[float, int]] = []
+
+    async def ask(self, client: Client, text: str) -> None:
+        try:
+            done = await client.chat([{"role": "user", "content": text}])
+        except RequestError:
+            self.failed += 1
+            return
+        n = done.completion_tokens or 0
+        self.tokens += n
+        self.latencies.append(done.latency_s)
+        self.finished.append((time.monotonic() - self.t0, n))
+
+    def result(self, concurrency: int | str, in_flight: list[tuple[float, int]], **more: Any) -> dict[str, Any]:
+        window = time.monotonic() - self.t0
+        return {"concurrency": concurrency, "tok_s": self.tokens / window, "window_s": window,
+                "tokens": self.tokens, "tok_s_late": late_rate(self.finished), "finished": self.finished,
+                "failed": self.failed, "p50": _pct(self.latencies, 50), "p90": _pct(self.latencies, 90),
+                "in_flight": in_flight, "load": load(), **more}
+
+
 async def drive(urls: list[str], concurrency: int | str, requests: int, max_tokens: int, *, model: str,
                 extra_body: dict[str, Any] | None = None, auto: AutoSettings | None = None,
                 max_concurrency: int = 512, sample_s: float = 1.0, timeout: float = 600.0,
@@ -66,25 +94,12 @@ async def drive(urls: list[str], concurrency: int | str, requests: int, max_toke
                           request_timeout=timeout, health_deadline=60.0,
                           auto_start=min(auto.start, max_concurrency) if auto and not limits else None)
     sampling = SamplingConfig(max_tokens=max_tokens, temperature=0.0, extra_body=extra_body or {})
-    latencies: list[float] = []
-    finished: list[tuple[float, int]] = []
-    tokens = failed = 0
     trace: list[tuple[float, dict[str, int], dict[str, float | None]]] = []
     in_flight: list[tuple[float, int]] = []
     decisions: dict[str, list[tuple[float, int, str, str, float | None]]] = {}
     async with Client(urls, config, sampling, model=model, auto=auto, limits=limits) as client:
-        t0 = time.monotonic()
-
-        async def one(text: str) -> None:
-            nonlocal tokens, failed
-            try:
-                done = await client.chat([{"role": "user", "content": text}])
-            except RequestError:
-                failed += 1
-                return
-            tokens += done.completion_tokens or 0
-            latencies.append(done.latency_s)
-            finished.append((time.monotonic() - t0, done.completion_tokens or 0))
+        tally = Tally()
+        t0 = tally.t0
 
         async def sampler() -> None:
             while True:
@@ -114,57 +129,42 @@ async def drive(urls: list[str], concurrency: int | str, requests: int, max_toke
         side = asyncio.create_task(canaries()) if canary else None
         try:
             # The campaign's own dispatch claims 2 x capacity ahead; here every request waits in the client.
-            await asyncio.wait_for(asyncio.gather(*(one(p) for p in prompts(requests))), timeout * 4)
+            await asyncio.wait_for(asyncio.gather(*(tally.ask(client, p) for p in prompts(requests))),
+                                   timeout * 4)
         finally:
             for task in (watch, side):
                 if task is not None:
                     task.cancel()
             await asyncio.gather(*(t for t in (watch, side) if t is not None), return_exceptions=True)
-        window = time.monotonic() - t0
-    return {"concurrency": concurrency, "tok_s": tokens / window, "window_s": window, "tokens": tokens,
-            "tok_s_late": late_rate(finished), "finished": finished,
-            "failed": failed, "p50": _pct(latencies, 50), "p90": _pct(latencies, 90), "trace": trace, "decisions": decisions,
-            "in_flight": in_flight,
-            "load": load()}
+        return tally.result(concurrency, in_flight, trace=trace, decisions=decisions)
 
 
 async def drive_each(held: dict[str, int], requests: int, max_tokens: int, *, model: str,
                      extra_body: dict[str, Any] | None = None, sample_s: float = 1.0,
                      timeout: float = 600.0) -> dict[str, Any]:
-    """The ceiling of any split of the work over several endpoints: one client per endpoint, each
-    held at its own fixed value (``held``: URL -> concurrency, 2 x its batch keeps every batch full
-    with a queue behind it), all taking the next request from one list. No dispatcher, fixed or
-    auto, makes more than every engine running full for the whole run; this arm is that."""
+    """Every engine held full: one client per endpoint, each holding its endpoint at its own fixed
+    value (``held``: URL -> concurrency; 2 x its batch keeps the batch full with a queue behind it),
+    all taking the next request from one list. What a better split of the work over the endpoints
+    could make, beside which a fixed value for the whole pool is judged."""
     sampling = SamplingConfig(max_tokens=max_tokens, temperature=0.0, extra_body=extra_body or {})
     texts = iter(prompts(requests))
-    latencies: list[float] = []
-    finished: list[tuple[float, int]] = []
     in_flight: list[tuple[float, int]] = []
-    tokens = failed = 0
     clients = [Client([url], ClientConfig(concurrency=n, max_retries=2, request_timeout=timeout,
                                           health_deadline=60.0), sampling, model=model)
                for url, n in held.items()]
     for client in clients:
         await client.__aenter__()
     try:
-        t0 = time.monotonic()
+        tally = Tally()
 
         async def worker(client: Client) -> None:
-            nonlocal tokens, failed
             for text in texts:
-                try:
-                    done = await client.chat([{"role": "user", "content": text}])
-                except RequestError:
-                    failed += 1
-                    continue
-                tokens += done.completion_tokens or 0
-                latencies.append(done.latency_s)
-                finished.append((time.monotonic() - t0, done.completion_tokens or 0))
+                await tally.ask(client, text)
 
         async def sampler() -> None:
             while True:
                 await asyncio.sleep(sample_s)
-                in_flight.append((time.monotonic() - t0, sum(c.stats().in_flight for c in clients)))
+                in_flight.append((time.monotonic() - tally.t0, sum(c.stats().in_flight for c in clients)))
 
         watch = asyncio.create_task(sampler())
         try:
@@ -173,14 +173,10 @@ async def drive_each(held: dict[str, int], requests: int, max_tokens: int, *, mo
         finally:
             watch.cancel()
             await asyncio.gather(watch, return_exceptions=True)
-        window = time.monotonic() - t0
+        return tally.result("+".join(map(str, held.values())), in_flight, trace=[], decisions={})
     finally:
         for client in clients:
             await client.__aexit__(None, None, None)
-    return {"concurrency": "+".join(map(str, held.values())), "tok_s": tokens / window, "window_s": window,
-            "tokens": tokens, "tok_s_late": late_rate(finished), "finished": finished, "failed": failed,
-            "p50": _pct(latencies, 50), "p90": _pct(latencies, 90), "trace": [], "decisions": {},
-            "in_flight": in_flight, "load": load()}
 
 
 def late_rate(finished: list[tuple[float, int]], lo: float = 0.5, hi: float = 0.9) -> float:

@@ -16,7 +16,7 @@ Scenarios (each launches its servers through harvest's supervised ``Server``, ve
                  beside fixed 64
     two-speeds   two servers, ``--max-num-seqs 4`` and ``32``, as two endpoints of one client: the
                  fixed values (least-outstanding over both) then auto; ``own`` in ``--two-speed-fixed``
-                 adds the ceiling, each endpoint held at twice its own batch by a client of its own
+                 adds every engine held full: each endpoint at twice its own batch, a client each
 
 The machine's load average is printed beside every figure. Prints one ``BENCH`` line per scenario.
 The functions :func:`drive` and :func:`summarize` are reused by ``autoconc_gpu.py``.
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import platform
 import statistics
@@ -149,12 +150,10 @@ async def drive_each(held: dict[str, int], requests: int, max_tokens: int, *, mo
     sampling = SamplingConfig(max_tokens=max_tokens, temperature=0.0, extra_body=extra_body or {})
     texts = iter(prompts(requests))
     in_flight: list[tuple[float, int]] = []
-    clients = [Client([url], ClientConfig(concurrency=n, max_retries=2, request_timeout=timeout,
-                                          health_deadline=60.0), sampling, model=model)
-               for url, n in held.items()]
-    for client in clients:
-        await client.__aenter__()
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(
+            Client([url], ClientConfig(concurrency=n, max_retries=2, request_timeout=timeout, health_deadline=60.0),
+                   sampling, model=model)) for url, n in held.items()]
         tally = Tally()
 
         async def worker(client: Client) -> None:
@@ -174,9 +173,6 @@ async def drive_each(held: dict[str, int], requests: int, max_tokens: int, *, mo
             watch.cancel()
             await asyncio.gather(watch, return_exceptions=True)
         return tally.result("+".join(map(str, held.values())), in_flight, trace=[], decisions={})
-    finally:
-        for client in clients:
-            await client.__aexit__(None, None, None)
 
 
 def late_rate(finished: list[tuple[float, int]], lo: float = 0.5, hi: float = 0.9) -> float:
@@ -247,7 +243,7 @@ def summarize(results: dict[str, list[dict[str, Any]]], label: str) -> dict[str,
     """Median tok/s and p50 per setting; auto against the best fixed one and against fixed 64."""
     med = {k: {"tok_s": statistics.median(r["tok_s"] for r in rs), "p50": statistics.median(r["p50"] for r in rs)}
            for k, rs in results.items()}
-    fixed = {k: v for k, v in med.items() if k.isdigit()}  # not auto, a diagnostic arm ("512c") or the ceiling
+    fixed = {k: v for k, v in med.items() if k.isdigit()}  # not auto, a diagnostic arm ("512c") or "own"
     best = max(fixed, key=lambda k: fixed[k]["tok_s"])
     a = med["auto"]
     out = {"auto_tok_s": a["tok_s"], "auto_p50": a["p50"], "best_fixed": float(best),
@@ -341,22 +337,19 @@ def run_series_model(args: argparse.Namespace, urls: list[str], settings: list[s
         order = settings if k % 2 == 0 else settings[::-1]
         for s in order:
             # A fixed value with a suffix is a diagnostic arm: "c" auto's canary beside it, "s" one
-            # scrape of /metrics a second beside it.
-            if s == "own":  # the ceiling: each endpoint held at twice its own batch by a client of its own
-                if not limits or any(limits[u].batch is None for u in urls):
+            # scrape of /metrics a second beside it. "own": every engine held full, a client each.
+            if s == "own":
+                batches = {u: limits[u].batch if limits else None for u in urls}
+                if None in batches.values():
                     raise SystemExit("the 'own' arm needs every endpoint's batch limit")
-                r = asyncio.run(drive_each({u: 2 * (limits[u].batch or 0) for u in urls}, args.requests,
+                r = asyncio.run(drive_each({u: 2 * b for u, b in batches.items() if b}, args.requests,
                                            args.max_tokens, model=model, extra_body=extra_body))
-                results[s].append(r | {"arm": s})
-                print(f"  {label} round {k} {describe(r | {'arm': s})}", flush=True)
-                if getattr(args, "timeline", False):
-                    print(timeline(r), flush=True)
-                continue
-            conc: int | str = s if s == "auto" else int(s.rstrip("cs"))
-            r = asyncio.run(drive(urls, conc, args.requests, args.max_tokens, model=model,
-                                  extra_body=extra_body, auto=auto, max_concurrency=args.max_concurrency,
-                                  canary=s.endswith("c"), scrape=s.endswith("s"),
-                                  limits=limits))
+            else:
+                conc: int | str = s if s == "auto" else int(s.rstrip("cs"))
+                r = asyncio.run(drive(urls, conc, args.requests, args.max_tokens, model=model,
+                                      extra_body=extra_body, auto=auto, max_concurrency=args.max_concurrency,
+                                      canary=s.endswith("c"), scrape=s.endswith("s"),
+                                      limits=limits))
             r["arm"] = s  # a diagnostic arm ("512c") shows as such, not as the fixed value it runs
             results[s].append(r)
             print(f"  {label} round {k} {describe(r)}", flush=True)
@@ -376,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
                     help='fixed concurrency values of the sweep; "256s" is a diagnostic arm, fixed 256 '
                     "with one scrape of /metrics a second beside it (what auto's steering scrape costs)")
     ap.add_argument("--two-speed-fixed", default="8,32,64,128",
-                    help="fixed values of the two-speeds scenario; \"own\" adds the ceiling arm")
+                    help="fixed values of the two-speeds scenario; \"own\" adds every engine held full, a client each")
     ap.add_argument("--pin", action="store_true",
                     help="two-speeds: bind each engine's compute threads to a CPU of its own "
                          "(VLLM_CPU_OMP_THREADS_BIND), as two servers have their own hardware; sweep: "

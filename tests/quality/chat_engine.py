@@ -17,6 +17,12 @@ sweep meets:
     --reject CODE   answer every chat request with HTTP CODE and --reject-message (a job the server
                     refuses: a bad sampling setting, an unknown model)
     --request-log F append the path of every POST to file F (what reached the server)
+    --models-status CODE
+                    answer GET /v1/models with HTTP CODE (an error page, not a list) after
+                    --models-delay seconds: ``transformers serve`` answers 500 while it scans the
+                    Hugging Face cache
+    --served NAME   serve only the model NAME: a chat request naming another model gets vLLM's 404
+                    ("The model `x` does not exist.")
     --empty-answers a last user message containing "[empty]" gets the empty answer, "[blank]" one of
                     white space only, "[empty-once]" the empty answer the first time it is asked
 
@@ -79,7 +85,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if self.path == "/health":
             self._send(200, {"status": "ok"})
         elif self.path == "/v1/models":
-            self._send(200, {"object": "list", "data": [{"id": "chat-fake", "object": "model"}]})
+            if args.models_status:
+                time.sleep(args.models_delay)
+                self._send(args.models_status, {"detail": "Internal Server Error"})
+                return
+            self._send(200, {"object": "list", "data": [{"id": args.served or "chat-fake", "object": "model"}]})
         else:
             self._send(404, {"error": "not found"})
 
@@ -96,6 +106,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if args.request_log:
             with _asked_lock, open(args.request_log, "a") as fh:
                 fh.write(self.path + "\n")
+        if args.served and body.get("model") != args.served:
+            self._send(404, {"object": "error", "message": f"The model `{body.get('model')}` does not exist.",
+                             "type": "NotFoundError", "code": 404})
+            return
         if args.reject:
             self._send(args.reject, {"error": {"message": args.reject_message, "code": args.reject}})
             return
@@ -132,6 +146,9 @@ def main() -> int:
     ap.add_argument("--reject-message", default="rejected")
     ap.add_argument("--empty-answers", action="store_true")
     ap.add_argument("--request-log", default=None)
+    ap.add_argument("--models-status", type=int, default=0)
+    ap.add_argument("--models-delay", type=float, default=0.0)
+    ap.add_argument("--served", default=None)
     args = ap.parse_args()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     print(f"chat-engine: pid {os.getpid()} on {args.host}:{args.port}", flush=True)

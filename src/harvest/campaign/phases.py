@@ -148,7 +148,7 @@ def _connecting(info: dict[str, Any], active: bool, ok: bool) -> str:
         waited = info.get("waited_s")
         text = "asking /v1/models"
         if info.get("url"):
-            text += f" of {info['url']}: no answer yet"
+            text += f" of {info['url']}: {info['got'] if info.get('got') else 'no answer yet'}"
         if isinstance(waited, (int, float)) and isinstance(deadline, (int, float)):
             text += f", {waited:.0f} s of the {deadline:g} s start_deadline"
         return text
@@ -156,6 +156,9 @@ def _connecting(info: dict[str, Any], active: bool, ok: bool) -> str:
         return f"no answer from {', '.join(info['silent'])} within the start_deadline"
     if info.get("refused"):
         return f"model {info['refused']!r} is not served there"
+    if info.get("warning"):
+        # the endpoint is up but could not list its models: say what came back, and what is asked
+        return str(info["warning"])
     return f"model {info['model']!r} served" if info.get("model") else "answered"
 
 

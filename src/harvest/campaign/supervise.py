@@ -101,17 +101,22 @@ class ServerSteps:
         return True
 
     async def _check_endpoints(self, client: Client, progress: Progress) -> bool:
-        """Ask every endpoint's ``/v1/models`` (an endpoint harvest does not manage gets ``[client]
-        start_deadline`` to answer) and send the configured model: one not listed is refused with
-        the list. False (outcome "server_down") when an endpoint never answered."""
+        """Ask every endpoint what it serves before any item (:mod:`harvest.client.startcheck`),
+        within ``[client] start_deadline`` for all: a listed model other than the configured one is
+        refused with the list; an endpoint that cannot list its models but answers ``/health`` or a
+        first one-token request is up, one warning says what ``/v1/models`` gave, and the model is
+        checked by that first answer (the engine's 401/403/404 text refuses the job, no item
+        charged). False (outcome "server_down") only when an endpoint refused connections or never
+        answered within the deadline."""
         cfg = self.config
         deadline = cfg.client.start_deadline
         progress.begin("connecting", deadline_s=deadline, endpoints=len(client.endpoints))
+        requested, fallback, field = self._model_asked()
 
-        def waiting(url: str, waited: float) -> None:
-            progress.on_event(Event("connecting", "update", {"url": url, "waited_s": waited}))
+        def waiting(url: str, waited: float, got: str) -> None:
+            progress.on_event(Event("connecting", "update", {"url": url, "waited_s": waited, "got": got}))
 
-        asking = asyncio.create_task(client.served_models(deadline, waiting))
+        asking = asyncio.create_task(client.start_check(requested or fallback, deadline, waiting))
         stop = asyncio.create_task(self.stop_requested.wait())
         await asyncio.wait({asking, stop}, return_when=asyncio.FIRST_COMPLETED)
         stop.cancel()
@@ -121,29 +126,64 @@ class ServerSteps:
             self.outcome = "interrupted"
             progress.on_event(Event("connecting", "end", {}, ok=False))
             return False
-        served = asking.result()
-        silent = [url for url, ids in served.items() if ids is None]
+        listings = asking.result()
+        silent = [listing for listing in listings if not listing.up]
         if silent:
             self.outcome = "server_down"
-            self.note = (f"{', '.join(silent)} did not answer GET /v1/models within [client] start_deadline "
-                         f"{deadline:g} s; nothing was sent, every item is still pending")
-            progress.on_event(Event("connecting", "end", {"silent": silent}, ok=False))
+            said = "; ".join(f"{x.url}: GET /v1/models {x.models_answer}" for x in silent)
+            self.note = (f"{', '.join(x.url for x in silent)} did not answer within [client] start_deadline "
+                         f"{deadline:g} s, neither GET /v1/models nor /health nor a first request ({said}); "
+                         "nothing was sent, every item is still pending")
+            progress.on_event(Event("connecting", "end", {"silent": [x.url for x in silent]}, ok=False))
             return False
-        requested = cfg.server.requested_model if cfg.server is not None else None
-        field = "served_model_name" if cfg.server is not None and cfg.server.served_model_name else "model"
-        for url, ids in served.items():
-            if requested is not None and ids and requested not in ids:
-                progress.on_event(Event("connecting", "end", {"refused": requested}, ok=False))
-                served_list = ", ".join(repr(i) for i in ids)
-                raise ConfigError(cfg.source, [(f"{cfg.source} [server] {field}",
-                                                f"{requested!r} is not served by {url}; it serves {served_list}")])
-        listed = next((ids for ids in served.values() if ids), [])
-        model = requested or (listed[0] if listed else None)
+        warnings = []
+        for listing in listings:
+            if listing.ids is not None:
+                if requested is not None and listing.ids and requested not in listing.ids:
+                    progress.on_event(Event("connecting", "end", {"refused": requested}, ok=False))
+                    served_list = ", ".join(repr(i) for i in listing.ids)
+                    raise ConfigError(cfg.source, [(f"{cfg.source} [server] {field}",
+                                                    f"{requested!r} is not served by {listing.url}; "
+                                                    f"it serves {served_list}")])
+                continue
+            first = listing.first
+            asked = requested or fallback
+            if first is not None and first.refused:
+                progress.on_event(Event("connecting", "end", {"refused": asked}, ok=False))
+                raise ConfigError(cfg.source, [(
+                    f"{cfg.source} [server] {field}",
+                    f"{listing.url} cannot list its models (GET /v1/models {listing.models_answer}) and "
+                    f"refused a first request for {asked!r} with HTTP {first.status}: {first.message}; "
+                    "nothing was sent, every item is still pending")])
+            warning = listing.warning(asked)
+            if warning and first is not None and first.status is not None and first.status >= 300:
+                warning += f"; a first request answered {first.status}: {first.message}"
+            if warning:
+                log.warning("%s", warning)
+                warnings.append(warning)
+        listed = next((x.ids for x in listings if x.ids), ())
+        model = requested or (listed[0] if listed else fallback if warnings else None)
         if model is not None:
             client.use_model(model)
         self.model = model
-        progress.on_event(Event("connecting", "end", {"model": model}))
+        info: dict[str, Any] = {"model": model}
+        if warnings:
+            info["warning"] = warnings[0] if len(warnings) == 1 else f"{warnings[0]} (+{len(warnings) - 1} more)"
+        progress.on_event(Event("connecting", "end", info))
         return True
+
+    def _model_asked(self) -> tuple[str | None, str | None, str]:
+        """The name every request asks for when configured (``served_model_name``, or ``model`` of
+        an endpoint harvest does not manage), the name harvest passed to an engine it launched
+        (asked for as configured where that engine cannot list its models; with a list, the first
+        it lists is used), and the config field they come from."""
+        server = self.config.server
+        if server is None:
+            return None, None, "model"
+        field = "served_model_name" if server.served_model_name else "model"
+        requested = server.requested_model
+        fallback = str(server.model) if requested is None and server.launched and server.model else None
+        return requested, fallback, field
 
 
 __all__ = ["SERVER_DIR", "ServerSteps"]

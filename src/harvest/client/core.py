@@ -51,6 +51,7 @@ from harvest.client.endpoints import Endpoint, EndpointPool, normalize_url
 from harvest.client.metrics import scrape_metrics
 from harvest.client.policy import backoff_delay, classify_status, error_message, parse_retry_after, redact
 from harvest.client.records import ClientStats, Completion, EndpointState, FailureKind
+from harvest.client.startcheck import Listing, StartCheck
 from harvest.client.steer import Steering, Target
 from harvest.transport import (
     AiohttpTransport,
@@ -603,32 +604,21 @@ class Client:
                 return False
         return False
 
-    async def served_models(self, deadline_s: float,
-                            on_wait: Callable[[str, float], None] | None = None) -> dict[str, list[str] | None]:
-        """Each endpoint's model ids from ``GET /v1/models``, asked until it answers 2xx or
-        ``deadline_s`` seconds pass (then None for it). ``on_wait(url, waited_s)`` is called while
-        an endpoint does not answer yet. Nothing here changes the endpoints' health state."""
-        out: dict[str, list[str] | None] = {}
-        start = self._clock()
+    async def start_check(self, model: str | None, deadline_s: float,
+                          on_wait: Callable[[str, float, str], None] | None = None) -> list[Listing]:
+        """What each endpoint serves, asked before any item (:mod:`harvest.client.startcheck`): its
+        model list, or, where it cannot list them, whether it is up at all and what a first
+        one-token request for ``model`` answered. Within ``deadline_s`` for all of them together;
+        ``on_wait(url, waited_s, what_came_back)`` while one does not answer yet. Nothing here
+        changes the endpoints' health state."""
+        check = StartCheck(self._transport, self._headers, probe_timeout=self.retry.probe_timeout,
+                           clock=self._clock, sleep=self._sleep)
+        start, out = self._clock(), []
         for endpoint in self._pool.endpoints:
-            while True:
-                try:
-                    response = await self._transport.request("GET", endpoint.url + protocol.MODELS_PATH,
-                                                             headers=self._headers,
-                                                             timeout=self.retry.probe_timeout)
-                except TransportError:
-                    response = None
-                if response is not None and response.status < 500 and response.status not in (408, 429):
-                    # An endpoint without /v1/models (404) answers, but lists nothing to check against.
-                    out[endpoint.url] = protocol.model_ids(response.body) if response.status < 300 else []
-                    break
-                waited = self._clock() - start
-                if waited >= deadline_s:
-                    out[endpoint.url] = None
-                    break
-                if on_wait is not None:
-                    on_wait(endpoint.url, waited)
-                await self._sleep(min(1.0, max(deadline_s - waited, 0.0)))
+            left = max(0.0, deadline_s - (self._clock() - start))
+            listing = await check.endpoint(endpoint.url, model, left, on_wait)
+            out.append(dataclasses.replace(listing, models_answer=self._redact(listing.models_answer))
+                       if listing.models_answer else listing)
         return out
 
     def use_model(self, model: str) -> None:

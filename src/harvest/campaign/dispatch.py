@@ -362,4 +362,17 @@ class DispatchSteps:
         progress.prefix_cache = self.prefix_cache.snapshot()
 
 
+    async def read_cache_counters(self, client: Client, progress: Progress, timeout: float = 10.0) -> None:
+        """The engines' prefix-cache counters read while nothing runs: before the first request (the
+        baseline the run's hit rate counts from) and after the last (what the run added). A busy
+        engine may answer no /metrics scrape while it generates (vLLM's CPU build answered only once
+        the run drained), so without these two the rate could rest on no reading at all."""
+        try:
+            metrics = await asyncio.wait_for(client.scrape_metrics(timeout=timeout), timeout=timeout + 5.0)
+        except Exception:  # noqa: BLE001 - informative only: the scrapes during the run may still speak
+            log.debug("prefix-cache counters not read", exc_info=True)
+            return
+        self.prefix_cache.observe(metrics)
+        progress.prefix_cache = self.prefix_cache.snapshot()
+
 __all__ = ["CLAIM_FACTOR", "SEND_HEADROOM", "DispatchSteps"]

@@ -199,8 +199,11 @@ class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
                                     if not self.config.client.auto:
                                         progress.concurrency_limit = int(self.config.client.concurrency)
                                     if await self._check_endpoints(client, progress):
+                                        await self.read_cache_counters(client, progress)
                                         progress.begin("generating", concurrency=client.capacity())
                                         await self.dispatch(writer, client, progress)
+                                        if self.outcome not in ("interrupted", "server_down"):
+                                            await self.read_cache_counters(client, progress)
                                     progress.on_event(Event("generating", "end", {
                                         "outcome": self.outcome, "note": self.note},
                                         ok=self.outcome == "finished"))

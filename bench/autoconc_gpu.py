@@ -67,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warm-up-requests", type=int, help="requests of the warm-up pass (default: --requests)")
     ap.add_argument("--sim", action="store_true", help="bench/sim_engine.py modelled on the H200 instead")
     ap.add_argument("--sim-batch", type=int, default=560, help="with --sim: requests the engine runs at once")
+    ap.add_argument("--sim-stream-cost", type=float, default=0.55,
+                    help="with --sim: extra share of a step while a streamed request (the canary) runs")
     ap.add_argument("--interval", type=float, default=1.0, help="seconds per control step of auto")
     ap.add_argument("--cuda-graph", action="store_true", help="pass --cb-use-cuda-graph to the server")
     ap.add_argument("--force", action="store_true", help="launch even if harvest's preflight fails")
@@ -191,7 +193,7 @@ class SimServer:
 
         argv = [sys.executable, str(Path(__file__).with_name("sim_engine.py")), "--port", "0",
                 "--token-latency", "0.05", "--step-per-seq", "0.00019", "--max-batch", str(args.sim_batch),
-                "--no-metrics"]
+                "--no-metrics", "--stream-cost", str(args.sim_stream_cost)]
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         if not line.startswith("listening on "):

@@ -9,7 +9,9 @@ measures harvest (its client, its ledger, the placement) and not this machine's 
   a GPU whose step grows with the batch) and gives every running request one token;
   the step is one ``asyncio.sleep`` for the whole batch, on a drift-free clock, so the CPU a step
   costs does not grow with the batch and a server's rate is ``max_batch / token_latency`` tokens/s;
-  ``--no-metrics`` answers /metrics with 404 (``transformers serve``);
+  ``--no-metrics`` answers /metrics with 404 (``transformers serve``); ``--stream-cost F`` makes
+  every step ``1 + F`` times longer while a streamed request runs (``transformers serve`` made
+  x0.63-0.65 of its tok/s on the H200 with one streamed request beside 512: F about 0.55);
 - a request generates ``min(max_tokens, --output-tokens)`` tokens (``--output-tokens 0``: always
   ``max_tokens``); ``finish_reason`` is ``length`` when it stopped at ``max_tokens``, else ``stop``.
 
@@ -65,6 +67,9 @@ class SimEngine:
     token_latency: float
     max_batch: int
     step_per_seq: float = 0.0
+    #: Extra share of a step while a streamed request runs (``transformers serve`` on the H200 made
+    #: x0.63-0.65 of its tok/s at 512 with one streamed request beside: about 0.55).
+    stream_cost: float = 0.0
     running: list[_Seq] = field(default_factory=list)
     waiting: deque[_Seq] = field(default_factory=deque)
     steps: int = 0
@@ -100,6 +105,8 @@ class SimEngine:
             # outside the sleep is not added to every step; a late loop catches up one step at most.
             now = time.monotonic()
             step = self.token_latency + self.step_per_seq * len(self.running)
+            if self.stream_cost and any(seq.tokens is not None for seq in self.running):
+                step *= 1.0 + self.stream_cost
             next_step = (next_step if next_step > now - step else now) + step
             await asyncio.sleep(max(0.0, next_step - time.monotonic()))
             self.steps += 1
@@ -253,7 +260,7 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    engine = SimEngine(args.token_latency, args.max_batch, args.step_per_seq)
+    engine = SimEngine(args.token_latency, args.max_batch, args.step_per_seq, args.stream_cost)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))
@@ -288,6 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-per-seq", type=float, default=0.0,
                         help="seconds a decode step grows per running request (a GPU's batch cost)")
     parser.add_argument("--no-metrics", action="store_true", help="answer /metrics with 404")
+    parser.add_argument("--stream-cost", type=float, default=0.0,
+                        help="extra share of every step while a streamed request runs (0.55: transformers "
+                             "serve on the H200)")
     args = parser.parse_args(argv)
     if args.token_latency <= 0 or args.max_batch < 1:
         parser.error("--token-latency must be > 0 and --max-batch >= 1")

@@ -191,7 +191,7 @@ async def test_a_canary_takes_a_place_of_the_target_only_at_the_engines_batch_li
         return _answered()
 
     config = ClientConfig(concurrency="auto", max_concurrency=64, request_timeout=30)
-    settings = AutoSettings(start=64, max_concurrency=64, interval_s=0.02, batch_hint=hint)
+    settings = AutoSettings(start=64, max_concurrency=64, interval_s=0.02, batch_hint=hint, canary_share=1.0)
     async with Client(["http://e:1"], config, SamplingConfig(max_tokens=4), model="m", auto=settings,
                       transport=MockTransport(engine)) as client:
         await asyncio.wait_for(asyncio.gather(*(client.chat([{"role": "user", "content": f"q {i}"}])
@@ -224,7 +224,7 @@ async def test_a_held_start_streams_no_canary_until_its_ceiling_lifts(ceiling_st
 
     config = ClientConfig(concurrency="auto", max_concurrency=64, request_timeout=30)
     settings = AutoSettings(start=32, max_concurrency=64, interval_s=0.01, batch_hint=64,
-                            ceiling_steps=ceiling_steps)
+                            ceiling_steps=ceiling_steps, canary_share=1.0)
     async with Client(["http://e:1"], config, SamplingConfig(max_tokens=4), model="m", auto=settings,
                       transport=MockTransport(engine)) as client:
         await asyncio.wait_for(asyncio.gather(*(client.chat([{"role": "user", "content": f"q {i}"}])

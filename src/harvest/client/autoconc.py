@@ -46,7 +46,10 @@ the first look up is a probe, ``ceiling_steps`` in (with equal answers a canary 
 +-40 % by where in a wave it runs; judged in the first seconds, a look up cost a wave whichever way
 it went). The canary is not free (transformers serve on the H200 made x0.63-0.65 of fixed 512's
 tok/s with one streamed back to back beside it), so it rests while there is nothing to judge: held
-or settled under a ceiling, with no wait and no step up pending (:meth:`canary_rests`). A level
+or settled under a ceiling, with no wait and no step up pending (:meth:`canary_rests`), and, once
+settled, while the next canary would take it past ``canary_share`` (5 %) of the endpoint's time: the
+readings for a look up cost less than the 5 % a look looks for (a 45-second run on the H200 lost
+12 % to them and to its look above 512, at the same level as fixed 512). A level
 shows in a canary or two, seconds, where judging it by its answers takes one answer latency (7-20 s
 on an H200 at a big batch).
 
@@ -184,10 +187,17 @@ class AutoSettings:
     #: The engine's batch limit as harvest knows it, exact or an upper bound (transformers' 1024
     #: requests per batch, which KV memory may lower): below it a canary needs no place of its own.
     batch_hint: int | None = None
+    #: With a canary, once settled: the most of the time since the endpoint's first step the canary
+    #: may have run before it reads a level again for a look up. A look looks for ``gain`` (5 %);
+    #: while a canary streams, transformers serve on the H200 made about a third fewer tokens, so
+    #: canaries at this share cost under 2 % of the tok/s, less than a look can find.
+    canary_share: float = 0.05
 
     def __post_init__(self) -> None:
         if not 1 <= self.start <= self.max_concurrency:
             raise ValueError(f"start {self.start} must be between 1 and max_concurrency {self.max_concurrency}")
+        if not 0 < self.canary_share <= 1:
+            raise ValueError("canary_share must be in (0, 1]")
         if self.interval_s <= 0 or self.gain <= 0 or self.increase <= 1 or self.probe <= 1:
             raise ValueError("interval_s and gain must be > 0, increase and probe > 1")
         if not 0 < self.decrease < 1 or not 0 < self.kv_high <= 1:
@@ -259,11 +269,13 @@ class AutoConcurrency:
             return self.last
         if paced or canary is not None:
             self._held_start()
+            self._count_canary(now, canary)
             if canary is None:
                 if self.canary_rests():
                     # Nothing to judge until the ceiling lifts: the canary rests, the ceiling ages.
+                    lifting = self._ceiling_left == 1
                     self._age_ceiling()
-                    if self._ceiling_left == 0:
+                    if lifting:
                         self._level_readings = []  # the level is read afresh before a look up
                     return self._hold("hold", "settled")
                 return self._hold("measuring", self.last.phase)
@@ -580,14 +592,32 @@ class AutoConcurrency:
             self._ceiling, self._ceiling_left = self.target + 1, s.ceiling_steps
 
     def canary_rests(self) -> bool:
-        """Whether the canary rests: settled on a level it has read (or the held start) under a
-        ceiling, with no wait or step up to judge, there is nothing for it to decide until the
-        ceiling lifts. It is not free: on the H200 transformers serve made x0.63-0.65 the tok/s of
-        fixed 512 with one canary streamed back to back beside the 512 (BENCHMARKS P7 A1, session
-        11), so it runs only while a reading is wanted."""
-        if not self._settled or self._ceiling_left <= 0 or self._waits or self._judged:
+        """Whether the canary rests: settled on a level it has read (or the held start), with no
+        wait or step up to judge, there is nothing for it to decide until the ceiling lifts, and
+        after that while it ran more than ``canary_share`` of the endpoint's time so far. It is not
+        free: on the H200 transformers serve made x0.63-0.65 the tok/s of fixed 512 with one canary
+        streamed back to back beside the 512 (BENCHMARKS.md, P7), and a look up it reads for looks
+        for 5 %: its readings must cost less than that (a 2048-request run there lost 12 % to them)."""
+        if not self._settled or self._waits or self._judged:
             return False
-        return self.target == self._accepted or (self._holding and self._accepted is None)
+        if not (self.target == self._accepted or (self._holding and self._accepted is None)):
+            return False
+        # The next canary must fit the share too: a run too short to afford a look makes none.
+        spent = self._canary_s + (self._canary_len or _CANARY_GUESS_STEPS * self.settings.interval_s)
+        return self._ceiling_left > 0 or spent > self.settings.canary_share * self._endpoint_s()
+
+    def _count_canary(self, now: float, canary: Canary | None) -> None:
+        """The endpoint's time so far and the canary's share of it (each finished canary once)."""
+        if self._first_at is None:
+            self._first_at = now
+        self._last_at = now
+        if canary is not None and canary.done and canary.sent_at != self._counted_at:
+            self._counted_at = canary.sent_at
+            self._canary_s += max(0.0, canary.age)
+            self._canary_len = max(0.0, canary.age)
+
+    def _endpoint_s(self) -> float:
+        return 0.0 if self._first_at is None else self._last_at - self._first_at
 
     def scrape_rests(self) -> bool:
         """With gauges: whether the last scrape left nothing to move soon, so the steering may scrape
@@ -882,6 +912,13 @@ class AutoConcurrency:
         self._reserve: bool = getattr(self, "_reserve", False)
         self._rates_at: list[tuple[float, int]] = []
         self._paced_answers = getattr(self, "_paced_answers", 0)
+        #: With a canary: the endpoint's first and last step, the seconds canaries ran (each counted
+        #: once, by when it was sent), kept across restarts: what the canary cost so far.
+        self._first_at: float | None = getattr(self, "_first_at", None)
+        self._last_at: float = getattr(self, "_last_at", 0.0)
+        self._canary_s: float = getattr(self, "_canary_s", 0.0)
+        self._counted_at: float | None = getattr(self, "_counted_at", None)
+        self._canary_len: float | None = getattr(self, "_canary_len", None)
 
 
 def start_for(limit: int | None, *, metrics: bool, max_concurrency: int, fallback: int = 64,
@@ -915,6 +952,10 @@ _DEEPEN_BASE = 1
 #: With a canary: readings of a settled level (their median) before a look up above it, taken
 #: afresh after the canary rested (with answers of equal length one canary reads its level +-40 %).
 _PROBE_BASE = 3
+
+#: A canary's length before one finished, in control steps: 10 tokens at the H200's decode step at
+#: 512 (~0.15 s) and its first token, about two seconds.
+_CANARY_GUESS_STEPS = 2.0
 
 #: Answers whose latency per token a step keeps (the median of the first ones is as good as all).
 _TPOT_SAMPLE = 4096

@@ -7,6 +7,8 @@ clone). A missing engine is a failure, not a skip: CI must exercise the real thi
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -42,6 +44,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def gpu_model_1b(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random-weight 1.0B Llama for the GPU tests (folder ``llama-1b``), built once per session;
+    ``$HARVEST_GPU_MODEL`` names one already built (scripts/gpu-check builds it once for all parts)."""
+    given = os.environ.get("HARVEST_GPU_MODEL")
+    if given:
+        return Path(given)
+    import harvest.demo
+
+    out = tmp_path_factory.mktemp("gpu-model") / "llama-1b"
+    maker = Path(harvest.demo.__file__).with_name("make_tiny_model.py")
+    made = subprocess.run([sys.executable, str(maker), str(out), "--size", "1b"], capture_output=True, text=True,
+                          timeout=900)
+    assert made.returncode == 0, made.stderr[-4000:]
+    return out
 
 
 @pytest.fixture(scope="session")

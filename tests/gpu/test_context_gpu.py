@@ -15,14 +15,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-import harvest.demo
 from harvest.campaign.run import run_campaign
 from harvest.config import parse_config
 from harvest.ledger import Ledger, Status
@@ -30,17 +28,13 @@ from tests.engines import free_port
 
 pytestmark = pytest.mark.gpu
 
-MAKE_MODEL = Path(harvest.demo.__file__).with_name("make_tiny_model.py")
 PROMPTS = 64
 HUGE_BYTES = 800_000
 
 
-def test_managed_transformers_serve_skips_the_prompt_larger_than_the_context(tmp_path, monkeypatch):
+def test_managed_transformers_serve_skips_the_prompt_larger_than_the_context(tmp_path, monkeypatch, gpu_model_1b):
     monkeypatch.setenv("HARVEST_STATE_DIR", str(tmp_path / "state"))
-    model = tmp_path / "llama-1b"
-    made = subprocess.run([sys.executable, str(MAKE_MODEL), str(model), "--size", "1b"], capture_output=True,
-                          text=True, timeout=900)
-    assert made.returncode == 0, made.stderr[-4000:]
+    model = gpu_model_1b
     context = json.loads((model / "config.json").read_text())["max_position_embeddings"]
 
     data = tmp_path / "prompts.jsonl"

@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-import harvest.demo
 from harvest.campaign.tune import parse_tune_file, tune
 from harvest.cli.tune import tune_table
 from harvest.config import parse_config
@@ -30,7 +29,6 @@ from tests.engines import free_port
 
 pytestmark = pytest.mark.gpu
 
-MAKE_MODEL = Path(harvest.demo.__file__).with_name("make_tiny_model.py")
 
 
 def serve_flags() -> str:
@@ -40,12 +38,9 @@ def serve_flags() -> str:
     return out.stdout
 
 
-def test_transformers_serve_grid_under_the_quality_gate(tmp_path, monkeypatch):
+def test_transformers_serve_grid_under_the_quality_gate(tmp_path, monkeypatch, gpu_model_1b):
     monkeypatch.setenv("HARVEST_STATE_DIR", str(tmp_path / "state"))
-    model = tmp_path / "llama-1b"
-    made = subprocess.run([sys.executable, str(MAKE_MODEL), str(model), "--size", "1b"], capture_output=True,
-                          text=True, timeout=900)
-    assert made.returncode == 0, made.stderr[-4000:]
+    model = gpu_model_1b
     flags = serve_flags()
     memory_flag = next((f for f in ("--cb-memory-fraction", "--cb-max-memory-percent") if f in flags), None)
     assert memory_flag is not None, "serve --help lists no continuous-batching memory flag"

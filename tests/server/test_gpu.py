@@ -23,7 +23,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-import harvest.demo
 from harvest import http
 from harvest.gpu import open_probe
 from harvest.server import StateFile
@@ -34,7 +33,6 @@ from tests.server.helpers import gone, wait_for
 pytestmark = pytest.mark.gpu
 
 HARVEST = [sys.executable, "-m", "harvest.cli.main"]
-MAKE_MODEL = Path(harvest.demo.__file__).with_name("make_tiny_model.py")
 
 WORKER = """
 import os, sys, time, torch
@@ -126,11 +124,8 @@ def stop_and_check(env: dict[str, str], run_dir: Path) -> dict:
     return report
 
 
-def test_transformers_serve_1b_stop_gives_memory_back(tmp_path, env):
-    model = tmp_path / "llama-1b"
-    made = subprocess.run([sys.executable, str(MAKE_MODEL), str(model), "--size", "1b"], capture_output=True,
-                          text=True, timeout=900)
-    assert made.returncode == 0, made.stderr[-4000:]
+def test_transformers_serve_1b_stop_gives_memory_back(tmp_path, env, gpu_model_1b):
+    model = gpu_model_1b
     port = free_port()
     run_dir = tmp_path / "run"
     cfg = write_config(tmp_path / "server.toml", [

@@ -86,4 +86,17 @@ def compare_candidates(cpu: CpuFeatures) -> list[Candidate]:
     return [FLOAT16, Candidate(FP8_KV.name, FP8_KV.server, FP8_KV.settings, expect="unsupported"), FLOAT32]
 
 
-__all__ = ["AMX_FLAG", "AVX512_FLAGS", "Candidate", "CpuFeatures", "compare_candidates"]
+def nvidia_driver() -> str | None:
+    """None when an NVIDIA driver answers NVML, else the reason it does not."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        count = pynvml.nvmlDeviceGetCount()
+        pynvml.nvmlShutdown()
+        return None if count > 0 else "NVML sees no GPU"
+    except Exception as exc:  # any NVML failure means: no usable driver here
+        return f"no NVIDIA driver ({type(exc).__name__})"
+
+
+__all__ = ["AMX_FLAG", "nvidia_driver", "AVX512_FLAGS", "Candidate", "CpuFeatures", "compare_candidates"]

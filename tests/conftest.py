@@ -16,19 +16,6 @@ import pytest
 from tests import engines
 
 
-def _nvidia_driver() -> str | None:
-    """None when an NVIDIA driver answers NVML, else the reason it does not."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        count = pynvml.nvmlDeviceGetCount()
-        pynvml.nvmlShutdown()
-        return None if count > 0 else "NVML sees no GPU"
-    except Exception as exc:  # any NVML failure means: no usable driver here
-        return f"no NVIDIA driver ({type(exc).__name__})"
-
-
 def pytest_configure(config: pytest.Config) -> None:
     # A test run stopped by SIGTERM stops the engines it started (their own sessions outlive it).
     engines.stop_started_on_sigterm()
@@ -37,7 +24,9 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not any(item.get_closest_marker("gpu") is not None for item in items):
         return
-    reason = _nvidia_driver()
+    from tests.capabilities import nvidia_driver
+
+    reason = nvidia_driver()
     if reason is None:
         return
     skip = pytest.mark.skip(reason=f"needs an NVIDIA GPU (NVML): {reason}; run on the GPU machine")

@@ -14,7 +14,8 @@ fixtures is set up (tests/conftest.py).
 CI without uninstalling anything; tests/test_realparts.py uses it).
 
 The NVIDIA GPU is not gated here: CI has none, so the ``gpu`` marker's skip stays a skip (with its
-reason) everywhere.
+reason) everywhere. Every other skip of the suite goes through this gate; tests/test_realparts.py
+reads the tree so that a new one outside it fails.
 """
 
 from __future__ import annotations
@@ -78,6 +79,30 @@ def _chromium() -> str | None:
     return None if chromium_path() else "no chromium binary (Debian chromium; scripts/install-system)"
 
 
+def _second_user() -> str | None:
+    """Acting as another local user (``nobody``/``nogroup`` through setpriv) needs root, setpriv and
+    that user and group."""
+    if os.geteuid() != 0:
+        return f"runs as uid {os.geteuid()}, not root: setpriv cannot switch users"
+    if shutil.which("setpriv") is None:
+        return "setpriv not on PATH (Debian package util-linux; scripts/install-system)"
+    import grp
+    import pwd
+
+    try:
+        pwd.getpwnam("nobody")
+        grp.getgrnam("nogroup")
+    except KeyError:
+        return "no user nobody / group nogroup on this machine"
+    return None
+
+
+def _readable(path: str, what: str) -> Callable[[], str | None]:
+    def check() -> str | None:
+        return None if os.access(path, os.R_OK) else f"{path} not readable ({what})"
+    return check
+
+
 def _far_harvest() -> str | None:
     return None if os.path.exists(FAR_HARVEST) else f"{FAR_HARVEST} missing (make install)"
 
@@ -92,11 +117,14 @@ CHECKS: dict[str, Callable[[], str | None]] = {
     "unshare": _commands("unshare", "nsenter", package="util-linux"),
     "mount": _commands("mount", "umount", package="mount"),
     "far-harvest": _far_harvest,
-    # "tmpfs": probed by the fixture that mounts it (absent=...); the cgroup v1 freezer is a kernel
-    # capability, skipped with its reason where the kernel lacks it (tests/server/test_stop_give_up.py).
+    "second-user": _second_user,
+    "proc-locks": _readable("/proc/locks", "Linux shows file locks there"),
+    # "tmpfs" and "cgroup-freezer" (a cgroup v1 freezer hierarchy): probed by the fixture that mounts
+    # them, which passes what it found as ``absent=``.
 
     "ray": _module("ray", "the test extra: pip install -e '.[test]'"),
     "pyarrow": _module("pyarrow", "the test extra: pip install -e '.[test]'"),
+    "uvloop": _module("uvloop", "the test extra: pip install -e '.[test]'"),
 }
 
 

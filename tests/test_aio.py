@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 
 import pytest
 
@@ -20,7 +19,7 @@ def test_harvest_uvloop_0_runs_on_asyncio(monkeypatch):
     assert aio.run(loop_module()).startswith("asyncio")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("uvloop") is None, reason="uvloop not installed (the 'fast' extra)")
+@pytest.mark.realpart("uvloop", "harvest run's event loop is uvloop where it is installed (the 'fast' extra)")
 def test_uvloop_is_used_when_installed(monkeypatch):
     monkeypatch.delenv("HARVEST_UVLOOP", raising=False)
     assert aio.uvloop_wanted()

@@ -8,6 +8,7 @@ did not run". Nothing real starts: the gate acts before the browser or the sshd 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -74,3 +75,46 @@ def test_present_parts_pass_the_gate_and_unknown_findings_are_reported(monkeypat
     with pytest.raises(pytest.fail.Exception) as failed:
         require("tmux", "a real terminal")
     assert parts_in(str(failed.value)) == [("tmux", "hidden by HARVEST_TEST_HIDE")]
+
+
+#: What skips a test: pytest's own skip calls and markers, and an import that skips when it fails.
+SKIP_FORMS = ("importorskip", "skipif", "pytest.skip(", "mark.skip(", "mark.skip\n", "unittest.skip")
+
+
+def skips_outside_the_gate(tests_root: Path) -> list[str]:
+    """``file:line: text`` of every skip under ``tests_root`` that is not the real-part gate's
+    (``tests/realparts.py``) or a GPU test's (the conftest's ``gpu`` marker, and a test module that
+    carries the marker): under CI=true nothing else may skip."""
+    found = []
+    for path in sorted(tests_root.rglob("*.py")):
+        rel = path.relative_to(tests_root.parent).as_posix()
+        text = path.read_text(errors="replace")
+        if rel == "tests/realparts.py" or re.search(r"^pytestmark = pytest\.mark\.gpu$", text, re.M):
+            continue
+        for n, line in enumerate(text.splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if rel == "tests/conftest.py" and "needs an NVIDIA GPU" in line:
+                continue  # the gpu marker's skip: no CI machine has an NVIDIA GPU
+            if any(form in code + "\n" for form in SKIP_FORMS) and "SKIP_FORMS" not in code:
+                found.append(f"{rel}:{n}: {line.strip()}")
+    return found
+
+
+def test_no_skip_anywhere_under_tests_but_the_gate_and_the_gpu_tests():
+    found = skips_outside_the_gate(Path(__file__).resolve().parent)
+    assert found == [], "skips that bypass tests/realparts.py (use require(part, reason)):\n" + "\n".join(found)
+
+
+def test_the_skip_finder_finds_each_form(tmp_path):
+    sk = "pytest." + "skip"  # spelled apart so that this file holds none of the forms it looks for
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "realparts.py").write_text(f"{sk}(message)\n")  # the gate itself
+    (tests / "test_gpu_thing.py").write_text(f"pytestmark = pytest.mark.gpu\n{sk}('busy GPU')\n")
+    (tests / "test_a.py").write_text(f"x = {sk[:7]}importor{sk[7:]}('ray')\n@pytest.mark.{sk[7:]}if(True, reason='r')\n"
+                                     f"def f():\n    {sk}('no')  # a comment\n# {sk}( in a comment\n")
+    assert skips_outside_the_gate(tests) == [
+        f"tests/test_a.py:1: x = {sk[:7]}importor{sk[7:]}('ray')",
+        f"tests/test_a.py:2: @pytest.mark.{sk[7:]}if(True, reason='r')",
+        f"tests/test_a.py:4: {sk}('no')  # a comment",
+    ]

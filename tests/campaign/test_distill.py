@@ -21,6 +21,7 @@ import pytest
 from harvest.ledger import Ledger
 from harvest.ledger.logprobs import LOGPROB_DIR, shard_name
 from tests.campaign.ledger_peek import _query, orphan_results
+from tests.realparts import require
 
 pytestmark = [pytest.mark.engine]
 
@@ -123,7 +124,8 @@ def _direct(url, messages, k, max_tokens):
 
 
 def test_logprobs_stored_exported_and_equal_to_a_direct_request(tmp_path, vllm_server):
-    pq = pytest.importorskip("pyarrow.parquet", reason="the Parquet export needs pyarrow (test extra)")
+    require("pyarrow", "the Parquet export of log-probabilities is read back with pyarrow")
+    import pyarrow.parquet as pq
     rows = [{"id": "single", "prompt": "Name three colours."},
             {"id": "multi", "messages": [{"role": "user", "content": "Hello there."},
                                          {"role": "assistant", "content": "(original)"},

@@ -34,11 +34,13 @@ def write_progress(run_dir: Path, **fields) -> None:
 
 
 def dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait(timeout=30)
-    if psutil.pid_exists(proc.pid):
-        pytest.skip(f"pid {proc.pid} was reused at once; cannot test a dead runner with it")
-    return proc.pid
+    """The pid of a process that ran and exited (one not reused at once by another: tried again)."""
+    for _ in range(20):
+        proc = subprocess.Popen([sys.executable, "-c", "pass"])
+        proc.wait(timeout=30)
+        if not psutil.pid_exists(proc.pid):
+            return proc.pid
+    raise AssertionError("20 exited processes' pids were all reused at once")
 
 
 @pytest.fixture
@@ -85,7 +87,7 @@ def test_without_progress_json_rates_come_from_the_ledger(running_run):
     assert later.eta_s is None
 
 
-@pytest.mark.skipif(not os.access("/proc/locks", os.R_OK), reason="needs Linux /proc/locks to see the lock")
+@pytest.mark.realpart("proc-locks", "the ledger's lock is seen in /proc/locks")
 def test_without_progress_json_the_ledger_lock_tells_whether_a_runner_has_the_run(running_run):
     run_dir, _ = running_run
     closed = run_status(run_dir)  # the builder closed its ledger: nobody holds the lock

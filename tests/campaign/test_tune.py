@@ -190,6 +190,16 @@ def asyncio_run(coro):
 # --- the tiny model on vLLM, through the CLI, with --then-run -------------------------------------------
 
 
+def gate_verdict(trial: dict) -> str:
+    """"pass" or "fail" from a trial's recorded gate: each check's value against its limit, read
+    here, not from the verdict the sweep wrote."""
+    checks = trial["gate"]["checks"]
+    assert checks, trial
+    for c in checks:
+        holds = c["value"] <= c["limit"] + 1e-6 if c["op"] == "<=" else c["value"] >= c["limit"] - 1e-6
+        assert holds == c["passed"], c
+    return "pass" if all(c["passed"] for c in checks) else "fail"
+
 @pytest.mark.engine
 @pytest.mark.slow
 def test_vllm_grid_with_a_failing_trial_then_run(tmp_path, vllm_python, tiny_model):
@@ -270,8 +280,8 @@ metrics_interval = 0.1
     assert verdicts[3] == verdicts[4] == "rejected"
     assert verdicts[5] == "failed" and trials[5]["launch"]["reason"] in ("exited", "fatal_log")
     assert verdicts[1] == "pass" and trials[1]["is_reference"]
-    assert verdicts[2] in ("pass", "fail") and trials[2]["overrides"] == {"kv_cache_dtype": "auto",
-                                                                          "max_running_requests": 16}
+    assert trials[2]["overrides"] == {"kv_cache_dtype": "auto", "max_running_requests": 16}
+    assert verdicts[2] == gate_verdict(trials[2]), trials[2]  # what its measured gate says, checked here
     # policy-rejected settings were never launched: no folder, no log
     assert not [p for p in (tune_dir / "trials").iterdir() if p.name.startswith(("03-", "04-"))]
     assert (tune_dir / "trials" / trials[5]["label"] / "server" / "server.log").exists()

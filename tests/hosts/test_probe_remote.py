@@ -85,13 +85,17 @@ def test_compare_through_ssh_llama(tmp_path, sshd, llama_server_bin, tiny_gguf):
     out = tmp_path / "compare"
     res = harvest("compare", "--reference", str(ref), "--candidate", str(cand), "--settings", str(settings),
                   "--out", str(out), "--json")
-    assert res.returncode in (0, 1), res.stdout + res.stderr
     assert "Traceback" not in res.stderr
     doc = json.loads(res.stdout)
     assert [x["label"] for x in doc["launches"]] == ["reference", "candidate-1"]
     assert all(x["error"] is None and x["stop"]["verdict"] == "clean" for x in doc["launches"]), doc["launches"]
     (cand_row,) = [r for r in doc["rows"] if r["label"] == "candidate-1"]
-    assert cand_row["verdict"] in ("pass", "fail") and cand_row["quality"] is not None
+    assert cand_row["quality"] is not None and cand_row["gate"]["checks"], cand_row
+    for c in cand_row["gate"]["checks"]:  # each check's value against its limit, read here
+        assert (c["value"] <= c["limit"] + 1e-6 if c["op"] == "<=" else c["value"] >= c["limit"] - 1e-6) == c["passed"]
+    passed = all(c["passed"] for c in cand_row["gate"]["checks"])
+    assert cand_row["verdict"] == ("pass" if passed else "fail"), cand_row
+    assert res.returncode == (0 if passed else 1), res.stdout + res.stderr  # exit 1: a candidate failed
     assert cand_row["settings"] == {"max_running_requests": 2}
     for launch in doc["launches"]:
         record = assert_far_stop_verified(Path(launch["run_dir"]), sshd)

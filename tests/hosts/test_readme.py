@@ -6,7 +6,6 @@ then every `harvest` command of their shell blocks is run and must succeed."""
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import subprocess
@@ -21,6 +20,7 @@ PCT = """#!/bin/sh
 # Stand-in for Proxmox's `pct exec ID -- CMD...`: enters the test's namespace container instead.
 [ "$1" = exec ] && [ "$2" = 101 ] && [ "$3" = -- ] || { echo "pct stand-in: unexpected $*" >&2; exit 2; }
 shift 3
+echo "$*" >> {log}
 exec nsenter -t {init} -p -m -- "$@"
 """
 
@@ -87,9 +87,14 @@ def test_remote_box_section_runs_as_written(tmp_path, sshd):
 
 def test_container_section_runs_as_written(tmp_path, sshd, container):  # noqa: F811
     init_pid, _ns = container
-    pct = tmp_path / "pct"
-    pct.write_text(PCT.replace("{init}", str(init_pid)))
+    pct, entered = tmp_path / "pct", tmp_path / "pct.log"
+    pct.write_text(PCT.replace("{init}", str(init_pid)).replace("{log}", str(entered)))
     pct.chmod(0o755)
     run_section("A container on a remote box", tmp_path, sshd,
                 far_harvest(sshd), replace={'"pct"': f'"{pct}"'})
-    assert os.path.exists(pct)
+    # Every far command went into the container through the README's exec_prefix: the far harvest's
+    # `gpus --json` and `ps --json`, each entered by `pct exec 101 --`.
+    calls = entered.read_text().splitlines() if entered.exists() else []
+    assert any(" gpus " in f" {c} " and "--json" in c for c in calls), calls
+    assert any(" ps " in f" {c} " and "--json" in c for c in calls), calls
+    assert all(FAR_HARVEST in c for c in calls), calls

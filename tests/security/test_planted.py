@@ -27,28 +27,12 @@ from harvest.errors import UnsafePathError
 from harvest.ledger.store import Ledger
 from harvest.server.state import LaunchRecord, RunState, RunStatus, state_to_dict
 from tests import engines
+from tests.realparts import require
 
 CHAT_ENGINE = Path(__file__).resolve().parents[1] / "quality" / "chat_engine.py"
 
 
-def _second_user() -> str | None:
-    """Why the tests cannot act as a second user here, or None when they can."""
-    if os.geteuid() != 0:
-        return "not root: cannot act as a second user (setpriv needs root)"
-    if shutil.which("setpriv") is None:
-        return "no setpriv on this machine"
-    try:
-        import grp
-        import pwd
-
-        pwd.getpwnam("nobody")
-        grp.getgrnam("nogroup")
-    except KeyError:
-        return "no user nobody / group nogroup on this machine"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_second_user() is not None, reason=_second_user() or "")
+require("second-user", "the attacks are made as another local user, nobody, against root's harvest")
 
 AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 

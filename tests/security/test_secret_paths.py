@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
 import sqlite3
 import stat
 import subprocess
@@ -25,6 +24,7 @@ import pytest
 
 from harvest.net import port_listening
 from tests import engines
+from tests.realparts import require
 
 CHAT_ENGINE = Path(__file__).resolve().parents[1] / "quality" / "chat_engine.py"
 
@@ -34,10 +34,9 @@ def harvest(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess
                           timeout=timeout, env=env, stdin=subprocess.DEVNULL)
 
 
-def other_users_cmdlines() -> str | None:
-    """Every /proc/PID/cmdline as user nobody reads it (None where the test cannot be nobody)."""
-    if os.geteuid() != 0 or shutil.which("setpriv") is None:
-        return None
+def other_users_cmdlines() -> str:
+    """Every /proc/PID/cmdline as user nobody reads it."""
+    require("second-user", "another local user must not see the secret in any process's command line")
     done = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "sh", "-c",
                            'for f in /proc/[0-9]*/cmdline; do cat "$f" 2>/dev/null; echo; done'],
                           capture_output=True, timeout=60, cwd="/")
@@ -55,9 +54,7 @@ def assert_nowhere(secret: str, roots: list[Path], outputs: list[subprocess.Comp
     assert holding == [], holding
     for out in outputs:
         assert secret not in out.stdout and secret not in out.stderr, out.args
-    seen = other_users_cmdlines()
-    if seen is not None:
-        assert secret not in seen
+    assert secret not in other_users_cmdlines()
     return len(files)
 
 

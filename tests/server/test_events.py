@@ -52,10 +52,17 @@ def test_stop_run_tells_each_step_as_it_happens(launcher, tmp_path):
 
 
 def test_a_listener_that_raises_does_not_break_the_launch(launcher, tmp_path):
+    heard: list[Event] = []
+
     def broken(event: Event) -> None:
+        heard.append(event)
         raise RuntimeError("display failed")
 
     server = launcher.launch(lambda port: fake_config(tmp_path / "pids", port=port), on_event=broken)
     assert server.ready is not None
+    launching = [e for e in heard if e.phase == "launching"]
+    # it was called, raised every time, and still heard the launch through to its end
+    assert launching and launching[0].kind == "start" and launching[-1].kind == "end", heard
     report = server.shutdown()
     assert report is not None and report.clean
+    assert any(e.phase == "stopping" for e in heard), heard  # and the stop after it

@@ -74,7 +74,8 @@ def freezer(tmp_path: Path) -> Iterator[Path]:
     if out.returncode != 0:
         # A kernel capability, not a package CI could install: a cgroup v2-only kernel has no v1
         # freezer, and v2's freezer lets SIGKILL through, so nothing there outlives SIGKILL.
-        pytest.skip(f"{why}; this kernel has none (mount -t cgroup -o freezer: {out.stderr.strip()})")
+        require("cgroup-freezer", why, absent=f"this kernel has none (mount -t cgroup -o freezer: "
+                                               f"{out.stderr.strip()})")
     try:
         yield mnt
     finally:

@@ -77,10 +77,13 @@ def test_stop_polls_gpu_memory_back_to_baseline(launcher, tmp_path):
     gpu_step = report.step("gpu")
     assert gpu_step is not None and gpu_step.ok and "back within" in gpu_step.outcome
     assert gpu_step.duration_s >= 0.7  # it waited for the release, measured
-    gaps = sorted(b - a for a, b in zip(probe.polls, probe.polls[1:]))
-    # >= 10 Hz: the typical gap is one poll interval (half again for a loaded machine's sleeps);
-    # no gap near the next budget up.
-    assert gaps and gaps[len(gaps) // 2] <= 1.5 * POLL_INTERVAL and gaps[-1] <= POLL_INTERVAL + SLACK_S, gaps
+    gaps = [b - a for a, b in zip(probe.polls, probe.polls[1:])]
+    # Polled every POLL_INTERVAL while it waited: several polls over the 0.8 s release (one per
+    # budget would be one or two), none of them a budget apart; the machine's load only stretches
+    # each sleep, so the count is bounded by the wait and the gaps by one interval plus the slack.
+    assert len(probe.polls) >= 4, probe.polls
+    assert gaps and max(gaps) <= POLL_INTERVAL + SLACK_S, gaps
+    assert sum(gaps) >= 0.7 and len(gaps) <= sum(gaps) / POLL_INTERVAL + 2, gaps  # no busy loop either
     assert report.holders == ()
 
 

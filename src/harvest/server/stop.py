@@ -5,14 +5,16 @@
     grace     wait for every recorded process to exit (bounded by the grace and the budget)
     sigkill   SIGKILL to the group and to every recorded process still alive with its create time
     reap      wait for them to be gone (bounded)
-    gpu       poll GPU memory at >= 10 Hz until each GPU the server used is back within a margin of
+    gpu       poll GPU memory every 0.1 s until each GPU the server used is back within a margin of
               its pre-launch baseline, or the budget ends; then name the holders still there (every
               probe call is bounded by the budget: a wedged driver cannot hold the stop)
     port      check the server's port can be bound again (nothing holds it any more), else name
               the processes listening on it
 
-Every step gets what is left of one deadline, so a stop takes at most the deadline plus one poll
-interval; a step that runs out of time moves on to the next and is never retried. Usable from any
+Every step gets what is left of one deadline, and no wait inside a step is longer than one poll
+interval past it, so a stop's own budget ends at the deadline plus one poll interval (on a loaded
+machine the scheduler adds its delays to the wall clock on top); a step that runs out of time moves
+on to the next and is never retried. Usable from any
 process (``harvest stop`` in another shell, also after the launching process was killed).
 
 It signals only the recorded process group and recorded (pid, create time) pairs, rechecked right

@@ -3,6 +3,9 @@
 PY ?= python3
 VENV ?= .venv
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist): the machine's cores plus one, at least 3 (the suite waits on engines
+# and subprocesses more than it computes).
+TEST_WORKERS ?= $(shell $(PY) -c 'import os; print(max(3, len(os.sched_getaffinity(0)) + 1))')
 
 .PHONY: demo test install engines system
 
@@ -31,5 +34,5 @@ test: install engines system
 	HARVEST_VLLM_PYTHON="$$(scripts/install-engines vllm)" \
 	HARVEST_LLAMA_SERVER="$$(scripts/install-engines llamacpp)" \
 	HARVEST_SGLANG_PYTHON="$$(scripts/install-engines sglang)" \
-	$(VENV)/bin/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "no tests collected: failing" >&2; exit 1; fi; exit $$rc

@@ -21,7 +21,34 @@ def pytest_configure(config: pytest.Config) -> None:
     engines.stop_started_on_sigterm()
 
 
+#: Fixtures that start a kind of real part, and the marker their tests get (make test-fast leaves
+#: the marked tests out; tests/README.md).
+_FIXTURE_MARKS = {"vllm_server": "vllm", "compared": "vllm", "vllm_run": "vllm", "ray_cluster": "ray",
+                  "sshd": "sshd", "sshd2": "sshd", "llama_server": "engine", "llama_server_bin": "engine"}
+#: Folders whose every test drives Ray (a cluster of the session's or the module's own).
+_RAY_FOLDERS = ("tests/cluster/",)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark tests by the real parts their fixtures start, and group them for pytest-xdist
+    (``--dist loadgroup``): every vLLM test in one group (one vLLM CPU engine at a time on a small
+    machine, the shared server started once), every Ray test in another (the session's one
+    cluster), the rest by module (a module's fixtures built once). Skip GPU tests, with the reason,
+    where no NVIDIA GPU answers."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if item.nodeid.startswith(_RAY_FOLDERS) and item.get_closest_marker("ray") is None:
+            item.add_marker(pytest.mark.ray)
+        for fixture, mark in _FIXTURE_MARKS.items():
+            if fixture in names and item.get_closest_marker(mark) is None:
+                item.add_marker(getattr(pytest.mark, mark))
+        if item.get_closest_marker("ray") is not None:
+            group = "ray"
+        elif item.get_closest_marker("vllm") is not None:
+            group = "vllm"
+        else:
+            group = item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
     if not any(item.get_closest_marker("gpu") is not None for item in items):
         return
     from tests.capabilities import nvidia_driver
@@ -73,8 +100,9 @@ def llama_server_bin() -> str:
 
 @pytest.fixture(scope="session")
 def tiny_model(vllm_python: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random-weight Llama (HF folder with tokenizer and chat template, plus model.gguf)."""
-    return engines.build_tiny_model(vllm_python, tmp_path_factory.mktemp("tiny-model"))
+    """A tiny random-weight Llama (HF folder with tokenizer and chat template, plus model.gguf),
+    built once for every test process (tests/engines.py ``cached_tiny_model``). Read only."""
+    return engines.cached_tiny_model(vllm_python)
 
 
 @pytest.fixture(scope="session")
@@ -85,10 +113,11 @@ def tiny_gguf(tiny_model: Path) -> Path:
 @pytest.fixture(scope="session")
 def vllm_server(vllm_python: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory):
     """One vLLM CPU server shared by the session's tests that are not about lifecycle (the campaign
-    tests, the auto-concurrency controller's). Its readiness bound is a guard, not a measurement:
-    vLLM's compile warm-up took over 240 s at load 30 on 2 cores."""
+    tests, the auto-concurrency controller's), eager (``--enforce-eager``: no compile warm-up, which
+    took over 240 s at load 30 on 2 cores; 38 s to ready instead of 81 s on an idle one). Its
+    readiness bound is a guard, not a measurement."""
     server = engines.start_vllm(vllm_python, tiny_model, tmp_path_factory.mktemp("vllm-shared"),
-                                "--max-model-len", "2048", timeout=900)
+                                "--max-model-len", "2048", "--enforce-eager", timeout=900)
     try:
         yield server
     finally:

@@ -41,6 +41,29 @@ def install_engine(name: str) -> str:
     return proc.stdout.strip().splitlines()[-1]
 
 
+def cached_tiny_model(python: str) -> Path:
+    """The tiny model, built once per version of its recipe (make_tiny_model.py's bytes) beside the
+    cached engines, shared by every test process (pytest-xdist workers, later runs): built into a
+    temporary folder under a lock, then renamed into place."""
+    import fcntl
+    import hashlib
+    import shutil
+
+    root = Path(os.environ.get("HARVEST_ENGINES") or Path.home() / ".cache" / "harvest" / "engines")
+    root.mkdir(parents=True, exist_ok=True)
+    recipe = hashlib.sha256(MAKE_MODEL.read_bytes()).hexdigest()[:16]
+    final = root / f"tiny-model-{recipe}"
+    with open(root / f".lock-tiny-model-{recipe}", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # bounded by the build's own timeout in the holder
+        if not (final / "model.gguf").exists():
+            building = root / f".building-tiny-model-{recipe}-{os.getpid()}"
+            shutil.rmtree(building, ignore_errors=True)
+            build_tiny_model(python, building)
+            shutil.rmtree(final, ignore_errors=True)
+            building.rename(final)
+    return final
+
+
 def build_tiny_model(python: str, out: Path, gguf: bool = True) -> Path:
     """Build the tiny random model (HF folder, and model.gguf) with the engine's Python."""
     if (out / "config.json").exists() and (not gguf or (out / "model.gguf").exists()):

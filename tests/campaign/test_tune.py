@@ -200,6 +200,7 @@ def gate_verdict(trial: dict) -> str:
         assert holds == c["passed"], c
     return "pass" if all(c["passed"] for c in checks) else "fail"
 
+@pytest.mark.vllm
 @pytest.mark.engine
 @pytest.mark.slow
 def test_vllm_grid_with_a_failing_trial_then_run(tmp_path, vllm_python, tiny_model):
@@ -215,7 +216,7 @@ served_model_name = "tiny"
 port = {port}
 kv_cache_dtype = "auto"
 max_running_requests = 8
-extra_args = ["--max-model-len", "2048"]
+extra_args = ["--max-model-len", "2048", "--enforce-eager"]
 ready_timeout = 600
 stop_grace = 20
 stop_deadline = 90
@@ -247,7 +248,7 @@ kv_cache_dtype = ["auto", "fp8"]
 max_running_requests = [8, 16]
 
 [[grid]]
-extra_args = [["--max-model-len", "2048", "--no-such-flag"]]
+extra_args = [["--max-model-len", "2048", "--enforce-eager", "--no-such-flag"]]
 
 [policy]
 forbid = ["kv_cache_dtype=fp8*"]

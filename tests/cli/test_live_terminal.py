@@ -60,6 +60,7 @@ def growing(values: list[float]) -> bool:
     return len(values) >= 2 and values == sorted(values) and values[-1] > values[0]
 
 
+@pytest.mark.vllm
 @pytest.mark.engine
 def test_run_on_vllm_shows_the_launch_then_the_bar_and_nothing_inside_the_panel(tmp_path, vllm_python, tiny_model):
     n = 600
@@ -75,7 +76,7 @@ engine = "vllm"
 model = {json.dumps(str(tiny_model))}
 python = {json.dumps(vllm_python)}
 port = {port}
-extra_args = ["--max-model-len", "2048"]
+extra_args = ["--max-model-len", "2048", "--enforce-eager"]
 ready_timeout = 600
 stop_grace = 20
 stop_deadline = 90

@@ -293,7 +293,7 @@ def test_vllm_cpu_server_on_the_cluster(tmp_path, ray_cluster, vllm_python, tiny
     job = tmp_path / "job.toml"
     job.write_text(
         f'[server]\nengine = "vllm"\nmodel = "{tiny_model}"\npython = "{vllm_python}"\nserved_model_name = "tiny"\n'
-        f'port = {engines.free_port()}\nextra_args = ["--max-model-len", "2048"]\n'
+        f'port = {engines.free_port()}\nextra_args = ["--max-model-len", "2048", "--enforce-eager"]\n'
         f'ready_timeout = 600\nstop_grace = 20\nstop_deadline = 90\n'
         f'[server.env]\n{env}\n'
         f'[preflight]\nmin_disk_free_gib = 0.05\nram_reserve_gib = 0\n'

@@ -33,10 +33,11 @@ def data_file(path: Path, n: int) -> Path:
 
 def vllm_server_table(vllm_python: str, tiny_model: Path, port: int) -> dict[str, object]:
     return {"engine": "vllm", "model": str(tiny_model), "python": vllm_python, "port": port,
-            "extra_args": ["--max-model-len", "2048"], "ready_timeout": 400, "stop_deadline": 60,
+            "extra_args": ["--max-model-len", "2048", "--enforce-eager"], "ready_timeout": 400, "stop_deadline": 60,
             "env": dict(engines.VLLM_ENV)}
 
 
+@pytest.mark.vllm
 def test_run_through_ssh_end_to_end_then_serve_ps_stop_gpus(tmp_path, sshd, vllm_python, tiny_model):
     far_port = engines.free_port()
     job = write_toml(tmp_path / "job.toml", {

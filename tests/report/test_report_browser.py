@@ -151,7 +151,7 @@ def vllm_run(tmp_path_factory: pytest.TempPathFactory, vllm_python: str, tiny_mo
     run_dir = root / "run"
     config = parse_config({
         "server": {"engine": "vllm", "model": str(tiny_model), "python": vllm_python, "served_model_name": "tiny",
-                   "port": engines.free_port(), "extra_args": ["--max-model-len", "2048"], "ready_timeout": 600,
+                   "port": engines.free_port(), "extra_args": ["--max-model-len", "2048", "--enforce-eager"], "ready_timeout": 600,
                    "stop_grace": 20, "stop_deadline": 90, "env": dict(engines.VLLM_ENV)},
         "preflight": {"min_disk_free_gib": 0.05},
         "data": {"path": str(_prompts(root / "in.jsonl", 160, long=2)), "id_field": "id"},

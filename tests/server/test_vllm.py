@@ -34,11 +34,12 @@ def _group_members(pgid: int) -> list[int]:
     return out
 
 
+@pytest.mark.vllm
 def test_vllm_cpu_launch_ready_chat_stop(vllm_python, tiny_model, launcher):
     def config(port: int) -> ServerConfig:
         return ServerConfig(engine="vllm", model=str(tiny_model), python=vllm_python, port=port,
                             served_model_name="tiny", max_running_requests=8, env=dict(VLLM_ENV),
-                            extra_args=["--max-model-len", "2048"], ready_timeout=600.0,
+                            extra_args=["--max-model-len", "2048", "--enforce-eager"], ready_timeout=600.0,
                             stop_grace=20.0, stop_deadline=90.0)
 
     server = launcher.launch(config, record_interval=1.0)

@@ -29,6 +29,7 @@ _FIXTURE_MARKS = {"vllm_server": "vllm", "compared": "vllm", "vllm_run": "vllm",
 _RAY_FOLDERS = ("tests/cluster/",)
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (its own hook of the same name)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark tests by the real parts their fixtures start, and group them for pytest-xdist
     (``--dist loadgroup``): every vLLM test in one group (one vLLM CPU engine at a time on a small

@@ -3,7 +3,7 @@
 not manage, so the test reads the engine's own counters before and after). The rate harvest shows
 in ``status --json``, in its progress line and panel, and in the report equals the rate computed
 from the engine's ``vllm:prefix_cache_hits_total`` / ``vllm:prefix_cache_queries_total`` over the
-run, within a point. A busy vLLM CPU engine may answer no /metrics scrape while it generates: the
+run, within a point; vLLM's queue and KV-cache gauges reach the timeline and the report's chart. A busy vLLM CPU engine may answer no /metrics scrape while it generates: the
 figure must not depend on one landing.
 """
 
@@ -82,6 +82,12 @@ def test_the_hit_rate_shown_is_the_engines_own_over_the_run(tmp_path, vllm_serve
 
     report = harvest("report", "run", "-o", "report.html", cwd=tmp_path)
     assert report.returncode == 0, report.stderr
-    found = re.search(r"([\d.]+)% of prompt tokens \(last session, engine counters\)",
-                      (tmp_path / "report.html").read_text())
+    page = (tmp_path / "report.html").read_text()
+    found = re.search(r"([\d.]+)% of prompt tokens \(last session, engine counters\)", page)
     assert found and abs(float(found.group(1)) / 100 - engine_rate) <= 0.01, engine_rate
+
+    # vLLM's gauges fed the timeline, KV-cache use included, and the report draws it
+    timeline = json.loads((tmp_path / "run" / "timeline.json").read_text())
+    read = [e for p in timeline["intervals"] for e in p["endpoints"].values() if e.get("running") is not None]
+    assert read and all(e.get("waiting") is not None and e.get("kv_usage") is not None for e in read), read
+    assert "KV use" in page

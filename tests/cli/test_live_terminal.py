@@ -1,6 +1,6 @@
 """The live display in a real terminal (tmux, 130 x 45): what a person watching sees.
 
-``harvest run`` on vLLM's CPU build: while the server launches the panel names the launch phase
+``harvest run`` on llama-server (behind a pause): while the server launches the panel names the launch phase
 with a growing elapsed time; while it generates the progress bar advances; nothing else (preflight
 rules, log lines) is ever drawn inside the panel's frame, and the panel is drawn once. ``harvest
 serve`` and ``harvest stop`` on the fake engine: the launch phase live, then the stop's steps as
@@ -60,29 +60,28 @@ def growing(values: list[float]) -> bool:
     return len(values) >= 2 and values == sorted(values) and values[-1] > values[0]
 
 
-@pytest.mark.vllm
 @pytest.mark.engine
-def test_run_on_vllm_shows_the_launch_then_the_bar_and_nothing_inside_the_panel(tmp_path, vllm_python, tiny_model):
+def test_run_on_a_real_engine_shows_the_launch_then_the_bar_and_nothing_inside_the_panel(
+        tmp_path, llama_server_bin, tiny_gguf):
     n = 600
     data = tmp_path / "prompts.jsonl"  # named relative to the terminal's folder: screens free of tmp paths
     data.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"Write about topic {i}."}) + "\n"
                             for i in range(n)))
     port = engines.free_port()
-    env_lines = "\n".join(f'{k} = "{v}"' for k, v in engines.VLLM_ENV.items())
+    # llama-server behind a pause standing for a large model's load: the launch phase lasts long
+    # enough to be seen on several screens (the engine itself is ready in a second).
+    command = ["sh", "-c", 'sleep 4; exec "$0" "$@"', llama_server_bin]
     job = tmp_path / "job.toml"
     job.write_text(f"""
 [server]
-engine = "vllm"
-model = {json.dumps(str(tiny_model))}
-python = {json.dumps(vllm_python)}
+engine = "llamacpp"
+model = {json.dumps(str(tiny_gguf))}
+command = {json.dumps(command)}
 port = {port}
-extra_args = ["--max-model-len", "2048", "--enforce-eager"]
-ready_timeout = 600
-stop_grace = 20
-stop_deadline = 90
-
-[server.env]
-{env_lines}
+extra_args = ["-c", "4096"]
+ready_timeout = 120
+stop_grace = 5
+stop_deadline = 60
 
 [preflight]
 min_disk_free_gib = 0.05
@@ -120,7 +119,7 @@ dir = "run"
         live_launch = [p[1] for p in launching if p is not None and p[0] == "▶"]
         assert growing(live_launch), f"launch elapsed times seen: {live_launch}"
         launch_screen = next(s for s in screens if (s.phase("launching") or ("",))[0] == "▶")
-        assert any("vllm pid" in line and "since spawn" in line for line in launch_screen.inside()), \
+        assert any("llamacpp pid" in line and "since spawn" in line for line in launch_screen.inside()), \
             launch_screen.text
         # The rules were printed above the panel, before the launch.
         assert any(any("preflight: PASS" in line for line in s.above()) for s in screens if s.frames())
@@ -145,7 +144,7 @@ dir = "run"
     finally:
         term.stop()
     docs = Path(__file__).resolve().parents[2] / "docs"
-    _keep_for_docs(screens, docs, tmp_path, tiny_model)
+    _keep_for_docs(screens, docs, tmp_path, tiny_gguf)
 
 
 def _neutral(text: str, folder: Path, model: Path | None = None) -> str:

@@ -1,4 +1,4 @@
-"""A far box over real OpenSSH: ``harvest run`` launches vLLM CPU there through the far harvest,
+"""A far box over real OpenSSH: ``harvest run`` launches llama-server there through the far harvest,
 drives the campaign through the tunnel, stops it there; then ``serve --detach``, ``ps``, ``stop``
 and ``gpus`` against the same host. The far harvest is this checkout (see conftest.py)."""
 
@@ -31,17 +31,16 @@ def data_file(path: Path, n: int) -> Path:
     return path
 
 
-def vllm_server_table(vllm_python: str, tiny_model: Path, port: int) -> dict[str, object]:
-    return {"engine": "vllm", "model": str(tiny_model), "python": vllm_python, "port": port,
-            "extra_args": ["--max-model-len", "2048", "--enforce-eager"], "ready_timeout": 400, "stop_deadline": 60,
-            "env": dict(engines.VLLM_ENV)}
+def llama_server_table(llama_server_bin: str, tiny_gguf: Path, port: int) -> dict[str, object]:
+    """A real engine, fast to start (what is under test is the far side and the tunnel, not the engine)."""
+    return {"engine": "llamacpp", "model": str(tiny_gguf), "command": [llama_server_bin], "port": port,
+            "extra_args": ["-c", "4096"], "ready_timeout": 120, "stop_grace": 5, "stop_deadline": 60}
 
 
-@pytest.mark.vllm
-def test_run_through_ssh_end_to_end_then_serve_ps_stop_gpus(tmp_path, sshd, vllm_python, tiny_model):
+def test_run_through_ssh_end_to_end_then_serve_ps_stop_gpus(tmp_path, sshd, llama_server_bin, tiny_gguf):
     far_port = engines.free_port()
     job = write_toml(tmp_path / "job.toml", {
-        "server": vllm_server_table(vllm_python, tiny_model, far_port),
+        "server": llama_server_table(llama_server_bin, tiny_gguf, far_port),
         "data": {"path": str(data_file(tmp_path / "in.jsonl", 40)), "id_field": "id"},
         "sampling": {"max_tokens": 8},
         "client": {"concurrency": 8, "max_retries": 0, "health_deadline": 60},
@@ -66,7 +65,7 @@ def test_run_through_ssh_end_to_end_then_serve_ps_stop_gpus(tmp_path, sshd, vllm
     assert not _alive(launch["record"]["pid"], launch["record"]["create_time"])
 
     # serve --detach on the far host, then ps, stop by the near record, ps again, gpus.
-    box = write_toml(tmp_path / "box.toml", {"server": vllm_server_table(vllm_python, tiny_model, far_port),
+    box = write_toml(tmp_path / "box.toml", {"server": llama_server_table(llama_server_bin, tiny_gguf, far_port),
                                               "host": sshd.host_table()})
     near = tmp_path / "near-record"
     res = harvest("serve", str(box), "--detach", "--run-dir", str(near))

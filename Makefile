@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 # and subprocesses more than it computes).
 TEST_WORKERS ?= $(shell $(PY) -c 'import os; print(max(3, len(os.sched_getaffinity(0)) + 1))')
 
-.PHONY: demo test install engines system
+.PHONY: demo test test-fast install engines system
 
 $(VENV)/.harvest-installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -35,4 +35,11 @@ test: install engines system
 	HARVEST_LLAMA_SERVER="$$(scripts/install-engines llamacpp)" \
 	HARVEST_SGLANG_PYTHON="$$(scripts/install-engines sglang)" \
 	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "no tests collected: failing" >&2; exit 1; fi; exit $$rc
+
+# The inner loop: unit, contract and fuzz tests - no engine, no Ray, no sshd, no GPU (tests/README.md).
+# Nothing in it may skip; it fails like `make test` when nothing is collected.
+FAST_MARKERS = not vllm and not ray and not sshd and not engine and not gpu and not slow
+test-fast: install
+	HARVEST_NO_SKIPS=1 $(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "$(FAST_MARKERS)" $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "no tests collected: failing" >&2; exit 1; fi; exit $$rc

@@ -192,3 +192,16 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     if gpu:
         terminalreporter.write_line(f"nvidia-gpu: {gpu} test(s) skipped -- no NVIDIA GPU here "
                                     "(a skip in CI too)")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """``HARVEST_NO_SKIPS=1`` (``make test-fast``): a skipped test fails the run, naming it; the fast
+    tier has no part that may be missing."""
+    if os.environ.get("HARVEST_NO_SKIPS") != "1" or hasattr(session.config, "workerinput"):
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter is not None else []
+    if skipped:
+        for report in skipped:
+            reporter.write_line(f"skipped, which HARVEST_NO_SKIPS forbids: {report.nodeid}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

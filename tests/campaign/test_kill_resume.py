@@ -22,7 +22,7 @@ from tests.chaos.killer import shared_row
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
-ROUNDS = 20
+ROUNDS = 12
 N_ITEMS = 3000
 
 

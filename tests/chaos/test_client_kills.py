@@ -1,6 +1,6 @@
 """R1: `harvest run` SIGKILLed, then resumed: nothing lost, nothing twice.
 
-tests/campaign/test_kill_resume.py already kills at random moments (20 rounds, vLLM). Here:
+tests/campaign/test_kill_resume.py already kills at random moments (12 rounds, vLLM). Here:
 
 - every kill lands *inside a ledger write transaction*, proved from outside through SQLite's WAL
   write lock in /proc/locks (see tests/chaos/killer.py); the ledger is checked after every kill
@@ -31,7 +31,7 @@ from tests.chaos.killer import chaos_rounds, final_check, harvest_argv, wait_com
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
-ROUNDS = 20
+ROUNDS = 12
 EARLY = 5
 
 

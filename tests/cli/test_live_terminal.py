@@ -63,7 +63,7 @@ def growing(values: list[float]) -> bool:
 @pytest.mark.engine
 def test_run_on_a_real_engine_shows_the_launch_then_the_bar_and_nothing_inside_the_panel(
         tmp_path, llama_server_bin, tiny_gguf):
-    n = 600
+    n = 200
     data = tmp_path / "prompts.jsonl"  # named relative to the terminal's folder: screens free of tmp paths
     data.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"Write about topic {i}."}) + "\n"
                             for i in range(n)))

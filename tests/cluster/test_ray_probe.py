@@ -201,9 +201,12 @@ def test_a_silent_address_is_bounded_by_the_timeout() -> None:
         done = harvest_cli("gpus", "--cluster", f"127.0.0.1:{port}", "--timeout", "4", timeout=120)
         took = time.monotonic() - t0
     assert done.returncode == 1, done.stderr
-    # Ray's core may log its own attempts first; harvest's verdict is the last line, and no traceback.
-    last = done.stderr.strip().splitlines()[-1]
-    assert re.search(rf"^error: host ray 127\.0\.0\.1:{port}: connect failed after [4-9]\.\d s", last), done.stderr
+    # Ray's core logs its own attempts from a thread of its own, before or after harvest's verdict:
+    # the verdict is the one "error:" line, and there is no traceback.
+    verdicts = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert len(verdicts) == 1, done.stderr
+    assert re.search(rf"^error: host ray 127\.0\.0\.1:{port}: connect failed after [4-9]\.\d s", verdicts[0]), \
+        done.stderr
     assert "Traceback" not in done.stderr
     assert took < 40, took
 

@@ -53,7 +53,10 @@ def test_llama_server_ignoring_sigterm_with_requests_in_flight_is_escalated(llam
         c.start()
 
     def in_flight() -> bool:
-        text = http.get(server.url + "/metrics", timeout=10).text
+        try:  # a busy server on a loaded machine may answer a scrape late: not yet, not a failure
+            text = http.get(server.url + "/metrics", timeout=10).text
+        except http.HttpError:
+            return False
         return (_gauge(text, server.adapter.metrics.running) >= 2
                 and _gauge(text, server.adapter.metrics.waiting) >= 1)
 

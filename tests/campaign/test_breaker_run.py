@@ -22,6 +22,9 @@ import pytest
 from harvest.ledger import Ledger, Status
 from tests import engines
 
+# The chat stand-in and vLLM, launched and stopped by harvest.
+pytestmark = pytest.mark.engine
+
 CHAT_ENGINE = Path(__file__).resolve().parents[1] / "quality" / "chat_engine.py"
 REJECTION = "stop: at most 4 stop strings are supported, got 5"
 

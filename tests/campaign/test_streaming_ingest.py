@@ -135,6 +135,7 @@ def _check_complete(run_dir: Path) -> None:
     assert results_count(run_dir) == unique - 1 and orphan_results(run_dir) == 0
 
 
+@pytest.mark.slow
 def test_generation_starts_before_the_ingest_ends(tmp_path):
     run_dir = tmp_path / "run"
     with Endpoint(run_dir, delay=0.0) as ep:

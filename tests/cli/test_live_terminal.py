@@ -23,6 +23,9 @@ from tests import engines
 from tests.cli.terminal import Screen, Terminal
 from tests.server.helpers import FAKE_ENGINE
 
+# Engines (llama-server, the fake engine) in a real terminal (tmux).
+pytestmark = pytest.mark.engine
+
 HARVEST = [sys.executable, "-m", "harvest"]
 #: Text that belongs above the panel, never inside its frame.
 OUTSIDE = re.compile(r"preflight: (PASS|FAIL)|^\s*│?\s*(PASS|FAIL|SKIP)\s+[a-z-]+\s{2,}|input: \d+ rows|"

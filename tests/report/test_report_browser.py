@@ -40,7 +40,9 @@ CHAT_ENGINE = Path(__file__).resolve().parents[1] / "quality" / "chat_engine.py"
 
 # Checked per test before any fixture (tests/conftest.py): no vLLM run is made for a browser that is
 # not here, and in CI a missing Chromium fails these tests, not the whole session's collection.
-pytestmark = pytest.mark.realpart("chromium", "the reports are opened in a real headless Chromium")
+# Real engines (llama-server, the chat stand-in) make the folders; a real Chromium opens the pages.
+pytestmark = [pytest.mark.realpart("chromium", "the reports are opened in a real headless Chromium"),
+              pytest.mark.engine]
 
 
 def harvest(*argv: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -23,6 +23,9 @@ from harvest.engine_pins import SGLANG_KV_DTYPES, VLLM_KV_DTYPES
 from harvest.errors import ConfigError
 from harvest.server.base import adapter_for, private_files
 
+# Each engine's own argument parser, run in the engine's environment.
+pytestmark = pytest.mark.engine
+
 #: Runs in the engine's Python: reads [argv, ...] as JSON on stdin, prints one result per argv.
 SGLANG_PARSE = textwrap.dedent("""
     import argparse, contextlib, io, json, sys

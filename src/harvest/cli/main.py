@@ -16,25 +16,39 @@ from harvest.engine_pins import pins_text
 from harvest.errors import ConfigError, RemoteError, StopError, UnsafePathError
 from harvest.redact import escape_controls
 
-#: (module, attribute) of every subcommand, in help order. Each module defines one click command.
-COMMANDS: list[tuple[str, str]] = [
-    ("harvest.cli.gpus", "gpus"),
-    ("harvest.cli.preflight", "preflight"),
-    ("harvest.cli.serve", "serve"),
-    ("harvest.cli.serve", "stop"),
-    ("harvest.cli.serve", "ps"),
-    ("harvest.cli.run", "run"),
-    ("harvest.cli.demo", "demo"),
-    ("harvest.cli.status", "status"),
-    ("harvest.cli.export", "export"),
-    ("harvest.cli.compare", "compare_cmd"),
-    ("harvest.cli.tune", "tune_cmd"),
-    ("harvest.cli.report", "report"),
-    ("harvest.cli.version", "version"),
-]
+#: name -> (module, attribute) of every subcommand, in help order. Each module defines one click
+#: command; it is imported only when that command runs (or for ``--help``): a ``harvest stop`` or
+#: a far ``harvest ps --json`` does not pay for the campaign's imports (aiohttp, numpy).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "gpus": ("harvest.cli.gpus", "gpus"),
+    "preflight": ("harvest.cli.preflight", "preflight"),
+    "serve": ("harvest.cli.serve", "serve"),
+    "stop": ("harvest.cli.serve", "stop"),
+    "ps": ("harvest.cli.serve", "ps"),
+    "run": ("harvest.cli.run", "run"),
+    "demo": ("harvest.cli.demo", "demo"),
+    "status": ("harvest.cli.status", "status"),
+    "export": ("harvest.cli.export", "export"),
+    "compare": ("harvest.cli.compare", "compare_cmd"),
+    "tune": ("harvest.cli.tune", "tune_cmd"),
+    "report": ("harvest.cli.report", "report"),
+    "version": ("harvest.cli.version", "version"),
+}
 
 
 class _Group(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        where = COMMANDS.get(cmd_name)
+        if where is None:
+            return None
+        command = getattr(importlib.import_module(where[0]), where[1])
+        if command.name != cmd_name:  # the table and the module must agree
+            raise RuntimeError(f"harvest.cli: {where[0]}.{where[1]} is named {command.name!r}, not {cmd_name!r}")
+        return command
+
     def invoke(self, ctx: click.Context):  # type: ignore[override]
         try:
             return super().invoke(ctx)
@@ -60,10 +74,6 @@ class _Group(click.Group):
                       message="%(prog)s %(version)s\nengine adapters checked against:\n" + pins_text())
 def cli() -> None:
     """harvest: generate large datasets with an LLM served by SGLang or vLLM, safely."""
-
-
-for _module, _attr in COMMANDS:
-    cli.add_command(getattr(importlib.import_module(_module), _attr))
 
 
 def main() -> None:

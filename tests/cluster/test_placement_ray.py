@@ -18,7 +18,7 @@ import pytest
 from harvest.placement import record
 from tests import engines
 from tests.campaign.ledger_peek import attempts
-from tests.chaos.killer import harvest_argv, read_ledger
+from tests.chaos.killer import harvest_argv, read_ledger, wait_committed
 from tests.cluster.test_ray_run import engine_process, ray_record, wait_record, write_job
 from tests.placement.matrix import Place, every_command
 
@@ -58,6 +58,10 @@ def test_max_relaunches_spent(tmp_path, ray_cluster, llama_server_bin, tiny_gguf
     proc = subprocess.Popen(harvest_argv("run", str(job), "--no-live"), env=ray_cluster.env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
+        # The first engine is killed once the run generates (a result committed): a managed server
+        # that dies before that, during the endpoints' start check, is waited for by the check
+        # (start_deadline) instead of being relaunched; this test is about the relaunch budget.
+        wait_committed(run_dir, 1, proc, timeout=180)
         for round_ in range(2):
             rec = wait_record(run_dir, 1)
             ready = [m for m in rec["members"] if m["state"] == "ready"]

@@ -258,11 +258,12 @@ prompts = 8
 max_tokens = 16
 floor_launch = false
 
-# (48 x 512 tokens: long enough, seconds even on a fast machine, for 0.1 s gauge scrapes to land mid-run)
+# (48 x 192 tokens: long enough, a second or more even on a fast machine, for 0.1 s gauge scrapes to
+# land mid-run)
 [throughput]
 prompts = 48
 concurrency = 48
-max_tokens = 512
+max_tokens = 192
 extra_body = { ignore_eos = true }
 metrics_interval = 0.1
 """)

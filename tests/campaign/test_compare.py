@@ -218,6 +218,22 @@ def test_policy_rejects_fp8_without_launching_it(compared):
     assert not (root / "state-policy").exists()  # nothing was registered as launched
 
 
+def stand_in_jobs(tmp_path: Path):
+    """``job(*flags)``: a job over 12 prompts whose server is the chat stand-in with ``flags``."""
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"id": f"d{i}", "prompt": f"Item {i}?"}) + "\n" for i in range(12)))
+
+    def job(*flags: str):
+        return parse_config({
+            "server": {"engine": "command", "port": engines.free_port(), "ready_timeout": 30, "stop_grace": 2,
+                       "stop_deadline": 5, "health_url": "http://{host}:{port}/health",
+                       "command": [sys.executable, str(CHAT_ENGINE), "--host", "{host}", "--port", "{port}",
+                                   *flags]},
+            "preflight": {"min_disk_free_gib": 0.05},
+            "data": {"path": str(data), "id_field": "id"}})
+    return job
+
+
 def test_the_engines_refusal_at_start_is_unsupported_and_the_next_is_measured(tmp_path, monkeypatch):
     """vLLM's CPU build refusing an FP8 KV cache without AVX-512, as its start-up prints it (the
     stand-in's --unsupported, verbatim from cpu_attn.py; the command adapter is given vLLM's
@@ -229,18 +245,7 @@ def test_the_engines_refusal_at_start_is_unsupported_and_the_next_is_measured(tm
 
     monkeypatch.setattr(CommandAdapter, "fatal_patterns", VLLM_UNSUPPORTED + COMMON_FATAL)
     monkeypatch.setenv("HARVEST_STATE_DIR", str(tmp_path / "state"))
-    data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"id": f"u{i}", "prompt": f"Item {i}?"}) + "\n" for i in range(12)))
-
-    def job(*flags: str):
-        return parse_config({
-            "server": {"engine": "command", "port": engines.free_port(), "ready_timeout": 30, "stop_grace": 2,
-                       "stop_deadline": 5, "health_url": "http://{host}:{port}/health",
-                       "command": [sys.executable, str(CHAT_ENGINE), "--host", "{host}", "--port", "{port}",
-                                   *flags]},
-            "preflight": {"min_disk_free_gib": 0.05},
-            "data": {"path": str(data), "id_field": "id"}})
-
+    job = stand_in_jobs(tmp_path)
     report = asyncio.run(compare(
         job(), [job("--unsupported"), job("--perturb", "1")],
         settings=QualitySettings(probe=ProbeSettings(prompts=6, max_tokens=8)), out_dir=tmp_path / "out"))
@@ -255,18 +260,8 @@ def test_the_engines_refusal_at_start_is_unsupported_and_the_next_is_measured(tm
 
 def test_a_dirty_stop_fails_its_candidate_and_nothing_further_is_launched(tmp_path, monkeypatch):
     monkeypatch.setenv("HARVEST_STATE_DIR", str(tmp_path / "state"))
-    data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"id": f"d{i}", "prompt": f"Item {i}?"}) + "\n" for i in range(12)))
     escaped = tmp_path / "escaped.pid"
-
-    def job(*flags: str):
-        return parse_config({
-            "server": {"engine": "command", "port": engines.free_port(), "ready_timeout": 30, "stop_grace": 2,
-                       "stop_deadline": 5, "health_url": "http://{host}:{port}/health",
-                       "command": [sys.executable, str(CHAT_ENGINE), "--host", "{host}", "--port", "{port}",
-                                   *flags]},
-            "preflight": {"min_disk_free_gib": 0.05},
-            "data": {"path": str(data), "id_field": "id"}})
+    job = stand_in_jobs(tmp_path)
 
     try:
         report = asyncio.run(compare(

@@ -7,8 +7,7 @@ Order of work: the probe set is drawn; the reference is loaded from ``out_dir/re
 its settings hash matches, else the reference server is launched, answers greedily and scores its
 own tokens, and is scored once more in the same launch (the same-launch floor). Unless
 ``[probe] floor_launch = false``, the reference is launched a second time and scored against the
-stored reference: that is the noise floor every gate threshold is relative to, each metric at its
-widest over the two (an engine may reproduce across launches and not within one). Then each candidate:
+stored reference: that is the noise floor every gate threshold is relative to. Then each candidate:
 policy check (a forbidden setting is rejected and never launched) -> launch -> probe -> verified
 stop. Every launch ends with its StopReport before the next one starts. A launch whose stop is
 dirty is "failed", and nothing further is launched (later candidates are "not run"): memory or
@@ -28,7 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -240,8 +239,7 @@ class QualityBench:
     def set_floor(self, outputs: Sequence[ProbeOutput], source: str, *, store: bool = True) -> QualityReport:
         """Record ``outputs`` (the reference against itself) as the floor measured by ``source``.
 
-        The floor shown is the second launch's when there is one, else the same launch's; the gate
-        takes each metric's widest bound over both (:func:`~harvest.quality.evaluate.gate`).
+        The floor the gate uses is the second launch's when there is one, else the same launch's.
         """
         report = self.evaluate(outputs)[0]
         self.floors[source] = report
@@ -293,7 +291,7 @@ class QualityBench:
                     "(free-running greedy and task only)")
         report = quality_report(self.reference, outputs, resamples=self.settings.probe.resamples, task=task,
                                 engine_note=note)
-        return report, gate(report, tuple(self.floors.values()), self.settings.gate)
+        return report, gate(report, self.floor, self.settings.gate)
 
 
 # --- harvest compare ---------------------------------------------------------------------------------
@@ -330,8 +328,6 @@ class CompareReport:
     rows: tuple[CompareRow, ...]
     launches: tuple[Launch, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
-    #: The reference against itself by source (SAME_LAUNCH, SECOND_LAUNCH): the gate's floors.
-    floors: Mapping[str, QualityReport] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -346,7 +342,6 @@ class CompareReport:
         return {"schema": COMPARE_SCHEMA, "out_dir": str(self.out_dir), "reference": self.reference,
                 "prompts": self.prompts, "floor_source": self.floor_source,
                 "reused_reference": self.reused_reference, "passed": self.passed,
-                "floors": {source: q.to_dict() for source, q in self.floors.items()},
                 "rows": [r.to_dict() for r in self.rows], "launches": [x.to_dict() for x in self.launches],
                 "notes": list(self.notes)}
 
@@ -458,8 +453,7 @@ async def compare(reference: HarvestConfig, candidates: Sequence[HarvestConfig],
         rows.append(row_from(label, diff, launch, bench.evaluate(outputs) if outputs is not None else None))
     report = CompareReport(out_dir, server_settings(ref_cfg),
                            len(bench.reference.entries) if bench.reference else 0,
-                           bench.floor_source, bench.reused, tuple(rows), tuple(launches), tuple(notes),
-                           dict(bench.floors))
+                           bench.floor_source, bench.reused, tuple(rows), tuple(launches), tuple(notes))
     safefiles.ensure_dir(out_dir)
     safefiles.write_atomic(out_dir / "compare.json", json.dumps(report.to_dict(), indent=2) + "\n")
     return report

@@ -205,29 +205,22 @@ def _ok(x: float | None) -> bool:
     return x is not None and not math.isnan(x)
 
 
-def gate(candidate: QualityReport, floor: QualityReport | Sequence[QualityReport] | None,
-         settings: GateSettings) -> GateResult:
+def gate(candidate: QualityReport, floor: QualityReport | None, settings: GateSettings) -> GateResult:
     """Apply the thresholds of ``settings`` to ``candidate``, relative to the noise ``floor``.
 
-    Without a floor the ideal one is used (agreement 1, divergence 0). Several floors (the
-    reference rescored in its own launch and in a second one) give each metric its widest bound:
-    the lowest agreement, the highest divergence the reference showed against itself. An engine
-    may reproduce across launches and not within one (transformers serve on the H200: a second
-    launch matched the reference exactly, a rerun in the reference's own launch 0.625), or the
-    other way round; either is noise, not a setting's fault. A metric that one side lacks is not
-    checked; a candidate that failed any probe prompt fails the ``errors`` check.
+    Without a floor the ideal one is used (agreement 1, divergence 0). A metric that one side
+    lacks is not checked; a candidate that failed any probe prompt fails the ``errors`` check.
     """
     checks = [_at_most("errors", float(len(candidate.errors)), 0.0)]
-    floors = () if floor is None else (floor,) if isinstance(floor, QualityReport) else tuple(floor)
-    c, fs = candidate.metrics(), [f.metrics() for f in floors]
+    c, f = candidate.metrics(), floor.metrics() if floor is not None else {}
 
     def low(name: str, ideal: float) -> float:
-        lows = [f[name].low for f in fs if name in f and _ok(f[name].low)]
-        return min(lows) if lows else ideal
+        e = f.get(name)
+        return e.low if e is not None and _ok(e.low) else ideal
 
     def high(name: str, ideal: float) -> float:
-        highs = [f[name].high for f in fs if name in f and _ok(f[name].high)]
-        return max(highs) if highs else ideal
+        e = f.get(name)
+        return e.high if e is not None and _ok(e.high) else ideal
 
     if "top1_agreement" in c and _ok(c["top1_agreement"].value):
         checks.append(_at_least("top1_agreement", c["top1_agreement"].value,

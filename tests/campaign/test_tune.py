@@ -167,6 +167,41 @@ def test_sweep_meets_every_kind_of_trial(tmp_path):
     assert [t.verdict for t in again.trials] == ["rejected"]
 
 
+def test_a_reference_that_reproduces_across_launches_and_not_within_one(tmp_path):
+    """The reference's rescoring in its own launch differs (an engine whose rerun is not its first
+    answer), a second launch matches it: the reference passes as reproduced, a degrading candidate
+    still fails against the second launch's floor. Without a second launch the reference's own
+    check fails, as ``harvest compare``'s floor row does."""
+    def job_for(name: str):
+        return parse_config({
+            "server": {"engine": "command", "port": engines.free_port(),
+                       "command": [sys.executable, str(CHAT_ENGINE), "--host", "{host}", "--port", "{port}",
+                                   "--rerun-perturb", "0.6"],
+                       "health_url": "http://{host}:{port}/health", "ready_timeout": 30, "stop_grace": 2,
+                       "stop_deadline": 6},
+            "preflight": {"min_disk_free_gib": 0.05},
+            "data": {"path": str(_prompts(tmp_path / f"{name}.jsonl", 16)), "id_field": "id"},
+            "sampling": {"max_tokens": 8},
+            "output": {"dir": str(tmp_path / name)},
+        }, source=str(tmp_path / f"{name}.toml"))
+
+    grid = {"extra_args": [[], ["--perturb", "0.7"]]}
+    probe = {"prompts": 16, "max_tokens": 8}
+    report = asyncio_run(tune(job_for("two"), parse_tune_file({
+        "grid": grid, "probe": probe, "throughput": {"prompts": 4, "concurrency": 2}})))
+    ref, bad = report.trials
+    assert report.floor_source == "second launch"
+    assert ref.is_reference and ref.quality.metrics()["exact_match"].value < 0.9  # its rerun differs
+    assert ref.verdict == "pass", ref.reasons  # the second launch reproduced it
+    assert bad.verdict == "fail" and any(c.name == "exact_match" for c in bad.gate.failures)
+
+    alone = asyncio_run(tune(job_for("one"), parse_tune_file({
+        "grid": grid, "probe": {**probe, "floor_launch": False}, "throughput": {"prompts": 4, "concurrency": 2}})))
+    ref = alone.trials[0]
+    assert alone.floor_source == "same launch" and ref.is_reference
+    assert ref.verdict == "fail" and any(c.name == "exact_match" for c in ref.gate.failures), ref.reasons
+
+
 def _end_escaped(pid_file: Path) -> None:
     """The chat stand-in's escaped worker: this test's own stray, ended by its recorded pid."""
     if not pid_file.exists():

@@ -7,6 +7,10 @@ sweep meets:
 
     --perturb F     for a fraction F of conversations (chosen by hash) the answer differs from the
                     second word on: a setting that degrades outputs
+    --rerun-perturb F
+                    a conversation asked again in the same process differs (as --perturb) for a
+                    fraction F of conversations: an engine that reproduces across launches and not
+                    within one (transformers serve on the H200: a rerun matched 0.625)
     --oom           print PyTorch's out-of-memory line and exit 1 at start
     --unsupported   print what vLLM 0.32.0's CPU build prints when asked for an FP8 KV cache on a
                     CPU without AVX-512 (verbatim from vllm/v1/attention/backends/cpu_attn.py) and
@@ -48,9 +52,17 @@ def answer(messages: list[dict], max_tokens: int) -> str:
     key = json.dumps(messages, sort_keys=True).encode()
     digest = hashlib.sha256(key).digest()
     words = [f"w{hashlib.sha256(key + bytes([i % 256, i // 256])).digest()[0]}" for i in range(max_tokens)]
-    if args.perturb and digest[0] / 256.0 < args.perturb and len(words) > 1:
+    with _answered_lock:
+        again = key in _answered
+        _answered.add(key)
+    rerun = again and args.rerun_perturb and digest[1] / 256.0 < args.rerun_perturb
+    if (rerun or args.perturb and digest[0] / 256.0 < args.perturb) and len(words) > 1:
         words[1:] = [w + "x" for w in words[1:]]
     return " ".join(words)
+
+
+_answered: set[bytes] = set()
+_answered_lock = threading.Lock()
 
 
 _asked: dict[str, int] = {}
@@ -136,6 +148,7 @@ def main() -> int:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--perturb", type=float, default=0.0)
+    ap.add_argument("--rerun-perturb", type=float, default=0.0)
     ap.add_argument("--oom", action="store_true")
     ap.add_argument("--unsupported", action="store_true")
     ap.add_argument("--escape", type=float, default=0.0)

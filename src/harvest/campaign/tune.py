@@ -421,11 +421,20 @@ class _Sweep:
         return ref_trial
 
     def record_reference_trial(self) -> None:
-        """The trial the reference launch measured, gated once the floor is final."""
+        """The trial the reference launch measured, once the floor is final. It shows its rescoring
+        in its own launch, and its verdict is the one ``harvest compare`` gives its floor row: does
+        the reference reproduce itself (the second launch against the same-launch floor, or without
+        a second launch, the same launch against ideal agreement)? Gated against the second launch
+        like a candidate, an engine that reproduces across launches and not within one failed its
+        own reference (transformers serve on the H200: a second launch matched exactly, a rerun in
+        the reference's own launch 0.625), while candidates, each the first probe of a fresh launch,
+        are judged against the floor of the same situation."""
         if self._pending is None:
             return
         trial, launch, outputs, load = self._pending
-        row = row_from(trial.label, {}, launch, self.bench.evaluate(outputs))
+        quality, against_floor = self.bench.evaluate(outputs)
+        checked = self.bench.floor_check()
+        row = row_from(trial.label, {}, launch, (quality, checked[1] if checked else against_floor))
         self._record(TrialResult(trial.index, trial.label, trial.overrides, row.verdict, row.reasons, True,
                                  launch, row.quality, row.gate, load, trial.config))
 

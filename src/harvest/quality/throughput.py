@@ -119,8 +119,8 @@ async def throughput_probe(server: ServerConfig, prompts: Sequence[ProbePrompt],
         before = await client.scrape_metrics() if scrape else {}
         peaks: dict[str, float] = {}
         sent, stop = asyncio.Event(), asyncio.Event()
-        poll = _poll_gauges(client, metrics, settings.metrics_interval, peaks, sent, stop)
-        poller = asyncio.create_task(poll) if scrape and (metrics.running or metrics.waiting) else None
+        poller = asyncio.create_task(_poll_gauges(client, metrics, settings.metrics_interval, peaks, sent, stop)) \
+            if scrape and (metrics.running or metrics.waiting) else None
         failed = 0
         prompt_tokens = completion_tokens = 0
 

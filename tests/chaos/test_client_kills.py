@@ -36,7 +36,7 @@ EARLY = 5
 
 
 def test_sigkill_inside_ledger_commits_then_resume(tmp_path, llama_server, env):
-    n = 2500
+    n = 1200
     data = write_data(tmp_path / "in.jsonl", n, shared=4)  # the prefix order holds rows: they must come back
     run_dir = tmp_path / "run"
     job = tmp_path / "job.toml"
@@ -96,7 +96,7 @@ def _alive(p: psutil.Process) -> bool:
 
 def test_run_managing_its_server_killed_then_stop_from_another_shell_and_resume(
         tmp_path, llama_server_bin, tiny_gguf, env):
-    n = 1200
+    n = 600
     data = write_data(tmp_path / "in.jsonl", n, shared=4)  # the prefix order holds rows: they must come back
     run_dir = tmp_path / "run"
     port = engines.free_port()

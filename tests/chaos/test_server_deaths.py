@@ -73,7 +73,7 @@ def _ready_engine(run_dir: Path, not_pid: int | None) -> psutil.Process | None:
 def test_managed_server_group_killed_five_times_is_relaunched_each_time(tmp_path, llama_server_bin,
                                                                         tiny_gguf):
     run_dir = tmp_path / "run"
-    n = 1200
+    n = (DEATHS + 2) * BETWEEN  # the deaths, then two stretches of work to finish
     config = parse_config({
         "server": {"engine": "llamacpp", "model": str(tiny_gguf), "command": [llama_server_bin],
                    "port": engines.free_port(), "max_running_requests": 8, "extra_args": ["-c", "16384"],
@@ -121,7 +121,7 @@ def test_unmanaged_endpoint_killed_five_times_and_restarted_is_waited_for(tmp_pa
     port = engines.free_port()
     argv = engines.llama_argv(llama_server_bin, str(tiny_gguf), port)
     run_dir = tmp_path / "run"
-    n = 1200
+    n = (DEATHS + 2) * BETWEEN  # the deaths, then two stretches of work to finish
     config = parse_config({
         "data": {"path": str(write_data(tmp_path / "in.jsonl", n, duplicates=0)), "id_field": "id"},
         "sampling": {"max_tokens": 16},

@@ -1,4 +1,5 @@
-"""The architecture of DESIGN.md, checked on every run of the suite rather than by eye.
+"""The architecture of docs/architecture.md ("Who may import whom", "The placement seam"), checked
+on every run of the suite rather than by eye.
 
 - import-linter's contracts (.importlinter): the layers from cli down to config/errors/net, the
   placement kinds independent of each other, Ray imported only inside its kind;

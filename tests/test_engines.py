@@ -42,7 +42,7 @@ def _alive(pid: int, create_time: float) -> bool:
 
 
 def test_a_test_run_stopped_by_sigterm_stops_the_engines_it_started(tmp_path: Path) -> None:
-    """Session 9: a pytest run ended by SIGTERM (a runner's timeout) left its vLLM servers running,
+    """A pytest run ended by SIGTERM (a runner's timeout) used to leave its vLLM servers running,
     in the sessions of their own they were started in. Now the run stops them first, each by the
     group recorded at launch, and still dies of the SIGTERM."""
     (tmp_path / "test_nested.py").write_text(textwrap.dedent(NESTED))

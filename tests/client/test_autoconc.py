@@ -502,11 +502,11 @@ def test_with_a_canary_an_engine_that_runs_more_at_once_is_driven_up_in_seconds(
 
 
 def test_with_a_canary_a_start_at_a_known_batch_limit_is_held_then_probed():
-    """H200 (BENCHMARKS P7 A1, sessions 9-10): from half of transformers' 1024, a doubling at 4.6 s
-    held the first answers to 17.5 s; one after the first wave was judged on canaries that read
-    their level +-40 % by wave phase, and was kept where 1024 made less (p50 x1.9) or dropped where
-    it made more. The start is a level: held ``ceiling_steps``, then looked above by x1.25 probes,
-    each kept only if it pays."""
+    """H200 (BENCHMARKS P7 A1, measured on 2026-12-02): from half of transformers' 1024, a doubling
+    at 4.6 s held the first answers to 17.5 s; one after the first wave was judged on canaries that
+    read their level +-40 % by wave phase, and was kept where 1024 made less (p50 x1.9) or dropped
+    where it made more. The start is a level: held ``ceiling_steps``, then looked above by x1.25
+    probes, each kept only if it pays."""
     ctl = AutoConcurrency(AutoSettings(start=512, max_concurrency=1024, batch_hint=1024))
     targets = drive_paced(CanaryEngine(), ctl, 200)  # tok/s grows with the batch up to 1024
     first = next(i for i, t in enumerate(targets) if t != 512)
@@ -549,11 +549,11 @@ def test_with_a_canary_its_readings_for_looks_up_stay_within_their_share_of_the_
 
 
 def test_with_a_canary_it_rests_while_nothing_is_judged_and_looks_up_less_often_each_time_it_did_not_pay():
-    """H200 (BENCHMARKS P7 A1, session 11): with one canary streamed back to back beside fixed 512,
-    transformers serve made x0.63-0.65 of fixed 512's tok/s. Held at a known limit's half, or
-    settled under a ceiling, there is nothing for a canary to decide: it rests. Each look up that
-    did not pay makes the next wait twice as long, so a long run on a level that is right spends
-    a shrinking share of its time with a canary."""
+    """H200 (BENCHMARKS P7 A1, measured on 2026-12-02): with one canary streamed back to back beside fixed
+    512, transformers serve made x0.63-0.65 of fixed 512's tok/s. Held at a known limit's half, or settled
+    under a ceiling, there is nothing for a canary to decide: it rests. Each look up that did not pay
+    makes the next wait twice as long, so a long run on a level that is right spends a shrinking share of
+    its time with a canary."""
     flat = CanaryEngine(capacity=1024, base=0.0, per_seq=1 / 3500)  # tok/s flat from 512 on
     ctl = AutoConcurrency(AutoSettings(start=512, max_concurrency=1024, batch_hint=1024))
     going: list[int] = []
@@ -574,9 +574,10 @@ def test_with_a_canary_it_rests_while_nothing_is_judged_and_looks_up_less_often_
 
 
 def test_with_a_canary_a_held_start_and_a_look_up_say_what_they_are():
-    """H200 decisions (session 11) read "512 start (hold)" through a held start and "800 probe (tok/s
-    grew, 1831 tok/s)" for a look up after a ceiling lifted, showing its last canary where the level
-    read 4530. A held start is settled; a look up is shown with the level's tok/s it must beat."""
+    """H200 decisions (BENCHMARKS P7 A1, 2026-12-02) read "512 start (hold)" through a held start and "800
+    probe (tok/s grew, 1831 tok/s)" for a look up after a ceiling lifted, showing its last canary where
+    the level read 4530. A held start is settled; a look up is shown with the level's tok/s it must
+    beat."""
     ctl = AutoConcurrency(AutoSettings(start=512, max_concurrency=1024, batch_hint=1024, ceiling_steps=3,
                                        canary_share=1.0))
     held = [ctl.step(float(t), None, busy=True, paced=True) for t in (1, 2, 3)]
@@ -593,9 +594,9 @@ def test_with_a_canary_a_held_start_and_a_look_up_say_what_they_are():
 
 
 def test_with_a_canary_the_level_s_tok_s_is_the_median_of_its_canaries_not_pulled_up_by_one():
-    """H200 and its sim (BENCHMARKS P7 A1, session 10): a canary that ran while a wave ended and
-    its refill was still in prefill paced a short batch and read 4416 tok/s among readings of 3470
-    at 512. Averaged in, it pulled the level up so that a step up that paid read no gain."""
+    """H200 and its sim (BENCHMARKS P7 A1, measured on 2026-12-02): a canary that ran while a wave ended
+    and its refill was still in prefill paced a short batch and read 4416 tok/s among readings of 3470 at
+    512. Averaged in, it pulled the level up so that a step up that paid read no gain."""
     ctl = AutoConcurrency(AutoSettings(start=512, max_concurrency=1024, batch_hint=1024, ceiling_steps=4))
     now = 0.0
     for itl in (512 / 3470, 512 / 3470, 512 / 3470, 512 / 4416):
@@ -706,10 +707,10 @@ def test_with_an_exact_limit_a_deepening_starts_at_the_first_dry_scrape_with_a_r
 
 
 def test_a_deepening_started_on_one_scrape_of_the_cap_is_not_taken_back_on_that_scrape():
-    """A2 (session 10): a deepening at the third scrape had one scrape of the cap's tok/s to be judged
-    against; that scrape read 8445 where the cap made about 7000 (waves of equal answers), and three
-    scrapes of ~7000 at the deeper level took it back as "fewer tokens" in a run where fixed 256 made
-    x1.3 of fixed 128. A base that short judges nothing: the deepening stays."""
+    """A2 (BENCHMARKS P7, one server on vLLM CPU): a deepening at the third scrape had one scrape of the
+    cap's tok/s to be judged against; that scrape read 8445 where the cap made about 7000 (waves of equal
+    answers), and three scrapes of ~7000 at the deeper level took it back as "fewer tokens" in a run where
+    fixed 256 made x1.3 of fixed 128. A base that short judges nothing: the deepening stays."""
     ctl = AutoConcurrency(AutoSettings(start=144, max_concurrency=1024, engine_limit=128))
     generated, now = 0.0, 0.0
     for rate, running, waiting in ((None, 128.0, 16.0), (8445.0, 40.0, 0.0)):
@@ -750,9 +751,9 @@ def test_a_deepening_is_judged_on_tokens_over_seconds_not_on_two_scrapes_that_al
 
 
 def test_with_a_canary_a_step_up_is_kept_only_on_two_readings_of_gain():
-    """H200 run 3 (BENCHMARKS P7 A1, session 8): one canary at 640 read 5 % more than 512 and the
-    probe was kept; the next would have read less. A gain must show in the mean of two canaries;
-    a reading of no gain sends the step back at once."""
+    """H200 run 3 (BENCHMARKS P7 A1, measured on 2026-12-01): one canary at 640 read 5 % more than 512 and
+    the probe was kept; the next would have read less. A gain must show in the mean of two canaries; a
+    reading of no gain sends the step back at once."""
     def run(readings: list[float]) -> AutoConcurrency:
         ctl = AutoConcurrency(AutoSettings(start=512, max_concurrency=640))
         now = 0.0
@@ -823,9 +824,9 @@ def test_with_an_exact_limit_a_queue_that_runs_dry_between_waves_is_deepened_by_
 
 
 def test_with_a_canary_a_wait_read_twice_does_not_show_a_back_off_that_did_not_happen():
-    """H200 (BENCHMARKS P7 A1, session 10): the decisions read "1024 backoff (queue)" while the target
-    stayed at 1024: the canary's one wait was counted (not yet a verdict), and the next step, seeing
-    the same canary, said "backoff". The display must say what was decided."""
+    """H200 (BENCHMARKS P7 A1, measured on 2026-12-02): the decisions read "1024 backoff (queue)" while
+    the target stayed at 1024: the canary's one wait was counted (not yet a verdict), and the next step,
+    seeing the same canary, said "backoff". The display must say what was decided."""
     ctl = AutoConcurrency(AutoSettings(start=512, max_concurrency=1024))
     itl = 512 / 3470
     ctl.step(2.0, None, busy=True, canary=Canary(0.5, 512, 1.5, ttft=itl, itl=itl, done=True), paced=True)

@@ -206,10 +206,10 @@ async def test_a_canary_takes_a_place_of_the_target_only_at_the_engines_batch_li
 
 @pytest.mark.parametrize(("ceiling_steps", "streams"), [(100_000, False), (5, True)])
 async def test_a_held_start_streams_no_canary_until_its_ceiling_lifts(ceiling_steps, streams) -> None:
-    """A canary is not free (H200, BENCHMARKS P7 A1, session 11: transformers serve made x0.63-0.65
-    of fixed 512's tok/s with one streamed back to back beside it). Held at half a batch limit
-    harvest knows, auto has nothing to judge until the hold ends: no canary is sent before, and
-    the items keep every place of the target."""
+    """A canary is not free (H200, BENCHMARKS P7 A1, measured on 2026-12-02: transformers serve made
+    x0.63-0.65 of fixed 512's tok/s with one streamed back to back beside it). Held at half a batch limit
+    harvest knows, auto has nothing to judge until the hold ends: no canary is sent before, and the items
+    keep every place of the target."""
     streamed = in_flight = peak = 0
 
     async def engine(method: str, url: str, body: bytes | None, headers: dict[str, str]):

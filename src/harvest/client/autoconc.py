@@ -367,7 +367,7 @@ class AutoConcurrency:
             # token counter it is judged (kept unless it makes fewer tokens) only against as many
             # scrapes of this level as judge the new one: one scrape of waves of equal answers read
             # 8445 and 7112 tok/s where the level made about 7000, and took back a deepening that
-            # paid (A2, session 10). Unjudged it costs latency, not tokens.
+            # paid (BENCHMARKS P7 A2, vLLM CPU). Unjudged it costs latency, not tokens.
             before_transit = self._transit
             self._transit += deeper - full
             target, phase, reason = deeper, "start", "engine's queue ran dry at its batch limit"
@@ -467,7 +467,7 @@ class AutoConcurrency:
         self._dry.clear()
         if counter:
             # Judged, so straight to a second batch: a deepening by the gap (to 223, and to 175 in
-            # session 8) read "no gain" on vLLM CPU where fixed 256 made x1.26-1.43 of fixed 128.
+            # another run) read "no gain" on vLLM CPU where fixed 256 made x1.26-1.43 of fixed 128.
             return 2 * limit
         slack = max(2, math.ceil(self.settings.queue_slack * limit))
         return int(min(2 * limit, full + max(slack, math.ceil(limit - min(dry)))))
@@ -945,7 +945,7 @@ def start_for(limit: int | None, *, metrics: bool, max_concurrency: int, fallbac
 #: Scrapes of tok/s that judge a step up: their mean against the mean of as many last scrapes of
 #: the level below, both tokens over time. Equal-length answers end in waves about
 #: a second apart on vLLM CPU, so one-second scrapes alias them: two scrapes each (their median)
-#: read a deepening worth x1.47 as "no gain" twice in a row (A2, session 8).
+#: read a deepening worth x1.47 as "no gain" twice in a row (BENCHMARKS P7 A2, vLLM CPU).
 _TRIAL_SCRAPES = 3
 #: With an exact cap and a token counter: scrapes of tok/s at the cap a deepening is judged against.
 _DEEPEN_BASE = 1

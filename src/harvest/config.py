@@ -127,35 +127,48 @@ def _has_nul(value: Any) -> bool:
 class ServerConfig(_Model):
     """What to launch (or reach) and the settings users tune for throughput."""
 
-    engine: EngineKind
+    engine: EngineKind = Field(description="what serves the model: harvest launches sglang, vllm, transformers "
+                               "(`transformers serve`) or llamacpp (llama-server); openai is an endpoint already "
+                               "running; command runs any argv and waits for its health URL")
     model: str | None = Field(None, description="model folder or hub name; served model name")
-    served_model_name: str | None = None
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=1, le=65535)
+    served_model_name: str | None = Field(None, description="the name the engine serves the model under "
+                                          "(unset: `model`); requests ask for it")
+    host: str = Field("127.0.0.1", description="address the engine binds; a non-loopback one needs `api_key_env`")
+    port: int = Field(8000, ge=1, le=65535, description="port the engine listens on; must be free at launch")
     gpus: list[int] = Field(default_factory=list, description="GPU indices the engine may use")
     tp: int = Field(1, ge=1, description="tensor-parallel ranks")
     python: str | None = Field(None, description="Python executable that runs the engine")
 
     # Settings users tune.
-    mem_fraction_static: float | None = Field(None, gt=0, le=1)
-    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
-    kv_cache_dtype: str | None = None
-    enable_hierarchical_cache: bool = False
+    mem_fraction_static: float | None = Field(None, gt=0, le=1, description="SGLang's share of each GPU's memory "
+                                              "for weights and KV cache (--mem-fraction-static)")
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="vLLM's share of each GPU's memory "
+                                                 "(--gpu-memory-utilization)")
+    kv_cache_dtype: str | None = Field(None, description="KV cache type in the engine's own spelling (SGLang "
+                                       "fp8_e4m3, vLLM fp8), checked at load; unset: the engine's default")
+    enable_hierarchical_cache: bool = Field(False, description="SGLang's host-memory KV tier "
+                                            "(--enable-hierarchical-cache)")
     hicache_size: int | None = Field(None, ge=1, description="GB (10^9 bytes) of host RAM per tensor-parallel "
                                      "rank (SGLang's --hicache-size, an int); unset: SGLang sizes the pool")
     hicache_ratio: float | None = Field(None, gt=0, description="host KV pool / device KV pool (SGLang's "
                                         "--hicache-ratio); hicache_size overrides it")
     reasoning_parser: str | None = Field(None, description="--reasoning-parser NAME (SGLang, vLLM): without "
                                          "it, reasoning stays inside the answer text")
-    max_running_requests: int | None = Field(None, ge=1)
-    dtype: str | None = None
-    extra_args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
+    max_running_requests: int | None = Field(None, ge=1, description="the engine's batch limit (SGLang "
+                                             "--max-running-requests, vLLM --max-num-seqs, llama.cpp slots)")
+    dtype: str | None = Field(None, description="weight dtype passed to the engine (--dtype); unset: its default")
+    extra_args: list[str] = Field(default_factory=list, description="more engine flags, as the engine spells "
+                                  "them; secret flags and --host/--port are refused (see SECURITY.md)")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment of the engine process "
+                                "([server.env]); secret-named values are redacted in every record")
 
     # Engine `command`: any argv plus a health URL. Engine `openai`: a running endpoint.
-    command: list[str] = Field(default_factory=list)
-    health_url: str | None = None
-    base_url: str | None = None
+    command: list[str] = Field(default_factory=list, description="engine `command`: the argv to run (e.g. a "
+                               "llama-server binary and its flags); {host}, {port} and {model} are replaced")
+    health_url: str | None = Field(None, description="engine `command`: the URL that answers 2xx once it is "
+                                   "ready ({host} and {port} replaced); unset: the port accepting connections")
+    base_url: str | None = Field(None, description="engine `openai`: the running endpoint's base URL "
+                                 "(http://host:port or .../v1)")
     api_key_env: str | None = Field(None, description="name of the environment variable holding the API key")
 
     # Supervision.
@@ -304,32 +317,33 @@ class PreflightConfig(_Model):
     memory_margin_mib: int = Field(1024, ge=0, description="free MiB required beyond the engine's claim")
     ram_reserve_gib: float = Field(8.0, ge=0, description="host RAM kept free beyond vLLM CPU's "
                                    "VLLM_CPU_KVCACHE_SPACE (SGLang's host pool keeps SGLang's own 10 GiB)")
-    max_swap_used_mib: int = Field(1024, ge=0)
-    min_disk_free_gib: float = Field(10.0, ge=0)
-    #: How much GPU memory an engine without a fraction setting claims (fraction of total).
-    default_claim_fraction: float = Field(0.9, gt=0, le=1)
+    max_swap_used_mib: int = Field(1024, ge=0, description="swap in use above which a launch is refused (MiB)")
+    min_disk_free_gib: float = Field(10.0, ge=0, description="free disk required in the run folder's "
+                                     "file system (GiB)")
+    default_claim_fraction: float = Field(0.9, gt=0, le=1, description="share of each GPU's memory an engine "
+                                          "without a fraction setting is taken to claim")
 
 
 class DataConfig(_Model):
     """The input dataset and its field mapping."""
 
-    path: str
-    format: Literal["auto", "jsonl", "json", "parquet", "csv", "hf"] = "auto"
-    shape: Literal["auto", "prompt", "messages", "sharegpt", "specforge"] = "auto"
-    #: The row's id field. Not set: a field named ``id`` where a row has one, else a content
-    #: hash; ``""``: always a content hash.
-    id_field: str | None = None
-    prompt_field: str = "prompt"
-    messages_field: str = "messages"
-    conversations_field: str = "conversations"
-    system_prompt: str | None = None
-    limit: int | None = Field(None, ge=1)
-    #: Items whose prompt has more tokens are skipped, never sent (besides the model's own context,
-    #: which is learned from the server; see campaign/context.py).
-    max_prompt_tokens: int | None = Field(None, ge=1)
-    #: A run that ends with more than this share of its unique input rows skipped exits non-zero
-    #: (1: never; every row skipped always does). The skipped rows stay in the ledger.
-    max_skipped_share: float = Field(0.5, ge=0, le=1)
+    path: str = Field(description="the dataset: JSONL, a JSON array, Parquet, CSV, or a `save_to_disk` folder")
+    format: Literal["auto", "jsonl", "json", "parquet", "csv", "hf"] = Field(
+        "auto", description="the file format; auto: from the name (a folder is `hf`)")
+    shape: Literal["auto", "prompt", "messages", "sharegpt", "specforge"] = Field(
+        "auto", description="a prompt field, OpenAI `messages`, or ShareGPT / SpecForge `conversations`; "
+        "auto: detected per row")
+    id_field: str | None = Field(None, description="the rows' id field, kept in the export; unset: a field "
+                                 "named `id` where a row has one, else a content hash; \"\": always the hash")
+    prompt_field: str = Field("prompt", description="the prompt's field (shape `prompt`)")
+    messages_field: str = Field("messages", description="the OpenAI messages' field (shape `messages`)")
+    conversations_field: str = Field("conversations", description="the conversation's field (ShareGPT, SpecForge)")
+    system_prompt: str | None = Field(None, description="a system message put before rows that have none")
+    limit: int | None = Field(None, ge=1, description="read at most this many rows")
+    max_prompt_tokens: int | None = Field(None, ge=1, description="skip (never send) prompts with more tokens; "
+                                          "the model's context, learned from the server, always applies")
+    max_skipped_share: float = Field(0.5, ge=0, le=1, description="a run ending with more than this share of "
+                                     "its rows skipped exits 1 (every row skipped always does)")
 
     @field_validator("path")
     @classmethod
@@ -340,23 +354,22 @@ class DataConfig(_Model):
 class SamplingConfig(_Model):
     """Generation parameters sent with every request."""
 
-    max_tokens: int = Field(512, ge=1)
-    temperature: float = Field(0.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int | None = None
-    seed: int | None = None
-    stop: list[str] = Field(default_factory=list)
-    extra_body: dict[str, Any] = Field(default_factory=dict)
-    #: Samples per item: each is its own result with its index (0..n-1), exactly once. vLLM and
-    #: SGLang get one request with ``n``; other engines n requests with distinct seeds.
-    n: int = Field(1, ge=1, le=1024)
-    #: Top-k log-probabilities stored per generated token (0: none); see harvest/ledger/logprobs.py.
-    logprobs: int = Field(0, ge=0)
-    #: Ask for the n samples in one request (``n``): true for vLLM and SGLang when unset; false
-    #: (n requests, distinct seeds) for llama-server (older builds refuse n != 1: "Only one
-    #: completion choice is allowed"; recent ones take it) and for an endpoint of unknown kind. Set
-    #: true for ``[client] endpoints`` served by vLLM or SGLang, or a llama-server that takes n.
-    n_per_request: bool | None = None
+    max_tokens: int = Field(512, ge=1, description="tokens generated per answer at most; an answer cut there "
+                            "is `truncated`, never `done`")
+    temperature: float = Field(0.0, ge=0, description="sampling temperature (0: greedy)")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass")
+    top_k: int | None = Field(None, description="top-k sampling; unset: not sent")
+    seed: int | None = Field(None, description="sampling seed; sample k of an item asks seed + k")
+    stop: list[str] = Field(default_factory=list, description="stop strings")
+    extra_body: dict[str, Any] = Field(default_factory=dict, description="more fields merged into every "
+                                       "request's JSON body")
+    n: int = Field(1, ge=1, le=1024, description="samples per item, each its own result with its index "
+                   "(0..n-1), committed exactly once")
+    logprobs: int = Field(0, ge=0, description="top-k log-probabilities stored per generated token beside "
+                          "the ledger (0: none)")
+    n_per_request: bool | None = Field(None, description="the n samples as one request with `n`; unset: true "
+                                       "for vLLM and SGLang, false (n seeded requests) for llama-server and "
+                                       "endpoints of unknown kind")
 
     def one_request(self, engine: str | None) -> bool:
         """Whether the samples of an item go out as one request with ``n`` (see ``n_per_request``)."""
@@ -368,25 +381,25 @@ class SamplingConfig(_Model):
 class ClientConfig(_Model):
     """How the client talks to the server(s)."""
 
-    #: Requests in flight, all endpoints together; "auto" (the default): a controller per endpoint
-    #: finds what each can take from its gauges and answers (see harvest.client.autoconc), up to
-    #: ``max_concurrency``. A number fixes it.
-    concurrency: int | Literal["auto"] = Field("auto")
-    #: Upper bound per endpoint of ``concurrency = "auto"``, and its starting value ``auto_start``
-    #: (unset: the batch limit of the engine harvest launched, else 64).
-    max_concurrency: int = Field(1024, ge=1)
-    auto_start: int | None = Field(None, ge=1)
-    request_timeout: float = Field(600.0, gt=0)
-    max_retries: int = Field(3, ge=0)
+    concurrency: int | Literal["auto"] = Field("auto", description="requests in flight, all endpoints together. "
+                                               "auto: a controller per endpoint steers by the engine's gauges "
+                                               "(running, waiting, KV use) and token counter, or a canary "
+                                               "request without /metrics, from `auto_start` up to "
+                                               "`max_concurrency` (harvest.client.autoconc). A number fixes it")
+    max_concurrency: int = Field(1024, ge=1, description="upper bound per endpoint of concurrency = \"auto\"")
+    auto_start: int | None = Field(None, ge=1, description="where concurrency = \"auto\" starts; unset: the "
+                                   "batch limit of the engine harvest launched (half of it without /metrics), "
+                                   "else 64")
+    request_timeout: float = Field(600.0, gt=0, description="seconds one request may take")
+    max_retries: int = Field(3, ge=0, description="attempts charged to an item beyond its first before it "
+                             "fails; a sick or dead server holds requests instead of charging them")
     endpoints: list[str] = Field(default_factory=list, description="extra base URLs served by the same model")
     health_deadline: float = Field(600.0, gt=0, description="seconds a sick server may take to recover")
-    #: Seconds an endpoint harvest does not manage (engine "openai", [client] endpoints) may take
-    #: to answer ``GET /v1/models`` when the run starts; past it the run ends, items left pending.
-    #: Shorter than ``health_deadline``: an endpoint that never answered is not one recovering.
-    start_deadline: float = Field(60.0, gt=0, description="seconds an unmanaged endpoint may take to answer at start")
-    #: With several endpoints: an item's requests (a conversation's turns, a shared system prompt) go
-    #: to the server that likely holds its prefix, within a bounded load; false: least outstanding.
-    prefix_affinity: bool = True
+    start_deadline: float = Field(60.0, gt=0, description="seconds an endpoint harvest does not manage may take "
+                                  "to answer when the run starts; past it the run ends, items left pending")
+    prefix_affinity: bool = Field(True, description="with several endpoints, an item's turns and a shared "
+                                  "system prompt go to the server likely holding that prefix (load bounded at "
+                                  "1.25 x the average); false: least outstanding")
 
     @field_validator("concurrency")
     @classmethod
@@ -423,34 +436,31 @@ class ClientConfig(_Model):
 class RunConfig(_Model):
     """How the campaign treats conversations, reasoning and truncated answers."""
 
-    #: Context for assistant turn k: the regenerated turns 0..k-1, or the input's original ones.
-    history: Literal["regenerated", "original"] = "regenerated"
-    #: Reasoning (``reasoning_content`` or a ``<think>`` block): not separated (none), kept apart
-    #: from the answer (save), or removed (strip).
-    reasoning: Literal["none", "save", "strip"] = "save"
-    #: ``finish_reason=length``: keep as status truncated, retry once with ``retry_max_tokens``
-    #: (then keep as truncated), or drop (status failed, class "truncated"; no text stored).
-    truncated: Literal["keep", "retry", "drop"] = "keep"
+    history: Literal["regenerated", "original"] = Field("regenerated", description="context of assistant turn "
+                                                         "k: the regenerated turns 0..k-1, or the input's own")
+    reasoning: Literal["none", "save", "strip"] = Field("save", description="reasoning (reasoning_content or a "
+                                                         "<think> block): left in the answer (none), kept apart "
+                                                         "(save), or removed (strip)")
+    truncated: Literal["keep", "retry", "drop"] = Field("keep", description="an answer cut by max_tokens: kept as "
+                                                         "`truncated`, retried once with retry_max_tokens, or "
+                                                         "dropped (failed, class \"truncated\")")
     retry_max_tokens: int | None = Field(None, ge=1, description="max_tokens of the retry (default 2x)")
-    #: Seconds between progress updates (display and progress.json).
-    progress_interval: float = Field(5.0, gt=0)
-    #: Times a managed server that died is relaunched during one run.
-    max_relaunches: int = Field(5, ge=0)
-    #: Circuit breaker: this many requests in a row failing with the same class and message
-    #: (HTTP 400/401/403/404/422, context overflow) stop the run, leaving the items pending. 0: off.
-    breaker_window: int = Field(20, ge=0)
-    #: An empty or whitespace-only answer is asked again this many times (same settings); an item
-    #: whose answer stays empty is failed with class "empty".
-    empty_retries: int = Field(1, ge=0)
-    #: Send claimed items sharing a prompt prefix (system prompt, a long shared head) close together,
-    #: so the engine's prompt cache serves them (campaign/order.py); false: claim order (FIFO).
-    prefix_order: bool = True
+    progress_interval: float = Field(5.0, gt=0, description="seconds between progress updates (display and "
+                                     "progress.json)")
+    max_relaunches: int = Field(5, ge=0, description="times a managed server that died is relaunched in one run")
+    breaker_window: int = Field(20, ge=0, description="requests in a row failing the same way (HTTP "
+                                "400/401/403/404/422, context overflow) that stop the run, items left "
+                                "pending; 0: off")
+    empty_retries: int = Field(1, ge=0, description="times an empty answer is asked again before the item "
+                               "fails with class \"empty\"")
+    prefix_order: bool = Field(True, description="claimed items sharing a prompt prefix are sent together so "
+                               "the engine's prompt cache serves them; false: claim order")
 
 
 class OutputConfig(_Model):
     """Where the run folder lives."""
 
-    dir: str = "harvest-run"
+    dir: str = Field("harvest-run", description="the run folder: ledger, records, server log, exports")
 
     @field_validator("dir")
     @classmethod
@@ -462,26 +472,24 @@ class HostConfig(_Model):
     """Where the server runs: a box reached over SSH (``ssh``) and/or a container entered with an
     exec prefix. The far side runs harvest's own JSON commands; see :mod:`harvest.placement.ssh`."""
 
-    #: ``user@name`` (or a name from ~/.ssh/config); None: this machine (with ``exec_prefix`` only).
-    ssh: str | None = None
-    port: int = Field(22, ge=1, le=65535)
-    identity_file: str | None = None
-    #: Extra ``-o`` options for OpenSSH's client, each ``Key=Value`` (they win over harvest's own).
-    ssh_options: list[str] = Field(default_factory=list)
-    #: argv run before every far command, e.g. ``["pct", "exec", "101", "--"]``.
-    exec_prefix: list[str] = Field(default_factory=list)
-    #: The harvest executable on the far side (after the prefix).
-    harvest: str = "harvest"
-    #: The address the data tunnel forwards to on the far side (a container's own address).
-    forward_to: str = "127.0.0.1"
-    #: Seconds to establish the SSH connection (TCP, banner, key exchange).
-    connect_timeout: float = Field(10.0, gt=0)
-    #: Seconds one far command may take beyond the connection (a launch adds its ready_timeout).
-    command_timeout: float = Field(120.0, gt=0)
-    #: A label for tables and messages (default: ``ssh`` or ``local``).
-    name: str | None = None
-    #: Fields of [server] that differ on this host (``port``, a far ``model`` path, ``command``...).
-    server: dict[str, Any] = Field(default_factory=dict)
+    ssh: str | None = Field(None, description="`user@name` or a name from ~/.ssh/config; unset: this machine "
+                            "(with `exec_prefix` only)")
+    port: int = Field(22, ge=1, le=65535, description="the SSH port")
+    identity_file: str | None = Field(None, description="the SSH key file (ssh -i)")
+    ssh_options: list[str] = Field(default_factory=list, description="more `-o` options for OpenSSH's client, "
+                                   "each `Key=Value` (they win over harvest's own)")
+    exec_prefix: list[str] = Field(default_factory=list, description="argv run before every far command, e.g. "
+                                   "[\"pct\", \"exec\", \"101\", \"--\"]")
+    harvest: str = Field("harvest", description="the harvest executable on the far side (after the prefix)")
+    forward_to: str = Field("127.0.0.1", description="the address the data tunnel forwards to on the far side "
+                            "(a container's own address)")
+    connect_timeout: float = Field(10.0, gt=0, description="seconds to establish the SSH connection (TCP, "
+                                   "banner, key exchange)")
+    command_timeout: float = Field(120.0, gt=0, description="seconds one far command may take beyond the "
+                                   "connection (a launch adds its ready_timeout)")
+    name: str | None = Field(None, description="a label for tables and messages (default: `ssh` or `local`)")
+    server: dict[str, Any] = Field(default_factory=dict, description="fields of [server] that differ on this "
+                                   "host (`port`, a far `model` path, `command`...)")
 
     def server_config(self, base: ServerConfig) -> ServerConfig:
         """``base`` with this host's overrides; a bad override is a ConfigError naming the host."""
@@ -514,22 +522,22 @@ class HostConfig(_Model):
 class ClusterConfig(_Model):
     """A Ray cluster the servers run on (see :mod:`harvest.placement.ray.servers`); needs ``harvest[ray]``."""
 
-    backend: Literal["ray"] = "ray"
-    #: ``auto`` (the cluster this machine belongs to, ``ray start``), ``HOST:PORT`` or ``ray://HEAD:10001``.
-    address: str = "auto"
-    #: Servers to place, or ``"per_node"``: one on each node with room for one.
-    servers: int | Literal["per_node"] = 1
-    #: GPUs of each server (its tensor-parallel ranks), from Ray's assignment; 0 for CPU engines.
-    gpus_per_server: int = Field(1, ge=0)
-    #: Custom Ray resources each server's bundle asks for besides one CPU and its GPUs.
-    resources: dict[str, float] = Field(default_factory=dict)
-    #: Ray runtime_env of the servers' actors (``env_vars``, ``py_modules``, ...): harvest must be
-    #: importable on every node, the same version as here.
-    runtime_env: dict[str, Any] = Field(default_factory=dict)
-    #: Ray namespace of the servers' named actors and placement groups.
-    namespace: str = "harvest"
-    #: Seconds to connect to the cluster and to wait for a placement.
-    connect_timeout: float = Field(60.0, gt=0)
+    backend: Literal["ray"] = Field("ray", description="the cluster kind (Ray only)")
+    address: str = Field("auto", description="auto (the cluster this machine belongs to, `ray start`), "
+                         "HOST:PORT or ray://HEAD:10001")
+    servers: int | Literal["per_node"] = Field(1, description="servers to place, or \"per_node\": one on each "
+                                               "node with room for one")
+    gpus_per_server: int = Field(1, ge=0, description="GPUs of each server (its tensor-parallel ranks), from "
+                                 "Ray's assignment; 0 for CPU engines")
+    resources: dict[str, float] = Field(default_factory=dict, description="custom Ray resources each server's "
+                                        "bundle asks for besides one CPU and its GPUs")
+    runtime_env: dict[str, Any] = Field(default_factory=dict, description="Ray runtime_env of the servers' "
+                                        "actors (env_vars, py_modules...): harvest must be importable on "
+                                        "every node, the same version as here")
+    namespace: str = Field("harvest", description="Ray namespace of the servers' named actors and placement "
+                           "groups")
+    connect_timeout: float = Field(60.0, gt=0, description="seconds to connect to the cluster and to wait for "
+                                   "a placement")
 
     @field_validator("servers")
     @classmethod

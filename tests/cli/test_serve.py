@@ -127,6 +127,7 @@ def test_stop_from_another_process_after_serve_was_sigkilled_is_clean(tmp_path, 
     report = json.loads(out.stdout)
     assert report["schema"] == "harvest.stop/1"
     assert report["verdict"] == "clean" and [r["escalated"] for r in report["servers"]] == [True]
+    assert [(r["engine"], r["pid"]) for r in report["servers"]] == [("command", rec.pid)]
     assert all(gone(pid, ct) for pid, ct in watched.items())
     assert not port_listening("127.0.0.1", s.port)
 
@@ -163,8 +164,10 @@ def test_detach_then_ps_then_stop_without_run_dir(tmp_path, env, serves):
 
     out = harvest(env, "stop")
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "verdict: CLEAN" in out.stdout
+    assert "verdict: CLEAN" in out.stdout and f"for command pid {rec.pid} in {s.run_dir}" in out.stdout
     assert gone(rec.pid, rec.create_time)
+    again = harvest(env, "stop", str(s.run_dir))  # stopped already: clean again, exit 0
+    assert again.returncode == 0 and "verdict: CLEAN" in again.stdout, again.stdout + again.stderr
     assert json.loads(harvest(env, "ps", "--json").stdout)["servers"] == []
     [row] = json.loads(harvest(env, "ps", "--json", "--all").stdout)["servers"]
     assert row["recorded"]["status"] == "stopped" and row["measured"]["alive"] == 0
@@ -209,12 +212,21 @@ def test_serve_refuses_a_taken_port_before_launch(tmp_path, env):
         holder.close()
 
 
-def test_stop_without_a_record_is_a_usage_error(tmp_path, env):
+def test_stop_with_nothing_to_stop_says_so_and_exits_0(tmp_path, env):
+    """A cleanup script may stop twice: a folder without a record, or nothing running, is not an
+    error. A folder that does not exist still is (a typo), and --json gives the empty document."""
     (tmp_path / "empty").mkdir()
     out = harvest(env, "stop", str(tmp_path / "empty"))
-    assert out.returncode == 2 and "no launch record" in out.stderr
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("nothing to stop: no launch record in " + str(tmp_path / "empty")), out.stdout
     out = harvest(env, "stop")
-    assert out.returncode == 2 and "nothing to stop" in out.stderr
+    assert out.returncode == 0 and out.stdout.strip() == "nothing to stop: no server harvest started is running"
+    out = harvest(env, "stop", "--json", str(tmp_path / "empty"))
+    assert out.returncode == 0 and json.loads(out.stdout) == {"schema": "harvest.stop/1", "verdict": "clean",
+                                                             "servers": []}
+    assert "nothing to stop" in out.stderr
+    out = harvest(env, "stop", str(tmp_path / "typo"))
+    assert out.returncode == 2 and out.stderr.strip() == f"error: {tmp_path / 'typo'}: no such folder"
 
 
 def test_serve_start_up_crash_exits_1_with_the_log_tail(tmp_path, env):

@@ -21,9 +21,12 @@ from harvest.config import load_config
                    "else this Python).")
 @click.option("--dir", "workdir", default="harvest-demo", show_default=True, type=click.Path(file_okay=False),
               help="Folder for the job file, the run and the export.")
-@click.option("--port", default=18011, show_default=True, type=int)
-@click.option("--max-tokens", default=48, show_default=True, type=int)
-@click.option("--concurrency", default=16, show_default=True, type=int)
+@click.option("--port", default=18011, show_default=True, type=click.IntRange(1, 65535),
+              help="Port of the demo's vLLM server (must be free).")
+@click.option("--max-tokens", default=48, show_default=True, type=click.IntRange(min=1),
+              help="Tokens generated per answer (random weights run every answer to this limit).")
+@click.option("--concurrency", default=16, show_default=True, type=click.IntRange(min=1),
+              help="Requests in flight.")
 def demo(engine_python: str | None, workdir: str, port: int, max_tokens: int, concurrency: int) -> None:
     """Build the tiny model if missing, then preflight -> launch -> run -> verified stop -> export."""
     setup_logging()

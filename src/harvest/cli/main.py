@@ -36,6 +36,41 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+#: What each command's exit code means; ``--help`` ends with it. 2 is always a usage or
+#: configuration error (named in one line), 130 an interrupt (Ctrl-C).
+EXIT_CODES: dict[str, str] = {
+    "gpus": "0 shown; 1 a GPU or host could not be probed; 2 usage or configuration error",
+    "preflight": "0 safe to launch; 1 not safe (or still not safe when --wait ran out); "
+                 "2 usage or configuration error",
+    "serve": "0 stopped clean (or detached once ready); 1 refused by preflight, the engine failed to start "
+             "or exited on its own, or the stop was dirty; 2 usage or configuration error; "
+             "130 interrupted during start-up",
+    "stop": "0 every server stopped clean, or nothing to stop; 1 a stop was dirty (GPU memory or the port "
+            "not freed, a process left); 2 no such folder, or a record that cannot be read or is refused",
+    "ps": "0 listed (also when nothing runs); 2 usage or configuration error",
+    "run": "0 every item accounted for (done + truncated + failed + skipped = unique input) within the "
+           "limits; 1 the run did not finish (server down, too many failed or skipped, refused by "
+           "preflight); 2 usage or configuration error; 130 interrupted (run it again to resume)",
+    "demo": "0 the demo ran and exported; 1 it did not finish; 2 usage or configuration error; "
+            "130 interrupted",
+    "status": "0 the run folder was read, whatever state the run is in; 2 no readable harvest ledger there",
+    "export": "0 the file holds every selected item; 1 no item selected (unless --allow-empty) or "
+              "malformed results left out (named); 2 no readable ledger, or the options do not fit",
+    "compare": "0 every candidate passed the quality gate; 1 one did not; 2 usage or configuration error; "
+               "130 interrupted",
+    "tune": "0 a setting passed (and, with --then-run, the campaign finished); 1 none passed or the "
+            "campaign did not finish; 2 usage or configuration error; 130 interrupted",
+    "report": "0 the report was written (its path printed); 2 the folder is not a run, tune or compare "
+              "folder, or cannot be read",
+    "version": "0",
+}
+
+
+def exit_codes_epilog(name: str) -> str:
+    """The last paragraph of ``harvest NAME --help``."""
+    return "Exit codes: " + EXIT_CODES[name] + "."
+
+
 class _Group(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(COMMANDS)
@@ -47,6 +82,7 @@ class _Group(click.Group):
         command = getattr(importlib.import_module(where[0]), where[1])
         if command.name != cmd_name:  # the table and the module must agree
             raise RuntimeError(f"harvest.cli: {where[0]}.{where[1]} is named {command.name!r}, not {cmd_name!r}")
+        command.epilog = exit_codes_epilog(cmd_name)
         return command
 
     def invoke(self, ctx: click.Context):  # type: ignore[override]

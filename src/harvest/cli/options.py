@@ -90,7 +90,7 @@ def host_options(func: Any) -> Any:
 
     options = [
         click.option("--host", "ssh_host", default=None, metavar="USER@NAME",
-                     help="act on this host over SSH (instead of --config)"),
+                     help="act on this host over SSH (instead of the [host] of a config)"),
         click.option("--port", "ssh_port", type=click.IntRange(1, 65535), default=None,
                      help="with --host: its SSH port (default 22)"),
         click.option("--identity-file", default=None, metavar="KEY", help="with --host: the SSH key"),

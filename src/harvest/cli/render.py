@@ -161,6 +161,12 @@ def stop_payload(reports: list[StopReport]) -> dict[str, Any]:
             "servers": [r.to_dict() for r in reports]}
 
 
+def stopped_name(report: StopReport) -> str:
+    """What a stop report is about: ``vllm pid 4242 in runs/a/server`` (engine and pid when known)."""
+    who = " ".join(p for p in (report.engine, f"pid {report.pid}" if report.pid is not None else "") if p)
+    return f"{who} in {report.run_dir}" if who else report.run_dir
+
+
 def step_line(step: StopStep) -> str:
     mark = "" if step.ok else "  <-- incomplete"
     return f"  {step.name:<8} {step.duration_s:7.3f} s  {step.outcome}{mark}"
@@ -172,7 +178,7 @@ def print_stop_report(report: StopReport, *, err: bool = False, console: Console
     printed as they happened, only the rest is left)."""
     console = console or make_console(stderr=err)
     if not steps_shown:
-        console.print(f"stop of {report.run_dir}:", markup=False)
+        console.print(f"stop of {stopped_name(report)}:", markup=False)
         for step in report.steps:
             console.print(step_line(step), markup=False)
     for h in report.holders:
@@ -182,8 +188,9 @@ def print_stop_report(report: StopReport, *, err: bool = False, console: Console
     for p in report.problems:
         console.print(f"  problem: {p}", markup=False)
     esc = ", escalated to SIGKILL" if report.escalated else ""
+    which = f" for {stopped_name(report)}" if steps_shown else ""  # else the header line named it
     console.print(f"verdict: {report.verdict.upper()} in {report.total_s:.2f} s "
-                  f"(deadline {report.deadline_s:g} s{esc})", markup=False)
+                  f"(deadline {report.deadline_s:g} s{esc}){which}", markup=False)
 
 
 def print_stop_reports(reports: list[StopReport], where: str, *, console: Console | None = None) -> None:

@@ -12,7 +12,8 @@ A command that cannot work there is refused with one line (exit 2), never run he
 
 Exit codes: serve 0 after a clean stop (or once detached), 1 when refused by preflight, when the
 engine failed to start or exited on its own, or when the stop was dirty, 130 when interrupted
-during start-up; stop 0 clean, 1 dirty, 2 nothing to stop or no readable record. This module parses
+during start-up; stop 0 clean or nothing to stop (said so), 1 dirty, 2 no such folder or a record that
+cannot be read or is refused. This module parses
 options and renders; launching and stopping live in :mod:`harvest.server`, and nothing here
 signals a process itself.
 """
@@ -53,7 +54,7 @@ from harvest.cli.render import (
 from harvest.config import HostConfig, load_config
 from harvest.errors import LaunchError, PreflightFailed
 from harvest.events import Event
-from harvest.placement import Flags, from_config, from_record
+from harvest.placement import Flags, NothingToStop, from_config, from_record
 from harvest.server.state import ProcessRef, RunStatus, StateFile, default_run_dir, state_dir
 from harvest.server.stop import DEFAULT_MARGIN_MIB, StopStep
 
@@ -338,7 +339,19 @@ def stop(run_dir: Path | None, deadline: float | None, grace: float | None, marg
     """Stop servers harvest started (RUN_DIR, or the only one running) and verify they are gone.
 
     RUN_DIR's record says where its servers run (this machine, a far host, a Ray cluster); with
-    ``--config F`` / ``--host`` the far harvest of that host stops its RUN_DIR (a far folder)."""
+    --config F or --host the far harvest of that host stops its RUN_DIR (a far folder). Nothing to
+    stop (a folder without a launch record, or no RUN_DIR and nothing running) is said and exits 0."""
+    try:
+        _stop(run_dir, deadline, grace, margin_mib, as_json, config_path, far_host)
+    except NothingToStop as exc:
+        if as_json:
+            click.echo(json.dumps(stop_payload([]), indent=2))
+        click.echo(exc.problems[0][1], err=as_json)  # "nothing to stop: ...", one line
+        sys.exit(0)
+
+
+def _stop(run_dir: Path | None, deadline: float | None, grace: float | None, margin_mib: int, as_json: bool,
+          config_path: Path | None, far_host: HostConfig | None) -> None:
     err = make_console(stderr=True)
     if config_path is not None or far_host is not None:
         placement = from_config(load_config(config_path) if config_path is not None else None,

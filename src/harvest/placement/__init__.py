@@ -22,7 +22,7 @@ from typing import Any
 
 from harvest.config import ClusterConfig, HarvestConfig, HostConfig
 from harvest.placement import record
-from harvest.placement.base import Answer, Flags, Fleet, Placement, Readiness, Refused
+from harvest.placement.base import Answer, Flags, Fleet, NothingToStop, Placement, Readiness, Refused
 
 #: kind -> (module, class): the registry, imported on first use.
 KINDS: dict[str, tuple[str, str]] = {
@@ -82,8 +82,10 @@ def from_record(run_dir: Path | str) -> Placement:
         return _kind("ssh")([HostConfig.model_validate(d["host"]) for _, d in ssh], str(run_dir), records=ssh)
     if record.local_record_dir(run_dir) is not None:
         return _kind("local")()
-    raise Refused(str(run_dir), f"no launch record in {run_dir} (no {record.RECORD}, no launch.json there, "
-                                f"in {record.SERVER_DIR}/ or in host-*/)")
+    if not Path(run_dir).is_dir():
+        raise Refused(str(run_dir), "no such folder")
+    raise NothingToStop(str(run_dir), f"nothing to stop: no launch record in {run_dir} (no {record.RECORD}, "
+                                      f"no launch.json there, in {record.SERVER_DIR}/ or in host-*/)")
 
 
-__all__ = ["Answer", "Flags", "Fleet", "KINDS", "Placement", "Readiness", "Refused", "from_config", "from_record", "probe_fleet"]
+__all__ = ["Answer", "Flags", "Fleet", "KINDS", "NothingToStop", "Placement", "Readiness", "Refused", "from_config", "from_record", "probe_fleet"]

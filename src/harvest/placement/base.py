@@ -36,6 +36,12 @@ class Refused(ConfigError):
         Exception.__init__(self, f"{where}: {message}")
 
 
+class NothingToStop(Refused):
+    """A stop found no server to stop: a folder without a launch record, or nothing running. Its
+    message starts "nothing to stop: "; ``harvest stop`` says it and exits 0 (a cleanup script may
+    stop twice)."""
+
+
 @dataclass(frozen=True)
 class Flags:
     """What the command line says about where: ``--host`` and its flags, ``--cluster [ADDRESS]``."""

@@ -38,6 +38,8 @@ def stop_report_from_dict(doc: dict[str, Any], *, host: str = "?") -> StopReport
             total_s=float(doc.get("total_s", 0.0)),
             deadline_s=float(doc.get("deadline_s", 0.0)),
             problems=tuple(doc.get("problems", [])),
+            engine=doc.get("engine"),
+            pid=int(doc["pid"]) if doc.get("pid") is not None else None,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise RemoteError(host, "stop", 0.0, f"the far stop report does not parse: {exc!r}", exit_code=2) from None

@@ -20,7 +20,7 @@ from harvest.gpu.payload import gpus_payload, preflight_payload
 from harvest.gpu.preflight import PreflightReport
 from harvest.net import port_listening
 from harvest.placement import record
-from harvest.placement.base import Answer, Fleet, Refused, fleet_factory
+from harvest.placement.base import Answer, Fleet, NothingToStop, Refused, fleet_factory
 from harvest.placement.base_results import GpusByPlace, PreflightByPlace
 from harvest.server import Server, StopReport, procs
 from harvest.server.state import RunStatus, StateFile, list_runs
@@ -139,7 +139,7 @@ class LocalPlacement:
         if run_dir is None:
             running = self.running()
             if not running:
-                raise Refused("harvest stop", "nothing to stop: no server harvest started is running")
+                raise NothingToStop("harvest stop", "nothing to stop: no server harvest started is running")
             if len(running) > 1:
                 names = "; ".join(f"{e.run_dir} ({st.record.engine} pid {st.record.pid})" for e, st in running)
                 raise Refused("harvest stop", f"several servers are running, name the run folder: {names}")

@@ -98,6 +98,9 @@ class StopReport:
     deadline_s: float = 0.0
     #: Why the verdict is dirty (empty when clean).
     problems: tuple[str, ...] = ()
+    #: The server stopped, as its launch record names it (None in reports written before these).
+    engine: str | None = None
+    pid: int | None = None
 
     @property
     def clean(self) -> bool:
@@ -445,7 +448,7 @@ def stop_run(
         run_dir=str(Path(run_dir)), verdict=verdict, steps=tuple(steps), escalated=escalated,
         baseline_mib=dict(rec.baseline_mib), final_mib=final_mib, holders=holders, survivors=survivors,
         port_open=port_open, port_holders=port_holders, total_s=round(time.monotonic() - clock.t0, 3),
-        deadline_s=deadline, problems=tuple(problems),
+        deadline_s=deadline, problems=tuple(problems), engine=rec.engine, pid=rec.pid,
     )
     # The report itself is the result; a read-only run folder or a stuck lock does not change it.
     sf.lock_timeout = poll_interval

@@ -1,0 +1,43 @@
+"""Every command's --help: readable text (no raw reST markup, no option it does not have) that
+ends with what its exit codes mean."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from harvest.cli.main import COMMANDS, EXIT_CODES
+
+
+def help_text(name: str) -> str:
+    out = subprocess.run([sys.executable, "-m", "harvest", name, "--help"], capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_help_ends_with_the_exit_codes(name):
+    text = help_text(name)
+    tail = " ".join(text.split()[-60:])
+    assert "Exit codes: 0" in tail and tail.endswith("."), text
+    assert " ".join(EXIT_CODES[name].split()) in " ".join(text.split())
+    assert "``" not in text, f"raw reST markup in harvest {name} --help"
+
+
+def test_every_command_has_its_exit_codes():
+    assert set(EXIT_CODES) == set(COMMANDS)
+
+
+def test_preflight_help_names_only_options_it_has():
+    text = help_text("preflight")
+    assert "--config" not in text  # CONFIG is its argument; --host replaces the config's [host]
+
+
+def test_demo_options_are_explained():
+    text = " ".join(help_text("demo").split())
+    for option in ("--engine-python", "--dir", "--port", "--max-tokens", "--concurrency"):
+        after = text.split(option, 1)[1].split(" --", 1)[0]
+        assert len(after.split()) > 3, f"{option} has no help: {after!r}"

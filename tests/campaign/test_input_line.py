@@ -44,3 +44,12 @@ def test_a_mix_is_counted_and_id_field_empty_forces_hashes(tmp_path):
     assert describe_ids(config, report) == 'ids: content hashes (id_field = "")'
     config, report = ingest(tmp_path / "named", [{"key": "k", "prompt": "x"}], id_field="key")
     assert describe_ids(config, report) == "ids: the rows' 'key' field"
+
+
+def test_an_all_skipped_dataset_does_not_blame_the_id_field(tmp_path):
+    """Every row has its qid but none has a prompt: the line says every row was skipped, not that
+    the rows lack the id field the user set."""
+    rows = [{"qid": f"q{i}", "question": f"what {i}?"} for i in range(4)]
+    config, report = ingest(tmp_path, rows, id_field="qid")
+    assert report.skipped == 4
+    assert describe_ids(config, report) == "ids: none (every row was skipped; [data] id_field 'qid')"

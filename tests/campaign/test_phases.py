@@ -161,6 +161,8 @@ async def test_the_display_shows_an_engine_whose_metrics_did_not_come_as_unknown
         assert progress.server_endpoints == {url: {"running": 7, "waiting": 3}}
         console.print(progress)
         assert "server running 7   waiting 3" in console.export_text()
+        line = progress.line(progress.snapshot())  # the --no-live line: a comma before each part
+        assert ", server running 7 waiting 3" in line and "  server" not in line, line
         hang = True
         await DispatchSteps._scrape(steps, client, progress)
     assert progress.server == {"running": None, "waiting": None}

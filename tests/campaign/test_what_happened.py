@@ -126,7 +126,7 @@ def test_every_row_skipped_exits_non_zero_then_fixing_data_finishes_them_all(tmp
     write_job(tmp_path, llama_server.url, model, data={"path": "in.jsonl", "prompt_field": "question"})
     proc = harvest("run", "job.toml", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "skipped rows read again ([data] prompt_field 'prompt' -> 'question'): 20 now items" in proc.stderr
+    assert "skipped rows read again ([data] prompt_field 'prompt' -> 'question'): 20 are now items" in proc.stderr
     st = status(tmp_path)
     assert st["counts"]["done"] + st["counts"]["truncated"] == 20 and st["counts"]["skipped"] == 0, st["counts"]
     assert st["totals"]["ok"] and st["totals"]["unique"] == 20 and st["skipped_reasons"] == []

@@ -205,8 +205,22 @@ def test_serve_refuses_a_taken_port_before_launch(tmp_path, env):
         cfg = write_config(tmp_path / "server.toml", tmp_path / "pids", port)
         out = harvest(env, "serve", str(cfg), "--run-dir", str(tmp_path / "run"))
         assert out.returncode == 1
-        assert "refused to launch" in out.stderr and f"port {port}" in out.stderr
+        assert out.stderr.count(f"port {port} on 127.0.0.1 is in use") == 1, out.stderr  # the rule, once
+        assert out.stderr.rstrip().endswith(f"refused to launch: port {port} is taken; stop what holds it, "
+                                            f"or set another [server] port"), out.stderr
+        assert "--force" not in out.stderr  # launching anyway does not get the port
         assert not (tmp_path / "run" / "launch.json").exists()
+        assert not (tmp_path / "pids" / "server.pid").exists()
+        # harvest run: the rules as the launch checked them, each once, then the same last line.
+        data = tmp_path / "in.jsonl"
+        data.write_text('{"id": "a", "prompt": "hi"}\n')
+        job = tmp_path / "job.toml"
+        job.write_text(cfg.read_text() + f'[data]\npath = "{data}"\n[output]\ndir = "{tmp_path / "runs"}"\n')
+        out = harvest(env, "run", str(job), "--no-live")
+        assert out.returncode == 1, out.stdout + out.stderr
+        assert out.stderr.count(f"port {port} on 127.0.0.1 is in use") == 1, out.stderr
+        assert "--force" not in out.stderr
+        assert f"refused to launch: port {port} is taken" in out.stderr
         assert not (tmp_path / "pids" / "server.pid").exists()
     finally:
         holder.close()

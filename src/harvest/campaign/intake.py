@@ -88,6 +88,9 @@ def describe_ids(data: Any, report: IngestReport) -> str:
     field = data.id_field if data is not None and data.id_field else "id"
     if data is not None and data.id_field == "":
         return "ids: content hashes (id_field = \"\")"
+    if usable <= 0:  # no row became an item: whose ids they would have had is unknown
+        return f"ids: none (every row was skipped; [data] id_field {data.id_field!r})" \
+            if data is not None and data.id_field else "ids: none (every row was skipped)"
     if report.own_ids == 0:
         return f"ids: content hashes (no {field!r} field)"
     if report.own_ids >= usable:
@@ -192,7 +195,7 @@ class IngestSteps:
             finally:
                 with contextlib.suppress(ValueError):
                     records.close()  # type: ignore[attr-defined]
-            log.info("skipped rows read again (%s): %d now items to generate, %d still skipped",
+            log.info("skipped rows read again (%s): %d are now items to generate, %d still skipped",
                      why, recovered, still)
             self.requeued += recovered
         ledger.set_meta("data_shape", shape)

@@ -276,7 +276,7 @@ class Progress:
         server = snap["server"]
         queue = ""
         if server.get("running") is not None:
-            queue = f" server running {server['running']:.0f} waiting {server.get('waiting') or 0:.0f}"
+            queue = f", server running {server['running']:.0f} waiting {server.get('waiting') or 0:.0f}"
         errors = " errors " + ",".join(f"{k}={v}" for k, v in sorted(snap["errors_by_class"].items())) \
             if snap["errors_by_class"] else ""
         more = "+ (ingesting)" if snap.get("ingesting") else ""

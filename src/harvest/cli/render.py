@@ -161,6 +161,18 @@ def stop_payload(reports: list[StopReport]) -> dict[str, Any]:
             "servers": [r.to_dict() for r in reports]}
 
 
+def preflight_refusal(failures: list[Any], where: str = "") -> str:
+    """The line that ends a launch refused by preflight, with what to do. ``--force`` is offered only
+    when every failed rule is a margin a user may choose to overrun (GPU memory, GPU processes, host
+    RAM, swap, disk): launching does not get a port that something else holds."""
+    port = next((r for r in failures if r.rule == "port"), None)
+    if port is not None:
+        number = port.numbers.get("port", "")
+        return (f"refused to launch{where}: port {number} is taken; stop what holds it, or set another "
+                f"[server] port")
+    return f"refused to launch{where}: preflight failed (--force launches anyway)"
+
+
 def stopped_name(report: StopReport) -> str:
     """What a stop report is about: ``vllm pid 4242 in runs/a/server`` (engine and pid when known)."""
     who = " ".join(p for p in (report.engine, f"pid {report.pid}" if report.pid is not None else "") if p)

@@ -95,16 +95,25 @@ def run(job: str, allow_mixed: bool, force: bool, live: bool | None, retry: tupl
     console = live_console()  # the panel, the log lines and the preflight rules share it
     setup_console_logging(console)
     config = load_config(job)
+    shown: list[Any] = []  # preflight reports already on screen
+
+    def on_preflight(report: Any) -> None:
+        shown.append(report)
+        show_preflight(report, console)
+
     try:
         report = aio.run(run_campaign(config, allow_mixed=allow_mixed, force=force, live=live,
-                                      on_preflight=lambda r: show_preflight(r, console), retry=retry,
+                                      on_preflight=on_preflight, retry=retry,
                                       console=console,
                                       server_factory=from_config(config).fleet(all_hosts=all_hosts)))
     except PreflightFailed as exc:
-        for r in exc.results:
-            if not getattr(r, "passed", True):
-                click.echo(f"FAIL  {r.rule:<14} {r.detail}", err=True)
-        click.echo("refusing to launch: preflight failed (--force to launch anyway)", err=True)
+        from harvest.cli.render import preflight_refusal, rule_line
+
+        failures = [r for r in exc.results if not getattr(r, "passed", True)]
+        if not shown:  # else its rules were on screen already, each once
+            for r in failures:
+                click.echo(rule_line(r), err=True)
+        click.echo(preflight_refusal(failures), err=True)
         sys.exit(1)
     except LedgerError as exc:
         click.echo(f"error: {exc}", err=True)

@@ -49,6 +49,7 @@ from harvest.cli.render import (
     ps_payload,
     rule_line,
     step_line,
+    preflight_refusal,
     stop_payload,
 )
 from harvest.config import HostConfig, load_config
@@ -195,10 +196,10 @@ def _launch_here(server: Any, display: PhaseDisplay, err: Console, stop_requeste
 
 
 def _refused_by_preflight(err: Console, exc: PreflightFailed, where: str) -> NoReturn:
-    err.print(f"refused to launch{where}: preflight failed (use --force to launch anyway)", markup=False)
-    for r in exc.results:
-        if not getattr(r, "passed", True):
-            err.print(rule_line(r))  # type: ignore[arg-type]
+    failures = [r for r in exc.results if not getattr(r, "passed", True)]
+    for r in failures:
+        err.print(rule_line(r))  # type: ignore[arg-type]
+    err.print(preflight_refusal(failures, where), markup=False)
     sys.exit(1)
 
 

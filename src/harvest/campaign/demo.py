@@ -34,6 +34,31 @@ def tiny_model_dir() -> Path:
     return models_cache() / f"tiny-{digest}"
 
 
+#: What to do when the demo's Python has no vLLM: the README's first command installs it.
+NO_VLLM_FIX = ("run `make demo` from the clone (it installs vLLM's CPU build with scripts/install-engines "
+               "and passes its Python), or give --engine-python PATH of a Python that has vLLM")
+
+
+def check_engine_python(engine_python: str, *, timeout: float = 60.0) -> None:
+    """Refuse, in one line with the fix, a demo Python that cannot run vLLM (no vLLM or no PyTorch):
+    found by the import system, without importing vLLM (seconds)."""
+    probe = "import importlib.util as u, sys; sys.exit(','.join(m for m in ('vllm', 'torch') if u.find_spec(m) is None))"
+    try:
+        proc = subprocess.run([engine_python, "-c", probe], capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise ConfigError("harvest demo", [("--engine-python", f"{engine_python} does not exist; {NO_VLLM_FIX}")]) \
+            from None
+    except (subprocess.TimeoutExpired, OSError) as exc:
+        raise ConfigError("harvest demo", [("--engine-python", f"{engine_python} did not start: {exc}")]) from None
+    missing = proc.stderr.strip().splitlines()[-1] if proc.returncode != 0 and proc.stderr.strip() else ""
+    if proc.returncode != 0:
+        names = {"vllm": "vLLM", "torch": "PyTorch"}
+        what = " nor ".join(names.get(m, m) for m in missing.split(",")) if missing and " " not in missing \
+            else "vLLM"
+        raise ConfigError("harvest demo", [("--engine-python", f"{engine_python} has no {what}: the demo runs "
+                                                               f"vLLM's CPU build; {NO_VLLM_FIX}")])
+
+
 def ensure_tiny_model(engine_python: str, *, timeout: float = 900.0) -> Path:
     """Build the tiny model with the engine's Python unless it is already there."""
     out = tiny_model_dir()
@@ -50,8 +75,9 @@ def ensure_tiny_model(engine_python: str, *, timeout: float = 900.0) -> Path:
         raise ConfigError("harvest demo", [("tiny model", f"building it took over {timeout:.0f} s")]) from None
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-5:]
+        last = tail[-1] if tail else "no output"  # a traceback's last line says what went wrong
         raise ConfigError("harvest demo", [("--engine-python", f"{engine_python} could not build the tiny model "
-                                            f"(exit {proc.returncode}): " + " | ".join(tail))])
+                                            f"(exit {proc.returncode}): {last}")])
     if not out.exists():
         os.replace(tmp, out)
     return out

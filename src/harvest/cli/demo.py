@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from harvest.campaign.demo import ensure_tiny_model, write_demo_job
+from harvest.campaign.demo import check_engine_python, ensure_tiny_model, write_demo_job
 from harvest.campaign.run import run_campaign
 from harvest.cli.run import print_report, setup_logging, show_preflight
 from harvest.config import load_config
@@ -31,6 +31,7 @@ def demo(engine_python: str | None, workdir: str, port: int, max_tokens: int, co
     """Build the tiny model if missing, then preflight -> launch -> run -> verified stop -> export."""
     setup_logging()
     python = engine_python or os.environ.get("HARVEST_VLLM_PYTHON") or sys.executable
+    check_engine_python(python)
     click.echo(f"[demo] tiny model (built with {python}) ...")
     model = ensure_tiny_model(python)
     click.echo(f"[demo] model: {model}")

@@ -1,0 +1,31 @@
+"""`harvest demo` with a Python that cannot run vLLM: one error with the fix (`make demo`), exit 2,
+and no folder left behind. A real interpreter without vLLM: this test's own Python (harvest's
+environment never holds vLLM; the engine lives in its own environment)."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+
+def demo(tmp_path, python: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "harvest", "demo", "--dir", str(tmp_path / "demo"),
+                           "--engine-python", python], capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_a_python_without_vllm_points_to_make_demo(tmp_path):
+    assert importlib.util.find_spec("vllm") is None, "harvest's own environment must not hold vLLM"
+    out = demo(tmp_path, sys.executable)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert f"--engine-python: {sys.executable} has no vLLM" in out.stderr
+    assert "run `make demo` from the clone" in out.stderr
+    assert "Traceback" not in out.stderr and "|" not in out.stderr
+    assert not (tmp_path / "demo").exists()
+
+
+def test_a_missing_python_is_named_with_the_fix(tmp_path):
+    out = demo(tmp_path, str(tmp_path / "no-such-python"))
+    assert out.returncode == 2
+    assert f"{tmp_path / 'no-such-python'} does not exist; run `make demo`" in out.stderr
+    assert not (tmp_path / "demo").exists()

@@ -1,5 +1,5 @@
-"""The event loop harvest's commands run on: uvloop when it is installed (``pip install harvest[fast]``),
-asyncio's own otherwise, or when ``HARVEST_UVLOOP=0`` asks for it.
+"""The event loop harvest's commands run on: uvloop when it is installed (the ``fast`` extra:
+``pip install -e '.[fast]'`` in the clone), asyncio's own otherwise, or when ``HARVEST_UVLOOP=0`` asks for it.
 
 uvloop runs the client's event loop in C (its share of a request's CPU was 24 % in P2's profile);
 what it changes is measured in BENCHMARKS.md (P2, ``harvest-uvloop`` against ``harvest``). Nothing

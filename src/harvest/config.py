@@ -520,7 +520,7 @@ class HostConfig(_Model):
 
 
 class ClusterConfig(_Model):
-    """A Ray cluster the servers run on (see :mod:`harvest.placement.ray.servers`); needs ``harvest[ray]``."""
+    """A Ray cluster the servers run on (see :mod:`harvest.placement.ray.servers`); needs the ray extra."""
 
     backend: Literal["ray"] = Field("ray", description="the cluster kind (Ray only)")
     address: str = Field("auto", description="auto (the cluster this machine belongs to, `ray start`), "

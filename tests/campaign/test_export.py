@@ -289,7 +289,7 @@ def test_parquet_without_pyarrow_is_a_clear_error_and_writes_nothing(run, monkey
     run_dir, _ = run
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow now raises ImportError
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
-    with pytest.raises(ConfigError, match=r"pyarrow.*harvest\[parquet\]"):
+    with pytest.raises(ConfigError, match=r"--format parquet writes Parquet; install the parquet extra"):
         export_run(run_dir, "parquet")
     assert not default_output(run_dir, "parquet").exists()
 

@@ -117,10 +117,15 @@ def test_every_row_skipped_exits_non_zero_then_fixing_data_finishes_them_all(tmp
     table = harvest("status", "job.toml", cwd=tmp_path)
     assert "skipped 20: no 'prompt'" in table.stdout and "fix:" in table.stdout
 
-    # Export of nothing: a warning and exit 1, unless asked for.
+    # Export of nothing: the cause and the fix, exit 1 and no file, unless asked for.
     proc = harvest("export", "job.toml", "--format", "sharegpt", cwd=tmp_path)
-    assert proc.returncode == 1 and "no item exported: the run holds skipped 20" in proc.stderr, proc.stderr
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip() == ("error: --format sharegpt: no item of status done to export (the run holds "
+                                   "skipped 20): pick other statuses with --status, or --allow-empty to write an "
+                                   "empty file; no file written"), proc.stderr
+    assert not list((tmp_path / "run").glob("export*")), "an empty export was left behind"
     assert harvest("export", "job.toml", "--format", "sharegpt", "--allow-empty", cwd=tmp_path).returncode == 0
+    assert (tmp_path / "run" / "export.sharegpt.jsonl").is_file()
 
     # Fixed [data]: the same folder reads the skipped rows again and finishes every one.
     write_job(tmp_path, llama_server.url, model, data={"path": "in.jsonl", "prompt_field": "question"})
@@ -130,6 +135,25 @@ def test_every_row_skipped_exits_non_zero_then_fixing_data_finishes_them_all(tmp
     st = status(tmp_path)
     assert st["counts"]["done"] + st["counts"]["truncated"] == 20 and st["counts"]["skipped"] == 0, st["counts"]
     assert st["totals"]["ok"] and st["totals"]["unique"] == 20 and st["skipped_reasons"] == []
+
+    # Log-probabilities from a run that stored none: the cause, the fix, no file.
+    proc = harvest("export", "job.toml", "--format", "logprobs", "--status", "done,truncated", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip() == ("error: --format logprobs: none of the run's 20 selected results carries "
+                                   "log-probabilities (they ran with [sampling] logprobs = 0): set [sampling] "
+                                   "logprobs = K for a new run, or export another format; no file written")
+    assert not (tmp_path / "run" / "export.logprobs.parquet").exists()
+    # Without pyarrow (an import that fails, as in an environment without the parquet extra): the
+    # format named, and how to install it from a clone.
+    no_pyarrow = ("import sys; sys.modules['pyarrow'] = None; sys.argv[0] = 'harvest'; "
+                  "from harvest.cli.main import main; main()")
+    for fmt in ("parquet", "logprobs"):
+        proc = subprocess.run([sys.executable, "-c", no_pyarrow, "export", "job.toml", "--format", fmt],
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path, check=False)
+        assert proc.returncode == 2, proc.stderr
+        assert f"harvest export --format {fmt}" in proc.stderr and f"--format {fmt} writes Parquet" in proc.stderr
+        assert "pip install -e '.[parquet]'" in proc.stderr and "harvest[parquet]" not in proc.stderr
+        assert not list((tmp_path / "run").glob("*.parquet"))
 
 
 def test_more_than_the_skipped_share_exits_non_zero_and_retry_skipped_recovers(tmp_path, llama_server):

@@ -217,7 +217,8 @@ def test_missing_ray_is_one_line_exit_2() -> None:
     done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, env=ENV,
                           timeout=60)
     assert done.returncode == 2
-    assert done.stderr.strip() == "error: Ray is not installed: pip install 'harvest[ray]'"
+    assert done.stderr.strip() == ("error: Ray is not installed: install the ray extra into harvest's environment "
+                                   "(pip install -e '.[ray]' in the clone)")
 
 
 def test_a_node_that_does_not_answer_is_named_with_the_time_waited(cluster: dict) -> None:

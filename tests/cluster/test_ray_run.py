@@ -126,7 +126,7 @@ def test_missing_ray_is_one_clear_line(tmp_path, llama_server_bin, tiny_gguf):
     assert out.returncode == 2, out.stderr
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, out.stderr
-    assert "needs Ray" in lines[0] and "pip install 'harvest[ray]'" in lines[0] and str(job) in lines[0]
+    assert "needs Ray" in lines[0] and "pip install -e '.[ray]' in the clone" in lines[0] and str(job) in lines[0]
     assert "Traceback" not in out.stderr
     assert not (run_dir / "server").exists()  # nothing launched
 

@@ -39,7 +39,7 @@ def nothing_here(tmp_path: Path, port: int) -> None:
 
 @pytest.mark.parametrize("detach", [[], ["--detach"]])
 def test_serve_of_a_cluster_job_never_launches_here(tmp_path, detach):
-    require("ray", "the [cluster] placement needs Ray (pip install 'harvest[ray]')")
+    require("ray", "the [cluster] placement needs Ray (pip install -e '.[ray]')")
     port = engines.free_port()
     res = harvest(tmp_path, "serve", str(cluster_job(tmp_path, port)), *detach)
     assert res.returncode == 2, res.stdout + res.stderr
@@ -50,7 +50,7 @@ def test_serve_of_a_cluster_job_never_launches_here(tmp_path, detach):
 
 
 def test_ps_and_stop_of_a_cluster_job_ask_the_cluster(tmp_path):
-    require("ray", "the [cluster] placement needs Ray (pip install 'harvest[ray]')")
+    require("ray", "the [cluster] placement needs Ray (pip install -e '.[ray]')")
     job = cluster_job(tmp_path, engines.free_port())
     res = harvest(tmp_path, "ps", "--config", str(job))
     assert res.returncode == 2 and "cannot connect to Ray" in res.stderr, res.stdout + res.stderr
@@ -84,7 +84,7 @@ def test_preflight_wait_off_this_machine_is_one_line(tmp_path, where):
     """--wait polls this machine's rules; a far host or a Ray cluster is checked once: refused before
     anything is contacted (no SSH, no Ray connection: the addresses above answer nothing)."""
     if where[0] == "--cluster":
-        require("ray", "the [cluster] placement needs Ray (pip install 'harvest[ray]')")
+        require("ray", "the [cluster] placement needs Ray (pip install -e '.[ray]')")
     port = engines.free_port()
     job = tmp_path / "job.toml"
     job.write_text(f'[server]\nengine = "command"\ncommand = ["true"]\nport = {port}\n')

@@ -84,6 +84,10 @@ class ExportReport:
     #: them as ``(item id, why)``.
     malformed: int = 0
     malformed_examples: tuple[tuple[str, str], ...] = ()
+    #: False when nothing was selected and ``allow_empty`` was off: no file was left at ``path``.
+    kept: bool = True
+    #: ``logprobs``: results of the selected statuses that carry no log-probabilities.
+    without_logprobs: int = 0
 
 
 # ------------------------------------------------------------------------------------ options
@@ -313,15 +317,24 @@ def parquet_schema() -> Any:
     ])
 
 
-def _pyarrow() -> tuple[Any, Any]:
+#: How to get pyarrow from a clone of harvest (the ``parquet`` extra).
+PYARROW_FIX = "install the parquet extra into harvest's environment (pip install -e '.[parquet]' in the clone)"
+
+
+def _pyarrow(fmt: str = "parquet") -> tuple[Any, Any]:
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
-        raise ConfigError("harvest export --format parquet", [(
-            "pyarrow", "is not installed; install the parquet extra (pip install 'harvest[parquet]')"
-                       " or export JSONL (--format specforge|sharegpt|openai-batch)")]) from None
+        raise ConfigError(f"harvest export --format {fmt}", [(
+            "pyarrow", f"is not installed: --format {fmt} writes Parquet; {PYARROW_FIX}"
+                       + (", or export JSONL (--format specforge|sharegpt|openai-batch)" if fmt == "parquet" else "")
+        )]) from None
     return pa, pq
+
+
+class _NothingSelected(Exception):
+    """No record was written and the caller did not accept an empty file: the temporary goes."""
 
 
 # ------------------------------------------------------------------------------------ writing
@@ -418,33 +431,36 @@ def _write_parquet(path: Path, rows: Iterable[ResultRow], tally: _Tally, row_gro
 
 def export_run(run_dir: str | Path, fmt: str, *, output: str | Path | None = None,
                statuses: Iterable[str | Status] = DEFAULT_STATUSES, sharegpt_style: str = "role-content",
-               row_group_size: int = ROW_GROUP_SIZE, fetch: int = 1000) -> ExportReport:
+               row_group_size: int = ROW_GROUP_SIZE, fetch: int = 1000, allow_empty: bool = True) -> ExportReport:
     """Write the items of ``statuses`` from the run's ledger to ``output`` (default
     :func:`default_output`) in ``fmt``, atomically, in input order.
 
     Raises :class:`~harvest.errors.LedgerError` when ``run_dir`` holds no readable ledger and
     :class:`~harvest.errors.ConfigError` for options that do not fit (an unknown format, a status
-    the format cannot hold, Parquet without pyarrow, a missing output folder).
+    the format cannot hold, Parquet without pyarrow, a missing output folder). Without
+    ``allow_empty`` an export that selects nothing leaves no file (``kept`` False).
     """
     wanted = parse_statuses(statuses)
     _check_options(fmt, wanted, sharegpt_style)
     if fmt in ("parquet", "logprobs"):
-        _pyarrow()
+        _pyarrow(fmt)
     path = Path(output) if output is not None else default_output(run_dir, fmt)
     if output is None:
         safefiles.check_dir(path.parent)  # the run folder: this user's own
     if output is not None and not path.parent.is_dir():
         raise ConfigError("harvest export options", [("--output", f"folder {path.parent} does not exist")])
     tally = _Tally()
+    without = 0
     ledger = Ledger.open_readonly(run_dir)
     try:
         rows = ledger.iter_results(wanted, fetch=fetch)
-        with _atomic(path) as tmp:
+        with contextlib.suppress(_NothingSelected), _atomic(path) as tmp:
             if fmt == "logprobs":
                 from harvest.campaign.export_logprobs import write_logprobs
 
-                written, _ = write_logprobs(ledger, rows, tmp)
-                tally.by_status["rows"] = written
+                written, without = write_logprobs(ledger, rows, tmp)
+                if written:
+                    tally.by_status["rows"] = written
             elif fmt == "parquet":
                 _write_parquet(tmp, rows, tally, row_group_size)
             else:
@@ -458,11 +474,14 @@ def export_run(run_dir: str | Path, fmt: str, *, output: str | Path | None = Non
                 fd = safefiles.open_fd(tmp, os.O_WRONLY | os.O_TRUNC)  # made O_EXCL by _atomic
                 with open(fd, "w", encoding="utf-8", newline="\n") as f:
                     _write_jsonl(f, rows, make, tally)
+            if not allow_empty and not sum(tally.by_status.values()):
+                raise _NothingSelected  # _atomic removes the temporary; an older export stays as it was
     finally:
         ledger.close()
-    return ExportReport(path=path, format=fmt, written=sum(tally.by_status.values()),
-                        by_status=dict(tally.by_status), malformed=tally.malformed,
-                        malformed_examples=tuple(tally.examples))
+    written = sum(tally.by_status.values())
+    return ExportReport(path=path, format=fmt, written=written, by_status=dict(tally.by_status),
+                        malformed=tally.malformed, malformed_examples=tuple(tally.examples),
+                        kept=allow_empty or written > 0, without_logprobs=without)
 
 
 # ------------------------------------------------------------------------------------ checking

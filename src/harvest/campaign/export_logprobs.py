@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 
-from harvest.errors import ConfigError
 from harvest.ledger import Ledger, ResultRow
 
 #: Sample-turn rows per Parquet row group.
@@ -61,12 +60,9 @@ def _nested(pa: Any, arrays: list[np.ndarray], typ: Any) -> Any:
 def write_logprobs(ledger: Ledger, rows: Iterable[ResultRow], path: Path) -> tuple[int, int]:
     """Write the logprobs of ``rows`` to ``path``. Returns (sample-turn rows written, results without
     logprobs passed over)."""
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise ConfigError("harvest export --format logprobs", [(
-            "pyarrow", "is not installed; install the parquet extra (pip install 'harvest[parquet]')")]) from None
+    from harvest.campaign.export import _pyarrow
+
+    pa, pq = _pyarrow("logprobs")
     schema = logprobs_schema(pa)
     written = without = 0
     cols: dict[str, list[Any]] = {name: [] for name in schema.names}

@@ -39,16 +39,22 @@ def export(run_dir: str, fmt: str, statuses: tuple[str, ...], output: str | None
     err = make_console(stderr=True)
     try:
         report = export_run(run_dir, fmt, output=output, statuses=statuses, sharegpt_style=sharegpt_style,
-                            row_group_size=row_group_size)
+                            row_group_size=row_group_size, allow_empty=allow_empty)
     except LedgerError as exc:
         err.print(f"error: {run_dir} is not a readable harvest run folder: {exc}", markup=False)
         raise SystemExit(2) from None
+    if not report.kept:  # nothing selected: no file written, the cause and the fix
+        if fmt == "logprobs" and report.without_logprobs:
+            err.print(f"error: --format logprobs: none of the run's {report.without_logprobs:,} selected results "
+                      f"carries log-probabilities (they ran with [sampling] logprobs = 0): set [sampling] logprobs "
+                      f"= K for a new run, or export another format; no file written", markup=False)
+        else:
+            err.print(f"error: --format {fmt}: no item of status {', '.join(statuses)} to export "
+                      f"({_what_is_there(run_dir)}): pick other statuses with --status, or --allow-empty to "
+                      f"write an empty file; no file written", markup=False)
+        raise SystemExit(1)
     parts = ", ".join(f"{status} {n:,}" for status, n in report.by_status.items())
     click.echo(f"wrote {report.written:,} items to {report.path}" + (f" ({parts})" if parts else ""))
-    if report.written == 0 and not allow_empty:
-        err.print(f"warning: no item exported: {_what_is_there(run_dir)}; pick other statuses with --status, "
-                  f"or --allow-empty to accept an empty file", markup=False)
-        raise SystemExit(1)
     if report.malformed:
         err.print(f"error: {report.malformed:,} results are not in the documented result schema and were"
                   " left out:", markup=False)

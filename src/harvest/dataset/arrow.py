@@ -35,7 +35,8 @@ def _pyarrow(source: str) -> Any:
         raise ConfigError(
             source,
             [(source, "reading Parquet or Hugging Face datasets needs pyarrow:"
-                      " pip install 'harvest[parquet]'")],
+                      " install the parquet extra into harvest's environment (pip install -e '.[parquet]'"
+                      " in the clone)")],
         ) from None
     return pyarrow
 

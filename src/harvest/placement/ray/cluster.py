@@ -29,7 +29,7 @@ from harvest.server import StopReport, StopStep
 
 KIND = "ray"
 RAY_RECORD = record.RECORD
-INSTALL_HINT = "pip install 'harvest[ray]'"
+INSTALL_HINT = "install the ray extra into harvest's environment (pip install -e '.[ray]' in the clone)"
 
 
 class ClusterError(ConfigError):

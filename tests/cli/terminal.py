@@ -88,6 +88,8 @@ class Terminal:
     screens: list[Screen] = field(default_factory=list)
     pid: int | None = None
     create_time: float | None = None
+    width: int = WIDTH
+    height: int = HEIGHT
 
     @property
     def socket(self) -> Path:
@@ -108,7 +110,7 @@ class Terminal:
         # The shell reports the exit status on the screen (tmux can be slow to reap the pane's
         # process); its INT trap lets Ctrl-C reach the command alone, which then ends as it chooses.
         command = f"trap true INT; cd {shlex.quote(str(cwd))} && {shlex.join(argv)}; echo \"{EXIT_MARK} $?]\""
-        self._tmux("-f", str(conf), "new-session", "-d", "-s", "harvest", "-x", str(WIDTH), "-y", str(HEIGHT),
+        self._tmux("-f", str(conf), "new-session", "-d", "-s", "harvest", "-x", str(self.width), "-y", str(self.height),
                    command, env={**env, "TERM": "xterm-256color"})
         self.pid = int(self._tmux("display-message", "-p", "#{pid}").strip())
         self.create_time = psutil.Process(self.pid).create_time()

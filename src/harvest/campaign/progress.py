@@ -37,6 +37,8 @@ PROGRESS_FILE = "progress.json"
 #: Widest the live panel is drawn (narrower terminals get their width): a fixed frame, not one
 #: that jumps with the length of its longest line.
 PANEL_WIDTH = 120
+#: The panel's label column: its longest label ("endpoint").
+LABEL_WIDTH = 8
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -237,7 +239,7 @@ class Progress:
         """``sent`` (requests on the wire), ``queued`` (claimed, waiting in harvest for a slot),
         ``concurrency``, ``sick`` endpoints with the seconds waited and the deadline, and the mean
         queue wait of the items finished this session."""
-        out: dict[str, Any] = {"sent": None, "queued": None, "sick": [],
+        out: dict[str, Any] = {"sent": None, "queued": None, "sick": [], "no_answer": [],
                                "queue_wait_s_mean": round(self.queue_wait_s / self.done, 3) if self.done else None}
         stats = self.client_stats() if self.client_stats is not None and self.state == "running" else None
         if stats is None:
@@ -251,6 +253,9 @@ class Progress:
             if e.state.value != "healthy" and e.failing_since is not None:
                 out["sick"].append({"url": e.url, "state": e.state.value, "waited_s": round(now - e.failing_since, 1),
                                     "deadline_s": self.health_deadline, "last_error": e.last_error})
+            elif e.hung:  # healthy as far as errors go, but holding requests and sending nothing back
+                out["no_answer"].append({"url": e.url, "quiet_s": e.quiet_s, "bound_s": e.hung_after_s,
+                                         "outstanding": e.outstanding})
         return out
 
     # --- output ----------------------------------------------------------------------------------
@@ -280,7 +285,8 @@ class Progress:
         errors = " errors " + ",".join(f"{k}={v}" for k, v in sorted(snap["errors_by_class"].items())) \
             if snap["errors_by_class"] else ""
         more = "+ (ingesting)" if snap.get("ingesting") else ""
-        sick = "".join(f", {_sick(e)}" for e in snap.get("sick") or [])
+        sick = "".join(f", {_sick(e)}" for e in snap.get("sick") or []) + \
+            "".join(f", {no_answer(e)}" for e in snap.get("no_answer") or [])
         return (f"[harvest] {final}/{snap['total']}{more} items, {snap['items_per_s']:.1f} items/s, "
                 f"gen {snap['gen_tokens_per_s']:.0f} tok/s, prompt {snap['prompt_tokens_per_s']:.0f} tok/s, "
                 f"{_load(snap)}{queue}{sick}{_cache(snap)}, ETA {_duration(eta)}{errors}")
@@ -299,9 +305,11 @@ class Progress:
         return self.panel(snap, width)
 
     def panel(self, snap: dict[str, Any], width: int = 0) -> Panel:
+        # Labels keep their width (never cut); a value longer than its line wraps at a word, so at
+        # 80 columns every figure stays on screen (tests/cli/test_live_widths.py).
         body = Table.grid(padding=(0, 1))
-        body.add_column(style="bold", no_wrap=True)
-        body.add_column(no_wrap=True, overflow="ellipsis")
+        body.add_column(style="bold", no_wrap=True, min_width=LABEL_WIDTH)
+        body.add_column(overflow="fold")
         phases = phase_table(self.phases)
         final = snap["final_before_session"] + snap["done_this_session"]
         total = snap["total"]
@@ -326,6 +334,8 @@ class Progress:
             body.add_row("load", load)
         for e in snap.get("sick") or []:
             body.add_row("endpoint", Text(_sick(e), style="yellow"))
+        for e in snap.get("no_answer") or []:
+            body.add_row("endpoint", Text(no_answer(e), style="yellow"))
         cache = _cache(snap)
         if cache:
             body.add_row("cache", cache.strip(", "))
@@ -380,6 +390,12 @@ def _sick(e: dict[str, Any]) -> str:
     return f"{e['url']} {e.get('state', 'sick')}, not answering: {e['waited_s']:.0f} s waited{of}{last}"
 
 
+def no_answer(e: Mapping[str, Any]) -> str:
+    """``http://h:8000 no answer for 41 s (12 requests in flight; shown past 30 s of nothing back)``."""
+    return (f"{e['url']} no answer for {e['quiet_s']:.0f} s ({e['outstanding']} requests in flight; shown past "
+            f"{e['bound_s']:.0f} s of nothing back)")
+
+
 def _targets(snap: dict[str, Any]) -> str:
     """`` (auto target 48)``, or ``(auto targets 8+40)`` over several endpoints; "" when fixed."""
     targets = snap.get("concurrency_targets") or {}
@@ -403,7 +419,7 @@ def phase_table(board: PhaseBoard) -> Table:
     table.add_column(no_wrap=True, width=1)
     table.add_column(style="bold", no_wrap=True, width=10)
     table.add_column(justify="right", no_wrap=True, width=7)
-    table.add_column(no_wrap=True, overflow="ellipsis", ratio=1)
+    table.add_column(overflow="fold", ratio=1)  # what the phase does wraps, never cut
     for row in board.rows():
         mark = Text("▶", style="cyan") if row.active else (Text("✓", style="green") if row.ok
                                                             else Text("✗", style="bold red"))
@@ -475,4 +491,5 @@ def _duration(seconds: float | None) -> str:
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
 
 
-__all__ = ["PROGRESS_FILE", "Progress", "file_position", "phase_table", "status_counts", "write_json_atomic"]
+__all__ = ["PROGRESS_FILE", "Progress", "file_position", "no_answer", "phase_table", "status_counts",
+           "write_json_atomic"]

@@ -79,6 +79,9 @@ class Progress:
     sent: int | None = None
     #: The engines' prefix-cache hit rate over the session (0..1), None when none reported it.
     prefix_cache_hit_rate: float | None = None
+    #: Endpoints holding requests with nothing back for longer than their bound, as recorded:
+    #: ``{"url", "quiet_s", "bound_s", "outstanding"}`` each.
+    no_answer: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -211,6 +214,12 @@ def read_progress(run_dir: str | Path) -> tuple[Progress | None, str | None]:
     targets = data.get("concurrency_targets") if isinstance(data.get("concurrency_targets"), dict) else {}
     targets = {str(k): int(v) for k, v in targets.items() if isinstance(v, int) and not isinstance(v, bool)}
     cache = data.get("prefix_cache") if isinstance(data.get("prefix_cache"), dict) else {}
+    quiet = data.get("no_answer") if isinstance(data.get("no_answer"), list) else []
+    no_answer = tuple({"url": str(e["url"]), "quiet_s": float(e["quiet_s"]), "bound_s": float(e["bound_s"]),
+                       "outstanding": int(e["outstanding"])} for e in quiet
+                      if isinstance(e, dict) and all(isinstance(e.get(k), (int, float)) and not isinstance(e.get(k), bool)
+                                                     for k in ("quiet_s", "bound_s", "outstanding"))
+                      and isinstance(e.get("url"), str))
     return Progress(
         started_at=_num(data, "started_at", float), updated_at=_num(data, "updated_at", float),
         pid=_num(data, "pid", int), state=state, done_this_session=_num(data, "done_this_session", int),
@@ -219,7 +228,7 @@ def read_progress(run_dir: str | Path) -> tuple[Progress | None, str | None]:
         errors_by_class=errors, server_running=_num(server, "running", float),
         server_waiting=_num(server, "waiting", float), note=note, concurrency_targets=targets,
         sent=_num(data, "sent", int),
-        prefix_cache_hit_rate=_num(cache, "hit_rate", float),
+        prefix_cache_hit_rate=_num(cache, "hit_rate", float), no_answer=no_answer,
     ), None
 
 

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from harvest.campaign.progress import no_answer
 from harvest.campaign.status import RunStatus, run_status
 from harvest import schemas
 from harvest.cli.render import make_console
@@ -65,7 +66,7 @@ def status_payload(st: RunStatus) -> dict[str, Any]:
             "errors_by_class": dict(p.errors_by_class),
             "server": {"running": p.server_running, "waiting": p.server_waiting}, "note": p.note,
             "concurrency_targets": dict(p.concurrency_targets), "sent": p.sent,
-            "prefix_cache_hit_rate": p.prefix_cache_hit_rate,
+            "prefix_cache_hit_rate": p.prefix_cache_hit_rate, "no_answer": [dict(e) for e in p.no_answer],
         },
         "skipped_reasons": [r.to_dict() for r in st.skip_reasons],
         "model": st.model,
@@ -158,6 +159,8 @@ def print_status(console: Console, st: RunStatus) -> None:
             extra += ", errors this session " + ", ".join(
                 f"{k} {v}" for k, v in sorted(p.errors_by_class.items()))
         console.print(Text(extra))
+        for e in p.no_answer:  # a hung endpoint: requests held open, nothing back
+            console.print(Text("endpoint " + escape_controls(no_answer(e), one_line=True), style="yellow"))
     if len(st.settings_hashes) > 1:
         console.print(Text(f"settings: mixed ({', '.join(st.settings_hashes)})", style="yellow"))
 

@@ -300,7 +300,8 @@ class Client:
     def stats(self) -> ClientStats:
         """A snapshot of in-flight and held requests, retries, errors by kind, and every endpoint."""
         return ClientStats(in_flight=self._in_flight, held=self._held, completed=self._completed,
-                           retries=self._retries, errors=dict(self._errors), endpoints=self._pool.stats())
+                           retries=self._retries, errors=dict(self._errors),
+                           endpoints=self._pool.stats(time.monotonic()))
 
     def capacity(self) -> int:
         """Requests the client sends at once now: the fixed concurrency, or the sum of the healthy
@@ -430,6 +431,7 @@ class Client:
             status = None
             if response is not None:
                 status = response.status
+                endpoint.heard(time.monotonic(), time.perf_counter() - started if status < 400 else None)
                 kind = classify_status(status)
                 if kind is None:
                     try:
@@ -490,8 +492,7 @@ class Client:
             await self._slots.acquire()
             endpoint = self._pool.choose(affinity)
             if endpoint is not None:
-                endpoint.outstanding += 1
-                endpoint.peak = max(endpoint.peak, endpoint.outstanding)
+                endpoint.took(time.monotonic())
                 self._in_flight += 1
                 return endpoint
             self._slots.release()

@@ -26,6 +26,13 @@ from harvest.errors import ConfigError
 
 #: An endpoint takes a request of its affinity key while its load stays within this x the average.
 AFFINITY_SLACK = 1.25
+#: An endpoint with requests in flight that sent nothing back for max(HUNG_MIN_S, HUNG_P90_FACTOR x
+#: the p90 latency of its recent answers) is shown as not answering (a hung server holds connections
+#: open: no error comes, so it never turns sick by itself before request_timeout).
+HUNG_MIN_S = 30.0
+HUNG_P90_FACTOR = 3.0
+#: Answers whose latency the p90 is taken over.
+LATENCY_WINDOW = 256
 
 
 def normalize_url(url: str) -> str:
@@ -43,7 +50,8 @@ class Endpoint:
     """Mutable state of one endpoint, owned by one client (never shared between clients)."""
 
     __slots__ = ("url", "state", "outstanding", "completed", "run", "failing_since", "seen_down",
-                 "last_error", "last_status", "recovery", "probe", "limit", "peak")
+                 "last_error", "last_status", "recovery", "probe", "limit", "peak", "busy_since", "last_heard",
+                 "latencies")
 
     def __init__(self, url: str):
         self.url = url
@@ -64,6 +72,38 @@ class Endpoint:
         self.limit: int | None = None
         #: The most requests it held at once since the auto-concurrency step last looked.
         self.peak = 0
+        #: Clock time its outstanding count last rose from 0, and of the last answer it sent (any
+        #: status): a quiet endpoint with requests in flight is measured from the later of the two.
+        self.busy_since: float | None = None
+        self.last_heard: float | None = None
+        self.latencies: deque[float] = deque(maxlen=LATENCY_WINDOW)
+
+    def took(self, now: float) -> None:
+        """One more request went out to it."""
+        if self.outstanding == 0:
+            self.busy_since = now
+        self.outstanding += 1
+        self.peak = max(self.peak, self.outstanding)
+
+    def heard(self, now: float, latency_s: float | None = None) -> None:
+        """It sent an answer back (``latency_s``: a completion's, for the p90)."""
+        self.last_heard = now
+        if latency_s is not None:
+            self.latencies.append(latency_s)
+
+    def quiet_s(self, now: float) -> float | None:
+        """Seconds it has had requests in flight without sending anything back; None when idle."""
+        if self.outstanding <= 0 or self.busy_since is None:
+            return None
+        return now - max(self.busy_since, self.last_heard or self.busy_since)
+
+    def hung_after_s(self) -> float:
+        """How long a quiet spell may last before it counts as not answering."""
+        if not self.latencies:
+            return HUNG_MIN_S
+        ordered = sorted(self.latencies)
+        p90 = ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)]
+        return max(HUNG_MIN_S, HUNG_P90_FACTOR * p90)
 
     def has_room(self) -> bool:
         return self.limit is None or self.outstanding < self.limit
@@ -82,10 +122,13 @@ class Endpoint:
         if status is not None:
             self.last_status = status
 
-    def stats(self) -> EndpointStats:
+    def stats(self, now: float) -> EndpointStats:
+        quiet = self.quiet_s(now)
         return EndpointStats(url=self.url, state=self.state, outstanding=self.outstanding,
                              completed=self.completed, consecutive_failures=self.run,
-                             last_error=self.last_error, target=self.limit, failing_since=self.failing_since)
+                             last_error=self.last_error, target=self.limit, failing_since=self.failing_since,
+                             quiet_s=None if quiet is None else round(quiet, 1),
+                             hung_after_s=round(self.hung_after_s(), 1))
 
 
 class EndpointPool:
@@ -153,6 +196,8 @@ class EndpointPool:
     def release(self, endpoint: Endpoint) -> None:
         """A request to ``endpoint`` ended: one less outstanding; wake the first caller waiting for room."""
         endpoint.outstanding -= 1
+        if endpoint.outstanding <= 0:
+            endpoint.busy_since = None
         if endpoint.limit is not None:
             self._wake(1)
 
@@ -210,8 +255,8 @@ class EndpointPool:
             return False
         return True
 
-    def stats(self) -> tuple[EndpointStats, ...]:
-        return tuple(e.stats() for e in self.endpoints)
+    def stats(self, now: float) -> tuple[EndpointStats, ...]:
+        return tuple(e.stats(now) for e in self.endpoints)
 
 
 def _rank(key: str, url: str) -> int:
@@ -219,4 +264,4 @@ def _rank(key: str, url: str) -> int:
     return int.from_bytes(hashlib.blake2b(f"{key}\0{url}".encode(), digest_size=8).digest(), "big")
 
 
-__all__ = ["AFFINITY_SLACK", "Endpoint", "EndpointPool", "normalize_url"]
+__all__ = ["AFFINITY_SLACK", "HUNG_MIN_S", "HUNG_P90_FACTOR", "Endpoint", "EndpointPool", "normalize_url"]

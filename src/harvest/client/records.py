@@ -103,6 +103,15 @@ class EndpointStats:
     #: ``time.monotonic()`` when its current failure run began (None while it answers): a sick
     #: endpoint is DOWN ``health_deadline`` seconds after it.
     failing_since: float | None = None
+    #: Seconds it has had requests in flight without sending anything back (None when idle), and
+    #: the spell after which that counts as not answering (max(30 s, 3 x its p90 latency)).
+    quiet_s: float | None = None
+    hung_after_s: float | None = None
+
+    @property
+    def hung(self) -> bool:
+        """Requests in flight and nothing back for longer than ``hung_after_s``."""
+        return self.quiet_s is not None and self.hung_after_s is not None and self.quiet_s > self.hung_after_s
 
 
 @dataclass(frozen=True)

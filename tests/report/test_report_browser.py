@@ -391,4 +391,59 @@ def test_run_report_shows_skip_reasons_and_settings_as_tables(tmp_path: Path):
     assert sampling["max_tokens"] == "8" and sampling["temperature"] == "0.0", sampling
     server = {r[0]: r[1] for r in tables["server-settings"]}
     assert server["engine"] == "command" and server["max_running_requests"] == "4", server
+    assert "tp" not in server and "base_url" not in server, server  # they mean nothing for a command engine
+    # the launch's pid as the process table prints it: no thousands separator
+    pids = [row[4] for row in tables["launches"]]
+    assert pids and all(p.isdigit() for p in pids), pids
     assert "{" not in "".join([*server.values(), *sampling.values()]).replace("{host}", "").replace("{port}", "")
+
+
+def test_run_report_of_an_endpoint_shows_its_settings_and_the_truncation_note(tmp_path: Path):
+    """A run against an endpoint harvest did not launch (the chat stand-in, started here), whose every
+    answer stops at max_tokens: in Chromium the server settings list only what applies to an
+    endpoint (no port, ready_timeout or tp), an amber note says that most answers were cut, and the
+    latency chart's log axis reads in plain seconds. The launches table of a managed run prints its
+    pid without a thousands separator."""
+    import urllib.request
+
+    port = engines.free_port()
+    engine = subprocess.Popen([sys.executable, str(CHAT_ENGINE), "--port", str(port), "--served", "chat-model"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                assert time.monotonic() < deadline, "the chat stand-in did not start within 30 s"
+                time.sleep(0.1)
+        data = _prompts(tmp_path / "in.jsonl", 12)
+        job = tmp_path / "job.toml"
+        job.write_text(f'[server]\nengine = "openai"\nbase_url = "http://127.0.0.1:{port}"\nmodel = "chat-model"\n'
+                       f'[data]\npath = {json.dumps(str(data))}\n[sampling]\nmax_tokens = 4\n'
+                       f'[output]\ndir = {json.dumps(str(tmp_path / "run"))}\n')
+        env = {**os.environ, "HARVEST_STATE_DIR": str(tmp_path / "state")}
+        harvest("run", str(job), "--no-live", env=env)
+    finally:
+        os.killpg(engine.pid, signal.SIGTERM)  # the stand-in this test started, by its group
+        engine.wait(timeout=30)
+    out = tmp_path / "endpoint.html"
+    harvest("report", str(tmp_path / "run"), "-o", str(out))
+    status = json.loads(harvest("status", str(tmp_path / "run"), "--json").stdout)
+    assert status["counts"]["truncated"] == 12
+    with Browser.start(tmp_path / "chromium") as browser:
+        page = browser.open(out)
+        shown = check_page(page, out, status, {"status", "latency"}, tmp_path)
+        settings = page.evaluate("""[...document.querySelectorAll('table[data-table="server-settings"] tbody tr')]
+            .map(r => [...r.querySelectorAll('td')].map(c => c.innerText))""")
+        note = page.evaluate("""(() => { const n = document.querySelector('[data-note="mostly-truncated"]');
+            if (!n) return null; const r = n.getBoundingClientRect();
+            return {text: n.innerText, height: r.height, color: getComputedStyle(n).color}; })()""")
+    assert dict(settings) == {"engine": "openai", "base_url": f"http://127.0.0.1:{port}", "model": "chat-model"}
+    assert note is not None and note["height"] > 0, note
+    assert note["text"].startswith("12 of 12 answers (100%) stopped at max_tokens"), note
+    assert note["color"] == "rgb(154, 103, 0)", note  # amber (.warn), not the red of a failure
+    latency = shown["charts"]["latency"]["text"]
+    assert "×" not in latency and "10^" not in latency and "p50" in latency, latency

@@ -161,7 +161,7 @@ def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         merged = Counter(a[key])
         merged.update(b[key])
         out[key] = dict(merged)
-    for key in ("items_per_s", "gen_tokens_per_s", "prompt_tokens_per_s", "in_flight"):
+    for key in ("items_per_s", "gen_tokens_per_s", "prompt_tokens_per_s", "in_flight", "sent"):
         out[key] = avg(a.get(key), b.get(key))
     endpoints: dict[str, dict[str, float | None]] = {}
     for url in {**a["endpoints"], **b["endpoints"]}:
@@ -279,6 +279,7 @@ class Timeline:
                        if v - self._errors_seen.get(k, 0)},
             "items_per_s": snap.get("items_per_s"), "gen_tokens_per_s": snap.get("gen_tokens_per_s"),
             "prompt_tokens_per_s": snap.get("prompt_tokens_per_s"), "in_flight": snap.get("in_flight"),
+            "sent": snap.get("sent"),  # on the wire; in_flight also counts the items claimed ahead
             "total": snap.get("total"),
             "final": (snap.get("final_before_session") or 0) + (snap.get("done_this_session") or 0),
             "endpoints": self._endpoint_point(snap),

@@ -26,6 +26,7 @@ from typing import Any
 
 from matplotlib import rc_context
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 VERDICT_COLORS = {"pass": "#1a7f37", "fail": "#cf222e", "rejected": "#bc4c00", "skipped": "#8c959f",
                   "failed": "#6e40c9", "not run": "#d0d7de", "floor": "#0b5cad"}
@@ -110,15 +111,32 @@ def histograms(series: Sequence[tuple[str, Sequence[float], Sequence[int]]], *, 
                   color=PALETTE[i % len(PALETTE)], linewidth=1.4, fill=len(series) == 1, alpha=0.85)
     for x, label in marks:
         ax.axvline(x, color="#57606a", linestyle=":", linewidth=1.0)
-        ax.annotate(label, (x, 1.0), xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right",
-                    fontsize=7, color="#57606a")
+        # Inside the axes, left of its line, never clipped (constrained layout makes room for it).
+        ax.annotate(label, (x, 0.98), xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right",
+                    fontsize=7, color="#57606a", annotation_clip=False,
+                    bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.8})
     ax.set_xscale("log")
+    plain_log_axis(ax.xaxis)
     ax.set_title(title, loc="left")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("items")
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return _svg(fig)
+
+
+def plain(value: float) -> str:
+    """A tick label as a person reads it: ``0.5``, ``2``, ``30``, ``1,000``, never ``2×10⁰``."""
+    if value >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:g}"
+
+
+def plain_log_axis(axis: Any) -> None:
+    """A log axis labelled in plain numbers at 1, 2 and 5 of each decade, with no minor labels."""
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda x, _pos: plain(x)))
+    axis.set_minor_formatter(NullFormatter())
 
 
 def hbars(labels: Sequence[str], values: Sequence[float], colors: Sequence[str], *, title: str, xlabel: str,

@@ -55,6 +55,32 @@ def _last_launch_from_files(run_dir: Path) -> list[dict[str, Any]]:
 # --- sections ------------------------------------------------------------------------------------------
 
 
+#: [server] settings that mean nothing for an engine kind, left out of its report: an endpoint
+#: harvest did not launch has no port it binds, no readiness wait, no tensor parallelism; SGLang's
+#: and vLLM's memory knobs are each other's no-ops.
+_LAUNCH_ONLY = {"host", "port", "gpus", "tp", "python", "mem_fraction_static", "gpu_memory_utilization",
+                "kv_cache_dtype", "enable_hierarchical_cache", "hicache_size", "hicache_ratio", "reasoning_parser",
+                "max_running_requests", "dtype", "extra_args", "command", "health_url", "ready_timeout",
+                "stop_grace", "stop_deadline"}
+_HICACHE = {"enable_hierarchical_cache", "hicache_size", "hicache_ratio"}
+NOT_APPLICABLE: dict[str, set[str]] = {
+    "openai": _LAUNCH_ONLY,
+    "command": {"tp", "python", "mem_fraction_static", "gpu_memory_utilization", "kv_cache_dtype", *_HICACHE,
+                "reasoning_parser", "dtype", "extra_args", "base_url"},
+    "sglang": {"gpu_memory_utilization", "command", "health_url", "base_url"},
+    "vllm": {"mem_fraction_static", *_HICACHE, "command", "health_url", "base_url"},
+    "transformers": {"mem_fraction_static", *_HICACHE, "reasoning_parser", "command", "health_url", "base_url"},
+    "llamacpp": {"python", "tp", "mem_fraction_static", "gpu_memory_utilization", *_HICACHE, "reasoning_parser",
+                 "dtype", "health_url", "base_url"},
+}
+
+
+def applicable_settings(server: dict[str, Any]) -> dict[str, Any]:
+    """The [server] settings worth showing for its engine kind: set, and meaning something there."""
+    skip = NOT_APPLICABLE.get(str(server.get("engine")), set())
+    return {k: v for k, v in server.items() if v not in (None, [], {}, "") and k not in ("env", *skip)}
+
+
 def _header(st: RunStatus, meta: dict[str, Any], launches: list[dict[str, Any]]) -> str:
     job = meta.get("job") or {}
     server = job.get("server") or {}
@@ -63,7 +89,7 @@ def _header(st: RunStatus, meta: dict[str, Any], launches: list[dict[str, Any]])
     client = job.get("client") or {}
     engine = server.get("engine") or ("endpoints" if client.get("endpoints") else None)
     version = next((x.get("engine_version") for x in reversed(launches) if x.get("engine_version")), None)
-    settings = {k: v for k, v in server.items() if v not in (None, [], {}, "") and k not in ("env", "command")}
+    settings = applicable_settings(server)
     asked = server.get("served_model_name") or server.get("model")
     used = st.model
     pairs = [
@@ -136,6 +162,12 @@ def _totals(st: RunStatus) -> str:
            table(("status", "items", "share"), rows, name="counts")]
     for p in t.problems:
         out.append(f'<p class="bad">{esc(p)}</p>')
+    answered = c[Status.DONE] + c[Status.TRUNCATED]
+    if answered and c[Status.TRUNCATED] / answered > 0.5:  # OK as a count, yet most answers are cut
+        out.append(f'<p class="warn" data-note="mostly-truncated">{num(c[Status.TRUNCATED])} of {num(answered)} '
+                   f'answers ({100 * c[Status.TRUNCATED] / answered:.0f}%) stopped at max_tokens: their text is '
+                   f'cut. Raise [sampling] max_tokens, or find why the model does not stop (its chat template, '
+                   f'its stop tokens).</p>')
     return "".join(out)
 
 
@@ -189,7 +221,13 @@ def _over_time(doc: dict[str, Any], launches: list[dict[str, Any]]) -> str:
             "lines": [("gen tok/s", *_broken(points, t0, lambda p: p.get("gen_tokens_per_s"))),
                       ("prompt tok/s", *_broken(points, t0, lambda p: p.get("prompt_tokens_per_s")))]}
     urls = sorted({u for p in points for u in p.get("endpoints", {})})
-    queue_lines = [("in flight (client)", *_broken(points, t0, lambda p: p.get("in_flight")))]
+    if any(p.get("sent") is not None for p in points):  # as the panel: on the wire, and claimed ahead apart
+        queue_lines = [("sent (on the wire)", *_broken(points, t0, lambda p: p.get("sent"))),
+                       ("claimed ahead (harvest's queue)", *_broken(points, t0, lambda p: None if p.get("sent") is None
+                                                                    or p.get("in_flight") is None
+                                                                    else max(p["in_flight"] - p["sent"], 0)))]
+    else:  # a timeline written before "sent" was recorded
+        queue_lines = [("claimed (sent + harvest's queue)", *_broken(points, t0, lambda p: p.get("in_flight")))]
     kv_lines = []
     for u in urls:
         short = u.split("//")[-1]
@@ -321,7 +359,8 @@ def launches_section(launches: list[dict[str, Any]], *, title: str = "Server lau
         cls = "ok" if verdict == "clean" else "bad"
         rows.append((i, x.get("label") or x.get("session"), when(x.get("launched_at")),
                      f"{x.get('engine') or '-'} {x.get('engine_version') or ''}".strip(),
-                     x.get("pid"), seconds(x.get("ready_s")), x.get("kv_capacity_tokens"),
+                     Cell(esc(x.get("pid") if x.get("pid") is not None else "-"), numeric=True),  # 19548, not 19,548
+                     seconds(x.get("ready_s")), x.get("kv_capacity_tokens"),
                      Cell(f'<span class="{cls}" data-stop-verdict="{esc(verdict)}">{esc(verdict or "-")}</span>'),
                      seconds(stop.get("total_s")), "yes" if stop.get("escalated") else "no"))
     out.append(table(("#", "session / label", "launched", "engine", "pid", "ready in", "KV tokens", "stop",

@@ -1,4 +1,8 @@
-"""The README's quick start as a newcomer runs it, and the rules its configuration examples keep.
+"""The README's quick start as a newcomer runs it, and the rules its opening and its configuration
+examples keep.
+
+- The first ten lines: the title, what harvest is, then one code block holding exactly the two
+  set-up commands, `make demo` and `make test` (`.ci/run` runs `make test`).
 
 - "A server that is already running" (under "Your own job"): its job file is written as given, with
   only the endpoint URL, the model name and the data path pointed at the shared llama-server and a
@@ -64,6 +68,15 @@ def write_rows(folder: Path) -> Path:
 def harvest(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "harvest", *argv], cwd=cwd, capture_output=True, text=True,
                           timeout=300, stdin=subprocess.DEVNULL)
+
+
+def test_the_readme_opens_with_what_harvest_is_and_the_two_commands():
+    head = README.read_text().splitlines()[:10]
+    assert head[0] == "# harvest" and head[2].startswith("harvest "), head
+    fences = [i for i, line in enumerate(head) if line.startswith("```")]
+    assert len(fences) == 2, head  # the first code block opens and closes within the ten lines
+    commands = [line.split("#")[0].strip() for line in head[fences[0] + 1:fences[1]]]
+    assert commands == ["make demo", "make test"], commands
 
 
 def test_the_quick_start_job_runs_as_written(tmp_path, llama_server):

@@ -9,6 +9,7 @@ the models drift apart, or when a setting has no description.
 from __future__ import annotations
 
 import json
+import re
 import types
 import typing
 from typing import Any, Literal
@@ -100,7 +101,7 @@ def render() -> str:
     """The whole page."""
     parts = [HEADER]
     for header, model in TABLES:
-        doc = " ".join((model.__doc__ or "").split())
+        doc = re.sub(r":\w+:`([^`]+)`", r"`\1`", " ".join((model.__doc__ or "").split())).replace("``", "`")
         parts.append(f"## `{header}`\n\n{doc}\n")
         parts.append("| setting | type | default | what it does |\n|---|---|---|---|")
         for name, field in model.model_fields.items():

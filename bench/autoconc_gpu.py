@@ -19,11 +19,11 @@ Printed per run: tok/s, p50 / p90 latency, failures (the server drops connection
 concurrency: those count as failed), auto's target over time, and the *ramp*: seconds from the
 first request until the tok/s of the answers over a trailing ``--ramp-window`` first reaches 90 %
 of the best fixed value's whole-run tok/s. Then the medians, auto against the best fixed value
-(issue 23's targets: tok/s >= x0.90 over a run of < 4096 requests, >= x0.95 from 4096, p50 <= x1.2
+(P7 A1's targets: tok/s >= x0.90 over a run of < 4096 requests, >= x0.95 from 4096, p50 <= x1.2
 that value's, ramp <= 15 s) and a ``BENCH autoconc_gpu`` line.
 
 ``--sim`` runs ``bench/sim_engine.py`` without /metrics, modelled on the H200 measurements of
-issue 23 (a decode step of 50 ms + 0.19 ms per running request, at most ``--sim-batch`` at once:
+P7 A1 (a decode step of 50 ms + 0.19 ms per running request, at most ``--sim-batch`` at once:
 tok/s 300 at 16 in flight, ~3500 at 512, no more above), so the controller is developed here and
 the GPU run confirms. ``--dry`` runs the same sweep on a vLLM CPU server with the tiny model (a
 few requests, two fixed values), to check the script end to end on a machine without a GPU.

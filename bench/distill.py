@@ -1,4 +1,4 @@
-"""Distillation outputs on one vLLM CPU server (issue 27): samples per request and logprob cost.
+"""Distillation outputs on one vLLM CPU server: samples per request and logprob cost.
 
     .venv/bin/python bench/distill.py                       # tiny model, 32 prompts, n = 4
     .venv/bin/python bench/distill.py --items 64 --max-tokens 64 --rounds 2

@@ -12,7 +12,7 @@ No server, no GPU. Ingest and complete print their rate per tenth of the run (th
 ledger grows). ``--no-tallies`` drops the tally triggers after the ledger is created (to measure what
 they cost; counts() then falls back to nothing useful, so only the rates mean anything).
 
-Distillation outputs (issue 27): ``--samples K`` makes K rows per input (``[sampling] n``; --items
+Distillation outputs: ``--samples K`` makes K rows per input (``[sampling] n``; --items
 counts samples, so inputs = items / K), ``--logprobs k --tokens T`` completes every sample with a
 synthetic logprob record of T generated tokens at top-k (written to the run's shards and fsynced
 before each commit, as the runner does). Compare against a text-only run of the same size:

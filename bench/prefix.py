@@ -35,7 +35,7 @@ swapped every other round (A/B then B/A):
 Printed per arm: items/s, generation and prompt tok/s over the whole run (first claim to last
 commit, from the run's own log), and the prefix-cache hit rate measured by the engines' counters
 over the arm (``vllm:prefix_cache_hits`` / ``vllm:prefix_cache_queries`` deltas). Then, per set and
-pairing, the ratio (issue 23's target: >= x1.3 on ``shared``, >= x0.98 on ``none``; ``conv``
+pairing, the ratio (P7 A3's target: >= x1.3 on ``shared``, >= x0.98 on ``none``; ``conv``
 recorded) and a ``BENCH prefix`` line.
 """
 

@@ -1,4 +1,4 @@
-"""P6 Ray scaling (issue 14): one `harvest run` over N simulated engines placed as Ray actors.
+"""P6 Ray scaling: one `harvest run` over N simulated engines placed as Ray actors.
 
     python bench/ray_scale.py [--servers 1,2,4,8] [--rounds 2] [--seconds 20]
                               [--token-latency 0.05] [--max-batch 8] [--output-tokens 32]

@@ -526,7 +526,7 @@ def test_with_a_canary_a_start_at_a_known_batch_limit_is_held_then_probed():
 
 
 def test_with_a_canary_its_readings_for_looks_up_stay_within_their_share_of_the_time():
-    """H200 (issue 41): at 2048 requests x 64 tokens (about 45 s) the default made x0.88 of fixed
+    """H200: at 2048 requests x 64 tokens (about 45 s) the default made x0.88 of fixed
     512 at the same level; what it lost was the canary's readings and the look above 512 in the
     run's last 15 s, each canary costing transformers serve a third of its tok/s while it streams.
     Once settled, the canary runs at most ``canary_share`` of the endpoint's time: a run that short

@@ -51,7 +51,7 @@ async def test_waiters_wake_on_a_state_change_and_time_out_otherwise():
     assert pool.set_state(pool.endpoints[0], EndpointState.SICK) is False
 
 
-# --- prefix affinity (issue 23) ---------------------------------------------------------------------
+# --- prefix affinity ---------------------------------------------------------------------
 
 def take(pool: EndpointPool, key: str | None):
     endpoint = pool.choose(key)

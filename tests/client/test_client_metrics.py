@@ -107,7 +107,7 @@ async def test_scrape_sums_404_is_empty_and_failures_are_typed():
     assert not transport.closed  # a transport that was passed in stays open
 
 
-# --- prefix-cache hit rate (issue 23) ---------------------------------------------------------------
+# --- prefix-cache hit rate ---------------------------------------------------------------
 
 VLLM_CACHE = """# HELP vllm:prefix_cache_queries Prefix cache queries, in terms of number of queried tokens.
 # TYPE vllm:prefix_cache_queries counter

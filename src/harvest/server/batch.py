@@ -1,6 +1,6 @@
 """The batch limit of an engine harvest launches: how many requests it runs at once, when known.
 
-``concurrency = "auto"`` starts there instead of climbing from a guess (issue 23). Read from the
+``concurrency = "auto"`` starts there instead of climbing from a guess. Read from the
 engines' own defaults:
 
 - vLLM: ``--max-num-seqs`` (``max_running_requests``); unset, vLLM 0.32 picks 256 on a GPU under

@@ -1,0 +1,54 @@
+"""The documents tell the current state: BENCHMARKS.md holds the latest figure of each target in at
+most 500 lines (history in docs/bench-results/), docs/architecture.md exists and is cited where
+the layering is enforced, and no tracked file outside the raw results names how the work was
+organised (numbered rounds of work, tracker numbers) instead of what the code does."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Raw outputs keep what they recorded, dates and all.
+RAW = ("docs/bench-results/", "docs/gpu-results/")
+#: "session 8", "issue 41", "sessions 9-10": words about the work, not about harvest. (harvest's own
+#: sessions of a run, "this session", "a session's items", are not numbered.)
+WORK_WORDS = re.compile(r"\b(?:session|issue)s? ?#?\d+\b", re.IGNORECASE)
+
+
+def tracked() -> list[str]:
+    out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
+    return [f for f in out.stdout.splitlines() if not f.startswith(RAW)]
+
+
+def test_benchmarks_is_the_current_state_in_at_most_500_lines():
+    lines = (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 500, f"BENCHMARKS.md has {len(lines)} lines; history goes to docs/bench-results/"
+
+
+def test_architecture_is_written_and_cited_where_the_layers_are_enforced():
+    assert (ROOT / "docs" / "architecture.md").is_file()
+    for citing in (".importlinter", "tests/test_architecture.py"):
+        assert "docs/architecture.md" in (ROOT / citing).read_text(encoding="utf-8"), citing
+
+
+def test_no_tracked_file_names_rounds_of_work():
+    found = []
+    for name in tracked():
+        path = ROOT / name
+        if not path.is_file() or path.suffix in (".png", ".pdf", ".gguf", ".parquet", ".sqlite"):
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        for n, line in enumerate(text.splitlines(), 1):
+            if WORK_WORDS.search(line):
+                found.append(f"{name}:{n}: {line.strip()[:120]}")
+    assert found == [], "say what the code does and which measurement pins it:\n" + "\n".join(found)
+
+
+def test_the_pattern_finds_the_words_it_is_for():
+    assert WORK_WORDS.search("as measured in Session 8") and WORK_WORDS.search("see issue #41")
+    assert not WORK_WORDS.search("this session's work") and not WORK_WORDS.search("a session of the run")

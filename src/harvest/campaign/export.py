@@ -317,20 +317,10 @@ def parquet_schema() -> Any:
     ])
 
 
-#: How to get pyarrow from a clone of harvest (the ``parquet`` extra).
-PYARROW_FIX = "install the parquet extra into harvest's environment (pip install -e '.[parquet]' in the clone)"
-
-
 def _pyarrow(fmt: str = "parquet") -> tuple[Any, Any]:
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise ConfigError(f"harvest export --format {fmt}", [(
-            "pyarrow", f"is not installed: --format {fmt} writes Parquet; {PYARROW_FIX}"
-                       + (", or export JSONL (--format specforge|sharegpt|openai-batch)" if fmt == "parquet" else "")
-        )]) from None
-    return pa, pq
+    from harvest.campaign.export_logprobs import pyarrow_for
+
+    return pyarrow_for(fmt)
 
 
 class _NothingSelected(Exception):

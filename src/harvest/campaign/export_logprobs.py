@@ -22,10 +22,28 @@ from typing import Any
 
 import numpy as np
 
+from harvest.errors import ConfigError
 from harvest.ledger import Ledger, ResultRow
 
 #: Sample-turn rows per Parquet row group.
 ROWS_PER_GROUP = 2048
+
+
+#: How to get pyarrow from a clone of harvest (the ``parquet`` extra).
+PYARROW_FIX = "install the parquet extra into harvest's environment (pip install -e '.[parquet]' in the clone)"
+
+
+def pyarrow_for(fmt: str) -> tuple[Any, Any]:
+    """pyarrow and pyarrow.parquet for ``--format fmt``, or a ConfigError naming the format and the fix."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ConfigError(f"harvest export --format {fmt}", [(
+            "pyarrow", f"is not installed: --format {fmt} writes Parquet; {PYARROW_FIX}"
+                       + (", or export JSONL (--format specforge|sharegpt|openai-batch)" if fmt == "parquet" else "")
+        )]) from None
+    return pa, pq
 
 
 def logprobs_schema(pa: Any) -> Any:
@@ -60,9 +78,7 @@ def _nested(pa: Any, arrays: list[np.ndarray], typ: Any) -> Any:
 def write_logprobs(ledger: Ledger, rows: Iterable[ResultRow], path: Path) -> tuple[int, int]:
     """Write the logprobs of ``rows`` to ``path``. Returns (sample-turn rows written, results without
     logprobs passed over)."""
-    from harvest.campaign.export import _pyarrow
-
-    pa, pq = _pyarrow("logprobs")
+    pa, pq = pyarrow_for("logprobs")
     schema = logprobs_schema(pa)
     written = without = 0
     cols: dict[str, list[Any]] = {name: [] for name in schema.names}
@@ -102,4 +118,4 @@ def write_logprobs(ledger: Ledger, rows: Iterable[ResultRow], path: Path) -> tup
     return written, without
 
 
-__all__ = ["ROWS_PER_GROUP", "logprobs_schema", "write_logprobs"]
+__all__ = ["PYARROW_FIX", "ROWS_PER_GROUP", "logprobs_schema", "pyarrow_for", "write_logprobs"]

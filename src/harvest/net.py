@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import errno
 import socket
+from typing import Any
 
 import psutil
 
-def _bind_addresses(host: str, port: int) -> list[tuple[int, tuple]]:
+def _bind_addresses(host: str, port: int) -> list[tuple[int, tuple[Any, ...]]]:
     """(family, sockaddr) a server binding ``host:port`` would use."""
     if host in ("", "*"):
         host = "0.0.0.0"
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    seen, out = set(), []
+    seen: set[tuple[int, tuple[Any, ...]]] = set()
+    out: list[tuple[int, tuple[Any, ...]]] = []
     for family, _type, _proto, _name, sockaddr in infos:
         key = (family, sockaddr[:2])
         if key not in seen:

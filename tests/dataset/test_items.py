@@ -48,7 +48,7 @@ def test_missing_pyarrow_is_a_clear_config_error(tmp_path, monkeypatch):
     for name in [m for m in sys.modules if m == "pyarrow" or m.startswith("pyarrow.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # makes `import pyarrow` raise ImportError
-    with pytest.raises(ConfigError, match=r"harvest\[parquet\]"):
+    with pytest.raises(ConfigError, match=r"pip install -e '\.\[parquet\]' in the clone"):
         list(iter_items(DataConfig(path=str(p))))
 
 

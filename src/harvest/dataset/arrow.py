@@ -16,7 +16,7 @@ load a whole table, and raise ``ConfigError`` only for a file or folder that can
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,7 @@ def _select(batch: Any, columns: Collection[str] | None) -> Any:
     return batch.select(keep)
 
 
-def _batch_rows(source: str, batch: Any, first_line: int) -> Iterator[Row | Skipped]:
+def _batch_rows(source: str, batch: Any, first_line: int) -> Generator[Row | Skipped, None, None]:
     pa = _pyarrow(source)
     try:
         rows = batch.to_pylist()
@@ -68,7 +68,7 @@ def _batch_rows(source: str, batch: Any, first_line: int) -> Iterator[Row | Skip
 
 def read_parquet(
     path: str | Path, columns: Collection[str] | None = None, batch_rows: int = BATCH_ROWS
-) -> Iterator[Row | Skipped]:
+) -> Generator[Row | Skipped, None, None]:
     """Yield the rows of a Parquet file, batch by batch. Only ``columns`` are read when given."""
     source = str(path)
     pa = _pyarrow(source)
@@ -87,7 +87,7 @@ def read_parquet(
 
 def read_arrow_file(
     path: str | Path, columns: Collection[str] | None = None
-) -> Iterator[Row | Skipped]:
+) -> Generator[Row | Skipped, None, None]:
     """Yield the rows of one Arrow IPC file, stream format (what ``datasets`` writes) or file format."""
     source = str(path)
     pa = _pyarrow(source)
@@ -119,9 +119,9 @@ def _load_json(path: Path) -> Any:
         raise ConfigError(str(path), [(str(path), f"unreadable dataset metadata: {exc}")]) from None
 
 
-def hf_data_files(folder: str | Path) -> list[Path]:
+def hf_data_files(where: str | Path) -> list[Path]:
     """The Arrow files of a ``save_to_disk`` folder, in dataset order."""
-    folder = Path(folder)
+    folder = Path(where)
     source = str(folder)
     if (folder / "dataset_dict.json").is_file():
         meta = _load_json(folder / "dataset_dict.json")
@@ -154,7 +154,7 @@ def hf_data_files(folder: str | Path) -> list[Path]:
     return files
 
 
-def read_hf(path: str | Path, columns: Collection[str] | None = None) -> Iterator[Row | Skipped]:
+def read_hf(path: str | Path, columns: Collection[str] | None = None) -> Generator[Row | Skipped, None, None]:
     """Yield the rows of a Hugging Face ``save_to_disk`` folder (or of a single ``.arrow`` file)."""
     path = Path(path)
     files = [path] if path.is_file() else hf_data_files(path)

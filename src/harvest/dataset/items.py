@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Generator, Iterator
 from pathlib import Path
 
 from harvest.config import DataConfig
@@ -62,7 +62,7 @@ def detect_format(path: str | Path, declared: str = "auto") -> str:
 
 def read_rows(
     path: str | Path, fmt: str = "auto", columns: Collection[str] | None = None, skip: int = 0
-) -> Iterator[Row | Skipped]:
+) -> Generator[Row | Skipped, None, None]:
     """Raw rows of the dataset at ``path`` in file order. ``columns`` limits columnar reads.
 
     ``skip`` rows are passed over first: JSON Lines without parsing them, other formats without
@@ -84,8 +84,8 @@ def read_rows(
     raise ConfigError(str(path), [(str(path), f"unknown data format {fmt!r}")])
 
 
-def _skipping(rows: Iterator[Row | Skipped], n: int) -> Iterator[Row | Skipped]:
-    with contextlib.closing(rows):  # type: ignore[arg-type]
+def _skipping(rows: Generator[Row | Skipped, None, None], n: int) -> Generator[Row | Skipped, None, None]:
+    with contextlib.closing(rows):
         for _ in itertools.islice(rows, n):
             pass
         yield from rows
@@ -110,7 +110,7 @@ def iter_items(config: DataConfig, skip: int = 0) -> Iterator[Item | Skipped]:
     if config.limit is not None and skip >= config.limit:
         return
     rows = read_rows(config.path, config.format, used_columns(config), skip)
-    with contextlib.closing(rows):  # type: ignore[arg-type]
+    with contextlib.closing(rows):
         count = skip
         for row in rows:
             yield row if isinstance(row, Skipped) else normalize(row, config)

@@ -18,7 +18,7 @@ import gzip
 import io
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -72,7 +72,7 @@ def parse_json_record(source: str, line: int, data: bytes | str) -> Row | Skippe
     return Row(source, line, value)
 
 
-def read_jsonl(path: str | Path, skip: int = 0) -> Iterator[Row | Skipped]:
+def read_jsonl(path: str | Path, skip: int = 0) -> Generator[Row | Skipped, None, None]:
     """Yield the records of a JSON Lines file, one per non-blank line; ``line`` is the file line.
 
     The first ``skip`` records are passed over without being parsed (a resumed ingest).
@@ -105,7 +105,7 @@ def read_jsonl(path: str | Path, skip: int = 0) -> Iterator[Row | Skipped]:
                     yield parse_json_record(source, line, raw)
 
 
-def read_json(path: str | Path, chunk: int = 1 << 20) -> Iterator[Row | Skipped]:
+def read_json(path: str | Path, chunk: int = 1 << 20) -> Generator[Row | Skipped, None, None]:
     """Yield the elements of a top-level JSON array, streamed; ``line`` is where each starts.
 
     A ``.json`` file whose first line is a complete JSON object is read as JSON Lines (a common
@@ -143,7 +143,7 @@ def _first_line_is_object(path: str | Path) -> bool:
     return False
 
 
-def read_csv(path: str | Path, delimiter: str | None = None) -> Iterator[Row | Skipped]:
+def read_csv(path: str | Path, delimiter: str | None = None) -> Generator[Row | Skipped, None, None]:
     """Yield the rows of a CSV file with a header line, as column -> text mappings.
 
     ``line`` is the file line where the record starts (the header is line 1). A ``.tsv`` file is

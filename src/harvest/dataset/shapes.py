@@ -244,7 +244,8 @@ def normalize(row: Row, config: DataConfig) -> Item | Skipped:
             item_id = raw_id
         else:
             raw_id = _raw_id(row.data, DEFAULT_ID_FIELD, required=False)
-            item_id = raw_id if config.id_field is None and _usable_id(raw_id) else content_hash(messages)
+            item_id = raw_id if config.id_field is None and raw_id is not None and _usable_id(raw_id) \
+                else content_hash(messages)
     except _Bad as bad:
         return Skipped(row.source, row.line, bad.reason, SHAPE_KIND)
     return Item(id=item_id, source=row.source, source_line=row.line, messages=messages, raw_id=raw_id)

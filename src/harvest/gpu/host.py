@@ -66,6 +66,7 @@ def cgroup_memory_headroom(proc: Path = Path("/proc"), cgroup_root: Path = Path(
     for line in lines:
         _, controllers, path = line.split(":", 2)
         if not controllers:  # cgroup v2
+            limits: tuple[str, ...]
             base, limits, usage_name = cgroup_root, ("memory.max", "memory.high"), "memory.current"
             cache_keys: tuple[str, ...] = ("active_file", "inactive_file")
         elif "memory" in controllers.split(","):

@@ -48,9 +48,10 @@ class NvmlProbe:
     def __init__(self, backend: Any = None, *, host_pid_namespace: bool | None = None):
         if backend is None:
             try:
-                import pynvml as backend  # noqa: PLC0415 - imported on use, never at import time
+                import pynvml  # noqa: PLC0415 - imported on use, never at import time
             except ImportError as exc:
                 raise NoDriverError("nvidia-ml-py is not installed", call="import pynvml") from exc
+            backend = pynvml
         self._nvml = backend
         self._error: type[BaseException] = getattr(backend, "NVMLError", Exception)
         self._no_driver = {

@@ -118,7 +118,11 @@ def quality_report(reference: Reference, outputs: Sequence[ProbeOutput], *, resa
     pairs: list[tuple[Sequence[int], Sequence[int]]] = []
     for entry, out in answered:
         ref_gen, cand_gen = entry.output.generation, out.generation
+        # answered: the candidate's generation is there (checked above), and a reference entry
+        # holds the generation it was made from (quality/reference.py: generate_reference)
+        assert ref_gen is not None and cand_gen is not None
         if by_tokens:
+            assert ref_gen.token_ids is not None and cand_gen.token_ids is not None
             pairs.append((list(ref_gen.token_ids), list(cand_gen.token_ids)))
         else:
             pairs.append((_codepoints(ref_gen.text), _codepoints(cand_gen.text)))

@@ -17,6 +17,10 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+#: A unit of the bootstrap (a prompt's measurements).
+U = TypeVar("U")
 from dataclasses import dataclass
 
 #: log-probability given to a token absent from a top-k list, relative to the list's smallest entry.
@@ -113,7 +117,7 @@ def _percentile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (k - lo)
 
 
-def bootstrap(units: Sequence[object], stat: Callable[[Sequence[object]], float], *, resamples: int = 1000,
+def bootstrap(units: Sequence[U], stat: Callable[[Sequence[U]], float], *, resamples: int = 1000,
               seed: int = 0, confidence: float = 0.95) -> Estimate:
     """Percentile bootstrap of ``stat`` over ``units`` (prompts), deterministic for a seed."""
     value = stat(units) if units else math.nan
@@ -126,8 +130,8 @@ def bootstrap(units: Sequence[object], stat: Callable[[Sequence[object]], float]
     return Estimate(value, _percentile(samples, alpha), _percentile(samples, 1 - alpha), n)
 
 
-def _ratio(num: Callable[[object], float], den: Callable[[object], float]) -> Callable[[Sequence[object]], float]:
-    def stat(units: Sequence[object]) -> float:
+def _ratio(num: Callable[[U], float], den: Callable[[U], float]) -> Callable[[Sequence[U]], float]:
+    def stat(units: Sequence[U]) -> float:
         d = sum(den(u) for u in units)
         return sum(num(u) for u in units) / d if d else math.nan
 

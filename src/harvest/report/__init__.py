@@ -12,6 +12,7 @@ records. Module map: :mod:`.html` (page, tables), :mod:`.charts` (figures, and w
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from harvest import __version__, safefiles
@@ -40,6 +41,7 @@ def render_report(folder: str | Path) -> tuple[str, str]:
     from harvest.report.html import page
 
     kind = folder_kind(folder)
+    make: Callable[[str | Path], tuple[str, str, list[str]]]
     if kind == "run":
         from harvest.report.run import run_page as make
     elif kind == "tune":

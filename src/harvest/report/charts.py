@@ -34,7 +34,8 @@ STATUS_COLORS = {"done": "#1a7f37", "truncated": "#bf8700", "failed": "#cf222e",
                  "pending": "#d0d7de", "running": "#0b5cad"}
 PALETTE = ("#0b5cad", "#bc4c00", "#1a7f37", "#6e40c9", "#cf222e", "#bf8700", "#1b7c83", "#57606a")
 
-_RC = {"svg.fonttype": "none", "svg.hashsalt": "harvest-report", "font.size": 9,
+# Any: matplotlib types rc keys as a Literal of its ~400 names, which a dict literal does not keep.
+_RC: Any = {"svg.fonttype": "none", "svg.hashsalt": "harvest-report", "font.size": 9,
        "font.family": "sans-serif", "axes.spines.top": False, "axes.spines.right": False,
        "axes.grid": True, "grid.color": "#e5e8eb", "grid.linewidth": 0.6, "axes.titlesize": 10,
        "axes.titleweight": "bold", "legend.fontsize": 8, "legend.frameon": False,
@@ -147,7 +148,8 @@ def hbars(labels: Sequence[str], values: Sequence[float], colors: Sequence[str],
     ys = list(range(len(labels)))[::-1]
     ax.barh(ys, values, color=colors, height=0.7)
     top = max(values, default=0) or 1.0
-    for y, v, note in zip(ys, values, notes or [None] * len(values)):
+    shown: Sequence[str | None] = notes if notes is not None else [None] * len(values)
+    for y, v, note in zip(ys, values, shown):
         ax.text(v + top * 0.01, y, note if note is not None else f"{v:,.0f}", va="center", fontsize=8)
     ax.set_yticks(ys, labels)
     ax.set_xlim(0, top * 1.25)

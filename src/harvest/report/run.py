@@ -240,7 +240,7 @@ def _over_time(doc: dict[str, Any], launches: list[dict[str, Any]]) -> str:
                                                                    .get(u, {}).get("target"))))
         kv_lines.append((f"KV use {short}", *_broken(points, t0, lambda p, u=u: _pct(
             p["endpoints"].get(u, {}).get("kv_usage")))))
-    panels = [rate, {"title": "requests in flight and the server queue (/metrics)", "ylabel": "requests",
+    panels: list[dict[str, Any]] = [rate, {"title": "requests in flight and the server queue (/metrics)", "ylabel": "requests",
                      "lines": queue_lines}]
     if any(y is not None for _, _, ys in kv_lines for y in ys):
         panels.append({"title": "KV cache use (/metrics)", "ylabel": "% of capacity", "lines": kv_lines,

@@ -1,7 +1,7 @@
 """Placement ``ray``: servers as Ray actors, one supervised engine per placement-group bundle.
 
 Ray is imported only inside this package (:func:`~harvest.placement.ray.cluster.import_ray`, one
-install hint: ``pip install 'harvest[ray]'``), and only when a verb needs it. The verbs connect
+install hint: the ray extra, ``pip install -e '.[ray]'`` in the clone), and only when a verb needs it. The verbs connect
 with the job's ``[cluster]`` (or ``--cluster ADDRESS``), bounded by its ``connect_timeout`` (or
 ``--timeout``); every answer comes from the nodes themselves (a task pinned to each node, or each
 server's actor). Nothing here starts or stops Ray itself.

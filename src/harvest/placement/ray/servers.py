@@ -39,7 +39,7 @@ Steps, each with its budget:
 
 harvest on the nodes: each actor imports harvest where Ray placed it, so every node needs the same
 harvest as the driver (the actor refuses another version, naming both): installed on each node
-(``pip install 'harvest[ray]'``), or shipped with ``[cluster] runtime_env`` (``py_modules``, or
+(the ray extra: ``pip install -e '.[ray]'`` in the clone), or shipped with ``[cluster] runtime_env`` (``py_modules``, or
 ``env_vars = { PYTHONPATH = ... }`` for a shared source tree). Nodes started by ``ray start`` from
 an environment where harvest imports pass that environment to their workers (the tests do this).
 The API key (``[server] api_key_env``) reaches each actor as an argument of its launch, never in

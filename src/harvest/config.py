@@ -655,13 +655,14 @@ def engine_logprobs_limit(server: ServerConfig | None) -> tuple[int, str] | None
     comes from; None when harvest knows of no limit (SGLang, llama-server, an unknown endpoint)."""
     if server is None or server.engine != "vllm":
         return None
+    from harvest.engine_flags import readings
+
     args = list(server.extra_args)
-    for i, arg in enumerate(args):
-        value = None
-        if arg == "--max-logprobs" and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith("--max-logprobs="):
-            value = arg.split("=", 1)[1]
+    for i, reading in reversed(readings("vllm", args)):  # the last one wins, as in vLLM's parser
+        if reading.candidates != ("--max-logprobs",):  # in any spelling vLLM reads as it (--max-logp)
+            continue
+        value = reading.inline_value if reading.inline_value is not None else (
+            args[i + 1] if i + 1 < len(args) else None)
         if value is not None:
             with contextlib.suppress(ValueError):
                 return int(value), f"vLLM allows: its max_logprobs is {int(value)} ([server] extra_args --max-logprobs)"

@@ -195,13 +195,17 @@ def _secret_message(field: str, shown: str) -> str:
 
 def readings(engine: str | None, argv: Sequence[str], *, conservative: bool = False) -> list[tuple[int, Reading]]:
     """Each option token of ``argv`` with its position, as ``engine`` reads it (conservatively
-    for an unknown engine, or when asked)."""
+    for an unknown engine, or when asked). A token the engine knows no option for is read
+    conservatively too: the engine refuses it anyway, but only once it runs, with the token (and a
+    secret after it) on its command line and in the launch record."""
     out = []
     for i, token in enumerate(argv):
         if conservative or engine not in ENGINE_NAMES:
             reading = read_conservatively(token)
         else:
             reading = read_token(engine, token)
+            if reading is not None and not reading.candidates:
+                reading = read_conservatively(token)
         if reading is not None:
             out.append((i, reading))
     return out
@@ -221,7 +225,8 @@ def argv_problem(engine: str | None, argv: Sequence[str], field: str, *, binds: 
             return (f"`{field}` holds {reading.name}, which {ENGINE_NAMES[engine]} may read as any of "
                     f"{', '.join(reading.candidates)}: write the option you mean in full, and no secret or "
                     f"address flag ({', '.join(BIND_FLAGS)} belong to [server] host/port)")
-        shown = _reads_as(reading, flag, None if conservative else engine)
+        by_engine = not conservative and engine in ENGINE_NAMES and read_token(engine, reading.token) == reading
+        shown = _reads_as(reading, flag, engine if by_engine else None)
         if reading.secret:
             return _secret_message(field, shown)
         return (f"`{field}` holds {shown}: set [server] {flag[2:]} instead (harvest checks the address "

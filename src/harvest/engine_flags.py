@@ -120,8 +120,9 @@ def _argparse_candidates(options: Mapping[str, tuple[str, ...]], arg: str) -> tu
 
 
 def read_token(engine: str, token: str) -> Reading | None:
-    """What ``engine``'s parser makes of ``token`` (None: not an option: a value or a positional)."""
-    if len(token) < 2 or not token.startswith("-"):
+    """What ``engine``'s parser makes of ``token`` (None: not an option: a value, a positional, or
+    ``--``, argparse's end of options; what follows it is still read, to be safe)."""
+    if len(token) < 2 or not token.startswith("-") or token == "--":
         return None
     options = option_strings(engine)
     name, eq, value = token.partition("=")

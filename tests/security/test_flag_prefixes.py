@@ -117,7 +117,8 @@ def test_an_ambiguous_prefix_that_may_be_a_secret_is_refused_naming_the_candidat
 
 @pytest.mark.parametrize(("engine", "args"), [
     ("vllm", ["--max-num-seqs", "8", "--max-num-batched-tokens", "4096", "--enforce-eager", "--kv-cache-dtype",
-              "fp8", "--ssl-keyfile", "k.pem", "--max_model_len=2048", "-tp", "1", "--enable-prefix-caching"]),
+              "fp8", "--ssl-keyfile", "k.pem", "--max_model_len=2048", "-tp", "1", "--enable-prefix-caching",
+              "--seed", "-1", "--"]),
     ("sglang", ["--max-running-requests", "8", "--ssl-keyfile", "k.pem", "--chunked-prefill-size", "512",
                 "--context-length=4096", "--disable-radix-cache"]),
     ("llamacpp", ["--api-key-file", "keys.txt", "--ssl-key-file", "k.pem", "-c", "4096", "--n_gpu_layers", "0"]),

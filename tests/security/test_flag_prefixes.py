@@ -192,3 +192,19 @@ def test_a_tune_grid_with_a_prefixed_key_is_refused_before_any_launch_without_ec
     text = str(info.value)
     assert "tune.toml [grid] extra_args" in text and "holds --api-ke (vLLM reads it as --api-key)" in text, text
     assert secret not in text
+
+
+def test_tune_and_compare_refuse_a_prefixed_key_in_their_candidates_before_any_launch(tmp_path, env):
+    secret = "sk-" + secrets.token_hex(10)
+    job, run_dir = _job(tmp_path, 'engine = "vllm"\nmodel = "m"')
+    grid = tmp_path / "tune.toml"
+    grid.write_text(f'[[grid]]\nextra_args = [["--max-num-seqs", "8"], ["--api-ke", "{secret}"]]\n')
+    candidate = tmp_path / "candidate.toml"
+    candidate.write_text(f'[server]\nengine = "sglang"\nmodel = "m"\nextra_args = ["--api-ke={secret}"]\n')
+    outputs = [harvest(env, "tune", str(job), "--grid", str(grid)),
+               harvest(env, "compare", "--reference", str(job), "--candidate", str(candidate))]
+    for done, reads in zip(outputs, ["vLLM reads it as --api-key", "SGLang reads it as --api-key"]):
+        assert done.returncode == 2, done.args[3:] + [done.stdout, done.stderr]
+        assert f"holds --api-ke ({reads})" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert not run_dir.exists()  # no tune or compare folder: nothing launched
+    assert_nowhere(secret, [tmp_path], outputs, skip=(grid, candidate))

@@ -75,7 +75,7 @@ class Reading:
 @functools.cache
 def _option_groups(engine: str) -> tuple[tuple[str, ...], ...]:
     """Every option of ``engine``'s pinned parser, each as its spellings (``engine_options/``)."""
-    text = resources.files("harvest").joinpath("engine_options", f"{engine}.json").read_text(encoding="utf-8")
+    text = (resources.files("harvest") / "engine_options" / f"{engine}.json").read_text(encoding="utf-8")
     return tuple(tuple(g) for g in json.loads(text)["options"])
 
 

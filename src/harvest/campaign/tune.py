@@ -195,9 +195,23 @@ def _with(base: ServerConfig, updates: dict[str, Any], source: str) -> ServerCon
     try:
         return ServerConfig.model_validate({**base.model_dump(), **updates})
     except ValidationError as exc:
-        problems = [(f"{source} [grid] " + ".".join(str(p) for p in e["loc"]), f"{e['msg']} (in {updates})")
+        shown = _shown(updates, str(updates.get("engine", base.engine)))
+        problems = [(f"{source} [grid] " + ".".join(str(p) for p in e["loc"]), f"{e['msg']} (in {shown})")
                     for e in exc.errors()]
         raise ConfigError(source, problems) from None
+
+
+def _shown(updates: dict[str, Any], engine: str) -> dict[str, Any]:
+    """A grid point fit to echo: the value of a secret flag in ``extra_args``/``command``, in any
+    spelling the engine reads as one (``--api-ke KEY``), and secret-named variables as ``***``."""
+    from harvest.engine_flags import hide_secret_values
+
+    out = dict(updates)
+    for name in ("extra_args", "command"):
+        if isinstance(out.get(name), list):
+            argv = [str(a) for a in out[name]]
+            out[name] = hide_secret_values(engine if name == "extra_args" else None, argv)
+    return redact_server_settings(out)
 
 
 def expand_grid(base: ServerConfig, tune_file: TuneFile) -> list[Trial]:

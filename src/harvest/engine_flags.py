@@ -184,7 +184,7 @@ def _reads_as(reading: Reading, flag: str, engine: str | None) -> str:
     """``--api-ke (vLLM reads it as --api-key)``: the flag as written and, when it differs, as read."""
     if reading.name == flag:
         return flag
-    who = f"{ENGINE_NAMES[engine]} reads" if engine in ENGINE_NAMES else "harvest reads"
+    who = f"{ENGINE_NAMES[engine]} reads" if engine is not None and engine in ENGINE_NAMES else "harvest reads"
     return f"{reading.name} ({who} it as {flag})"
 
 
@@ -201,7 +201,7 @@ def readings(engine: str | None, argv: Sequence[str], *, conservative: bool = Fa
     secret after it) on its command line and in the launch record."""
     out = []
     for i, token in enumerate(argv):
-        if conservative or engine not in ENGINE_NAMES:
+        if conservative or engine is None or engine not in ENGINE_NAMES:
             reading = read_conservatively(token)
         else:
             reading = read_token(engine, token)
@@ -222,11 +222,13 @@ def argv_problem(engine: str | None, argv: Sequence[str], field: str, *, binds: 
         if not wanted:
             continue
         flag = wanted[0]
-        if len(reading.candidates) > 1 and not conservative and engine in ENGINE_NAMES:
-            return (f"`{field}` holds {reading.name}, which {ENGINE_NAMES[engine]} may read as any of "
+        named = ENGINE_NAMES.get(engine) if engine is not None else None
+        if len(reading.candidates) > 1 and not conservative and named is not None:
+            return (f"`{field}` holds {reading.name}, which {named} may read as any of "
                     f"{', '.join(reading.candidates)}: write the option you mean in full, and no secret or "
                     f"address flag ({', '.join(BIND_FLAGS)} belong to [server] host/port)")
-        by_engine = not conservative and engine in ENGINE_NAMES and read_token(engine, reading.token) == reading
+        by_engine = (not conservative and engine is not None and named is not None
+                     and read_token(engine, reading.token) == reading)
         shown = _reads_as(reading, flag, engine if by_engine else None)
         if reading.secret:
             return _secret_message(field, shown)

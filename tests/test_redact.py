@@ -16,7 +16,7 @@ from harvest.redact import escape_controls, redact_argv, redact_doc, redact_env,
     (["--hf-token", "k"], ["--hf-token", "***"]),
     (["--hf_token=k"], ["--hf_token=***"]),
     (["--password", "k", "--tp", "8"], ["--password", "***", "--tp", "8"]),
-    (["--url", "http://u:pw@h:1/x"], ["--url", "http://u:***@h:1/x"]),
+    (["--url", "http://u:pw@h:1/x"], ["--url", "http://***@h:1/x"]),
     (["--tokenizer", "m", "--max-tokens", "9"], ["--tokenizer", "m", "--max-tokens", "9"]),
     (["--kv-cache-dtype", "fp8"], ["--kv-cache-dtype", "fp8"]),
 ])
@@ -54,8 +54,8 @@ def test_the_recorded_config_redacts_server_secrets_and_keeps_the_rest(monkeypat
     plain = parse_config({"server": {"engine": "openai", "base_url": "http://u:pw-2@127.0.0.1:8/v1"},
                           "client": {"endpoints": ["http://u:pw-1@127.0.0.1:9/v1"]}, "data": {"path": "d.jsonl"}})
     rec = plain.recorded()
-    assert rec["client"]["endpoints"] == ["http://u:***@127.0.0.1:9/v1"]
-    assert rec["server"]["base_url"] == "http://u:***@127.0.0.1:8/v1"
+    assert rec["client"]["endpoints"] == ["http://***@127.0.0.1:9/v1"]
+    assert rec["server"]["base_url"] == "http://***@127.0.0.1:8/v1"
 
 
 # --- refused at load, redacted where shown ------------------------------------------------------------
@@ -118,7 +118,7 @@ def test_extreme_values_end_in_one_clear_error(table, field, words):
 def test_redact_doc_hides_url_passwords_in_keys_and_values_and_secret_named_values():
     doc = {"endpoints": {"http://u:pw@h:1": {"running": 1}}, "url": "https://a:b@c/v1",
            "env_vars": {"HF_TOKEN": "hf", "PATH": "/bin"}, "n": 3, "api_key_env": "K"}
-    assert redact_doc(doc) == {"endpoints": {"http://u:***@h:1": {"running": 1}}, "url": "https://a:***@c/v1",
+    assert redact_doc(doc) == {"endpoints": {"http://***@h:1": {"running": 1}}, "url": "https://***@c/v1",
                                "env_vars": {"HF_TOKEN": "***", "PATH": "/bin"}, "n": 3, "api_key_env": "K"}
 
 

@@ -205,6 +205,16 @@ class ServerConfig(_Model):
             raise ValueError(f"GPU indices repeat: {v}")
         return v
 
+    @field_validator("extra_args", "command")
+    @classmethod
+    def _no_secret_assignments(cls, v: list[str], info: Any) -> list[str]:
+        from harvest.redact import secret_assignment_problem
+
+        problem = secret_assignment_problem(v, info.field_name)
+        if problem:
+            raise ValueError(problem)
+        return v
+
     @model_validator(mode="after")
     def _engine_needs(self) -> ServerConfig:
         if self.engine == "command" and not self.command:

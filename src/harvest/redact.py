@@ -88,9 +88,9 @@ def secret_assignment_problem(argv: Sequence[str], field: str) -> str | None:
         for word in [arg, *arg.split()]:
             name = secret_assignment(word.strip("'\""))
             if name is not None:
-                return (f"`{field}` holds {name}=...: every user of this machine can read a server's command "
-                        f"line (/proc/PID/cmdline). Set {name} in [server.env] instead (the engine's "
-                        f"environment), or pass an API key with `api_key_env`")
+                return (f"`{field}` sets {name} on the command line: every user of this machine can read a "
+                        f"server's command line (/proc/PID/cmdline). Set {name} in [server.env] instead "
+                        f"(the engine's environment), or pass an API key with `api_key_env`")
     return None
 
 

@@ -94,7 +94,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_GET(self) -> None:
-        if self.path == "/health":
+        if self.path.partition("?")[0] == "/health":  # a health URL may carry a query (a token)
             self._send(200, {"status": "ok"})
         elif self.path == "/v1/models":
             if args.models_status:

@@ -19,6 +19,7 @@ from harvest import schemas
 from harvest.gpu.payload import GPUS_SCHEMA, PREFLIGHT_SCHEMA, gpus_payload, now_iso, preflight_payload
 from harvest.gpu.preflight import RuleResult, describe_process
 from harvest.gpu.records import GpuSnapshot, HostState
+from harvest.redact import escape_controls
 from harvest.server.stop import StopReport, StopStep
 
 
@@ -216,10 +217,12 @@ def print_ps(console: Console, rows: list[dict[str, Any]], where: str, show_all:
         started = (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["started_at"]))
                    if r.get("started_at") else "?")
         alive = f"{r['measured']['alive']}/{r['recorded']['processes']}"
-        console.print(f"{str(r.get('where')):<24} {str(r.get('engine')):<10} {str(r.get('pid')):>7} "
-                      f"{str(r.get('port')):>5}  {r['recorded']['status']:<9} {alive:<7} "
-                      f"{'yes' if r['measured']['port_listening'] else 'no':<9} {started:<19}  {r.get('run_dir')}",
-                      markup=False)
+        # the record's fields (or a far host's answer) may hold another user's text: escaped
+        console.print(escape_controls(
+            f"{str(r.get('where')):<24} {str(r.get('engine')):<10} {str(r.get('pid')):>7} "
+            f"{str(r.get('port')):>5}  {r['recorded']['status']:<9} {alive:<7} "
+            f"{'yes' if r['measured']['port_listening'] else 'no':<9} {started:<19}  {r.get('run_dir')}",
+            one_line=True), markup=False)
 
 
 __all__ = [

@@ -39,8 +39,8 @@ URL_USER = re.compile(r"(\w+://)([^/\s@?#'\"<>]+)(@)")
 #: ``&X-Amz-Signature=``, ``;auth=`` (any case, the word anywhere in the name): its value.
 QUERY_SECRET = re.compile(r"([?&;][^=&#\s?;'\"<>]*(?:key|token|secret|auth|passw(?:or)?d|signature|credential)"
                           r"[^=&#\s?;'\"<>]*=)([^&#\s;'\"<>]+)", re.IGNORECASE)
-#: A value that is an HTTP credential whatever its name: ``Bearer ...``, ``Basic ...``.
-AUTH_VALUE = re.compile(r"^\s*(bearer|basic)\s", re.IGNORECASE)
+#: A value that is an HTTP credential whatever its name: ``Bearer <token>``, ``Basic <token>``.
+AUTH_VALUE = re.compile(r"^\s*(bearer|basic)\s+[\w.~+/=:-]+\s*$", re.IGNORECASE)
 #: ``Authorization: Bearer|Basic <token>`` anywhere in text, and ``Bearer <token>`` (the word as
 #: a scheme is spelled, a token of 8 or more token characters): the token.
 _AUTH_IN_TEXT = re.compile(r"((?i:\bauthorization['\"]?\s*[:=,]\s*['\"]?(?:bearer|basic)\s+)(?!\*\*\*)"

@@ -23,7 +23,7 @@ from harvest import schemas
 from harvest.cli.render import make_console
 from harvest.errors import LedgerError
 from harvest.ledger import Status
-from harvest.redact import escape_controls
+from harvest.redact import escape_controls, redact_doc
 
 STATUS_SCHEMA = schemas.STATUS
 
@@ -209,7 +209,9 @@ def status(run_dir: str, as_json: bool, errors_limit: int) -> None:
                                                         f"{exc}"), markup=False)
         raise SystemExit(2) from None
     if as_json:
-        click.echo(json.dumps(status_payload(st), indent=2))
+        # what the run folder holds, redacted again: a run written by an older harvest may hold a
+        # URL's user part or a query key in its meta or progress.json
+        click.echo(json.dumps(redact_doc(status_payload(st)), indent=2))
     else:
         print_status(make_console(), st)
 

@@ -130,3 +130,63 @@ def test_echoed_lines_lose_secret_flag_values_and_terminal_controls():
     assert safe_line("said s3cr3t", ["s3cr3t"]) == "said ***"
     assert safe_line("id \x1b[2J\x07 end\r") == "id \\x1b[2J\\x07 end\\x0d"
     assert escape_controls("a\nb\tc") == "a\nb\tc" and escape_controls("a\nb", one_line=True) == "a\\x0ab"
+
+
+# --- secrets by shape ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("http://tok-1@h:8/v1", "http://***@h:8/v1"),
+    ("https://u:pw@h/v1", "https://***@h/v1"),
+    ("see http://tok-1@h:8 and https://a:b@c/x", "see http://***@h:8 and https://***@c/x"),
+    ("http://h:8/v1?api_key=k-1&x=1", "http://h:8/v1?api_key=***&x=1"),
+    ("http://h/v1?a=1&ACCESS_TOKEN=k-1", "http://h/v1?a=1&ACCESS_TOKEN=***"),
+    ("https://b.s3/o?X-Amz-Date=1&X-Amz-Signature=k-1", "https://b.s3/o?X-Amz-Date=1&X-Amz-Signature=***"),
+    ("http://h/?auth=k-1;password=p", "http://h/?auth=***;password=***"),
+    ("Authorization: Bearer k-1", "Authorization: Bearer ***"),
+    ("authorization: basic dTpw", "authorization: basic ***"),
+    ("-H 'Bearer sk-12345678'", "-H 'Bearer ***'"),
+    ("A=1 MY_API_KEY=k-1 srv", "A=1 MY_API_KEY=*** srv"),
+])
+def test_secrets_by_shape_are_hidden_in_text(text, want):
+    assert redact_text(text) == want
+
+
+@pytest.mark.parametrize("text", [
+    "user@example.com", "http://h:8/v1?max_tokens=5&n=2", "max_tokens=12", "the bearer of news",
+    "Basic usage: harvest run job.toml", "http://h:8/v1/models", "n_tokens = 4",
+])
+def test_look_alikes_of_secret_shapes_are_kept(text):
+    assert redact_text(text) == text
+
+
+def test_bearer_values_and_secret_assignments_are_hidden_whatever_the_name():
+    assert redact_env({"AUTH_HEADER": "Bearer k-1", "X": "basic dTpw", "NOTE": "Basic usage here", "P": "http://t@h"}) == \
+        {"AUTH_HEADER": "***", "X": "***", "NOTE": "Basic usage here", "P": "http://***@h"}
+    assert redact_argv(["env", "MY_API_KEY=k-1", "AUTH=Bearer k-1", "PATH=/bin", "srv"]) == \
+        ("env", "MY_API_KEY=***", "AUTH=***", "PATH=/bin", "srv")
+    assert redact_doc({"command": ["env", "HF_TOKEN=k-1"], "h": "Bearer k-1", "u": "http://t@h/?token=k"}) == \
+        {"command": ["env", "HF_TOKEN=***"], "h": "***", "u": "http://***@h/?token=***"}
+
+
+@pytest.mark.parametrize("command", [["env", "MY_API_KEY=sv-Q1", "srv"], ["sh", "-c", "A=1 HF_TOKEN=sv-Q1 srv"],
+                                     ["env", "AUTH=Bearer sv-Q1", "srv"]])
+def test_a_secret_assignment_in_command_or_extra_args_is_refused_naming_the_variable(command):
+    for field, table in (("command", {"engine": "command", "command": command, "health_url": "http://x/h"}),
+                         ("extra_args", {"engine": "vllm", "model": "m", "extra_args": command[1:]})):
+        with pytest.raises(ConfigError) as exc:
+            parse_config({"server": table}, source="job.toml")
+        text = str(exc.value)
+        assert f"job.toml [server] {field}: `{field}` sets " in text and "[server.env]" in text, text
+        assert "sv-Q1" not in text
+
+
+def test_console_log_records_hide_secrets_by_shape_and_show_controls_escaped():
+    import logging
+
+    from harvest.cli.live import ShownFilter
+
+    record = logging.LogRecord("x", logging.WARNING, __file__, 1, "endpoint %s is sick: %s", ("http://tok@h:1",
+                               "\x1b]52;c;eA==\x07 Bearer sk-12345678"), None)
+    assert ShownFilter().filter(record)
+    assert record.getMessage() == "endpoint http://***@h:1 is sick: \\x1b]52;c;eA==\\x07 Bearer ***"

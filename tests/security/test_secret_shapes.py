@@ -57,7 +57,9 @@ def test_a_token_as_a_url_user_or_a_query_key_is_redacted_everywhere_and_still_s
         assert log.read_text().count("/v1/chat/completions") >= 6  # sent, with the URLs as given
         outputs.append(status := harvest(env, "status", str(run_dir), "--json"))
         assert status.returncode == 0 and json.loads(status.stdout)["totals"]["settled"] == 6, status.stdout
-        outputs += [harvest(env, "status", str(run_dir)), harvest(env, "report", str(run_dir))]
+        outputs += [harvest(env, "status", str(run_dir)), harvest(env, "report", str(run_dir)),
+                    pf := harvest(env, "preflight", str(job))]
+        assert f"openai on http://***@127.0.0.1:{port}/v1," in pf.stdout, pf.stdout
         assert all(o.returncode == 0 for o in outputs), [(o.args[3:], o.stderr) for o in outputs]
         assert {"report.html", "timeline.json", "progress.json"} <= {p.name for p in run_dir.iterdir()}
         meta = job_meta(run_dir)  # where the URLs were, they stay readable with the user part hidden

@@ -35,6 +35,8 @@ def job_meta(run_dir: Path) -> dict:
 
 
 def test_a_token_as_a_url_user_or_a_query_key_is_redacted_everywhere_and_still_sent(tmp_path, env):
+    """Two real campaigns against one chat server: tokens as URL user parts, then a key as query
+    parameters (which the server receives on every request)."""
     user, user2, query = ("tu-" + secrets.token_hex(10) for _ in range(3))
     port = engines.free_port()
     log = tmp_path / "requests.log"
@@ -66,17 +68,24 @@ def test_a_token_as_a_url_user_or_a_query_key_is_redacted_everywhere_and_still_s
         assert meta["server"]["base_url"] == f"http://***@127.0.0.1:{port}/v1", meta["server"]
         assert meta["client"]["endpoints"] == [f"http://***@localhost:{port}/v1"]
 
-        # A key as a query parameter: the endpoint answers no /v1/models there (harvest appends its
-        # paths to the base URL), so the run stops before sending; what it said and wrote hides the key.
+        # A key as a query parameter: sent on every request (after harvest's path), hidden where shown.
         q_dir = tmp_path / "query"
         q_job = tmp_path / "query.toml"
-        q_job.write_text(f'[server]\nengine = "openai"\nbase_url = "http://127.0.0.1:{port}/v1"\n[client]\n'
-                         f'endpoints = ["http://127.0.0.1:{port}/v1?api_key={query}&access_token={query}"]\n'
+        q_job.write_text(f'[server]\nengine = "openai"\nbase_url = "http://127.0.0.1:{port}/v1?api_key={query}"\n'
+                         f'[client]\nendpoints = ["http://127.0.0.1:{port}/v1?api_key={query}&access_token={query}"]\n'
                          f'{common}[output]\ndir = "{q_dir}"\n')
+        before = log.read_text().count("\n")
         outputs.append(q_run := harvest(env, "run", str(q_job), "--no-live"))
-        assert q_run.returncode == 2 and "api_key=***&access_token=***" in q_run.stderr, q_run.stderr
-        assert job_meta(q_dir)["client"]["endpoints"] == [f"http://127.0.0.1:{port}/v1?api_key=***&access_token=***"]
-        outputs += [harvest(env, "status", str(q_dir), "--json"), harvest(env, "report", str(q_dir))]
+        assert q_run.returncode == 0, q_run.stdout + q_run.stderr
+        sent = log.read_text().splitlines()[before:]
+        asked = {f"/v1/chat/completions?api_key={query}", f"/v1/chat/completions?api_key={query}&access_token={query}"}
+        odd = [line for line in sent if line not in asked]  # base_url and the endpoint, each with its query
+        assert len(sent) >= 6 and odd == [], odd
+        meta = job_meta(q_dir)
+        assert meta["client"]["endpoints"] == [f"http://127.0.0.1:{port}/v1?api_key=***&access_token=***"]
+        assert meta["server"]["base_url"] == f"http://127.0.0.1:{port}/v1?api_key=***", meta["server"]
+        outputs += [harvest(env, "status", str(q_dir), "--json"), harvest(env, "status", str(q_dir)),
+                    harvest(env, "report", str(q_dir)), harvest(env, "preflight", str(q_job))]
         for secret in (user, user2, query):
             assert assert_nowhere(secret, [run_dir, q_dir, tmp_path / "state"], outputs) >= 8
     finally:

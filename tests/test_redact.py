@@ -161,7 +161,8 @@ def test_look_alikes_of_secret_shapes_are_kept(text):
 
 
 def test_bearer_values_and_secret_assignments_are_hidden_whatever_the_name():
-    assert redact_env({"AUTH_HEADER": "Bearer k-1", "X": "basic dTpw", "NOTE": "Basic usage here", "P": "http://t@h"}) == \
+    env = {"AUTH_HEADER": "Bearer k-1", "X": "basic dTpw", "NOTE": "Basic usage here", "P": "http://t@h"}
+    assert redact_env(env) == \
         {"AUTH_HEADER": "***", "X": "***", "NOTE": "Basic usage here", "P": "http://***@h"}
     assert redact_argv(["env", "MY_API_KEY=k-1", "AUTH=Bearer k-1", "PATH=/bin", "srv"]) == \
         ("env", "MY_API_KEY=***", "AUTH=***", "PATH=/bin", "srv")

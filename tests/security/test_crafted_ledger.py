@@ -1,26 +1,32 @@
-"""Strings another user wrote into a run folder reach root's terminal and pages inert.
+"""Strings another user wrote reach root's terminal and pages inert.
 
 ``harvest status``, ``export`` and ``report`` may read another user's run; ``harvest ps`` lists the
-launch records harvest's index names. What they show of those files (ids, error classes, error
-messages, the runner's recorded state, the job's meta, a launch record's fields) is the other
-user's text: an ESC ] 52 sequence writes root's clipboard, ESC [ 2J clears the screen, a BEL rings.
-Each is shown escaped (``\\x1b]52;...``), on the console and in the page, never as the byte.
+launch records harvest's index names; ``harvest stop`` names the processes it finds. What they show
+(ids, error classes, error messages, the runner's recorded state, the job's meta, a launch
+record's fields, another user's process name) is the other user's text: an ESC ] 52 sequence
+writes root's clipboard, ESC [ 2J clears the screen, a BEL rings. Each is shown escaped
+(``\\x1b]52;...``), on the console and in the page, never as the byte.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from harvest.campaign.timeline import TIMELINE_SCHEMA
 from harvest.dataset import Item, Message, Skipped
 from harvest.ledger import Completion, Ledger
 from harvest.server.state import LaunchRecord, RunState, RunStatus, StateFile, register_run
-from tests.security.test_planted import as_nobody, harvest, shared_tmp  # noqa: F401
+from tests import engines
+from tests.security.test_planted import (AS_NOBODY, _alive, _end_sleeper, _record, as_nobody, harvest,  # noqa: F401
+                                         shared_tmp)
 
 OSC52 = "\x1b]52;c;ZWNobyBvd25lZA==\x07"  # "set the clipboard" (here to "echo owned")
 CLEAR = "\x1b[2J\x1b[H"
@@ -108,3 +114,32 @@ def test_ps_shows_the_fields_of_a_launch_record_escaped(tmp_path, env, monkeypat
         assert_inert(done.stdout, done.stderr)
     assert "served\\x1b]52;c;ZWNobyBvd25lZA==\\x07" in outputs[0].stdout, outputs[0].stdout
     assert "command\\x1b[2J" in outputs[0].stdout, outputs[0].stdout
+
+
+def test_stop_names_another_users_process_with_its_controls_escaped(tmp_path, env):
+    """A stale record names group X; X now holds a process of ``nobody`` whose name (its comm,
+    what ``ps`` shows) is an escape sequence. ``harvest stop`` signals nothing and names it, escaped."""
+    code = ("import ctypes, os, time\nos.setsid()\npid = os.fork()\nif pid == 0:\n"
+            "    null = os.open(os.devnull, os.O_RDWR)\n"
+            "    for fd in (0, 1, 2):\n        os.dup2(null, fd)\n"
+            "    ctypes.CDLL(None).prctl(15, b'\\x1b]52;c;eA==\\x07', 0, 0, 0)\n"
+            "    time.sleep(300)\n    os._exit(0)\nprint(os.getpid(), pid, flush=True)\n")
+    done = subprocess.run([*AS_NOBODY, sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          cwd="/")
+    assert done.returncode == 0, done.stderr
+    group, member = map(int, done.stdout.split())
+    end = time.monotonic() + 10
+    while psutil.Process(member).name() != "\x1b]52;c;eA==\x07" and time.monotonic() < end:
+        time.sleep(0.05)
+    member_ct = psutil.Process(member).create_time()
+    try:
+        stale = tmp_path / "stale"
+        stale.mkdir(mode=0o700)
+        (stale / "launch.json").write_text(json.dumps(_record(group, member_ct - 30.0, stale, engines.free_port())))
+        os.chmod(stale / "launch.json", 0o600)
+        stop = harvest(env, "stop", str(stale))
+        assert _alive(member, member_ct), stop.stdout + stop.stderr
+        assert_inert(stop.stdout, stop.stderr)
+        assert f"{member} (\\x1b]52;c;eA==\\x07)" in stop.stdout + stop.stderr, stop.stdout + stop.stderr
+    finally:
+        _end_sleeper(member, member_ct)

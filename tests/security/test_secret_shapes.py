@@ -130,13 +130,15 @@ def test_a_secret_assignment_on_the_command_line_is_refused_at_load_naming_the_v
     run_dir = tmp_path / "run"
     argv = [a.format(s=secret, py=sys.executable) for a in command]
     job = tmp_path / "job.toml"
-    job.write_text(f'[server]\nengine = "command"\ncommand = {json.dumps(argv)}\nhealth_url = "http://{{host}}:{{port}}/h"\n'
+    job.write_text(f'[server]\nengine = "command"\ncommand = {json.dumps(argv)}\n'
+                   f'health_url = "http://{{host}}:{{port}}/h"\n'
                    f'[data]\npath = "{data_file(tmp_path)}"\n[output]\ndir = "{run_dir}"\n')
     outputs = [harvest(env, "run", str(job), "--no-live"), harvest(env, "serve", str(job), "--detach"),
                harvest(env, "preflight", str(job))]
     for done in outputs:
         assert done.returncode == 2, done.args[3:] + [done.stdout, done.stderr]
-        assert f"`command` sets {name} on the command line: every user of this machine can read" in done.stderr, done.stderr
+        said = f"`command` sets {name} on the command line: every user of this machine can read"
+        assert said in done.stderr, done.stderr
         assert f"Set {name} in [server.env] instead" in done.stderr and "Traceback" not in done.stderr
     assert not run_dir.exists() and not (tmp_path / "state").exists()
     assert_nowhere(secret, [tmp_path], outputs, skip=(job,))

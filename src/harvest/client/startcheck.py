@@ -136,8 +136,9 @@ class StartCheck:
         if model:
             body["model"] = model
         try:
-            response = await self._transport.request("POST", endpoint_url(url, protocol.CHAT_PATH), body=protocol.encode(body),
-                                                     headers=self._headers, timeout=timeout)
+            response = await self._transport.request("POST", endpoint_url(url, protocol.CHAT_PATH),
+                                                     body=protocol.encode(body), headers=self._headers,
+                                                     timeout=timeout)
         except TransportError:
             return FirstAnswer(None)
         if 200 <= response.status < 300:
@@ -153,7 +154,8 @@ class StartCheck:
         last = "gave no answer"
         while True:
             left = deadline_s - (self._clock() - start)
-            response, why = await self._get(endpoint_url(url, protocol.MODELS_PATH), max(0.1, min(self._probe_timeout, left)))
+            response, why = await self._get(endpoint_url(url, protocol.MODELS_PATH),
+                                            max(0.1, min(self._probe_timeout, left)))
             ids = _listed(response) if response is not None else None
             if ids is not None:
                 return Listing(url, ids, True)

@@ -51,7 +51,7 @@ _AUTH_IN_TEXT = re.compile(r"((?i:\bauthorization['\"]?\s*[:=,]\s*['\"]?(?:beare
 _ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.DOTALL)
 #: ``NAME=VALUE`` with a secret name inside text (``sh -c 'A=1 MY_API_KEY=... srv'``): the value.
 _ASSIGNMENT_IN_TEXT = re.compile(r"((?<![\w.$-])[A-Za-z_]\w*(?:key|token|secret|passw(?:or)?d|credentials?)=)"
-                                 r"(?!\*\*\*)([^\s'\";&|]+)", re.IGNORECASE)
+                                 r"(?!None\b|\*\*\*)([^\s'\";&|,)]+)", re.IGNORECASE)
 
 
 def redact_text(text: str, secrets: Iterable[str] = ()) -> str:

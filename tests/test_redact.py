@@ -94,7 +94,8 @@ def test_host_and_port_in_extra_args_are_refused(args):
 def test_a_url_password_with_api_key_env_is_one_clear_error_that_hides_the_password():
     for table in ({"server": {"engine": "openai", "base_url": "http://u:pw-9@127.0.0.1:1/v1", "api_key_env": "K"}},
                   {"server": {"engine": "vllm", "model": "m", "api_key_env": "K"},
-                   "client": {"endpoints": ["http://u:pw-9@127.0.0.1:2"]}}):
+                   "client": {"endpoints": ["http://u:pw-9@127.0.0.1:2"]}},
+                  {"server": {"engine": "openai", "base_url": "http://pw-9@127.0.0.1:1/v1", "api_key_env": "K"}}):
         with pytest.raises(ConfigError) as exc:
             parse_config(table, source="job.toml")
         assert "carries a password" in str(exc.value) and "pw-9" not in str(exc.value)

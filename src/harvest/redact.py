@@ -10,7 +10,7 @@ part, with or without a password (``http://TOKEN@host`` and ``http://u:pw@host``
 ``http://***@host``: the user part may itself be the token), a query parameter whose name holds
 ``key``, ``token``, ``secret``, ``auth``, ``password``/``passwd``, ``signature`` or ``credential``
 (``?api_key=***``, ``&X-Amz-Signature=***``), and a ``Bearer``/``Basic`` credential (a variable
-whose value starts with one is hidden whole; in text the word after ``Bearer`` or after
+whose value is the scheme and one token is hidden whole; in text the token after ``Bearer`` or after
 ``Authorization: Basic``). Only what is shown or recorded is redacted: the request and the process
 launch use the values as given.
 """

@@ -232,6 +232,16 @@ class ServerConfig(_Model):
             raise ValueError(f"GPU indices repeat: {v}")
         return v
 
+    @field_validator("extra_args", "command")
+    @classmethod
+    def _no_secret_assignments(cls, v: list[str], info: Any) -> list[str]:
+        from harvest.redact import secret_assignment_problem
+
+        problem = secret_assignment_problem(v, info.field_name)
+        if problem:
+            raise ValueError(problem)
+        return v
+
     @model_validator(mode="after")
     def _engine_needs(self) -> ServerConfig:
         if self.engine == "command" and not self.command:
@@ -619,13 +629,13 @@ class HarvestConfig(_Model):
 
     @model_validator(mode="after")
     def _one_credential(self) -> HarvestConfig:
-        from harvest.redact import URL_PASSWORD, redact_text
+        from harvest.redact import URL_USER, redact_text
 
         if self.server is not None and self.server.api_key_env:
             for url in [self.server.base_url or "", *self.client.endpoints]:
-                if URL_PASSWORD.search(url):
-                    raise ValueError(f"{redact_text(url)} carries a password and [server] api_key_env names a "
-                                     f"key: give one credential (the key, through api_key_env)")
+                if URL_USER.search(url):  # a user part, with or without a password: basic auth
+                    raise ValueError(f"{redact_text(url)} carries a password (a user part) and [server] "
+                                     f"api_key_env names a key: give one credential (the key, through api_key_env)")
         return self
 
     @model_validator(mode="after")

@@ -37,7 +37,7 @@ def record(**kw: object) -> LaunchRecord:
 def test_redact_argv():
     argv = ["srv", "--api-key", "k1", "--api-key=k2", "--token", "sekrit", "--url", "http://u:sekrit@h"]
     assert redact_argv(argv, ["sekrit"]) == (
-        "srv", "--api-key", "***", "--api-key=***", "--token", "***", "--url", "http://u:***@h")
+        "srv", "--api-key", "***", "--api-key=***", "--token", "***", "--url", "http://***@h")
     assert redact_argv(["a", "b"], [""]) == ("a", "b")
 
 

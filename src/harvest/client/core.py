@@ -47,7 +47,7 @@ from harvest.client import protocol
 from harvest.client.autoconc import GAUGE_NAMES, AutoSettings, start_for
 from harvest.client.canary import TOKENS as CANARY_TOKENS
 from harvest.client.canary import canary_body
-from harvest.client.endpoints import Endpoint, EndpointPool, normalize_url
+from harvest.client.endpoints import Endpoint, EndpointPool, endpoint_url, normalize_url
 from harvest.client.metrics import scrape_metrics
 from harvest.client.policy import backoff_delay, classify_status, error_message, parse_retry_after, redact
 from harvest.client.records import ClientStats, Completion, EndpointState, FailureKind
@@ -367,7 +367,7 @@ class Client:
         concurrency slot, no effect on the endpoint's health."""
         import json
 
-        url = self._pool.endpoints[0].url + path
+        url = endpoint_url(self._pool.endpoints[0].url, path)
         data = protocol.encode(body) if body is not None else None
         try:
             response = await self._transport.request(method, url, body=data, headers=self._headers,
@@ -415,7 +415,7 @@ class Client:
             kind: FailureKind | None = None
             started = time.perf_counter()
             try:
-                response = await self._transport.request("POST", endpoint.url + path, body=data,
+                response = await self._transport.request("POST", endpoint_url(endpoint.url, path), body=data,
                                                          headers=self._headers, timeout=timeout)
             except Unreachable as exc:
                 kind, detail = FailureKind.UNREACHABLE, str(exc)
@@ -479,7 +479,7 @@ class Client:
     async def _send_canary(self, url: str, arrivals: list[float]) -> TimedEvents:
         """One canary to ``url`` (see :mod:`harvest.client.canary`): not an item, never retried."""
         body = canary_body(self._model, CANARY_TOKENS, chat=self._last_path == protocol.CHAT_PATH)
-        return await self._transport.timed_events(url + self._last_path, body=body, headers=self._headers,
+        return await self._transport.timed_events(endpoint_url(url, self._last_path), body=body, headers=self._headers,
                                                   timeout=min(60.0, self.config.request_timeout), arrivals=arrivals)
 
     async def _acquire(self, affinity: str | None = None) -> Endpoint:
@@ -594,7 +594,7 @@ class Client:
         """True when ``GET /health`` (or ``/v1/models`` where /health does not exist) answers 2xx."""
         for path in ("/health", protocol.MODELS_PATH):
             try:
-                response = await self._transport.request("GET", endpoint.url + path, headers=self._headers,
+                response = await self._transport.request("GET", endpoint_url(endpoint.url, path), headers=self._headers,
                                                          timeout=self.retry.probe_timeout)
             except TransportError as exc:
                 log.debug("health probe %s%s: %s", endpoint.url, path, self._redact(str(exc)))
@@ -634,7 +634,7 @@ class Client:
                 endpoint = await self._acquire()
                 try:
                     response = await self._transport.request(
-                        "GET", endpoint.url + protocol.MODELS_PATH, headers=self._headers,
+                        "GET", endpoint_url(endpoint.url, protocol.MODELS_PATH), headers=self._headers,
                         timeout=self.retry.probe_timeout)
                 except Unreachable as exc:
                     detail = self._redact(str(exc))

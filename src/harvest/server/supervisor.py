@@ -37,7 +37,7 @@ from harvest.errors import ConfigError, LaunchError, PreflightFailed, StopError,
 from harvest.events import Listener, emit
 from harvest.http import HttpError, SyncHttp
 from harvest.gpu.records import GpuProbe
-from harvest.redact import SECRET_ENV
+from harvest.redact import secret_env_values
 from harvest.server import procs
 from harvest.server.base import EngineAdapter, adapter_for, private_files
 from harvest.server.milestones import LaunchReporter
@@ -324,7 +324,7 @@ class Server:
         self._recorder.start()
 
         watcher = LogWatcher(log_path, secrets=[*([key.get_secret_value()] if key is not None else []),
-                                                *(v for k, v in cfg.env.items() if SECRET_ENV.search(k))])
+                                                *secret_env_values(cfg.env)])
         try:
             self.ready = wait_ready(config=cfg, checks=self.adapter.readiness(cfg),
                                     fatal_patterns=self.adapter.fatal_patterns, log=watcher,

@@ -59,6 +59,7 @@ from harvest.quality.settings import QualitySettings
 from harvest.quality.task import run_task
 from harvest.quality.wire import Wire, open_wire, protocol_for
 from harvest.server import Server, StopReport
+from harvest.server.state import hold_index
 
 log = logging.getLogger("harvest.compare")
 
@@ -387,6 +388,9 @@ async def compare(reference: HarvestConfig, candidates: Sequence[HarvestConfig],
     """
     out_dir = Path(out_dir)
     ref_cfg = reference.require_server()
+    # Refused before any launch: a compare folder another user owns or can rename, a foreign state dir.
+    safefiles.hold(out_dir, create=True).close()
+    hold_index().close()
     if prompts is None:
         probe = settings.probe
         prompts = select_prompts(reference.data, n=probe.prompts, seed=probe.seed, extra=probe.file)

@@ -82,6 +82,7 @@ from harvest.quality.settings import (
 from harvest.quality.throughput import ThroughputResult, ThroughputSettings, throughput_probe
 from harvest.redact import redact_server_settings
 from harvest.server import Server
+from harvest.server.state import hold_index
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -518,7 +519,11 @@ async def tune(job: HarvestConfig, tune_file: TuneFile, *, out_dir: Path | None 
     if job.server is None or not job.server.launched:
         raise ConfigError(job.source, [(f"{job.source} [server]",
                                         "`harvest tune` needs a [server] it launches")])
-    return await _Sweep(job, tune_file, Path(out_dir) if out_dir else default_out_dir(job), force,
+    out = Path(out_dir) if out_dir else default_out_dir(job)
+    # Refused before any launch: a tune folder another user owns or can rename, a foreign state dir.
+    safefiles.hold(out, create=True).close()
+    hold_index().close()
+    return await _Sweep(job, tune_file, out, force,
                         on_preflight,
                         on_trial, on_event).run()
 

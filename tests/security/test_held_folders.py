@@ -404,45 +404,69 @@ def test_tune_compare_and_a_foreign_state_dir_are_refused_before_any_launch(tmp_
 # --- 6. the race, for 30 s ----------------------------------------------------------------------------
 
 
+@pytest.fixture
+def open_shared():
+    """A folder of root's that every user may write in, without the sticky bit (0777)."""
+    base = Path(tempfile.mkdtemp(prefix="harvest-open-", dir="/tmp"))
+    os.chmod(base, 0o777)
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 @pytest.mark.slow
-def test_a_run_beside_thirty_seconds_of_renames_and_links_changes_nothing_outside(tmp_path, env, shared):
-    """Root's run folder in a 1777 folder (the parents' rule accepts it: nobody cannot rename root's
-    entries there); for 30 s nobody tries every rename and symlink it can around it, while the run
-    goes on. Nothing outside the run folder changes, and the live server another record names is
-    not signalled."""
+def test_runs_beside_thirty_seconds_of_renames_and_links_change_nothing_outside(tmp_path, env, shared,
+                                                                                open_shared):
+    """For 30 s nobody tries every rename and symlink it can in two shared folders of root's while
+    root runs a campaign in each: in a 1777 folder (the parents' rule accepts it: nobody cannot
+    rename root's entries there) the run goes on to the end; in a 0777 one (where nobody swaps the
+    run folder for a link to another run of root's as soon as it holds a ledger) the run is refused
+    at start. Nothing outside the run folders changes, the live server another record names is not
+    signalled, and each run's own engine is stopped."""
     victim, other, other_ct = victim_run(tmp_path / "victim")
     before = snap(victim)
     wrapper, _ = marker_engine(tmp_path)
-    run_dir = shared / "run"
+    run_dir, open_dir = shared / "run", open_shared / "run"
     run_dir.mkdir(mode=0o700)  # root's, made before nobody starts (a link planted first is refused)
     job = job_toml(tmp_path / "job.toml", server_toml(wrapper, "--delay", "0.25"), data_file(tmp_path, 100),
                    run_dir, concurrency=1)
-    loop = (f"cd {shared}; while :; do "
+    (tmp_path / "open").mkdir()
+    open_job = job_toml(tmp_path / "open" / "job.toml", server_toml(wrapper, "--delay", "0.25"),
+                        data_file(tmp_path / "open", 60), open_dir, concurrency=1)
+    loop = (f"i=0; while :; do i=$((i+1)); cd {shared}; "
             f"mv -f run gone 2>/dev/null; mv -f run/server gone-server 2>/dev/null; rm -rf run 2>/dev/null; "
             f"ln -s {victim} run 2>/dev/null; ln -s {victim}/server run/server 2>/dev/null; "
             f"for f in progress.json timeline.json ledger.lock ledger.sqlite-wal; do "
             f"ln -s {victim}/$f run/$f 2>/dev/null; ln -sf {victim}/$f run/.$f.$$.0.tmp 2>/dev/null; done; "
             f"mkdir -m 777 decoy 2>/dev/null; ln -sfn {victim} decoy/run 2>/dev/null; mv -f decoy run 2>/dev/null; "
+            f"cd {open_shared}; if [ -e run/ledger.sqlite ] && [ ! -L run ]; then "
+            f"mv run gone.$i 2>/dev/null && ln -s {victim} run; fi; "
             f"done")
     t0 = time.monotonic()
+    procs: list[subprocess.Popen[str]] = []
     try:
         with nobody_loop(loop, 30) as looping:
-            proc = start_harvest(env, "run", str(job), "--no-live")
-            try:
-                out, err = proc.communicate(timeout=120)
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.communicate(timeout=30)
+            procs = [start_harvest(env, "run", str(job), "--no-live"),
+                     start_harvest(env, "run", str(open_job), "--no-live")]
+            outs = [p.communicate(timeout=120) for p in procs]
             looping.wait(max(1.0, 40 - (time.monotonic() - t0)))
-        assert proc.returncode == 0, out + err
+        (out, err), (open_out, open_err) = outs
+        assert procs[0].returncode == 0, out + err
+        assert procs[1].returncode == 2, open_out + open_err
+        assert f"{open_shared}: is writable by group and others without the sticky bit" in open_err, open_err
         assert snap(victim) == before and alive(other.pid, other_ct)
         mine = own_engine(run_dir)
         assert mine is not None and not alive(*mine)
         owners = {p.lstat().st_uid for p in [run_dir, *run_dir.rglob("*")]}
         assert owners == {0}, owners  # nothing of nobody's got into the run folder
     finally:
-        if (mine := own_engine(run_dir)) is not None:
-            end(*mine)
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate(timeout=30)
+        for d in (run_dir, *open_shared.glob("gone.*")):
+            if not d.is_symlink() and (mine := own_engine(d)) is not None:
+                end(*mine)
         end(other.pid, other_ct)
         other.wait(10)

@@ -248,9 +248,10 @@ class QualityBench:
         self.floor, self.floor_source = self.floors[best], best
         if store:
             path = self.folder / FLOOR_FILES[source]
-            safefiles.ensure_dir(path.parent)
             lines = [json.dumps(_floor_header(self.settings_hash, source))]
-            safefiles.write_atomic(path, "\n".join(lines + [json.dumps(output_json(o)) for o in outputs]) + "\n")
+            with safefiles.hold(path.parent, create=True) as folder:
+                folder.write_atomic(path.name, "\n".join(lines + [json.dumps(output_json(o)) for o in outputs])
+                                    + "\n")
         return report
 
     @property
@@ -458,8 +459,8 @@ async def compare(reference: HarvestConfig, candidates: Sequence[HarvestConfig],
     report = CompareReport(out_dir, server_settings(ref_cfg),
                            len(bench.reference.entries) if bench.reference else 0,
                            bench.floor_source, bench.reused, tuple(rows), tuple(launches), tuple(notes))
-    safefiles.ensure_dir(out_dir)
-    safefiles.write_atomic(out_dir / "compare.json", json.dumps(report.to_dict(), indent=2) + "\n")
+    with safefiles.hold(out_dir, create=True) as folder:
+        folder.write_atomic("compare.json", json.dumps(report.to_dict(), indent=2) + "\n")
     return report
 
 

@@ -314,15 +314,14 @@ class TuneReport:
 
 def write_results(report: TuneReport) -> tuple[Path, Path]:
     """``tune.json`` and ``tune.csv`` in the tune folder."""
-    safefiles.ensure_dir(report.out_dir)
-    json_path, csv_path = report.out_dir / "tune.json", report.out_dir / "tune.csv"
-    safefiles.write_atomic(json_path, json.dumps(report.to_dict(), indent=2) + "\n")
     rows = [t.row() for t in report.trials]
     buf = io.StringIO(newline="")
     writer = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else ["trial"])
     writer.writeheader()
     writer.writerows(rows)
-    safefiles.write_atomic(csv_path, buf.getvalue())
+    with safefiles.hold(report.out_dir, create=True) as folder:
+        json_path = folder.write_atomic("tune.json", json.dumps(report.to_dict(), indent=2) + "\n")
+        csv_path = folder.write_atomic("tune.csv", buf.getvalue())
     return json_path, csv_path
 
 

@@ -18,8 +18,12 @@ harvest usually runs as root on a shared GPU box, and users point it at folders 
   descriptor (:class:`Folder`), never again by the folder's name.
 - Files in them are opened without following symlinks (``O_NOFOLLOW``) and without ``O_TRUNC``;
   an existing file must be a regular file owned by the user, with one link, checked on the open
-  descriptor before anything (``ftruncate`` included) changes it. New files are created ``O_EXCL`` 0600, and a
-  replacement is a temp file created ``O_EXCL`` then renamed over the old one.
+  descriptor before anything (``ftruncate`` included) changes it. New files are created
+  ``O_EXCL`` 0600, and a replacement is a temp file created ``O_EXCL`` in the held folder,
+  ``fchmod``-ed through its descriptor, then renamed over the old one relative to the folder.
+- An explicit output folder (``export -o``, ``report -o``) may be root's or a sticky shared one
+  such as ``/tmp``, but never one another user owns or can rename things in; missing ones are
+  created 0700.
 - The ledger (and its ``-wal``, ``-shm`` and lock) is ``lstat``-ed before SQLite opens it.
 
 A refusal is :class:`UnsafePathError`, naming the path and what is wrong with it. This module
@@ -35,6 +39,7 @@ import os
 import stat
 from collections.abc import Callable
 from pathlib import Path
+from typing import Self
 
 from harvest.errors import UnsafePathError
 
@@ -177,7 +182,7 @@ class Folder:
         if fd >= 0:
             os.close(fd)
 
-    def __enter__(self) -> Folder:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -521,13 +526,13 @@ def check_ledger(path: Path | str, lock: Path | str | None = None) -> None:
 __all__ = [
     "DIR_MODE",
     "FILE_MODE",
+    "Folder",
     "UnsafePathError",
     "check_dir",
     "check_file",
     "check_ledger",
     "check_no_links",
     "ensure_dir",
-    "Folder",
     "hold",
     "open_fd",
     "open_text",

@@ -42,7 +42,8 @@ NOBODY = 65534
 
 
 def as_nobody(script: str) -> None:
-    done = subprocess.run([*AS_NOBODY, "sh", "-c", script], capture_output=True, text=True, timeout=60, cwd="/")
+    done = subprocess.run([*AS_NOBODY, "sh", "-c", script], check=False, capture_output=True, text=True,
+                          timeout=60, cwd="/")
     assert done.returncode == 0, done.stderr
 
 
@@ -60,8 +61,9 @@ def nobody_loop(script: str, seconds: float) -> Iterator[subprocess.Popen[str]]:
         proc.wait(10)
 
 
-def harvest(env: dict[str, str], *args: str, timeout: float = 120, umask: int = 0o022) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "harvest", *args], capture_output=True, text=True,
+def harvest(env: dict[str, str], *args: str, timeout: float = 120,
+            umask: int = 0o022) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "harvest", *args], check=False, capture_output=True, text=True,
                           timeout=timeout, env=env, stdin=subprocess.DEVNULL, umask=umask)
 
 
@@ -288,8 +290,8 @@ def _race_temp_names(folder: Path, name: str, victim: Path) -> str:
     return (f"cd {folder} || exit 0; while :; do "
             f"for t in .{name}.*.tmp; do [ -e \"$t\" ] || [ -L \"$t\" ] || continue; "
             f"mv -f \"$t\" gone.$$ 2>/dev/null; rm -f \"$t\" 2>/dev/null; ln -s {victim} \"$t\" 2>/dev/null; done; "
-            f"for n in 0 1 2; do ln -s {victim} .{name}.$(cat /proc/sys/kernel/ns_last_pid 2>/dev/null || echo 0).$n.tmp "
-            f"2>/dev/null; done; done")
+            f"last=$(cat /proc/sys/kernel/ns_last_pid 2>/dev/null || echo 0); "
+            f"for n in 0 1 2; do ln -s {victim} .{name}.$last.$n.tmp 2>/dev/null; done; done")
 
 
 @pytest.mark.parametrize("shared", [0o777, 0o1777], indirect=True, ids=["0777", "1777"])

@@ -55,8 +55,8 @@ from harvest.errors import ConfigError
 from harvest.events import Event
 from harvest.ledger import LedgerWriter, Status, Totals, hash_settings
 from harvest.placement import from_config
-from harvest.server.state import hold_index
 from harvest.server import StopReport
+from harvest.server.state import hold_index
 
 log = logging.getLogger("harvest.campaign")
 

@@ -44,8 +44,8 @@ from typing import Any
 import numpy as np
 
 from harvest import safefiles
-from harvest.redact import redact_doc
 from harvest.errors import UnsafePathError
+from harvest.redact import redact_doc
 
 log = logging.getLogger("harvest.campaign")
 
@@ -412,5 +412,14 @@ def histograms(doc: Mapping[str, Any]) -> dict[str, Histogram]:
     return out
 
 
-__all__ = ["Histogram", "MAX_POINTS", "RUNNING", "TIMELINE_FILE", "TIMELINE_SCHEMA", "Timeline", "WAITING",
-           "histograms", "read_timeline"]
+__all__ = [
+    "MAX_POINTS",
+    "RUNNING",
+    "TIMELINE_FILE",
+    "TIMELINE_SCHEMA",
+    "WAITING",
+    "Histogram",
+    "Timeline",
+    "histograms",
+    "read_timeline",
+]

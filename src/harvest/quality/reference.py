@@ -20,7 +20,6 @@ and never sent to candidates. This module never launches or stops a server.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import os

@@ -38,8 +38,8 @@ import psutil
 
 from harvest.errors import ProbeError, StopError
 from harvest.gpu.records import GpuProbe
-from harvest.server import procs
 from harvest.safefiles import Folder
+from harvest.server import procs
 from harvest.server.state import ProcessRef, RunState, RunStatus, StateFile
 
 #: GPU memory is polled at this interval (10 Hz); also the slack a stop may overrun its deadline by.

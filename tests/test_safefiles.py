@@ -15,9 +15,7 @@ import pytest
 
 from harvest.errors import UnsafePathError
 from harvest.safefiles import Folder, hold
-
-ROOT = os.geteuid() == 0
-
+from tests.realparts import require
 
 def snap(top: Path) -> dict[str, tuple[bytes, int, int]]:
     return {str(p): (p.read_bytes() if p.is_file() else b"", stat.S_IMODE(p.lstat().st_mode), p.lstat().st_mtime_ns)
@@ -89,8 +87,8 @@ def test_a_parent_others_can_write_without_the_sticky_bit_is_refused_by_name(tmp
     hold(shared / "new" / "run", create=True).close()
 
 
-@pytest.mark.skipif(not ROOT, reason="a folder of another user's is made with chown, which needs root")
 def test_a_parent_another_user_owns_is_refused_by_name(tmp_path):
+    require("second-user", "a folder of another user's (nobody) is made with chown, which needs root")
     theirs = tmp_path / "theirs"
     (theirs / "run").mkdir(parents=True, mode=0o700)
     theirs.chmod(0o755)

@@ -122,24 +122,21 @@ class IngestSteps:
     def open_ledger(self) -> Ledger:
         data = self.config.data
         assert data is not None
+        try:  # a dataset that cannot be read stops the run before a run folder or a ledger is made
+            fingerprint = dataset_fingerprint(data.path)
+        except OSError as exc:
+            raise ConfigError(self.config.source, [(f"{self.config.source} [data] path",
+                                                    f"cannot read {data.path}: {exc.strerror or exc}; nothing "
+                                                    f"was created (a relative path is read from the folder "
+                                                    f"harvest runs in)")]) from None
         if not self.allow_mixed:
-            try:
-                now_fingerprint: str | None = dataset_fingerprint(data.path)
-            except OSError:
-                now_fingerprint = None  # said below, once the folder is open
-            foreign = other_job(self.run_dir, output_settings(self.config), data.path, now_fingerprint)
+            foreign = other_job(self.run_dir, output_settings(self.config), data.path, fingerprint)
             if foreign is not None:
                 raise LedgerError(foreign)
         meta = {"job": self.config.recorded(), "job_file": self.config.source,
                 "output_settings": output_settings(self.config)}
         ledger = Ledger.open(self.run_dir, settings_hash=self.settings_hash, meta=meta,
                              allow_mixed=self.allow_mixed, samples=self.config.sampling.n)
-        try:
-            fingerprint = dataset_fingerprint(data.path)
-        except OSError as exc:
-            ledger.close()
-            raise ConfigError(self.config.source, [(f"{self.config.source} [data] path",
-                                                    f"cannot read {data.path}: {exc.strerror or exc}")]) from None
         known = ledger.meta().get("dataset_fingerprint")
         if known is not None and known != fingerprint and not self.allow_mixed:
             ledger.close()

@@ -192,6 +192,9 @@ def test_engine_that_fails_to_start_is_one_line_and_touches_no_item(tmp_path, ll
     assert len(lines) == 1, out
     named = "no-such-llama-server" if broken == "missing-binary" else "no-such-harvest-flag"
     assert named in out, out
+    if broken == "missing-binary":  # named before preflight, with its field and where it comes from
+        assert "no-such-llama-server does not exist ([server] command): scripts/install-engines llamacpp" in out
+        assert "preflight: PASS" not in out, out
     assert "Traceback" not in out, out
     assert took < 60 + MARGIN, f"a launch that cannot start took {took:.1f} s (ready_timeout 60)"
     counts = statuses(run_dir)

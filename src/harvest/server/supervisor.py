@@ -39,7 +39,7 @@ from harvest.http import HttpError, SyncHttp
 from harvest.gpu.records import GpuProbe
 from harvest.redact import secret_env_values
 from harvest.server import procs
-from harvest.server.base import EngineAdapter, adapter_for, private_files
+from harvest.server.base import ENGINE_SOURCES, EngineAdapter, adapter_for, missing_executable, private_files
 from harvest.server.milestones import LaunchReporter
 from harvest.server.readiness import LogWatcher, Ready, wait_ready
 from harvest.server.state import (
@@ -248,6 +248,22 @@ class Server:
             self.shutdown()
             raise
 
+    def _refuse_missing_executable(self) -> None:
+        """A LaunchError naming the engine's executable, where it was looked for and where it comes
+        from, when it cannot be started (a missing llama-server, a [server] python that is not there)."""
+        cfg = self.config
+        try:
+            argv0 = self.adapter.argv(cfg, run_dir=None)[0]
+        except Exception:  # noqa: BLE001 - an adapter that needs its run folder: the spawn says it
+            return
+        why = missing_executable(argv0, {**os.environ, **cfg.env})
+        if why is None:
+            return
+        field = ("[server] command" if cfg.command else
+                 "[server] python" if cfg.python else f"engine {cfg.engine!r}")
+        raise LaunchError(f"{argv0} {why} ({field}): {ENGINE_SOURCES.get(cfg.engine, ENGINE_SOURCES['command'])}",
+                          argv=[argv0], reason="spawn_failed")
+
     def _launch(self) -> Server:
         cfg = self.config
         if not self.adapter.launched:
@@ -261,6 +277,7 @@ class Server:
             why = (f"environment variable {cfg.api_key_env} is not set (or empty): serving host "
                    f"{cfg.host!r}, not a loopback address, needs an API key")
             raise ConfigError(name, [(name, why)])
+        self._refuse_missing_executable()  # before preflight: a launch that cannot start says why at once
         index = hold_index()  # a state dir another user owns is refused before anything is launched
         folder = make_run_dir(self.run_dir)
         self._folder = folder

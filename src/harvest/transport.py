@@ -262,7 +262,7 @@ class MockTransport:
                 result = await asyncio.wait_for(result, timeout)
             except asyncio.TimeoutError:
                 raise TimedOut(f"no complete response within {timeout:g} s") from None
-        return result  # type: ignore[return-value]
+        return result
 
     async def timed_events(self, url: str, *, body: bytes, headers: Mapping[str, str] | None = None,
                            timeout: float, arrivals: list[float] | None = None) -> TimedEvents:

@@ -37,7 +37,7 @@ from harvest.config import HarvestConfig, PreflightConfig, ServerConfig
 from harvest.errors import ConfigError, LaunchError, PreflightFailed, RequestError, ServerSick
 from harvest.events import Listener
 from harvest.gpu.preflight import GPU_MEMORY, HOST_RAM
-from harvest.placement import from_config, probe_fleet
+from harvest.placement import Fleet, from_config, probe_fleet
 from harvest.quality.evaluate import GateResult, QualityReport, gate, quality_report, task_records
 from harvest.quality.policy import violations
 from harvest.quality.probe import ProbePrompt, select_prompts
@@ -58,7 +58,7 @@ from harvest.quality.reference import (
 from harvest.quality.settings import QualitySettings
 from harvest.quality.task import run_task
 from harvest.quality.wire import Wire, open_wire, protocol_for
-from harvest.server import Server, StopReport
+from harvest.server import StopReport
 from harvest.server.state import hold_index
 
 log = logging.getLogger("harvest.compare")
@@ -108,7 +108,7 @@ class Launch:
 
 
 async def launch_and_run(label: str, config: ServerConfig, run_dir: Path,
-                         work: Callable[[Server], Awaitable[T]], *,
+                         work: Callable[[Fleet], Awaitable[T]], *,
                          preflight: PreflightConfig | None = None, force: bool = False,
                          on_preflight: Callable[[object], None] | None = None,
                          on_event: Listener | None = None,
@@ -191,7 +191,7 @@ class QualityBench:
         probe = self.settings.probe
         return open_wire(config, self.protocol, concurrency=probe.concurrency, timeout=probe.request_timeout)
 
-    async def make_reference(self, server: Server) -> list[ProbeOutput]:
+    async def make_reference(self, server: Fleet) -> list[ProbeOutput]:
         """On the reference server: generate and store the reference, then score it once more there."""
         async with self.wire(server.client_config) as wire:
             self.reference = await generate_reference(wire, self.prompts, self.settings.probe,
@@ -204,7 +204,7 @@ class QualityBench:
             save_reference(self.folder / REFERENCE_FILE, self.reference)
             return await run_candidate(wire, self.reference, self.settings.probe)
 
-    async def outputs(self, server: Server) -> list[ProbeOutput]:
+    async def outputs(self, server: Fleet) -> list[ProbeOutput]:
         """A candidate's outputs on the reference's prompts."""
         assert self.reference is not None
         async with self.wire(server.client_config) as wire:
@@ -405,7 +405,7 @@ async def compare(reference: HarvestConfig, candidates: Sequence[HarvestConfig],
     if note is not None:
         notes.append(note)
 
-    async def run(label: str, cfg: ServerConfig, pf: PreflightConfig, work: Callable[[Server], Awaitable[T]],
+    async def run(label: str, cfg: ServerConfig, pf: PreflightConfig, work: Callable[[Fleet], Awaitable[T]],
                   factory: Any = ref_factory) -> tuple[T | None, Launch]:
         nonlocal dirty
         folder = out_dir / "launches" / f"{next(counter):02d}-{label}"

@@ -246,7 +246,7 @@ class ContextGuard:
     async def _tokenize(self, client: Any, messages: list[dict[str, str]]) -> tuple[int, str] | None:
         """``(tokens, how counted)`` from the engine's ``/tokenize``, or None without one."""
         text = "\n".join(m["content"] for m in messages)
-        bodies = {"messages": {"messages": messages, "add_generation_prompt": True},
+        bodies: dict[str, dict[str, Any]] = {"messages": {"messages": messages, "add_generation_prompt": True},
                   "prompt": {"prompt": text}, "content": {"content": text}}
         if client.model is not None:
             bodies["messages"]["model"] = bodies["prompt"]["model"] = client.model

@@ -19,7 +19,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +34,7 @@ from harvest.client.metrics import PrefixCacheMeter
 from harvest.config import HarvestConfig
 from harvest.errors import RequestError, ServerSick
 from harvest.ledger import Completion, Failure, LedgerWriter, Status
+from harvest.ledger.records import Key
 
 log = logging.getLogger("harvest.campaign")
 
@@ -51,7 +52,7 @@ class _Dispatch:
     """The state of one dispatch loop: the requests in flight (task -> item id), the claimed rows
     not sent yet, the finished requests' queue, and what the loop learnt."""
 
-    tasks: dict[asyncio.Task[Any], str]
+    tasks: dict[asyncio.Task[Any], Key]
     order: PrefixOrder = field(default_factory=PrefixOrder)
     #: Row key -> when the ledger handed it out, while it waits in ``order``.
     claimed_at: dict[Any, float] = field(default_factory=dict)
@@ -115,9 +116,15 @@ class DispatchSteps:
     prefix_cache: PrefixCacheMeter
     timeline: Timeline | None
     _scrape_task: asyncio.Task[None] | None
+    # The other steps' methods this one calls (``_Campaign`` mixes them in): the intake's, and the
+    # server supervision's (campaign/intake.py, campaign/supervise.py).
+    _ingesting: Callable[[], bool]
+    _wait_ingested: Callable[[float], Awaitable[None]]
+    relaunch: Callable[[], Awaitable[bool]]
+    server_exited: Callable[[], bool]
 
     async def dispatch(self, writer: LedgerWriter, client: Client, progress: Progress) -> None:
-        tasks: dict[asyncio.Task[Any], str] = {}
+        tasks: dict[asyncio.Task[Any], Key] = {}
         self._scrape_task: asyncio.Task[None] | None = None
         try:
             await self._dispatch(writer, client, progress, tasks)
@@ -134,7 +141,7 @@ class DispatchSteps:
             progress.server, progress.server_endpoints = {"running": None, "waiting": None}, {}
 
     async def _dispatch(self, writer: LedgerWriter, client: Client, progress: Progress,
-                        tasks: dict[asyncio.Task[Any], str]) -> None:
+                        tasks: dict[asyncio.Task[Any], Key]) -> None:
         """Claim, send, collect, react; until nothing is left or the run must end. Each turn of the
         loop is one of each named step below; a step that ends the run says so with ``_END``."""
         d = _Dispatch(tasks, PrefixOrder(enabled=self.config.run.prefix_order))
@@ -238,7 +245,7 @@ class DispatchSteps:
     async def _collect(self, d: _Dispatch, writer: LedgerWriter, progress: Progress) -> bool:
         """Take the requests that finished; release the items whose server stayed sick (True then)."""
         done = await self._finished(d.finished, 0.5)
-        sick: list[str] = []
+        sick: list[Key] = []
         for task in done:
             row_id = d.tasks.pop(task, None)
             if row_id is None:
@@ -325,8 +332,8 @@ class DispatchSteps:
             progress.record(Status.FAILED.value)
 
     @staticmethod
-    async def _release_in_flight(writer: LedgerWriter, tasks: dict[asyncio.Task[Any], str],
-                                 also: Sequence[str] = ()) -> None:
+    async def _release_in_flight(writer: LedgerWriter, tasks: dict[asyncio.Task[Any], Key],
+                                 also: Sequence[Key] = ()) -> None:
         """Cancel the requests in flight and put their items (and ``also``) back to pending, uncharged."""
         ids = [*tasks.values(), *also]
         for t in list(tasks):

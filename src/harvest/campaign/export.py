@@ -198,7 +198,7 @@ def conversation_problems(messages: Sequence[Mapping[str, Any]], *, style: str =
     problems: list[str] = []
     roles = []
     for i, m in enumerate(messages):
-        role = names.get(m.get(role_key)) if isinstance(m, Mapping) else None
+        role = names.get(str(m.get(role_key))) if isinstance(m, Mapping) else None
         if role is None:
             problems.append(f"turn {i}: {role_key} is {m.get(role_key) if isinstance(m, Mapping) else m!r}")
             continue

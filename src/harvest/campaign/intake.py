@@ -182,8 +182,9 @@ class IngestSteps:
         known = ledger.meta().get("data_shape")
         changed = known is not None and known != shape
         if (changed or "skipped" in self.retry) and ledger.counts()[Status.SKIPPED]:
-            why = ("[data] " + ", ".join(f"{k} {known.get(k)!r} -> {v!r}" for k, v in shape.items()
-                                         if known.get(k) != v)) if changed else "--retry skipped"
+            before = known or {}
+            why = ("[data] " + ", ".join(f"{k} {before.get(k)!r} -> {v!r}" for k, v in shape.items()
+                                         if before.get(k) != v)) if changed else "--retry skipped"
             rows = ledger.ingest_state()["rows"]
             records = iter_items(data)
             try:

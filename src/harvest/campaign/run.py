@@ -226,11 +226,11 @@ class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
         finally:
             if self.timeline is not None:
                 self.timeline.close(self.outcome)
-            for sig, before in installed.items():
-                loop.remove_signal_handler(sig)
+            for taken, before in installed.items():
+                loop.remove_signal_handler(taken)
                 if before is not None:  # None: not set from Python, nothing to give back
                     with contextlib.suppress(ValueError, TypeError):
-                        signal.signal(sig, before)
+                        signal.signal(taken, before)
             self._close_records()
             ledger.close()
         data = self.config.data

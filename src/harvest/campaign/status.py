@@ -35,13 +35,15 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 
 from harvest.campaign.progress import PROGRESS_FILE
 from harvest.dataset.skips import SkipReason
 from harvest.ledger import LOCK_FILE, Ledger, Status, Totals
+
+T = TypeVar("T")
 
 #: Runner states progress.json records (shown as recorded; only ``running`` makes its rates live).
 RUNNER_STATES = ("running", "finished", "interrupted", "failed", "server_down", "stopped")
@@ -188,6 +190,12 @@ def _num(data: Mapping[str, Any], key: str, kind: type) -> Any:
     return kind(value)
 
 
+def _of(data: Mapping[str, Any], key: str, kind: type[T]) -> T | None:
+    """``data[key]`` when it is a ``kind`` (a file another process wrote may hold anything), else None."""
+    value = data.get(key)
+    return value if isinstance(value, kind) else None
+
+
 def read_progress(run_dir: str | Path) -> tuple[Progress | None, str | None]:
     """progress.json of a run: ``(record, None)``, ``(None, None)`` when absent, or ``(None, why)``
     when it cannot be used. Unknown fields are ignored; missing ones are None."""
@@ -208,13 +216,13 @@ def read_progress(run_dir: str | Path) -> tuple[Progress | None, str | None]:
     if not isinstance(errors, dict):
         errors = {}
     errors = {str(k): int(v) for k, v in errors.items() if isinstance(v, int) and not isinstance(v, bool)}
-    server = data.get("server") if isinstance(data.get("server"), dict) else {}
-    state = data.get("state") if isinstance(data.get("state"), str) else None
-    note = data.get("note") if isinstance(data.get("note"), str) else None
-    targets = data.get("concurrency_targets") if isinstance(data.get("concurrency_targets"), dict) else {}
-    targets = {str(k): int(v) for k, v in targets.items() if isinstance(v, int) and not isinstance(v, bool)}
-    cache = data.get("prefix_cache") if isinstance(data.get("prefix_cache"), dict) else {}
-    quiet = data.get("no_answer") if isinstance(data.get("no_answer"), list) else []
+    server = _of(data, "server", dict) or {}
+    state = _of(data, "state", str)
+    note = _of(data, "note", str)
+    targets = {str(k): int(v) for k, v in (_of(data, "concurrency_targets", dict) or {}).items()
+               if isinstance(v, int) and not isinstance(v, bool)}
+    cache = _of(data, "prefix_cache", dict) or {}
+    quiet = _of(data, "no_answer", list) or []
     no_answer = tuple({"url": str(e["url"]), "quiet_s": float(e["quiet_s"]), "bound_s": float(e["bound_s"]),
                        "outstanding": int(e["outstanding"])} for e in quiet
                       if isinstance(e, dict) and all(isinstance(e.get(k), (int, float)) and not isinstance(e.get(k), bool)

@@ -217,7 +217,8 @@ class Timeline:
         """The recorder for a new session of the run in ``run_dir``, continuing its timeline.json (an
         unreadable or foreign file is started afresh, with a warning: it is informative only)."""
         held = run_dir if isinstance(run_dir, safefiles.Folder) else None
-        path = (held.path if held is not None else Path(run_dir)) / TIMELINE_FILE
+        where = run_dir.path if isinstance(run_dir, safefiles.Folder) else Path(run_dir)
+        path = where / TIMELINE_FILE
         doc = None
         try:
             doc = json.loads(held.read_text(TIMELINE_FILE) if held is not None else path.read_text(encoding="utf-8"))
@@ -228,7 +229,7 @@ class Timeline:
             pass
         except (OSError, ValueError, UnsafePathError) as exc:
             log.warning("%s unreadable (%s); starting a new timeline", path, exc)
-        return cls(held if held is not None else Path(run_dir), doc, clock=clock)
+        return cls(held if held is not None else where, doc, clock=clock)
 
     # --- feeding -----------------------------------------------------------------------------------
 

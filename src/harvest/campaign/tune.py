@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import csv
 import io
+import functools
 import itertools
 import json
 import random
@@ -67,7 +68,7 @@ from harvest.campaign.compare import (
 from harvest.config import HarvestConfig, ServerConfig
 from harvest.errors import ConfigError
 from harvest.events import Listener, emit
-from harvest.placement import probe_fleet
+from harvest.placement import Fleet, probe_fleet
 from harvest.quality.evaluate import GateResult, QualityReport
 from harvest.quality.policy import needs_at_least, violations
 from harvest.quality.probe import select_prompts
@@ -81,7 +82,6 @@ from harvest.quality.settings import (
 )
 from harvest.quality.throughput import ThroughputResult, ThroughputSettings, throughput_probe
 from harvest.redact import redact_server_settings
-from harvest.server import Server
 from harvest.server.state import hold_index
 
 if sys.version_info >= (3, 11):
@@ -376,7 +376,7 @@ class _Sweep:
             self.notes.append(note)
         self._pending: tuple[Trial, Launch, list[ProbeOutput], ThroughputResult | None] | None = None
 
-    async def _throughput(self, server: Server) -> ThroughputResult:
+    async def _throughput(self, server: Fleet) -> ThroughputResult:
         return await throughput_probe(server.client_config, self.load_prompts, self.tf.throughput,
                                       sampling=self.job.sampling, metrics=server.adapter.metrics,
                                       kv_capacity=server.kv_capacity_tokens)
@@ -386,7 +386,7 @@ class _Sweep:
         emit(self.on_event, "trial", "start", index=self.launch_count,
              of=max(self.launch_total, self.launch_count), label=label)
 
-        async def reported(server: Server) -> Any:
+        async def reported(server: Fleet) -> Any:
             emit(self.on_event, "trial", "update", step="probing quality and throughput")
             return await work(server)
 
@@ -417,7 +417,7 @@ class _Sweep:
         ref_trial = next((t for t in trials if t.config == self.ref_cfg), None)
         self.launch_total += int(ref_trial is None) + int(self.bench.needs_floor_launch)
 
-        async def work(server: Server) -> tuple[list[ProbeOutput], ThroughputResult | None]:
+        async def work(server: Fleet) -> tuple[list[ProbeOutput], ThroughputResult | None]:
             outputs = await self.bench.make_reference(server)
             return outputs, (await self._throughput(server) if ref_trial is not None else None)
 
@@ -466,39 +466,39 @@ class _Sweep:
             self.aborted = True
 
     async def trial(self, trial: Trial) -> None:
-        base = dict(index=trial.index, label=trial.label, overrides=trial.overrides,
-                    is_reference=trial.config == self.ref_cfg, config=trial.config)
+        result_of = functools.partial(TrialResult, index=trial.index, label=trial.label,
+                                      overrides=trial.overrides, is_reference=trial.config == self.ref_cfg,
+                                      config=trial.config)
         if self.aborted:
-            self._record(TrialResult(verdict="not run", reasons=("the sweep ended after a dirty stop",),
-                                     **base))
+            self._record(result_of(verdict="not run", reasons=("the sweep ended after a dirty stop",)))
             return
         broken = violations(trial.config, self.tf.policy)
         if broken:
-            self._record(TrialResult(verdict="rejected", reasons=tuple(broken), **base))
+            self._record(result_of(verdict="rejected", reasons=tuple(broken)))
             return
         for earlier in self.results:
             if (earlier.launch is not None and earlier.launch.memory_bound and earlier.config is not None
                     and needs_at_least(trial.config, earlier.config)):
                 why = (f"needs at least the memory of trial {earlier.index}, "
                        f"which failed: {earlier.launch.reason}")
-                self._record(TrialResult(verdict="skipped", reasons=(why,), **base))
+                self._record(result_of(verdict="skipped", reasons=(why,)))
                 return
 
-        async def work(server: Server) -> tuple[list[ProbeOutput], ThroughputResult]:
+        async def work(server: Fleet) -> tuple[list[ProbeOutput], ThroughputResult]:
             outputs = await self.bench.outputs(server)
             return outputs, await self._throughput(server)
 
         folder = self.out_dir / "trials" / trial.label
-        result, launch = await self._launch(folder, trial.label, trial.config, work)
-        if result is None:
+        got, launch = await self._launch(folder, trial.label, trial.config, work)
+        if got is None:
             row = row_from(trial.label, {}, launch, None)
-            self._record(TrialResult(verdict=row.verdict, reasons=row.reasons, launch=launch, **base))
+            self._record(result_of(verdict=row.verdict, reasons=row.reasons, launch=launch))
         else:
-            outputs, load = result
+            outputs, load = got
             save_outputs(folder / "outputs.jsonl", outputs)
             row = row_from(trial.label, {}, launch, self.bench.evaluate(outputs))
-            self._record(TrialResult(verdict=row.verdict, reasons=row.reasons, launch=launch,
-                                     quality=row.quality, gate=row.gate, throughput=load, **base))
+            self._record(result_of(verdict=row.verdict, reasons=row.reasons, launch=launch,
+                                     quality=row.quality, gate=row.gate, throughput=load))
         if self._dirty(launch):
             self.aborted = True
 

@@ -112,11 +112,12 @@ def run(job: str, allow_mixed: bool, force: bool, live: bool | None, retry: tupl
                                       server_factory=from_config(config).fleet(all_hosts=all_hosts)))
     except PreflightFailed as exc:
         from harvest.cli.render import preflight_refusal, rule_line
+        from harvest.gpu.preflight import RuleResult
 
         failures = [r for r in exc.results if not getattr(r, "passed", True)]
         if not shown:  # else its rules were on screen already, each once
             for r in failures:
-                click.echo(rule_line(r), err=True)
+                click.echo(rule_line(r) if isinstance(r, RuleResult) else str(r), err=True)
         click.echo(preflight_refusal(failures), err=True)
         sys.exit(1)
     except LedgerError as exc:

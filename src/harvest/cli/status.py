@@ -166,8 +166,8 @@ def print_status(console: Console, st: RunStatus) -> None:
             extra += ", errors this session " + ", ".join(
                 f"{k} {v}" for k, v in sorted(p.errors_by_class.items()))
         console.print(_t(extra))
-        for e in p.no_answer:  # a hung endpoint: requests held open, nothing back
-            console.print(_t("endpoint " + no_answer(e), style="yellow"))
+        for quiet in p.no_answer:  # a hung endpoint: requests held open, nothing back
+            console.print(_t("endpoint " + no_answer(quiet), style="yellow"))
     if len(st.settings_hashes) > 1:
         console.print(_t(f"settings: mixed ({', '.join(st.settings_hashes)})", style="yellow"))
 

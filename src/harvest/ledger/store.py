@@ -165,7 +165,7 @@ def prepare_ingest(records: Iterator[Item | Skipped], batch_size: int = 10_000, 
     rows per record (sample 0..samples-1, at consecutive seqs once inserted)."""
     batch = list(itertools.islice(records, batch_size))
     now = time.time()
-    params = []
+    params: list[tuple[Any, ...]] = []
     inputs: dict[str, str] = {}  # first occurrence in this batch wins, as in the table
     skipped = own_ids = 0
     reasons: dict[tuple[str, str], int] = {}
@@ -668,6 +668,7 @@ class Ledger:
         meta ``requeues`` (time, what, reason, count, the settings hash of this handle), in the
         same transaction.
         """
+        params: tuple[str, ...]
         if what in (Status.FAILED.value, Status.TRUNCATED.value):
             where, params = "status = ?", (what,)
         elif what == Status.SKIPPED.value:
@@ -728,7 +729,7 @@ class Ledger:
                                  [(seq,) for seq, rec in found if isinstance(rec, Item)])
                 before = conn.execute("SELECT max(seq) FROM items").fetchone()[0] or 0
                 inputs: dict[str, str] = {}
-                params = []
+                params: list[tuple[Any, ...]] = []
                 for rec in items:
                     text = rec.to_json()
                     inputs.setdefault(rec.id, text)

@@ -63,8 +63,7 @@ def probe_fleet(cfg: HarvestConfig) -> tuple[Any, str | None, str]:
     """``harvest tune`` / ``compare``: (a factory of one-server fleets where ``cfg`` runs, a note
     when that narrowed the job's servers, the placement's kind)."""
     placement = from_config(cfg)
-    note = getattr(placement, "note", None)
-    return placement.fleet(probe=True), note(True) if note is not None else None, placement.kind
+    return placement.fleet(probe=True), placement.note(True), placement.kind
 
 
 def from_record(run_dir: Path | str) -> Placement:

@@ -15,15 +15,18 @@ kind: kinds import it.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from harvest.config import HarvestConfig, HostConfig, ServerConfig
 from harvest.errors import ConfigError
 from harvest.events import Listener, emit
 from harvest.server import StopReport
+from harvest.server.stop import DEFAULT_MARGIN_MIB, StopStep
 from harvest.server.base import adapter_for
 
 
@@ -69,29 +72,55 @@ class Answer:
     extra: dict[str, Any] | None = None
 
 
-class Placement(Protocol):
-    """Where servers run; every command asks it instead of deciding itself."""
+class Placement(ABC):
+    """Where servers run; every command asks it instead of deciding itself. ``local``, ``ssh`` and
+    ``ray`` subclass it (``KINDS`` in :mod:`harvest.placement`), each with the whole verb set."""
 
     kind: ClassVar[str]
 
+    @abstractmethod
     def where(self) -> str:
         """A few words for messages: ``this machine``, ``box (ssh)``, ``the Ray cluster at auto``."""
 
+    @abstractmethod
     def gpus(self) -> Any:
-        """What the GPUs and hosts hold now (a kind-specific result the CLI renders, with ``to_json``)."""
+        """What the GPUs and hosts hold now (a result the CLI renders, with ``to_json``)."""
 
-    def preflight(self, cfg: HarvestConfig, *, output_dir: Path | None = None, wait_s: float | None = None) -> Any:
-        """The [server] of ``cfg`` checked where it would run (a result with ``passed`` and ``to_json``)."""
+    def gpus_json(self, got: Any) -> dict[str, Any]:
+        """One live snapshot of this machine as ``harvest.gpus/2`` (``gpus --watch --json``): only a
+        placement that is this machine has one."""
+        raise Refused("--watch", f"a live view is of this machine; {self.where()} is shown once")
 
+    @abstractmethod
+    def preflight(self, cfg: HarvestConfig, *, output_dir: Path | None = None, wait_s: float | None = None,
+                  on_wait: Callable[[], None] | None = None) -> Any:
+        """The [server] of ``cfg`` checked where it would run (a result with ``passed`` and ``to_json``);
+        ``wait_s``: re-check until every rule passes or it runs out, ``on_wait`` told once first."""
+
+    @abstractmethod
     def fleet(self, *, probe: bool = False, all_hosts: bool = False) -> Any:
         """A factory of Fleets; ``probe``: one server (tune / compare measure one)."""
 
+    @abstractmethod
+    def server(self, cfg: ServerConfig, *, run_dir: Path, **kw: Any) -> Fleet:
+        """One server (``harvest serve``) placed here, as a Fleet."""
+
+    def note(self, probe: bool) -> str | None:
+        """Why a probe (tune, compare) uses fewer servers than the job would, if it does."""
+        return None
+
+    @abstractmethod
     def ps(self, show_all: bool) -> list[dict[str, Any]]:
         """Servers harvest started there: ``harvest.ps/1`` rows, each with ``where``."""
 
-    def stop(self, run_dir: Path | None, *, deadline: float | None = None, **local: Any) -> list[StopReport]:
-        """Stop a run's servers by its record (``run_dir``), each verified where it runs."""
+    @abstractmethod
+    def stop(self, run_dir: Path | None, *, deadline: float | None = None, grace: float | None = None,
+             margin_mib: int = DEFAULT_MARGIN_MIB,
+             on_step: Callable[[str, StopStep | None], None] | None = None) -> list[StopReport]:
+        """Stop a run's servers by its record (``run_dir``), each verified where it runs (``grace``,
+        ``margin_mib`` and ``on_step``, each step as it happens, where the stop runs here)."""
 
+    @abstractmethod
     def leftovers(self, server_dir: Path) -> list[StopReport]:
         """Stop what an earlier (killed) session of a run left running, by that run's records."""
 
@@ -170,7 +199,9 @@ class Fleet:
     def stop_report(self) -> StopReport | None:
         """The stop's report when one server was stopped; of several, the first dirty one."""
         dirty = [r for r in self.stop_reports if not r.clean]
-        return (dirty or self.stop_reports or [getattr(self.inner, "stop_report", None)])[0]
+        if dirty or self.stop_reports:
+            return (dirty or self.stop_reports)[0]
+        return getattr(self.inner, "stop_report", None)
 
     def placed(self) -> list[dict[str, Any]]:
         """Where each server runs: ``where`` (this machine, a host, a node), ``pid`` there, ``url``."""

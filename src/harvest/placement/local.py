@@ -13,14 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from harvest.config import HarvestConfig
+from harvest.config import HarvestConfig, ServerConfig
 from harvest.errors import StopError
 from harvest.gpu import NoGpuProbe, open_probe, run_preflight, wait_for_preflight
 from harvest.gpu.payload import gpus_payload, preflight_payload
 from harvest.gpu.preflight import PreflightReport
 from harvest.net import port_listening
 from harvest.placement import record
-from harvest.placement.base import Answer, Fleet, NothingToStop, Refused, fleet_factory
+from harvest.placement.base import Answer, Fleet, NothingToStop, Placement, Refused, fleet_factory
 from harvest.placement.base_results import GpusByPlace, PreflightByPlace
 from harvest.server import Server, StopReport, procs
 from harvest.server.state import RunStatus, StateFile, list_runs
@@ -49,7 +49,7 @@ class LocalPreflight:
         return PreflightByPlace("local", WHERE, "host", "", self.config, self.engine, (answer,)).to_json()
 
 
-class LocalPlacement:
+class LocalPlacement(Placement):
     """Servers on this machine."""
 
     kind: ClassVar[str] = "local"
@@ -94,9 +94,9 @@ class LocalPlacement:
 
         return fleet_factory(make, where=WHERE, emits=False)
 
-    def server(self, cfg: Any, **kw: Any) -> Fleet:
+    def server(self, cfg: ServerConfig, *, run_dir: Path, **kw: Any) -> Fleet:
         """One supervised server (``harvest serve``), as a Fleet."""
-        return self.fleet()(cfg, **kw)
+        return self.fleet()(cfg, run_dir=run_dir, **kw)
 
     def ps(self, show_all: bool) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []

@@ -342,9 +342,9 @@ def _errors(st: RunStatus, doc: dict[str, Any] | None) -> str:
             out.append(table(("class", "count"), sorted(seen.items()), name="errors-seen"))
     if st.last_errors:
         out.append("<h3>Examples: the most recent failures</h3>")
-        rows = [(e.item_id, e.error_class, e.attempts, f"{e.source or '-'}:{e.source_line or '-'}",
-                 Cell("<pre>" + esc(e.message[:600]) + "</pre>")) for e in st.last_errors]
-        out.append(table(("item", "class", "attempts", "source", "message"), rows, name="last-errors"))
+        examples = [(e.item_id, e.error_class, e.attempts, f"{e.source or '-'}:{e.source_line or '-'}",
+                     Cell("<pre>" + esc(e.message[:600]) + "</pre>")) for e in st.last_errors]
+        out.append(table(("item", "class", "attempts", "source", "message"), examples, name="last-errors"))
     return "".join(out)
 
 

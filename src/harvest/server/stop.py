@@ -117,7 +117,7 @@ class StopReport:
         return d
 
 
-class _Steps(list):  # type: ignore[type-arg]
+class _Steps(list[StopStep]):
     """The steps of one stop; tells ``on_step(name, step)`` when a step begins (step None) and
     when it ends (the finished StopStep). A listener's error never changes the stop."""
 
@@ -128,7 +128,7 @@ class _Steps(list):  # type: ignore[type-arg]
     def begin(self, name: str) -> None:
         self._tell(name, None)
 
-    def append(self, step: StopStep) -> None:  # type: ignore[override]
+    def append(self, step: StopStep) -> None:
         super().append(step)
         self._tell(step.name, step)
 

@@ -9,11 +9,12 @@ server's actor). Nothing here starts or stops Ray itself.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
-from harvest.config import ClusterConfig, HarvestConfig
-from harvest.placement.base import Answer, Fleet, Refused, fleet_factory
+from harvest.config import ClusterConfig, HarvestConfig, ServerConfig
+from harvest.placement.base import Answer, Fleet, Placement, Refused, fleet_factory
 from harvest.placement.base_results import GpusByPlace, PreflightByPlace
 from harvest.placement.ray.cluster import KIND
 from harvest.server import StopReport
@@ -31,7 +32,7 @@ def _answers(nodes: Any) -> tuple[Answer, ...]:
 DEFAULT_TIMEOUT = 30.0
 
 
-class RayPlacement:
+class RayPlacement(Placement):
     """Servers on the Ray cluster of ``[cluster]`` (or of ``--cluster ADDRESS``)."""
 
     kind: ClassVar[str] = KIND
@@ -58,7 +59,7 @@ class RayPlacement:
                        f"GPUs by Ray node ({self.cluster.address}, {len(answers)} alive)", _answers(answers))
 
     def preflight(self, cfg: HarvestConfig, *, output_dir: Path | None = None, wait_s: float | None = None,
-                  **_: Any) -> PreflightByPlace:
+                  on_wait: Callable[[], None] | None = None) -> PreflightByPlace:
         from harvest.placement.ray.probe import cluster_preflight
 
         if wait_s is not None:
@@ -96,7 +97,7 @@ class RayPlacement:
             return f"each launch places one server on {self.where()}: tune and compare measure one server"
         return None
 
-    def server(self, cfg: Any, *, run_dir: Path, **kw: Any) -> Fleet:
+    def server(self, cfg: ServerConfig, *, run_dir: Path, **kw: Any) -> Fleet:
         """The job's servers on the cluster (``harvest serve``)."""
         return self.fleet()(cfg, run_dir=run_dir, **kw)
 

@@ -95,7 +95,7 @@ class ServerActor:
                 last = exc
                 continue
             except PreflightFailed as exc:
-                if [r.rule for r in exc.results if not r.passed] != ["port"]:
+                if [getattr(r, "rule", None) for r in exc.results if not getattr(r, "passed", True)] != ["port"]:
                     self.last_error = str(exc)
                     raise
                 last = exc
@@ -109,7 +109,8 @@ class ServerActor:
                          "kv_capacity_tokens": server.kv_capacity_tokens, "name": self.name,
                          "engine": cfg.engine, "started_at": server.state().record.started_at}
             report = server.preflight_report
-            return {**self.info, "preflight": asdict(report) if is_dataclass(report) else None}
+            return {**self.info,
+                    "preflight": asdict(report) if is_dataclass(report) and not isinstance(report, type) else None}
         raise LaunchError(f"{self.name}: no free port from {port0} ({PORT_TRIES} tried): {last}",
                           reason="port_in_use")
 

@@ -30,6 +30,7 @@ import contextlib
 import socket
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from harvest.errors import RemoteError
@@ -117,7 +118,7 @@ def far_preflight(server: dict[str, Any], preflight: dict[str, Any], output_dir:
     probe = open_probe() if (cfg.launched and cfg.gpus) else NoGpuProbe("no GPUs listed")
     unlisted = GPUS_BY_RAY if gpus_by_ray else NO_GPUS_LISTED
     try:
-        report = run_preflight(cfg, rules, probe=probe, output_dir=output_dir or tempfile.gettempdir(),
+        report = run_preflight(cfg, rules, probe=probe, output_dir=Path(output_dir or tempfile.gettempdir()),
                                unlisted_gpus=unlisted)
     finally:
         probe.close()

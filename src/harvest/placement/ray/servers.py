@@ -147,7 +147,7 @@ class RayServerGroup:
         self.members: list[_Member] = []
         self.retired: list[_Member] = []
         #: Replacements placed during this run, the client and its URLs (shared by one factory's groups).
-        self.budget = budget if budget is not None else {"relaunches": 0, "next_slot": 0}
+        self.budget: dict[str, Any] = budget if budget is not None else {"relaunches": 0, "next_slot": 0}
         self.shared: dict[str, Any] = self.budget.setdefault("shared", {})
         self.ready: RemoteReady | None = None
         self.kv_capacity_tokens: int | None = None
@@ -288,7 +288,8 @@ class RayServerGroup:
                 self.retired.append(m)
                 continue
             m.state = "ready"
-            log.warning("found server %s of an earlier session serving at %s on %s", m.name, m.info["url"], m.label)
+            log.warning("found server %s of an earlier session serving at %s on %s", m.name,
+                        (m.info or {}).get("url"), m.label)
             out.append(m)
         return out
 
@@ -346,7 +347,8 @@ class RayServerGroup:
                 raise LaunchError(f"Ray placed no bundle {json.dumps(self.cluster.bundle(), sort_keys=True)} within "
                                   f"{self.cluster.connect_timeout:g} s; available now: "
                                   f"{plain_resources(self.conn.ray.available_resources())}", reason="spawn_failed") from None
-            m.info = self.conn.get(m.actor.launch.remote(cfg.api_key().get_secret_value() if cfg.api_key() else None),
+            key = cfg.api_key()
+            m.info = self.conn.get(m.actor.launch.remote(key.get_secret_value() if key is not None else None),
                                    cfg.ready_timeout + LAUNCH_SLACK_S)
         except Exception as exc:  # noqa: BLE001 - Ray wraps the actor's error; its text names the cause
             why = short_error(exc)
@@ -538,13 +540,14 @@ def _actor_class(conn: RayConnection) -> Any:
 def ray_server_factory(config: HarvestConfig) -> Any:
     """What the runner calls to get its servers on the cluster; Ray is imported now (a missing Ray
     is a ClusterError before anything else happens)."""
-    assert config.cluster is not None
+    cluster = config.cluster
+    assert cluster is not None  # the placement chose the Ray kind from this table
     import_ray(config.source)
     budget: dict[str, Any] = {"relaunches": 0, "next_slot": 0}
 
     def make(cfg: ServerConfig, *, run_dir: Path, preflight: PreflightConfig | None = None, force: bool = False,
              on_preflight: Any = None, **_: Any) -> RayServerGroup:
-        return RayServerGroup(config, cfg, run_dir=Path(run_dir), conn=RayConnection(config.cluster, config.source),
+        return RayServerGroup(config, cfg, run_dir=Path(run_dir), conn=RayConnection(cluster, config.source),
                               preflight=preflight, force=force, budget=budget, on_preflight=on_preflight)
 
     return make
@@ -579,7 +582,8 @@ def ray_ps(cluster: ClusterConfig, source: str, show_all: bool) -> list[dict[str
             if not alive and not show_all:
                 continue
             port = info.get("port")
-            listening = bool(port) and port_listening(str(info.get("node_ip")), int(port), timeout=0.5)
+            listening = port is not None and bool(port) and port_listening(str(info.get("node_ip")), int(port),
+                                                                           timeout=0.5)
             rows.append({"where": node_label(info.get("node_ip"), info.get("node_id")), "name": name,
                          "run_dir": info.get("run_dir"), "engine": info.get("engine"), "url": info.get("url"),
                          "pid": info.get("pid"), "port": port, "gpus": list(info.get("gpus") or []),

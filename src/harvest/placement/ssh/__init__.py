@@ -9,13 +9,14 @@ Nothing here signals a process.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar
 
-from harvest.config import HarvestConfig, HostConfig
+from harvest.config import HarvestConfig, HostConfig, ServerConfig
 from harvest.placement import record
-from harvest.placement.base import Answer, Fleet, Refused, fleet_factory
+from harvest.placement.base import Answer, Fleet, Placement, Refused, fleet_factory
 from harvest.placement.base_results import GpusByPlace, PreflightByPlace, one_answer
 from harvest.placement.far_records import stop_report_from_dict
 from harvest.placement.ssh.remote import SCHEMAS, FarHost
@@ -37,7 +38,7 @@ def _each(hosts: list[HostConfig], work: Any) -> list[Any]:
     return [f.result() for f in futures]
 
 
-class SshPlacement:
+class SshPlacement(Placement):
     """Servers on the ``[host]`` / ``[[hosts]]`` of a config (or the host of ``--host`` flags)."""
 
     kind: ClassVar[str] = KIND
@@ -61,7 +62,7 @@ class SshPlacement:
         return GpusByPlace(KIND, self.where(), "host", "GPUs by host", tuple(Answer(label, doc) for label, doc in docs))
 
     def preflight(self, cfg: HarvestConfig, *, output_dir: Path | None = None, wait_s: float | None = None,
-                  **_: Any) -> PreflightByPlace:
+                  on_wait: Callable[[], None] | None = None) -> PreflightByPlace:
         if wait_s is not None:
             raise Refused("--wait", f"--wait checks this machine; on {self.where()} each host is checked once")
         from harvest.gpu.payload import preflight_payload
@@ -85,7 +86,7 @@ class SshPlacement:
                     "tune and compare measure one server")
         return None
 
-    def server(self, cfg: Any, *, run_dir: Path, **kw: Any) -> Fleet:
+    def server(self, cfg: ServerConfig, *, run_dir: Path, **kw: Any) -> Fleet:
         """One far server (``harvest serve``); several hosts are refused (``harvest run`` drives them)."""
         if len(self.hosts) != 1:
             raise Refused(f"{self.source} [[hosts]]", "harvest serve launches on one host; use [host] "

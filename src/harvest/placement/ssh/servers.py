@@ -109,7 +109,8 @@ def remote_stop(record: dict[str, Any], *, deadline: float | None = None) -> Sto
         args += ["--deadline", f"{deadline:g}"]
     extra = deadline if deadline is not None else float(record.get("stop_deadline", 60.0))
     doc = host.call("stop", args, ok_codes=(0, 1), schema=SCHEMAS["stop"], extra_s=extra)
-    servers = doc.get("servers") if isinstance(doc.get("servers"), list) else [doc]
+    listed = doc.get("servers")
+    servers: list[Any] = listed if isinstance(listed, list) else [doc]
     if len(servers) != 1:
         raise RemoteError(host.label, "stop", 0.0, f"the far stop of {far_dir} reported {len(servers)} servers, "
                           "expected one", exit_code=2)

@@ -533,6 +533,7 @@ async def tune(job: HarvestConfig, tune_file: TuneFile, *, out_dir: Path | None 
         raise ConfigError(job.source, [(f"{job.source} [server]",
                                         "`harvest tune` needs a [server] it launches")])
     out = Path(out_dir) if out_dir else default_out_dir(job)
+    expand_grid(job.server, tune_file)  # a grid point the config refuses (a secret flag) ends it before a folder exists
     # Refused before any launch: a tune folder another user owns or can rename, a foreign state dir.
     safefiles.hold(out, create=True).close()
     hold_index().close()

@@ -277,13 +277,13 @@ class Server:
             why = (f"environment variable {cfg.api_key_env} is not set (or empty): serving host "
                    f"{cfg.host!r}, not a loopback address, needs an API key")
             raise ConfigError(name, [(name, why)])
-        self._refuse_missing_executable()  # before preflight: a launch that cannot start says why at once
         index = hold_index()  # a state dir another user owns is refused before anything is launched
         folder = make_run_dir(self.run_dir)
         self._folder = folder
         self.state_file = StateFile(folder)
         run_dir = folder.path
         _refuse_live_record(folder)
+        self._refuse_missing_executable()  # before preflight: a launch that cannot start says why at once
         probe = self._get_probe()
         from harvest.gpu.preflight import run_preflight
 

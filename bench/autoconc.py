@@ -40,7 +40,7 @@ from benchutil import exit_on_sigterm, load  # bench/benchutil.py
 from saturation import SERVED_NAME, TOPICS, VLLM_ENV, engine_python
 
 from harvest.client import Client
-from harvest.client.core import EngineLimit
+from harvest.client.engine import EngineLimit
 from harvest.client.autoconc import AutoSettings, start_for
 from harvest.config import ClientConfig, SamplingConfig
 from harvest.errors import RequestError

@@ -71,10 +71,9 @@ from harvest.transport import (
     TransportError,
     Unreachable,
 )
-from harvest.config import ClientConfig, HarvestConfig, SamplingConfig, ServerConfig
+from harvest.config import ClientConfig, HarvestConfig, SamplingConfig
 from harvest.errors import HarvestError, RequestError, ServerSick
 from harvest.redact import redact_text
-from harvest.server.batch import batch_limit, batch_limit_exact, has_metrics
 
 log = logging.getLogger("harvest.client")
 
@@ -168,30 +167,34 @@ class Client:
 
     @classmethod
     def from_config(cls, config: HarvestConfig, server_urls: Sequence[str] | None = None,
-                    server_configs: Sequence[ServerConfig] | None = None, **kwargs: Any) -> Client:
+                    engines: Sequence[EngineLimit] | None = None, *, engine: EngineLimit | None = None,
+                    **kwargs: Any) -> Client:
         """A client for the job's server (if any) plus ``[client] endpoints``, with its key and model.
-        ``server_urls`` replaces the server's own URL (a far server reached through tunnels);
-        ``server_configs``, one per URL, the settings each server was launched with where they differ
-        from ``[server]`` (a ``[[hosts]]`` entry's own ``max_running_requests``): each endpoint's
-        controller starts and stops at its own engine's batch."""
+        ``server_urls`` replaces the server's own URL (a far server reached through tunnels). What
+        whoever launched the servers knows of their engines, for ``concurrency = "auto"``:
+        ``engine``, the engine of the ``[server]`` settings (None: nothing known), and ``engines``,
+        one per URL, where a server was launched with settings of its own (a ``[[hosts]]`` entry's
+        own ``max_running_requests``): each endpoint's controller starts and stops at its own
+        engine's batch."""
         urls: list[str] = []
         api_key = None
         model = None
         if config.server is not None:
             own = list(server_urls if server_urls is not None else [config.server.url])
-            configs = list(server_configs) if server_configs is not None else [config.server] * len(own)
-            if len(configs) != len(own):
-                raise ValueError(f"{len(configs)} server configs for {len(own)} server URLs")
+            known = engine if engine is not None else EngineLimit(None)
+            each = list(engines) if engines is not None else [known] * len(own)
+            if len(each) != len(own):
+                raise ValueError(f"{len(each)} engine limits for {len(own)} server URLs")
             urls.extend(own)
             api_key = config.server.api_key()
             model = config.server.requested_model
-            kwargs.setdefault("batch_limit", batch_limit(config.server))
+            kwargs.setdefault("batch_limit", known.batch)
             # Its cap bounds an endpoint only when that endpoint is one of its servers: each server's
             # own (``limits``); a [client] endpoint may be any engine.
-            kwargs.setdefault("limit_exact", batch_limit_exact(config.server) and not config.client.endpoints)
-            kwargs.setdefault("engine_metrics", has_metrics(config.server))
-            if config.client.endpoints or any(c != config.server for c in configs):
-                kwargs.setdefault("limits", {url: EngineLimit.of(c) for url, c in zip(own, configs)})
+            kwargs.setdefault("limit_exact", known.exact and not config.client.endpoints)
+            kwargs.setdefault("engine_metrics", known.metrics)
+            if config.client.endpoints or any(e != known for e in each):
+                kwargs.setdefault("limits", dict(zip(own, each)))
         urls.extend(config.client.endpoints)
         kwargs.setdefault("api_key", api_key)
         kwargs.setdefault("model", model)

@@ -2,8 +2,10 @@
 
 For ``concurrency = "auto"`` an endpoint's controller starts and stops by what is known of its
 engine: its batch limit, whether that is its hard cap, whether it has /metrics
-(:class:`EngineLimit`). :func:`auto_settings` turns that and ``[client]`` into the controller's
-:class:`~harvest.client.autoconc.AutoSettings`. Values only, no I/O.
+(:class:`EngineLimit`). The client speaks HTTP only and never reads a server's settings: whoever
+launched the engine says what it knows as these plain values (``harvest run``:
+:func:`harvest.campaign.run.engine_limit`). :func:`auto_settings` turns them and ``[client]`` into
+the controller's :class:`~harvest.client.autoconc.AutoSettings`. Values only, no I/O.
 """
 
 from __future__ import annotations
@@ -12,8 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from harvest.client.autoconc import AutoSettings, start_for
-from harvest.config import ClientConfig, ServerConfig
-from harvest.server.batch import batch_limit, batch_limit_exact, has_metrics
+from harvest.config import ClientConfig
 
 
 @dataclass(frozen=True)
@@ -26,11 +27,6 @@ class EngineLimit:
     exact: bool = False
     metrics: bool = True
     hint: bool = True
-
-    @classmethod
-    def of(cls, server: ServerConfig) -> EngineLimit:
-        """The engine a server launched with ``server``'s settings runs."""
-        return cls(batch_limit(server), batch_limit_exact(server), has_metrics(server))
 
 
 def auto_settings(limit: EngineLimit, config: ClientConfig, base: AutoSettings | None = None) -> AutoSettings:

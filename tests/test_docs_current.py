@@ -36,6 +36,8 @@ def test_architecture_is_written_and_cited_where_the_layers_are_enforced():
 def test_no_tracked_file_names_rounds_of_work():
     found = []
     for name in tracked():
+        if name == "tests/test_docs_current.py":  # its own examples of the words
+            continue
         path = ROOT / name
         if not path.is_file() or path.suffix in (".png", ".pdf", ".gguf", ".parquet", ".sqlite"):
             continue

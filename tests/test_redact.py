@@ -16,7 +16,7 @@ from harvest.redact import escape_controls, redact_argv, redact_doc, redact_env,
     (["--hf-token", "k"], ["--hf-token", "***"]),
     (["--hf_token=k"], ["--hf_token=***"]),
     (["--password", "k", "--tp", "8"], ["--password", "***", "--tp", "8"]),
-    (["--url", "http://u:pw@h:1/x"], ["--url", "http://u:***@h:1/x"]),
+    (["--url", "http://u:pw@h:1/x"], ["--url", "http://***@h:1/x"]),
     (["--tokenizer", "m", "--max-tokens", "9"], ["--tokenizer", "m", "--max-tokens", "9"]),
     (["--kv-cache-dtype", "fp8"], ["--kv-cache-dtype", "fp8"]),
 ])
@@ -54,8 +54,8 @@ def test_the_recorded_config_redacts_server_secrets_and_keeps_the_rest(monkeypat
     plain = parse_config({"server": {"engine": "openai", "base_url": "http://u:pw-2@127.0.0.1:8/v1"},
                           "client": {"endpoints": ["http://u:pw-1@127.0.0.1:9/v1"]}, "data": {"path": "d.jsonl"}})
     rec = plain.recorded()
-    assert rec["client"]["endpoints"] == ["http://u:***@127.0.0.1:9/v1"]
-    assert rec["server"]["base_url"] == "http://u:***@127.0.0.1:8/v1"
+    assert rec["client"]["endpoints"] == ["http://***@127.0.0.1:9/v1"]
+    assert rec["server"]["base_url"] == "http://***@127.0.0.1:8/v1"
 
 
 # --- refused at load, redacted where shown ------------------------------------------------------------
@@ -94,7 +94,8 @@ def test_host_and_port_in_extra_args_are_refused(args):
 def test_a_url_password_with_api_key_env_is_one_clear_error_that_hides_the_password():
     for table in ({"server": {"engine": "openai", "base_url": "http://u:pw-9@127.0.0.1:1/v1", "api_key_env": "K"}},
                   {"server": {"engine": "vllm", "model": "m", "api_key_env": "K"},
-                   "client": {"endpoints": ["http://u:pw-9@127.0.0.1:2"]}}):
+                   "client": {"endpoints": ["http://u:pw-9@127.0.0.1:2"]}},
+                  {"server": {"engine": "openai", "base_url": "http://pw-9@127.0.0.1:1/v1", "api_key_env": "K"}}):
         with pytest.raises(ConfigError) as exc:
             parse_config(table, source="job.toml")
         assert "carries a password" in str(exc.value) and "pw-9" not in str(exc.value)
@@ -118,7 +119,7 @@ def test_extreme_values_end_in_one_clear_error(table, field, words):
 def test_redact_doc_hides_url_passwords_in_keys_and_values_and_secret_named_values():
     doc = {"endpoints": {"http://u:pw@h:1": {"running": 1}}, "url": "https://a:b@c/v1",
            "env_vars": {"HF_TOKEN": "hf", "PATH": "/bin"}, "n": 3, "api_key_env": "K"}
-    assert redact_doc(doc) == {"endpoints": {"http://u:***@h:1": {"running": 1}}, "url": "https://a:***@c/v1",
+    assert redact_doc(doc) == {"endpoints": {"http://***@h:1": {"running": 1}}, "url": "https://***@c/v1",
                                "env_vars": {"HF_TOKEN": "***", "PATH": "/bin"}, "n": 3, "api_key_env": "K"}
 
 
@@ -130,3 +131,64 @@ def test_echoed_lines_lose_secret_flag_values_and_terminal_controls():
     assert safe_line("said s3cr3t", ["s3cr3t"]) == "said ***"
     assert safe_line("id \x1b[2J\x07 end\r") == "id \\x1b[2J\\x07 end\\x0d"
     assert escape_controls("a\nb\tc") == "a\nb\tc" and escape_controls("a\nb", one_line=True) == "a\\x0ab"
+
+
+# --- secrets by shape ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("http://tok-1@h:8/v1", "http://***@h:8/v1"),
+    ("https://u:pw@h/v1", "https://***@h/v1"),
+    ("see http://tok-1@h:8 and https://a:b@c/x", "see http://***@h:8 and https://***@c/x"),
+    ("http://h:8/v1?api_key=k-1&x=1", "http://h:8/v1?api_key=***&x=1"),
+    ("http://h/v1?a=1&ACCESS_TOKEN=k-1", "http://h/v1?a=1&ACCESS_TOKEN=***"),
+    ("https://b.s3/o?X-Amz-Date=1&X-Amz-Signature=k-1", "https://b.s3/o?X-Amz-Date=1&X-Amz-Signature=***"),
+    ("http://h/?auth=k-1;password=p", "http://h/?auth=***;password=***"),
+    ("Authorization: Bearer k-1", "Authorization: Bearer ***"),
+    ("authorization: basic dTpw", "authorization: basic ***"),
+    ("-H 'Bearer sk-12345678'", "-H 'Bearer ***'"),
+    ("A=1 MY_API_KEY=k-1 srv", "A=1 MY_API_KEY=*** srv"),
+])
+def test_secrets_by_shape_are_hidden_in_text(text, want):
+    assert redact_text(text) == want
+
+
+@pytest.mark.parametrize("text", [
+    "user@example.com", "http://h:8/v1?max_tokens=5&n=2", "max_tokens=12", "the bearer of news",
+    "Basic usage: harvest run job.toml", "http://h:8/v1/models", "n_tokens = 4",
+])
+def test_look_alikes_of_secret_shapes_are_kept(text):
+    assert redact_text(text) == text
+
+
+def test_bearer_values_and_secret_assignments_are_hidden_whatever_the_name():
+    env = {"AUTH_HEADER": "Bearer k-1", "X": "basic dTpw", "NOTE": "Basic usage here", "P": "http://t@h"}
+    assert redact_env(env) == \
+        {"AUTH_HEADER": "***", "X": "***", "NOTE": "Basic usage here", "P": "http://***@h"}
+    assert redact_argv(["env", "MY_API_KEY=k-1", "AUTH=Bearer k-1", "PATH=/bin", "srv"]) == \
+        ("env", "MY_API_KEY=***", "AUTH=***", "PATH=/bin", "srv")
+    assert redact_doc({"command": ["env", "HF_TOKEN=k-1"], "h": "Bearer k-1", "u": "http://t@h/?token=k"}) == \
+        {"command": ["env", "HF_TOKEN=***"], "h": "***", "u": "http://***@h/?token=***"}
+
+
+@pytest.mark.parametrize("command", [["env", "MY_API_KEY=sv-Q1", "srv"], ["sh", "-c", "A=1 HF_TOKEN=sv-Q1 srv"],
+                                     ["env", "AUTH=Bearer sv-Q1", "srv"]])
+def test_a_secret_assignment_in_command_or_extra_args_is_refused_naming_the_variable(command):
+    for field, table in (("command", {"engine": "command", "command": command, "health_url": "http://x/h"}),
+                         ("extra_args", {"engine": "vllm", "model": "m", "extra_args": command[1:]})):
+        with pytest.raises(ConfigError) as exc:
+            parse_config({"server": table}, source="job.toml")
+        text = str(exc.value)
+        assert f"job.toml [server] {field}: `{field}` sets " in text and "[server.env]" in text, text
+        assert "sv-Q1" not in text
+
+
+def test_console_log_records_hide_secrets_by_shape_and_show_controls_escaped():
+    import logging
+
+    from harvest.cli.live import ShownFilter
+
+    record = logging.LogRecord("x", logging.WARNING, __file__, 1, "endpoint %s is sick: %s", ("http://tok@h:1",
+                               "\x1b]52;c;eA==\x07 Bearer sk-12345678"), None)
+    assert ShownFilter().filter(record)
+    assert record.getMessage() == "endpoint http://***@h:1 is sick: \\x1b]52;c;eA==\\x07 Bearer ***"

@@ -69,18 +69,29 @@ def check_path_text(value: str) -> str:
     return value
 
 
-def secret_flag_problem(argv: list[str], field: str) -> str | None:
-    """Why ``argv`` may not hold a secret-looking flag (see :data:`harvest.redact.SECRET_FLAG`):
-    every user on the machine reads a process's argv in /proc/PID/cmdline."""
-    from harvest.redact import SECRET_FLAG
+def secret_flag_problem(argv: list[str], field: str, engine: str | None = None) -> str | None:
+    """Why ``argv`` may not hold a secret-looking flag (see :data:`harvest.redact.SECRET_FLAG`),
+    in any spelling ``engine``'s parser reads as one (:mod:`harvest.engine_flags`; without a known
+    engine, conservatively): every user on the machine reads a process's argv in /proc/PID/cmdline."""
+    from harvest.engine_flags import argv_problem
 
-    for arg in argv:
-        flag = arg.partition("=")[0]
-        if SECRET_FLAG.match(flag):
-            return (f"`{field}` holds {flag}: every user of this machine can read a server's command line "
-                    f"(/proc/PID/cmdline). Pass an API key with `api_key_env` (the name of an environment "
-                    f"variable holding it), and other secrets as environment variables in [server.env] "
-                    f"(e.g. HF_TOKEN)")
+    return argv_problem(engine, argv, field, binds=False)
+
+
+def public_host_problem(host: str, engine: str, api_key_env: str | None, shown: str | None = None) -> str | None:
+    """Why serving on ``host`` is refused (``shown`` says where the address was written, default
+    ``host = '...'``): a non-loopback address needs an API key (``api_key_env``), and an engine that
+    takes no key never gets one. None: allowed."""
+    if is_loopback(host):
+        return None
+    where = shown or f"host = {host!r}"
+    if engine in KEYLESS_ENGINES:
+        return (f"{where} is not a loopback address, and engine '{engine}' takes no API key: "
+                f"bind it to a loopback address (e.g. 127.0.0.1)")
+    if not api_key_env:
+        return (f"{where} is not a loopback address: serving it needs an API key (set "
+                f"`api_key_env` to the environment variable holding it), or bind a loopback address "
+                f"(e.g. 127.0.0.1)")
     return None
 
 
@@ -194,19 +205,22 @@ class ServerConfig(_Model):
     @field_validator("extra_args", "command")
     @classmethod
     def _no_secret_flags(cls, v: list[str], info: Any) -> list[str]:
-        problem = secret_flag_problem(v, info.field_name)
+        # extra_args go to the engine's own parser, read as it reads them; `command` is the argv
+        # of a program harvest does not know (or llama-server's path): read conservatively.
+        engine = info.data.get("engine") if info.field_name == "extra_args" else None
+        problem = secret_flag_problem(v, info.field_name, engine)
         if problem:
             raise ValueError(problem)
         return v
 
     @field_validator("extra_args")
     @classmethod
-    def _no_bind_flags(cls, v: list[str]) -> list[str]:
-        for arg in v:
-            flag = arg.partition("=")[0]
-            if flag in ("--host", "--port"):
-                raise ValueError(f"`extra_args` holds {flag}: set [server] {flag[2:]} instead (harvest checks "
-                                 f"the address there: a non-loopback host needs `api_key_env`)")
+    def _no_bind_flags(cls, v: list[str], info: Any) -> list[str]:
+        from harvest.engine_flags import argv_problem
+
+        problem = argv_problem(info.data.get("engine"), v, "extra_args", binds=True)
+        if problem:
+            raise ValueError(problem)
         return v
 
     @field_validator("gpus")
@@ -216,6 +230,16 @@ class ServerConfig(_Model):
             raise ValueError("GPU indices must be >= 0")
         if len(set(v)) != len(v):
             raise ValueError(f"GPU indices repeat: {v}")
+        return v
+
+    @field_validator("extra_args", "command")
+    @classmethod
+    def _no_secret_assignments(cls, v: list[str], info: Any) -> list[str]:
+        from harvest.redact import secret_assignment_problem
+
+        problem = secret_assignment_problem(v, info.field_name)
+        if problem:
+            raise ValueError(problem)
         return v
 
     @model_validator(mode="after")
@@ -229,16 +253,25 @@ class ServerConfig(_Model):
         _engine_values(self)
         if self.gpus and self.tp > len(self.gpus):
             raise ValueError(f"tp = {self.tp} needs at least {self.tp} GPUs, `gpus` lists {len(self.gpus)}")
-        if self.launched and not is_loopback(self.host):
-            if self.engine in KEYLESS_ENGINES:
-                raise ValueError(f"host = {self.host!r} is not a loopback address, and engine "
-                                 f"'{self.engine}' takes no API key: bind it to a loopback address "
-                                 f"(e.g. 127.0.0.1)")
-            if not self.api_key_env:
-                raise ValueError(f"host = {self.host!r} is not a loopback address: serving it needs an API "
-                                 f"key (set `api_key_env` to the environment variable holding it), or bind "
-                                 f"a loopback address (e.g. 127.0.0.1)")
+        if self.launched:
+            problem = public_host_problem(self.host, self.engine, self.api_key_env)
+            if problem:
+                raise ValueError(problem)
+            self._command_hosts()
         return self
+
+    def _command_hosts(self) -> None:
+        """A host written into ``command`` (``--host 0.0.0.0``, ``--hos=::``; read conservatively,
+        :func:`harvest.engine_flags.read_conservatively`) answers to the rule of ``[server] host``."""
+        from harvest.engine_flags import host_values
+
+        for flag, value in host_values(self.command):
+            host = value.replace("{host}", self.host)
+            read = "" if flag == "--host" else " (read as --host)"
+            problem = public_host_problem(host, self.engine, self.api_key_env,
+                                          shown=f"`command` holds {flag} {host!r}{read}, and {host!r}")
+            if problem:
+                raise ValueError(problem)
 
     @property
     def launched(self) -> bool:
@@ -596,13 +629,13 @@ class HarvestConfig(_Model):
 
     @model_validator(mode="after")
     def _one_credential(self) -> HarvestConfig:
-        from harvest.redact import URL_PASSWORD, redact_text
+        from harvest.redact import URL_USER, redact_text
 
         if self.server is not None and self.server.api_key_env:
             for url in [self.server.base_url or "", *self.client.endpoints]:
-                if URL_PASSWORD.search(url):
-                    raise ValueError(f"{redact_text(url)} carries a password and [server] api_key_env names a "
-                                     f"key: give one credential (the key, through api_key_env)")
+                if URL_USER.search(url):  # a user part, with or without a password: basic auth
+                    raise ValueError(f"{redact_text(url)} carries a password (a user part) and [server] "
+                                     f"api_key_env names a key: give one credential (the key, through api_key_env)")
         return self
 
     @model_validator(mode="after")
@@ -640,13 +673,14 @@ def engine_logprobs_limit(server: ServerConfig | None) -> tuple[int, str] | None
     comes from; None when harvest knows of no limit (SGLang, llama-server, an unknown endpoint)."""
     if server is None or server.engine != "vllm":
         return None
+    from harvest.engine_flags import readings
+
     args = list(server.extra_args)
-    for i, arg in enumerate(args):
-        value = None
-        if arg == "--max-logprobs" and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith("--max-logprobs="):
-            value = arg.split("=", 1)[1]
+    for i, reading in reversed(readings("vllm", args)):  # the last one wins, as in vLLM's parser
+        if reading.candidates != ("--max-logprobs",):  # in any spelling vLLM reads as it (--max-logp)
+            continue
+        value = reading.inline_value if reading.inline_value is not None else (
+            args[i + 1] if i + 1 < len(args) else None)
         if value is not None:
             with contextlib.suppress(ValueError):
                 return int(value), f"vLLM allows: its max_logprobs is {int(value)} ([server] extra_args --max-logprobs)"
@@ -809,5 +843,6 @@ __all__ = [
     "ServerConfig",
     "is_loopback",
     "load_config",
+    "public_host_problem",
     "parse_config",
 ]

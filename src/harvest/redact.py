@@ -3,6 +3,16 @@
 Keys travel the documented way (``api_key_env`` names an environment variable), but users also
 paste ``--api-key sk-...`` into ``extra_args`` or an ``HF_TOKEN`` into ``[server.env]``. Whatever
 harvest records of a command line or a config passes through here first.
+
+Secrets are found by name and by shape. By name: a secret flag's value, a secret-named variable's
+value (``HF_TOKEN``, ``MY_API_KEY=...`` as an argument). By shape, whatever the name: a URL's user
+part, with or without a password (``http://TOKEN@host`` and ``http://u:pw@host`` both show as
+``http://***@host``: the user part may itself be the token), a query parameter whose name holds
+``key``, ``token``, ``secret``, ``auth``, ``password``/``passwd``, ``signature`` or ``credential``
+(``?api_key=***``, ``&X-Amz-Signature=***``), and a ``Bearer``/``Basic`` credential (a variable
+whose value is the scheme and one token is hidden whole; in text the token after ``Bearer`` or after
+``Authorization: Basic``). Only what is shown or recorded is redacted: the request and the process
+launch use the values as given.
 """
 
 from __future__ import annotations
@@ -23,14 +33,71 @@ SECRET_FLAG = re.compile(r"^(--?[\w-]*(key|token|secret|passw(or)?d|credentials?
 SECRET_ENV = re.compile(r"(KEY|TOKEN|SECRET|PASSW(OR)?D|CREDENTIALS?)$", re.IGNORECASE)
 #: ``scheme://user:password@host``: the password part.
 URL_PASSWORD = re.compile(r"(\w+://[^/\s:@]*:)([^/\s@]+)(@)")
+#: ``scheme://userinfo@host``: the user part, with or without a password (a token as the user).
+URL_USER = re.compile(r"(\w+://)([^/\s@?#'\"<>]+)(@)")
+#: A query parameter whose name looks like a credential: ``?api_key=``, ``&access_token=``,
+#: ``&X-Amz-Signature=``, ``;auth=`` (any case, the word anywhere in the name; ``max_tokens`` is
+#: a count, not a token): its value.
+QUERY_SECRET = re.compile(r"([?&;][^=&#\s?;'\"<>]*(?:key|token(?!s)|secret|auth|passw(?:or)?d|signature|credential)"
+                          r"[^=&#\s?;'\"<>]*=)([^&#\s;'\"<>]+)", re.IGNORECASE)
+#: A value that is an HTTP credential whatever its name: ``Bearer <token>``, ``Basic <token>``.
+AUTH_VALUE = re.compile(r"^\s*(bearer|basic)\s+[\w.~+/=:-]+\s*$", re.IGNORECASE)
+#: ``Authorization: Bearer|Basic <token>`` anywhere in text, and ``Bearer <token>`` (the word as
+#: a scheme is spelled, a token of 8 or more token characters): the token.
+_AUTH_IN_TEXT = re.compile(r"((?i:\bauthorization['\"]?\s*[:=,]\s*['\"]?(?:bearer|basic)\s+)(?!\*\*\*)"
+                           r"(?=[^\s'\",)\]}])|\b(?:Bearer|BEARER|bearer(?=\s+\S*\d))\s+(?=[\w.~+/=-]{8}))"
+                           r"([^\s'\",)\]}]+)")
+#: ``NAME=VALUE`` as one argument (``env MY_API_KEY=...``, ``sh -c 'HF_TOKEN=... srv'``): the name.
+_ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.DOTALL)
+#: ``NAME=VALUE`` with a secret name inside text (``sh -c 'A=1 MY_API_KEY=... srv'``): the value.
+_ASSIGNMENT_IN_TEXT = re.compile(r"((?<![\w.$-])[A-Za-z_]\w*(?:key|token|secret|passw(?:or)?d|credentials?)=)"
+                                 r"(?!None\b|\*\*\*)([^\s'\";&|,)]+)", re.IGNORECASE)
 
 
 def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
-    """``text`` with every known secret and every URL password replaced by ``***``."""
+    """``text`` with every known secret, every URL user part (password included), every
+    credential-named query parameter and every ``Bearer`` token replaced by ``***``."""
     for s in secrets:
         if s:
             text = text.replace(s, REDACTED)
-    return URL_PASSWORD.sub(lambda m: m.group(1) + REDACTED + m.group(3), text)
+    text = URL_USER.sub(lambda m: m.group(1) + REDACTED + m.group(3), text)
+    text = QUERY_SECRET.sub(lambda m: m.group(1) + REDACTED, text)
+    text = _ASSIGNMENT_IN_TEXT.sub(lambda m: m.group(1) + REDACTED, text)
+    return _AUTH_IN_TEXT.sub(lambda m: m.group(1) + REDACTED, text)
+
+
+def is_secret_variable(name: str, value: str) -> bool:
+    """Whether the variable ``name=value`` holds a secret: a secret name (:data:`SECRET_ENV`) or a
+    value that is an HTTP credential (``Bearer ...``, ``Basic ...``), whatever the name."""
+    return bool(SECRET_ENV.search(name) or AUTH_VALUE.match(value))
+
+
+def secret_assignment(arg: str) -> str | None:
+    """The variable name when the argument ``arg`` is ``NAME=VALUE`` holding a secret
+    (``MY_API_KEY=...``, ``AUTH=Bearer ...``), else None."""
+    m = _ASSIGNMENT.match(arg)
+    if m is None or not m.group(2) or not is_secret_variable(m.group(1), m.group(2)):
+        return None
+    return m.group(1)
+
+
+def secret_assignment_problem(argv: Sequence[str], field: str) -> str | None:
+    """Why ``argv`` may not hold ``NAME=VALUE`` with a secret (``env MY_API_KEY=...``, ``sh -c
+    'HF_TOKEN=... srv'``): every user of the machine reads a process's argv in /proc/PID/cmdline,
+    the launcher's (``env``, a shell) included. The message names the variable, never the value."""
+    for arg in argv:
+        for word in [arg, *arg.split()]:
+            name = secret_assignment(word.strip("'\""))
+            if name is not None:
+                return (f"`{field}` sets {name} on the command line: every user of this machine can read a "
+                        f"server's command line (/proc/PID/cmdline). Set {name} in [server.env] instead "
+                        f"(the engine's environment), or pass an API key with `api_key_env`")
+    return None
+
+
+def secret_env_values(env: Mapping[str, str]) -> list[str]:
+    """The values of the variables in ``env`` that hold secrets (see :func:`is_secret_variable`)."""
+    return [v for k, v in env.items() if v and is_secret_variable(k, v)]
 
 
 def redact_argv(argv: Sequence[str], secrets: Sequence[str] = ()) -> tuple[str, ...]:
@@ -53,25 +120,32 @@ def redact_argv(argv: Sequence[str], secrets: Sequence[str] = ()) -> tuple[str, 
                 hide_next = True
         elif arg in known:
             out.append(REDACTED)
+        elif (name := secret_assignment(arg)) is not None:
+            out.append(name + "=" + REDACTED)
         else:
             out.append(redact_text(arg, known))
     return tuple(out)
 
 
 def redact_env(env: Mapping[str, str], secrets: Sequence[str] = ()) -> dict[str, str]:
-    """Environment variables fit to record: values of secret-named variables become ``***``."""
-    return {k: REDACTED if SECRET_ENV.search(k) else redact_text(v, secrets) for k, v in env.items()}
+    """Environment variables fit to record: values of secret-named variables and values that are
+    HTTP credentials (``Bearer ...``, ``Basic ...``) become ``***``; the rest lose URL secrets."""
+    return {k: REDACTED if is_secret_variable(k, v) else redact_text(v, secrets) for k, v in env.items()}
 
 
 def redact_doc(value: Any, secrets: Sequence[str] = ()) -> Any:
     """A JSON-like document fit to record: URL passwords (and known secrets) in every string, keys
     included, become ``***``, and so do the values of secret-named keys (``HF_TOKEN``, ``api_key``;
-    ``runtime_env.env_vars`` of a Ray cluster, ``[server.env]``)."""
+    ``runtime_env.env_vars`` of a Ray cluster, ``[server.env]``), string values that are HTTP
+    credentials (``Bearer ...``) and ``NAME=VALUE`` strings holding a secret (an argv element)."""
     if isinstance(value, str):
-        return redact_text(value, secrets)
+        if AUTH_VALUE.match(value):
+            return REDACTED
+        name = secret_assignment(value)
+        return name + "=" + REDACTED if name is not None else redact_text(value, secrets)
     if isinstance(value, Mapping):
         return {redact_text(str(k), secrets) if isinstance(k, str) else k:
-                (REDACTED if isinstance(k, str) and SECRET_ENV.search(k) and isinstance(v, str) and v
+                (REDACTED if isinstance(k, str) and isinstance(v, str) and v and is_secret_variable(k, v)
                  else redact_doc(v, secrets))
                 for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -115,5 +189,7 @@ def redact_server_settings(server: Mapping[str, Any], secrets: Sequence[str] = (
     return out
 
 
-__all__ = ["REDACTED", "SECRET_ENV", "SECRET_FLAG", "escape_controls", "redact_argv", "redact_doc", "redact_env",
-           "redact_server_settings", "redact_text", "safe_line"]
+__all__ = ["AUTH_VALUE", "QUERY_SECRET", "REDACTED", "SECRET_ENV", "SECRET_FLAG", "URL_PASSWORD", "URL_USER",
+           "escape_controls", "is_secret_variable", "redact_argv", "redact_doc", "redact_env", "redact_server_settings",
+           "redact_text", "safe_line", "secret_assignment", "secret_assignment_problem",
+           "secret_env_values"]

@@ -9,9 +9,21 @@ harvest usually runs as root on a shared GPU box, and users point it at folders 
   An existing folder is never chmod-ed; a folder harvest creates is created 0700. A symlink as
   the folder itself is accepted only when the user owns the link (as ``fs.protected_symlinks``
   does in sticky folders); the folder it points to must pass the same check.
-- Files in them are opened without following symlinks (``O_NOFOLLOW``); an existing file must be
-  a regular file owned by the user, with one link. New files are created ``O_EXCL`` 0600, and a
-  replacement is a temp file created ``O_EXCL`` then renamed over the old one.
+- Every parent of such a folder, up to ``/``, must be the user's or root's, and not writable by
+  group or others unless sticky (``/tmp`` is fine): otherwise another user could rename the folder
+  away and put a symlink in its place between two uses. The check walks ``..`` from the folder
+  itself, so it sees the folders it really sits in.
+- A folder is held: opened once (``O_DIRECTORY | O_NOFOLLOW``) and checked on its descriptor, then
+  every file in it is created, opened, renamed, ``fchmod``-ed and ``lstat``-ed relative to that
+  descriptor (:class:`Folder`), never again by the folder's name.
+- Files in them are opened without following symlinks (``O_NOFOLLOW``) and without ``O_TRUNC``;
+  an existing file must be a regular file owned by the user, with one link, checked on the open
+  descriptor before anything (``ftruncate`` included) changes it. New files are created
+  ``O_EXCL`` 0600, and a replacement is a temp file created ``O_EXCL`` in the held folder,
+  ``fchmod``-ed through its descriptor, then renamed over the old one relative to the folder.
+- An explicit output folder (``export -o``, ``report -o``) may be root's or a sticky shared one
+  such as ``/tmp``, but never one another user owns or can rename things in; missing ones are
+  created 0700.
 - The ledger (and its ``-wal``, ``-shm`` and lock) is ``lstat``-ed before SQLite opens it.
 
 A refusal is :class:`UnsafePathError`, naming the path and what is wrong with it. This module
@@ -25,7 +37,9 @@ import contextlib
 import errno
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
+from typing import Self
 
 from harvest.errors import UnsafePathError
 
@@ -44,52 +58,371 @@ def _who(uid: int) -> str:
         return f"uid {uid}"
 
 
-def check_dir(path: Path | str) -> Path:
-    """Raise :class:`UnsafePathError` unless ``path`` is a folder owned by this user and not
-    writable by group or others (a symlink to one is accepted when this user owns the link)."""
-    path = Path(path)
+def _folder_stat_problem(st: os.stat_result) -> str | None:
+    """What makes a folder harvest writes in unsafe (``None``: nothing)."""
     uid = os.geteuid()
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a folder"
+    if st.st_uid != uid:
+        return f"is owned by {_who(st.st_uid)}, not by {_who(uid)} who runs harvest; use a folder of your own"
+    if st.st_mode & 0o022:
+        who = " and ".join(w for w, bit in (("group", 0o020), ("others", 0o002)) if st.st_mode & bit)
+        return (f"is writable by {who} (mode {stat.S_IMODE(st.st_mode):04o}); harvest does not change it: "
+                f"use a folder only you can write to (e.g. a new one, created 0700)")
+    return None
+
+
+def _parent_problem(st: os.stat_result) -> str | None:
+    """What lets another user rename a folder's entry away (``None``: nothing): a parent another
+    user owns, or one that group or others can write to without the sticky bit."""
+    uid = os.geteuid()
+    if st.st_uid not in (uid, 0):
+        return (f"is owned by {_who(st.st_uid)}: that user can rename the folders in it; "
+                f"use a folder whose parents are yours or root's")
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        who = " and ".join(w for w, bit in (("group", 0o020), ("others", 0o002)) if st.st_mode & bit)
+        return (f"is writable by {who} without the sticky bit (mode {stat.S_IMODE(st.st_mode):04o}): "
+                f"they can rename the folders in it; use a folder whose parents only you (or root) can write")
+    return None
+
+
+def _fd_name(fd: int, fallback: Path) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return str(fallback)
+
+
+def _check_parents(fd: int, path: Path) -> None:
+    """Walk ``..`` from the held folder up to ``/`` (the folders it really sits in, whatever links
+    led to it) and refuse any that another user could rename it out of."""
+    cur = os.dup(fd)
+    shown = path
+    try:
+        while True:
+            st = os.fstat(cur)
+            parent = os.open("..", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=cur)
+            os.close(cur)
+            cur = parent
+            pst = os.fstat(cur)
+            if (pst.st_dev, pst.st_ino) == (st.st_dev, st.st_ino):
+                return  # "/": its own parent
+            shown = shown.parent
+            why = _parent_problem(pst)
+            if why is not None:
+                raise UnsafePathError(_fd_name(cur, shown), f"{why} (it holds {path})")
+    finally:
+        os.close(cur)
+
+
+class Folder:
+    """A folder held open (``O_DIRECTORY | O_NOFOLLOW``) once it passed its checks: every file in it
+    is created, opened, renamed and ``lstat``-ed relative to the held descriptor (``dir_fd``), so a
+    rename or a symlink swapped in for the folder's name afterwards changes nothing harvest does.
+
+    ``path`` is how the folder was named (for messages and records); :meth:`via` gives a path that
+    resolves through the descriptor, for APIs that need one (SQLite). Close it with :meth:`close`
+    (or ``with``); it is closed when garbage-collected too.
+    """
+
+    def __init__(self, fd: int, path: Path):
+        self.fd = fd
+        self.path = path
+
+    # --- holding ----------------------------------------------------------------------------------
+
+    @classmethod
+    def hold(cls, path: Path | str, *, create: bool = False, strict: bool = True) -> Folder:
+        """Hold ``path``: a folder of this user's own, not writable by group or others, none of whose
+        parents up to ``/`` another user could rename it out of (see the module docstring).
+
+        ``create``: make it (and missing parents) 0700 when absent, whatever the umask. ``strict``
+        False is for an explicit output folder (``export -o``, ``report -o``): it may also be root's
+        or a sticky shared folder such as ``/tmp``; only its parents' rule and "no other user's
+        folder, nor one another user can rename things in" apply to it.
+        """
+        path = Path(os.path.abspath(path))
+        fd = _open_dir(path, create)
+        try:
+            st = os.fstat(fd)
+            why = _folder_stat_problem(st) if strict else _parent_problem(st)
+            if why is not None:
+                raise UnsafePathError(path, why)
+            _check_parents(fd, path)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(fd, path)
+
+    def subfolder(self, name: str, *, create: bool = True) -> Folder:
+        """The folder ``name`` inside this one, held the same way (created 0700 when absent)."""
+        made = False
+        if create:
+            try:
+                os.mkdir(name, DIR_MODE, dir_fd=self.fd)
+                made = True
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                raise UnsafePathError(self.path / name, f"cannot be created: {exc.strerror or exc}") from None
+        fd = _open_nofollow_dir(self.path / name, name, self.fd)
+        try:
+            if made:
+                os.fchmod(fd, DIR_MODE)  # ours, new: mkdir's mode went through the umask
+            why = _folder_stat_problem(os.fstat(fd))
+            if why is not None:
+                raise UnsafePathError(self.path / name, why)
+        except BaseException:
+            os.close(fd)
+            raise
+        return Folder(fd, self.path / name)
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+    def __repr__(self) -> str:
+        return f"Folder({str(self.path)!r}, fd={self.fd})"
+
+    # --- files in it ------------------------------------------------------------------------------
+
+    def via(self, name: str = "") -> str:
+        """A path to ``name`` that resolves through the held descriptor, not through the folder's
+        name (for SQLite and other APIs that take a path)."""
+        return f"/proc/self/fd/{self.fd}/{name}" if name else f"/proc/self/fd/{self.fd}"
+
+    def lstat(self, name: str) -> os.stat_result | None:
+        """``lstat`` of ``name`` in the folder (``None`` when absent); nothing is followed."""
+        try:
+            return os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise UnsafePathError(self.path / name, f"cannot be examined: {exc.strerror or exc}") from None
+
+    def exists(self, name: str) -> bool:
+        return self.lstat(name) is not None
+
+    def check_file(self, name: str) -> bool:
+        """Whether ``name`` exists; refuse it unless it is this user's own regular file, one link."""
+        st = self.lstat(name)
+        if st is None:
+            return False
+        _check_stat(self.path / name, st, lambda: self._readlink(name))
+        return True
+
+    def _readlink(self, name: str) -> str:
+        try:
+            return os.readlink(name, dir_fd=self.fd)
+        except OSError:
+            return "?"
+
+    def open(self, name: str, flags: int, mode: int = FILE_MODE) -> int:
+        """``os.open`` of ``name`` relative to the folder, never following a symlink. The file must be
+        this user's own regular file with one link, checked on the open descriptor *before* anything
+        changes it: ``O_TRUNC`` is applied (``ftruncate``) only after the checks passed. A file
+        created here gets ``mode`` (0600) whatever the umask."""
+        shown = self.path / name
+        try:
+            fd = os.open(name, (flags & ~os.O_TRUNC) | _NOFOLLOW, mode, dir_fd=self.fd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise UnsafePathError(shown, f"is a symlink (to {self._readlink(name)}); harvest does not "
+                                             f"follow links in its folders") from None
+            raise
+        try:
+            st = os.fstat(fd)
+            _check_stat(shown, st, lambda: self._readlink(name))
+            if flags & os.O_CREAT and stat.S_IMODE(st.st_mode) & 0o077:
+                os.fchmod(fd, FILE_MODE)  # created by us under a loose umask, or an old file of ours
+            if flags & os.O_TRUNC:
+                os.ftruncate(fd, 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def open_text(self, name: str, mode: str = "w", *, encoding: str = "utf-8", newline: str | None = None):
+        """A file handle (``"w"``, ``"a"``, ``"r"``, each with ``"b"`` too) opened through :meth:`open`."""
+        fd = self.open(name, _TEXT_FLAGS[mode.replace("b", "")])
+        try:
+            if "b" in mode:
+                return os.fdopen(fd, mode)
+            return os.fdopen(fd, mode, encoding=encoding, newline=newline)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def read_text(self, name: str, encoding: str = "utf-8") -> str:
+        """The text of this user's own regular file ``name`` (no symlink followed)."""
+        with self.open_text(name, "r", encoding=encoding) as fh:
+            return fh.read()
+
+    def temp(self, name: str) -> tuple[str, int]:
+        """A new 0600 file beside ``name`` (created ``O_EXCL`` in the held folder): its name and
+        descriptor, for :meth:`replace`."""
+        for n in range(100):
+            tmp = f".{name}.{os.getpid()}.{n}.tmp"
+            try:
+                fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW, FILE_MODE, dir_fd=self.fd)
+            except FileExistsError:
+                continue
+            os.fchmod(fd, FILE_MODE)
+            return tmp, fd
+        raise UnsafePathError(self.path / name, "no free temporary name beside it")
+
+    def replace(self, tmp: str, name: str) -> None:
+        """Rename ``tmp`` over ``name`` in the folder; an existing ``name`` must be this user's own
+        file (a symlink there would be replaced, never followed, but it is refused so the plant is
+        reported)."""
+        self.check_file(name)
+        os.replace(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+
+    def unlink(self, name: str) -> None:
+        """Remove ``name`` from the folder (absent: nothing to do)."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=self.fd)
+
+    def write_atomic(self, name: str, data: str | bytes, *, encoding: str = "utf-8", fsync: bool = True) -> Path:
+        """Replace ``name`` with ``data`` atomically: a temp file created ``O_EXCL`` 0600, renamed."""
+        self.check_file(name)
+        tmp, fd = self.temp(name)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data.encode(encoding) if isinstance(data, str) else data)
+                fh.flush()
+                if fsync:
+                    os.fsync(fh.fileno())
+            self.replace(tmp, name)
+        except BaseException:
+            self.unlink(tmp)
+            raise
+        return self.path / name
+
+    def write_new(self, name: str, data: str | bytes, *, encoding: str = "utf-8") -> Path:
+        """Create ``name`` (``O_EXCL``, 0600) holding ``data``; an existing one is an error."""
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, FILE_MODE, dir_fd=self.fd)
+        with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), FILE_MODE)
+            fh.write(data.encode(encoding) if isinstance(data, str) else data)
+        return self.path / name
+
+
+_TEXT_FLAGS = {"w": os.O_WRONLY | os.O_CREAT | os.O_TRUNC, "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+               "r": os.O_RDONLY}
+
+
+def _open_nofollow_dir(shown: Path, name: str | Path, dir_fd: int | None = None) -> int:
+    try:
+        return os.open(name, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW, dir_fd=dir_fd)
+    except FileNotFoundError:
+        raise UnsafePathError(shown, "does not exist") from None
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            try:
+                if stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+                    raise UnsafePathError(shown, "is a symlink; harvest does not follow links in its folders") from None
+            except OSError:
+                pass
+            raise UnsafePathError(shown, "is not a folder") from None
+        raise UnsafePathError(shown, f"cannot be opened: {exc.strerror or exc}") from None
+
+
+def _open_dir(path: Path, create: bool) -> int:
+    """A descriptor of the folder ``path`` (made 0700 with its missing parents when ``create``). A
+    symlink as the folder itself is followed only when this user owns the link."""
+    if create:
+        _make_missing(path)
     try:
         st = os.lstat(path)
-        if stat.S_ISLNK(st.st_mode):
-            if st.st_uid != uid:
-                raise UnsafePathError(path, f"is a symlink owned by {_who(st.st_uid)}, not by {_who(uid)}")
-            st = os.stat(path)
     except FileNotFoundError:
         raise UnsafePathError(path, "does not exist") from None
     except OSError as exc:
         raise UnsafePathError(path, f"cannot be examined: {exc.strerror or exc}") from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise UnsafePathError(path, "is not a folder")
+    if not stat.S_ISLNK(st.st_mode):
+        return _open_nofollow_dir(path, path)
+    uid = os.geteuid()
     if st.st_uid != uid:
-        raise UnsafePathError(path, f"is owned by {_who(st.st_uid)}, not by {_who(uid)} who runs harvest; "
-                                    f"use a folder of your own")
-    if st.st_mode & 0o022:
-        who = " and ".join(w for w, bit in (("group", 0o020), ("others", 0o002)) if st.st_mode & bit)
-        raise UnsafePathError(path, f"is writable by {who} "
-                                    f"(mode {stat.S_IMODE(st.st_mode):04o}); harvest does not change it: "
-                                    f"use a folder only you can write to (e.g. a new one, created 0700)")
-    return path
+        raise UnsafePathError(path, f"is a symlink owned by {_who(st.st_uid)}, not by {_who(uid)}")
+    try:  # the user's own link: hold what it resolves to (that folder is checked like any other)
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise UnsafePathError(path, "is a symlink to nothing") from None
+    except OSError as exc:
+        raise UnsafePathError(path, f"cannot be opened: {exc.strerror or exc}") from None
+
+
+def _make_missing(path: Path) -> None:
+    """Create the missing folders of ``path`` 0700 (each ``mkdir`` relative to its held parent, and
+    ``fchmod``-ed through its own descriptor: the umask changes nothing)."""
+    missing: list[str] = []
+    p = path
+    while not os.path.lexists(p) and p != p.parent:
+        missing.append(p.name)
+        p = p.parent
+    if not missing:
+        return
+    try:
+        cur = os.open(p, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise UnsafePathError(p, f"cannot be opened: {exc.strerror or exc}") from None
+    try:
+        # The folder that exists must already be one nobody else can rename things in: refused here,
+        # before anything is created in it.
+        why = _parent_problem(os.fstat(cur))
+        if why is not None:
+            raise UnsafePathError(_fd_name(cur, p), f"{why} (it would hold {path})")
+        _check_parents(cur, p)
+        for name in reversed(missing):
+            p = p / name
+            made = False
+            try:
+                os.mkdir(name, DIR_MODE, dir_fd=cur)
+                made = True
+            except FileExistsError:
+                pass  # made meanwhile by someone: checked below like any existing folder
+            except OSError as exc:
+                raise UnsafePathError(p, f"cannot be created: {exc.strerror or exc}") from None
+            nxt = _open_nofollow_dir(p, name, cur)
+            os.close(cur)
+            cur = nxt
+            if made:
+                os.fchmod(cur, DIR_MODE)
+            elif p != path:
+                why = _folder_stat_problem(os.fstat(cur))
+                if why is not None:
+                    raise UnsafePathError(p, why)
+    finally:
+        os.close(cur)
+
+
+def hold(path: Path | str, *, create: bool = False) -> Folder:
+    """:meth:`Folder.hold` (strict): a folder harvest writes its records in."""
+    return Folder.hold(path, create=create)
+
+
+def check_dir(path: Path | str) -> Path:
+    """Raise :class:`UnsafePathError` unless ``path`` is a folder :meth:`Folder.hold` accepts."""
+    with Folder.hold(path):
+        return Path(path)
 
 
 def ensure_dir(path: Path | str) -> Path:
     """``path`` as a safe folder: created 0700 when absent (missing parents too), else checked
-    with :func:`check_dir` (never chmod-ed)."""
-    path = Path(path)
-    missing: list[Path] = []
-    p = path
-    while not os.path.lexists(p) and p != p.parent:
-        missing.append(p)
-        p = p.parent
-    for folder in reversed(missing):  # the missing parents too: 0700, made by us
-        try:
-            os.mkdir(folder, DIR_MODE)
-            os.chmod(folder, DIR_MODE)  # mkdir's mode is filtered by the umask; this folder is ours, new
-        except FileExistsError:
-            pass  # made meanwhile by someone: the folder itself is checked below like any existing one
-        except OSError as exc:
-            raise UnsafePathError(folder, f"cannot be created: {exc.strerror or exc}") from None
-    return check_dir(path)
+    (never chmod-ed)."""
+    with Folder.hold(path, create=True):
+        return Path(path)
 
 
 def check_file(path: Path | str) -> bool:
@@ -102,13 +435,13 @@ def check_file(path: Path | str) -> bool:
         return False
     except OSError as exc:
         raise UnsafePathError(path, f"cannot be examined: {exc.strerror or exc}") from None
-    _check_stat(path, st)
+    _check_stat(path, st, lambda: _readlink(path))
     return True
 
 
-def _check_stat(path: Path, st: os.stat_result) -> None:
+def _check_stat(path: Path, st: os.stat_result, link: Callable[[], str]) -> None:
     if stat.S_ISLNK(st.st_mode):
-        raise UnsafePathError(path, f"is a symlink (to {_readlink(path)}); harvest does not follow links in "
+        raise UnsafePathError(path, f"is a symlink (to {link()}); harvest does not follow links in "
                                     f"its folders")
     if not stat.S_ISREG(st.st_mode):
         raise UnsafePathError(path, "is not a regular file")
@@ -125,39 +458,28 @@ def _readlink(path: Path) -> str:
         return "?"
 
 
+class _Loose(Folder):
+    """The folder of a path given to the path-level functions below: held as it is (no owner rule),
+    so that what follows happens in the one folder that was looked at."""
+
+    @classmethod
+    def of(cls, path: Path) -> _Loose:
+        fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # OSError as it comes
+        return cls(fd, path.parent)
+
+
 def open_fd(path: Path | str, flags: int, mode: int = FILE_MODE) -> int:
-    """``os.open`` that never follows a symlink and refuses a file that is not this user's own
-    regular file. With ``O_CREAT`` a new file gets ``mode`` (0600) from its first byte."""
+    """:meth:`Folder.open` of ``path`` in its folder, held as it is."""
     path = Path(path)
-    try:
-        fd = os.open(path, flags | _NOFOLLOW, mode)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise UnsafePathError(path, f"is a symlink (to {_readlink(path)}); harvest does not follow links "
-                                        f"in its folders") from None
-        raise
-    try:
-        _check_stat(path, os.fstat(fd))
-        if flags & os.O_CREAT and stat.S_IMODE(os.fstat(fd).st_mode) & 0o077:
-            os.fchmod(fd, FILE_MODE)  # created by us under a loose umask, or an old file of ours
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    with _Loose.of(path) as folder:
+        return folder.open(path.name, flags, mode)
 
 
 def open_text(path: Path | str, mode: str = "w", *, encoding: str = "utf-8", newline: str | None = None):
     """A text file handle (``"w"``, ``"a"`` or ``"r"``) opened through :func:`open_fd`."""
-    flags = {"w": os.O_WRONLY | os.O_CREAT | os.O_TRUNC, "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-             "r": os.O_RDONLY}[mode.replace("b", "")]
-    fd = open_fd(path, flags)
-    try:
-        if "b" in mode:
-            return os.fdopen(fd, mode)
-        return os.fdopen(fd, mode, encoding=encoding, newline=newline)
-    except BaseException:
-        os.close(fd)
-        raise
+    path = Path(path)
+    with _Loose.of(path) as folder:
+        return folder.open_text(path.name, mode, encoding=encoding, newline=newline)
 
 
 def read_text(path: Path | str, encoding: str = "utf-8") -> str:
@@ -166,54 +488,20 @@ def read_text(path: Path | str, encoding: str = "utf-8") -> str:
         return fh.read()
 
 
-def temp_beside(path: Path | str) -> tuple[Path, int]:
-    """A new 0600 file next to ``path`` (created ``O_EXCL``) and its descriptor, for an atomic
-    replace of ``path`` by :func:`replace`."""
-    path = Path(path)
-    for n in range(100):
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{n}.tmp")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, FILE_MODE)
-        except FileExistsError:
-            continue
-        os.fchmod(fd, FILE_MODE)
-        return tmp, fd
-    raise UnsafePathError(path, "no free temporary name beside it")
-
-
-def replace(tmp: Path | str, path: Path | str) -> None:
-    """Rename ``tmp`` over ``path``; an existing ``path`` must be this user's own file (a symlink
-    there is replaced by the rename, never followed, but it is refused so the plant is reported)."""
-    check_file(path)
-    os.replace(tmp, path)
-
-
 def write_atomic(path: Path | str, data: str | bytes, *, encoding: str = "utf-8", fsync: bool = True) -> Path:
-    """Replace ``path`` with ``data`` atomically: a temp file created ``O_EXCL`` 0600, then renamed."""
+    """Replace ``path`` with ``data`` atomically: a temp file created ``O_EXCL`` 0600 in the held
+    folder of ``path``, then renamed there."""
     path = Path(path)
-    check_file(path)
-    tmp, fd = temp_beside(path)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data.encode(encoding) if isinstance(data, str) else data)
-            fh.flush()
-            if fsync:
-                os.fsync(fh.fileno())
-        replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    with _Loose.of(path) as folder:
+        folder.write_atomic(path.name, data, encoding=encoding, fsync=fsync)
     return path
 
 
 def write_new(path: Path | str, data: str | bytes, *, encoding: str = "utf-8") -> Path:
     """Create ``path`` (``O_EXCL``, 0600) holding ``data``; an existing one is an error."""
     path = Path(path)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, FILE_MODE)
-    with os.fdopen(fd, "wb") as fh:
-        os.fchmod(fh.fileno(), FILE_MODE)
-        fh.write(data.encode(encoding) if isinstance(data, str) else data)
+    with _Loose.of(path) as folder:
+        folder.write_new(path.name, data, encoding=encoding)
     return path
 
 
@@ -238,17 +526,17 @@ def check_ledger(path: Path | str, lock: Path | str | None = None) -> None:
 __all__ = [
     "DIR_MODE",
     "FILE_MODE",
+    "Folder",
     "UnsafePathError",
     "check_dir",
     "check_file",
     "check_ledger",
     "check_no_links",
     "ensure_dir",
+    "hold",
     "open_fd",
     "open_text",
     "read_text",
-    "replace",
-    "temp_beside",
     "write_atomic",
     "write_new",
 ]

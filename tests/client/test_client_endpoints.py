@@ -119,3 +119,13 @@ def test_affinity_respects_the_auto_limits():
         take(pool, "same")
     assert a.outstanding == 2 and b.outstanding == 2
     assert pool.choose("same") is None  # both at their limit
+
+
+def test_a_query_in_a_base_url_stays_after_every_path_harvest_appends():
+    from harvest.client.endpoints import endpoint_url
+
+    base = normalize_url("http://h:8/v1/?api_key=K&x=1")
+    assert base == "http://h:8?api_key=K&x=1"
+    assert endpoint_url(base, "/v1/chat/completions") == "http://h:8/v1/chat/completions?api_key=K&x=1"
+    assert endpoint_url(base, "/metrics?name=a") == "http://h:8/metrics?name=a&api_key=K&x=1"
+    assert endpoint_url(normalize_url("http://h:8/v1"), "/health") == "http://h:8/health"

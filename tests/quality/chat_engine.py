@@ -94,9 +94,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_GET(self) -> None:
-        if self.path == "/health":
+        if self.path.partition("?")[0] == "/health":  # a health URL may carry a query (a token)
             self._send(200, {"status": "ok"})
-        elif self.path == "/v1/models":
+        elif self.path.partition("?")[0] == "/v1/models":
             if args.models_status:
                 time.sleep(args.models_delay)
                 self._send(args.models_status, {"detail": "Internal Server Error"})
@@ -108,7 +108,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = json.loads(self.rfile.read(length) or b"{}")
-        if self.path != "/v1/chat/completions":
+        if self.path.partition("?")[0] != "/v1/chat/completions":
             self._send(404, {"error": "not found"})
             return
         messages = body.get("messages") or []

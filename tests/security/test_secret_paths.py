@@ -125,8 +125,8 @@ def test_url_passwords_are_redacted_in_every_record_page_and_console_line(tmp_pa
         conn = sqlite3.connect(f"file:{run_dir / 'ledger.sqlite'}?mode=ro", uri=True)
         job_meta = json.loads(conn.execute("SELECT value FROM meta WHERE key = 'job'").fetchone()[0])
         conn.close()
-        assert job_meta["server"]["base_url"] == f"http://harv:***@127.0.0.1:{port}/v1", job_meta["server"]
-        assert job_meta["client"]["endpoints"] == [f"http://harv:***@localhost:{port}/v1"]
+        assert job_meta["server"]["base_url"] == f"http://***@127.0.0.1:{port}/v1", job_meta["server"]
+        assert job_meta["client"]["endpoints"] == [f"http://***@localhost:{port}/v1"]
         for pw in (pw1, pw2):
             assert assert_nowhere(pw, [run_dir, tmp_path / "state"], outputs) >= 6
     finally:

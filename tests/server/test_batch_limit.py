@@ -23,6 +23,12 @@ def cfg(engine: str, **fields) -> ServerConfig:
     (cfg("sglang", max_running_requests=200), 200),
     (cfg("llamacpp"), 4),
     (cfg("llamacpp", extra_args=["-np", "16"]), 16),
+    # read as the engine's parser reads it: a prefix (vLLM, SGLang), '_' for '-' (vLLM, llama.cpp)
+    (cfg("vllm", extra_args=["--max-num-se", "96"]), 96),
+    (cfg("vllm", extra_args=["--max_num_seqs=72"]), 72),
+    (cfg("sglang", extra_args=["--max-running=24"]), 24),
+    (cfg("llamacpp", extra_args=["--parallel", "6"]), 6),
+    (cfg("llamacpp", extra_args=["--parallel=6"]), 4),  # llama-server takes no --flag=value
     (cfg("transformers"), 1024),
 ])
 def test_batch_limit_by_engine_and_flags(config, limit):

@@ -37,14 +37,15 @@ def record(**kw: object) -> LaunchRecord:
 def test_redact_argv():
     argv = ["srv", "--api-key", "k1", "--api-key=k2", "--token", "sekrit", "--url", "http://u:sekrit@h"]
     assert redact_argv(argv, ["sekrit"]) == (
-        "srv", "--api-key", "***", "--api-key=***", "--token", "***", "--url", "http://u:***@h")
+        "srv", "--api-key", "***", "--api-key=***", "--token", "***", "--url", "http://***@h")
     assert redact_argv(["a", "b"], [""]) == ("a", "b")
 
 
 def test_state_file_round_trip_is_private(tmp_path):
-    run = make_run_dir(tmp_path / "run")
+    held = make_run_dir(tmp_path / "run")
+    run = held.path
     assert stat.S_IMODE(os.stat(run).st_mode) == 0o700
-    sf = StateFile(run)
+    sf = StateFile(held)
     written = sf.write(RunState(record=record(), status=RunStatus.STARTING))
     assert stat.S_IMODE(os.stat(sf.path).st_mode) == 0o600
     back = sf.read()
@@ -81,7 +82,7 @@ def test_state_dir_precedence(monkeypatch, tmp_path):
 
 
 def test_index_lists_registered_run_dirs_that_still_exist(tmp_path, harvest_state_dir):
-    a, b = make_run_dir(tmp_path / "a"), make_run_dir(tmp_path / "b")
+    a, b = make_run_dir(tmp_path / "a").path, make_run_dir(tmp_path / "b").path
     register_run(a, "vllm", 8000)
     register_run(b, "command", 8001)
     assert [(Path(e.run_dir).name, e.engine, e.port) for e in list_runs()] == [("a", "vllm", 8000),

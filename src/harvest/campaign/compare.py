@@ -59,6 +59,7 @@ from harvest.quality.settings import QualitySettings
 from harvest.quality.task import run_task
 from harvest.quality.wire import Wire, open_wire, protocol_for
 from harvest.server import Server, StopReport
+from harvest.server.state import hold_index
 
 log = logging.getLogger("harvest.compare")
 
@@ -247,9 +248,10 @@ class QualityBench:
         self.floor, self.floor_source = self.floors[best], best
         if store:
             path = self.folder / FLOOR_FILES[source]
-            safefiles.ensure_dir(path.parent)
             lines = [json.dumps(_floor_header(self.settings_hash, source))]
-            safefiles.write_atomic(path, "\n".join(lines + [json.dumps(output_json(o)) for o in outputs]) + "\n")
+            with safefiles.hold(path.parent, create=True) as folder:
+                folder.write_atomic(path.name, "\n".join(lines + [json.dumps(output_json(o)) for o in outputs])
+                                    + "\n")
         return report
 
     @property
@@ -387,6 +389,9 @@ async def compare(reference: HarvestConfig, candidates: Sequence[HarvestConfig],
     """
     out_dir = Path(out_dir)
     ref_cfg = reference.require_server()
+    # Refused before any launch: a compare folder another user owns or can rename, a foreign state dir.
+    safefiles.hold(out_dir, create=True).close()
+    hold_index().close()
     if prompts is None:
         probe = settings.probe
         prompts = select_prompts(reference.data, n=probe.prompts, seed=probe.seed, extra=probe.file)
@@ -454,8 +459,8 @@ async def compare(reference: HarvestConfig, candidates: Sequence[HarvestConfig],
     report = CompareReport(out_dir, server_settings(ref_cfg),
                            len(bench.reference.entries) if bench.reference else 0,
                            bench.floor_source, bench.reused, tuple(rows), tuple(launches), tuple(notes))
-    safefiles.ensure_dir(out_dir)
-    safefiles.write_atomic(out_dir / "compare.json", json.dumps(report.to_dict(), indent=2) + "\n")
+    with safefiles.hold(out_dir, create=True) as folder:
+        folder.write_atomic("compare.json", json.dumps(report.to_dict(), indent=2) + "\n")
     return report
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import os
 import re
@@ -38,7 +39,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 from harvest import safefiles
 from harvest.errors import ConfigError
@@ -331,29 +332,23 @@ class _NothingSelected(Exception):
 
 
 @contextlib.contextmanager
-def _atomic(path: Path) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; on success fsync it and rename it over ``path``."""
-    safefiles.check_file(path)  # an existing output must be this user's own file, never a link
-    tmp, fd = safefiles.temp_beside(path)  # O_EXCL, 0600: like the ledger, prompts and answers may be private
-    os.close(fd)
+def _atomic(folder: safefiles.Folder, name: str) -> Iterator[BinaryIO]:
+    """Yield a new temporary file (created ``O_EXCL`` 0600 in the held ``folder``); on success fsync it
+    and rename it over ``name`` there. Nothing is done by path: the mode is set on the descriptor and
+    the rename is relative to the folder, so a name swapped in the folder changes nothing here."""
+    folder.check_file(name)  # an existing output must be this user's own file, never a link
+    tmp, fd = folder.temp(name)  # like the ledger, prompts and answers may be private
     try:
-        yield tmp
-        os.chmod(tmp, 0o600)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        safefiles.replace(tmp, path)
+        with os.fdopen(fd, "w+b") as fh:
+            yield fh
+            fh.flush()
+            os.fchmod(fh.fileno(), 0o600)
+            os.fsync(fh.fileno())
+        folder.replace(tmp, name)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+        folder.unlink(tmp)
         raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    os.fsync(folder.fd)
 
 
 def _with_sample(make: Callable[[ResultRow], dict[str, Any]], fmt: str) -> Callable[[ResultRow], dict[str, Any]]:
@@ -399,12 +394,12 @@ def _write_jsonl(f: TextIO, rows: Iterable[ResultRow], make: Callable[[ResultRow
             f.write("\n")
 
 
-def _write_parquet(path: Path, rows: Iterable[ResultRow], tally: _Tally, row_group_size: int) -> None:
+def _write_parquet(path: Path | BinaryIO, rows: Iterable[ResultRow], tally: _Tally, row_group_size: int) -> None:
     pa, pq = _pyarrow()
     schema = parquet_schema()
     batch: list[dict[str, Any]] = []
     chars = 0
-    with pq.ParquetWriter(str(path), schema, compression="zstd") as writer:
+    with pq.ParquetWriter(path if not isinstance(path, Path) else str(path), schema, compression="zstd") as writer:
         for row in rows:
             record = tally.build(row, parquet_record)
             if record is None:
@@ -435,16 +430,20 @@ def export_run(run_dir: str | Path, fmt: str, *, output: str | Path | None = Non
     if fmt in ("parquet", "logprobs"):
         _pyarrow(fmt)
     path = Path(output) if output is not None else default_output(run_dir, fmt)
-    if output is None:
-        safefiles.check_dir(path.parent)  # the run folder: this user's own
     if output is not None and not path.parent.is_dir():
         raise ConfigError("harvest export options", [("--output", f"folder {path.parent} does not exist")])
+    # The run folder: this user's own; an --output folder: one no other user can rename things in.
+    folder = safefiles.Folder.hold(path.parent, strict=output is None)
     tally = _Tally()
     without = 0
-    ledger = Ledger.open_readonly(run_dir)
+    try:
+        ledger = Ledger.open_readonly(run_dir)
+    except BaseException:
+        folder.close()
+        raise
     try:
         rows = ledger.iter_results(wanted, fetch=fetch)
-        with contextlib.suppress(_NothingSelected), _atomic(path) as tmp:
+        with contextlib.suppress(_NothingSelected), _atomic(folder, path.name) as tmp:
             if fmt == "logprobs":
                 from harvest.campaign.export_logprobs import write_logprobs
 
@@ -461,13 +460,17 @@ def export_run(run_dir: str | Path, fmt: str, *, output: str | Path | None = Non
                 }[fmt]
                 if ledger.samples > 1:
                     make = _with_sample(make, fmt)
-                fd = safefiles.open_fd(tmp, os.O_WRONLY | os.O_TRUNC)  # made O_EXCL by _atomic
-                with open(fd, "w", encoding="utf-8", newline="\n") as f:
+                f = io.TextIOWrapper(tmp, encoding="utf-8", newline="\n", write_through=True)
+                try:
                     _write_jsonl(f, rows, make, tally)
+                    f.flush()
+                finally:
+                    f.detach()  # the file stays open: _atomic syncs and renames it
             if not allow_empty and not sum(tally.by_status.values()):
                 raise _NothingSelected  # _atomic removes the temporary; an older export stays as it was
     finally:
         ledger.close()
+        folder.close()
     written = sum(tally.by_status.values())
     return ExportReport(path=path, format=fmt, written=written, by_status=dict(tally.by_status),
                         malformed=tally.malformed, malformed_examples=tuple(tally.examples),

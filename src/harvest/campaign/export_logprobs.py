@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -75,7 +75,7 @@ def _nested(pa: Any, arrays: list[np.ndarray], typ: Any) -> Any:
     return pa.ListArray.from_arrays(pa.array(outer), lists)
 
 
-def write_logprobs(ledger: Ledger, rows: Iterable[ResultRow], path: Path) -> tuple[int, int]:
+def write_logprobs(ledger: Ledger, rows: Iterable[ResultRow], path: Path | BinaryIO) -> tuple[int, int]:
     """Write the logprobs of ``rows`` to ``path``. Returns (sample-turn rows written, results without
     logprobs passed over)."""
     pa, pq = pyarrow_for("logprobs")
@@ -96,7 +96,7 @@ def write_logprobs(ledger: Ledger, rows: Iterable[ResultRow], path: Path) -> tup
         for v in cols.values():
             v.clear()
 
-    with pq.ParquetWriter(str(path), schema, compression="zstd") as writer:
+    with pq.ParquetWriter(path if not isinstance(path, Path) else str(path), schema, compression="zstd") as writer:
         for row in rows:
             turns = ledger.logprobs(row)
             if turns is None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harvest.events import Event
+from harvest.redact import escape_controls, redact_text
 
 #: Display order; ``trial`` (a sweep's trial k of n) comes first.
 ORDER = ("trial", "ingest", "preflight", "launching", "connecting", "generating", "stopping")
@@ -88,8 +89,10 @@ class PhaseBoard:
             rows = []
             for p in phases:
                 elapsed = (p.ended if p.ended is not None else now) - p.started
+                text = describe(p.name, {**p.info, "elapsed_s": elapsed}, p.ended is None, p.ok)
+                # shown on a terminal: a URL's secrets hidden, an engine's or a file's controls escaped
                 rows.append(PhaseRow(p.name, elapsed, p.ended is None, p.ok,
-                                     describe(p.name, {**p.info, "elapsed_s": elapsed}, p.ended is None, p.ok)))
+                                     escape_controls(redact_text(text), one_line=True)))
             return rows
 
 

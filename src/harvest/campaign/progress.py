@@ -49,10 +49,13 @@ def write_json_atomic(path: Path, data: Any) -> None:
 class Progress:
     """Counts and rates of one run, with a live display and progress.json."""
 
-    def __init__(self, run_dir: Path, *, total: int, already_final: int, stream: TextIO | None = None,
-                 live: bool | None = None, window_s: float = 60.0, console: Console | None = None,
-                 data_path: str | None = None, before: Mapping[str, int] | None = None):
-        self.run_dir = run_dir
+    def __init__(self, run_dir: Path | safefiles.Folder, *, total: int, already_final: int,
+                 stream: TextIO | None = None, live: bool | None = None, window_s: float = 60.0,
+                 console: Console | None = None, data_path: str | None = None,
+                 before: Mapping[str, int] | None = None):
+        #: The held run folder progress.json is written in (a path: by name, for a status view).
+        self.folder = run_dir if isinstance(run_dir, safefiles.Folder) else None
+        self.run_dir = run_dir.path if isinstance(run_dir, safefiles.Folder) else run_dir
         self.total = total
         #: Final items by status before this session's work (rows skipped at ingest join "skipped").
         self.before: Counter[str] = Counter(before or {})
@@ -264,7 +267,11 @@ class Progress:
         """Write progress.json and refresh the display; returns the snapshot."""
         snap = self.snapshot()
         try:
-            write_json_atomic(self.run_dir / PROGRESS_FILE, snap)
+            if self.folder is not None:
+                self.folder.write_atomic(PROGRESS_FILE, json.dumps(redact_doc(snap), indent=1, sort_keys=True),
+                                         fsync=False)
+            else:
+                write_json_atomic(self.run_dir / PROGRESS_FILE, snap)
         except OSError as exc:  # a full disk must not end the run here; the ledger write will say so
             snap["note"] = f"progress.json not written: {exc}"
         if self.timeline is not None:

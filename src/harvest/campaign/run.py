@@ -57,6 +57,7 @@ from harvest.ledger import LedgerWriter, Status, Totals, hash_settings
 from harvest.placement import from_config
 from harvest.server import StopReport
 from harvest.server.batch import batch_limit, batch_limit_exact, has_metrics
+from harvest.server.state import hold_index
 
 log = logging.getLogger("harvest.campaign")
 
@@ -152,6 +153,9 @@ class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
 
     async def run(self) -> RunReport:
         t0 = time.monotonic()
+        server = self.config.server
+        if server is not None and server.launched and self.placement.kind == "local":
+            hold_index().close()  # a state dir another user owns: refused before anything is written
         ledger = self.open_ledger()
         loop = asyncio.get_running_loop()
         #: Signals taken for a clean stop, and the handler each had: ``remove_signal_handler`` leaves
@@ -170,13 +174,14 @@ class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
                 self.resumed = resume_line(counts, ledger.recovered, ledger.ingest_state(), self._records is not None)
                 log.info("%s", self.resumed)
             final_before = sum(counts[s] for s in (Status.DONE, Status.TRUNCATED, Status.FAILED, Status.SKIPPED))
-            progress = Progress(self.run_dir, total=total, already_final=final_before, live=self.live,
+            assert ledger.folder is not None  # opened for writing: the run folder is held
+            progress = Progress(ledger.folder, total=total, already_final=final_before, live=self.live,
                                 console=self.console, data_path=self.config.data.path if self.config.data else None,
                                 before={s.value: counts[s] for s in (Status.DONE, Status.TRUNCATED, Status.FAILED,
                                                                      Status.SKIPPED)})
             self.on_event = progress.on_event
             progress.ingest_began(t0, self._first_rows, ongoing=self._records is not None)
-            progress.timeline = self.timeline = Timeline.open(self.run_dir)
+            progress.timeline = self.timeline = Timeline.open(ledger.folder)
             with progress:
                 await asyncio.to_thread(self.stop_leftover)  # also when nothing is left to generate
                 if self._first_batch_all_skipped(counts):
@@ -198,7 +203,6 @@ class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
                                 # each server's own settings (a [[hosts]] entry's batch limit)
                                 configs = getattr(self.server, "server_configs", None) if urls else None
                                 engines = None if configs is None else [engine_limit(c) for c in configs]
-                                server = self.config.server
                                 engine = None if server is None else engine_limit(server)
                                 async with Client.from_config(self.config, urls, engines, engine=engine) as client:
                                     attach = getattr(self.server, "attach_client", None)

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from harvest import safefiles
+from harvest.errors import UnsafePathError
 from harvest.redact import redact_doc
 
 log = logging.getLogger("harvest.campaign")
@@ -174,8 +175,11 @@ def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 class Timeline:
     """The recorder of one session (see the module docstring). Not thread-safe: the event loop's."""
 
-    def __init__(self, run_dir: Path, doc: dict[str, Any] | None = None, *, clock: Any = time.time):
-        self.path = Path(run_dir) / TIMELINE_FILE
+    def __init__(self, run_dir: Path | safefiles.Folder, doc: dict[str, Any] | None = None, *,
+                 clock: Any = time.time):
+        #: The held run folder the file is written in (None: by name).
+        self.folder = run_dir if isinstance(run_dir, safefiles.Folder) else None
+        self.path = (run_dir.path if isinstance(run_dir, safefiles.Folder) else Path(run_dir)) / TIMELINE_FILE
         self._clock = clock
         doc = doc or {}
         self.stride = int(doc.get("stride") or 1)
@@ -209,21 +213,22 @@ class Timeline:
         self.write_every_s = WRITE_EVERY_S
 
     @classmethod
-    def open(cls, run_dir: Path | str, *, clock: Any = time.time) -> Timeline:
+    def open(cls, run_dir: Path | str | safefiles.Folder, *, clock: Any = time.time) -> Timeline:
         """The recorder for a new session of the run in ``run_dir``, continuing its timeline.json (an
         unreadable or foreign file is started afresh, with a warning: it is informative only)."""
-        path = Path(run_dir) / TIMELINE_FILE
+        held = run_dir if isinstance(run_dir, safefiles.Folder) else None
+        path = (held.path if held is not None else Path(run_dir)) / TIMELINE_FILE
         doc = None
         try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
+            doc = json.loads(held.read_text(TIMELINE_FILE) if held is not None else path.read_text(encoding="utf-8"))
             if not isinstance(doc, dict) or doc.get("schema") != TIMELINE_SCHEMA:
                 log.warning("%s is not a %s document; starting a new timeline", path, TIMELINE_SCHEMA)
                 doc = None
         except FileNotFoundError:
             pass
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, UnsafePathError) as exc:
             log.warning("%s unreadable (%s); starting a new timeline", path, exc)
-        return cls(Path(run_dir), doc, clock=clock)
+        return cls(held if held is not None else Path(run_dir), doc, clock=clock)
 
     # --- feeding -----------------------------------------------------------------------------------
 
@@ -368,8 +373,11 @@ class Timeline:
     def write(self) -> None:
         self._last_write = self._clock()
         try:
-            safefiles.write_atomic(self.path, json.dumps(redact_doc(self.to_dict()), separators=(",", ":")),
-                                   fsync=False)
+            text = json.dumps(redact_doc(self.to_dict()), separators=(",", ":"))
+            if self.folder is not None:
+                self.folder.write_atomic(TIMELINE_FILE, text, fsync=False)
+            else:
+                safefiles.write_atomic(self.path, text, fsync=False)
             self._write_failed = False
         except OSError as exc:  # a full disk must not end the run here; the ledger write will say so
             if not self._write_failed:
@@ -405,5 +413,14 @@ def histograms(doc: Mapping[str, Any]) -> dict[str, Histogram]:
     return out
 
 
-__all__ = ["Histogram", "MAX_POINTS", "RUNNING", "TIMELINE_FILE", "TIMELINE_SCHEMA", "Timeline", "WAITING",
-           "histograms", "read_timeline"]
+__all__ = [
+    "MAX_POINTS",
+    "RUNNING",
+    "TIMELINE_FILE",
+    "TIMELINE_SCHEMA",
+    "WAITING",
+    "Histogram",
+    "Timeline",
+    "histograms",
+    "read_timeline",
+]

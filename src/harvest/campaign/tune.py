@@ -82,6 +82,7 @@ from harvest.quality.settings import (
 from harvest.quality.throughput import ThroughputResult, ThroughputSettings, throughput_probe
 from harvest.redact import redact_server_settings
 from harvest.server import Server
+from harvest.server.state import hold_index
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -195,9 +196,23 @@ def _with(base: ServerConfig, updates: dict[str, Any], source: str) -> ServerCon
     try:
         return ServerConfig.model_validate({**base.model_dump(), **updates})
     except ValidationError as exc:
-        problems = [(f"{source} [grid] " + ".".join(str(p) for p in e["loc"]), f"{e['msg']} (in {updates})")
+        shown = _shown(updates, str(updates.get("engine", base.engine)))
+        problems = [(f"{source} [grid] " + ".".join(str(p) for p in e["loc"]), f"{e['msg']} (in {shown})")
                     for e in exc.errors()]
         raise ConfigError(source, problems) from None
+
+
+def _shown(updates: dict[str, Any], engine: str) -> dict[str, Any]:
+    """A grid point fit to echo: the value of a secret flag in ``extra_args``/``command``, in any
+    spelling the engine reads as one (``--api-ke KEY``), and secret-named variables as ``***``."""
+    from harvest.engine_flags import hide_secret_values
+
+    out = dict(updates)
+    for name in ("extra_args", "command"):
+        if isinstance(out.get(name), list):
+            argv = [str(a) for a in out[name]]
+            out[name] = hide_secret_values(engine if name == "extra_args" else None, argv)
+    return redact_server_settings(out)
 
 
 def expand_grid(base: ServerConfig, tune_file: TuneFile) -> list[Trial]:
@@ -313,15 +328,14 @@ class TuneReport:
 
 def write_results(report: TuneReport) -> tuple[Path, Path]:
     """``tune.json`` and ``tune.csv`` in the tune folder."""
-    safefiles.ensure_dir(report.out_dir)
-    json_path, csv_path = report.out_dir / "tune.json", report.out_dir / "tune.csv"
-    safefiles.write_atomic(json_path, json.dumps(report.to_dict(), indent=2) + "\n")
     rows = [t.row() for t in report.trials]
     buf = io.StringIO(newline="")
     writer = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else ["trial"])
     writer.writeheader()
     writer.writerows(rows)
-    safefiles.write_atomic(csv_path, buf.getvalue())
+    with safefiles.hold(report.out_dir, create=True) as folder:
+        json_path = folder.write_atomic("tune.json", json.dumps(report.to_dict(), indent=2) + "\n")
+        csv_path = folder.write_atomic("tune.csv", buf.getvalue())
     return json_path, csv_path
 
 
@@ -518,7 +532,11 @@ async def tune(job: HarvestConfig, tune_file: TuneFile, *, out_dir: Path | None 
     if job.server is None or not job.server.launched:
         raise ConfigError(job.source, [(f"{job.source} [server]",
                                         "`harvest tune` needs a [server] it launches")])
-    return await _Sweep(job, tune_file, Path(out_dir) if out_dir else default_out_dir(job), force,
+    out = Path(out_dir) if out_dir else default_out_dir(job)
+    # Refused before any launch: a tune folder another user owns or can rename, a foreign state dir.
+    safefiles.hold(out, create=True).close()
+    hold_index().close()
+    return await _Sweep(job, tune_file, out, force,
                         on_preflight,
                         on_trial, on_event).run()
 

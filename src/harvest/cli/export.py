@@ -13,6 +13,7 @@ import click
 from harvest.campaign.export import FORMATS, ROW_GROUP_SIZE, SHAREGPT_STYLES, export_run
 from harvest.cli.render import make_console
 from harvest.errors import LedgerError
+from harvest.redact import escape_controls
 
 
 @click.command("export")
@@ -41,7 +42,7 @@ def export(run_dir: str, fmt: str, statuses: tuple[str, ...], output: str | None
         report = export_run(run_dir, fmt, output=output, statuses=statuses, sharegpt_style=sharegpt_style,
                             row_group_size=row_group_size, allow_empty=allow_empty)
     except LedgerError as exc:
-        err.print(f"error: {run_dir} is not a readable harvest run folder: {exc}", markup=False)
+        err.print(escape_controls(f"error: {run_dir} is not a readable harvest run folder: {exc}"), markup=False)
         raise SystemExit(2) from None
     if not report.kept:  # nothing selected: no file written, the cause and the fix
         if fmt == "logprobs" and report.without_logprobs:
@@ -54,12 +55,13 @@ def export(run_dir: str, fmt: str, statuses: tuple[str, ...], output: str | None
                       f"write an empty file; no file written", markup=False)
         raise SystemExit(1)
     parts = ", ".join(f"{status} {n:,}" for status, n in report.by_status.items())
-    click.echo(f"wrote {report.written:,} items to {report.path}" + (f" ({parts})" if parts else ""))
+    click.echo(escape_controls(f"wrote {report.written:,} items to {report.path}" + (f" ({parts})" if parts else "")))
     if report.malformed:
         err.print(f"error: {report.malformed:,} results are not in the documented result schema and were"
                   " left out:", markup=False)
         for item_id, why in report.malformed_examples:
-            err.print(f"  {item_id}: {why}", markup=False)
+            # the ledger's text, perhaps another user's: shown with control characters escaped
+            err.print(escape_controls(f"  {item_id}: {why}", one_line=True), markup=False)
         raise SystemExit(1)
 
 

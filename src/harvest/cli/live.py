@@ -28,6 +28,7 @@ from rich.text import Text
 from harvest.campaign.phases import PhaseBoard
 from harvest.campaign.progress import PANEL_WIDTH, phase_table
 from harvest.events import Event
+from harvest.redact import escape_controls, redact_text
 
 #: Redraws a second of a live panel (elapsed times tick even when nothing is reported).
 REFRESH_PER_SECOND = 4
@@ -54,6 +55,16 @@ class ConsoleLogHandler(logging.Handler):
             self.handleError(record)
 
 
+class ShownFilter(logging.Filter):
+    """Log records as the console may show them: secrets by shape (a URL's user part, a query key,
+    a Bearer token) hidden and control characters escaped, whatever the message quotes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = escape_controls(redact_text(record.getMessage()))
+        record.args = None
+        return True
+
+
 def setup_console_logging(console: Console) -> None:
     """Route the root logger to ``console`` (INFO, message only), replacing stream handlers."""
     root = logging.getLogger()
@@ -63,6 +74,7 @@ def setup_console_logging(console: Console) -> None:
             root.removeHandler(handler)
     handler = ConsoleLogHandler(console)
     handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.addFilter(ShownFilter())
     root.addHandler(handler)
     root.setLevel(logging.INFO)
     logging.getLogger("aiohttp").setLevel(logging.WARNING)
@@ -114,4 +126,5 @@ class PhaseDisplay:
         self.close()
 
 
-__all__ = ["ConsoleLogHandler", "PhaseDisplay", "REFRESH_PER_SECOND", "live_console", "setup_console_logging"]
+__all__ = ["ConsoleLogHandler", "PhaseDisplay", "REFRESH_PER_SECOND", "ShownFilter", "live_console",
+           "setup_console_logging"]

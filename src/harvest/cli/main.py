@@ -14,7 +14,7 @@ import click
 from harvest import __version__
 from harvest.engine_pins import pins_text
 from harvest.errors import ConfigError, RemoteError, StopError, UnsafePathError
-from harvest.redact import escape_controls
+from harvest.redact import escape_controls, redact_text
 
 #: name -> (module, attribute) of every subcommand, in help order. Each module defines one click
 #: command; it is imported only when that command runs (or for ``--help``): a ``harvest stop`` or
@@ -71,6 +71,12 @@ def exit_codes_epilog(name: str) -> str:
     return "Exit codes: " + EXIT_CODES[name] + "."
 
 
+def _said(exc: BaseException) -> str:
+    """An error fit for the terminal: it may quote a URL, a record or a ledger another user wrote,
+    so secrets by shape are hidden and control characters escaped."""
+    return escape_controls(redact_text(str(exc)))
+
+
 class _Group(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(COMMANDS)
@@ -89,16 +95,16 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except ConfigError as exc:
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {_said(exc)}", err=True)
             sys.exit(2)
         except UnsafePathError as exc:  # one line: the path and what is wrong with it; nothing written
-            click.echo(f"error: refused: {escape_controls(str(exc))}", err=True)
+            click.echo(f"error: refused: {_said(exc)}", err=True)
             sys.exit(2)
         except StopError as exc:  # no readable launch record: nothing is provably ours to stop
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {_said(exc)}", err=True)
             sys.exit(2)
         except RemoteError as exc:  # one line: host, step, time waited
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {_said(exc)}", err=True)
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)

@@ -21,6 +21,7 @@ import click
 from harvest.cli.options import host_options, load_config_arg
 from harvest.cli.render import make_console, print_places_preflight, rule_line, verdict
 from harvest.config import HostConfig
+from harvest.redact import redact_text
 from harvest.gpu.preflight import RuleResult
 from harvest.placement import Flags, from_config
 
@@ -109,7 +110,7 @@ def preflight(ctx: click.Context, config: Path, wait_s: float | None, as_json: b
         click.echo(json.dumps(checked.to_json(), indent=2))
     else:
         gpus = ",".join(str(i) for i in server.gpus) or "none listed"
-        where = f"{server.host}:{server.port}" if server.launched else (server.base_url or "")
+        where = f"{server.host}:{server.port}" if server.launched else redact_text(server.base_url or "")
         console.print(f"preflight of {config}: {server.engine} on {where}, GPUs {gpus}, tp {server.tp}",
                       markup=False)
         for result in grouped(report.results):

@@ -19,7 +19,15 @@ from harvest import schemas
 from harvest.gpu.payload import GPUS_SCHEMA, PREFLIGHT_SCHEMA, gpus_payload, now_iso, preflight_payload
 from harvest.gpu.preflight import RuleResult, describe_process
 from harvest.gpu.records import GpuSnapshot, HostState
+from harvest.redact import escape_controls
 from harvest.server.stop import StopReport, StopStep
+
+
+def shown(text: object) -> str:
+    """Text for the terminal that may hold another user's: a process name or command line, a
+    record's field, a far host's answer. Control characters (ESC, BEL...) are shown escaped;
+    newlines and tabs stay (a table cell of several lines)."""
+    return escape_controls(str(text))
 
 
 def make_console(*, stderr: bool = False) -> Console:
@@ -45,8 +53,8 @@ def gpu_table(snap: GpuSnapshot) -> Table:
     for g in snap.gpus:
         procs = "\n".join(describe_process(p) for p in g.processes) or "-"
         util = f"{g.utilization_pct}%" if g.utilization_pct is not None else "n/a"
-        table.add_row(str(g.index), Text(g.name), f"{g.used_mib} / {g.total_mib}", str(g.free_mib), util,
-                      Text(procs))
+        table.add_row(str(g.index), Text(shown(g.name)), f"{g.used_mib} / {g.total_mib}", str(g.free_mib), util,
+                      Text(shown(procs)))
     return table
 
 
@@ -78,7 +86,7 @@ def rule_line(result: RuleResult) -> Text:
     word = verdict(result)
     line = Text()
     line.append(f"{word:<5}", style=_STYLE[word])
-    line.append(f" {result.rule:<14} {result.detail}")
+    line.append(shown(f" {result.rule:<14} {result.detail}"))
     return line
 
 
@@ -112,8 +120,8 @@ def gpus_by_table(docs: list[tuple[str, dict[str, Any] | None]], *, column: str,
             procs = "\n".join(f"pid {p['pid']} {p.get('name') or '?'} {p.get('used_mib')} MiB"
                               for p in g["processes"]) or "-"
             util = f"{g['utilization_pct']}%" if g.get("utilization_pct") is not None else "n/a"
-            table.add_row(Text(label), str(g["index"]), Text(g["name"]), f"{g['used_mib']} / {g['total_mib']}",
-                          str(g["free_mib"]), util, Text(procs))
+            table.add_row(Text(shown(label)), str(g["index"]), Text(shown(g["name"])),
+                          f"{g['used_mib']} / {g['total_mib']}", str(g["free_mib"]), util, Text(shown(procs)))
     return table
 
 
@@ -141,8 +149,8 @@ def print_places_preflight(console: Console, result: Any) -> None:
             continue
         for r in a.doc.get("results", []):
             word = "SKIP" if r.get("skipped") else ("PASS" if r.get("passed") else "FAIL")
-            table.add_row(Text(a.label), Text(word, style=_STYLE[word]), str(r.get("rule")),
-                          Text(str(r.get("detail", "")).removeprefix(f"[{a.label}] ")))
+            table.add_row(Text(shown(a.label)), Text(word, style=_STYLE[word]), shown(r.get("rule")),
+                          Text(shown(str(r.get("detail", "")).removeprefix(f"[{a.label}] "))))
     console.print(table)
     for a in result.answers:
         word = "no answer" if a.doc is None else ("PASS" if a.doc.get("passed") else "FAIL")
@@ -181,7 +189,7 @@ def stopped_name(report: StopReport) -> str:
 
 def step_line(step: StopStep) -> str:
     mark = "" if step.ok else "  <-- incomplete"
-    return f"  {step.name:<8} {step.duration_s:7.3f} s  {step.outcome}{mark}"
+    return shown(f"  {step.name:<8} {step.duration_s:7.3f} s  {step.outcome}{mark}")
 
 
 def print_stop_report(report: StopReport, *, err: bool = False, console: Console | None = None,
@@ -190,19 +198,19 @@ def print_stop_report(report: StopReport, *, err: bool = False, console: Console
     printed as they happened, only the rest is left)."""
     console = console or make_console(stderr=err)
     if not steps_shown:
-        console.print(f"stop of {stopped_name(report)}:", markup=False)
+        console.print(shown(f"stop of {stopped_name(report)}:"), markup=False)
         for step in report.steps:
             console.print(step_line(step), markup=False)
     for h in report.holders:
         who = "ours" if h.ours else "not ours"
         mib = f"{h.used_mib} MiB" if h.used_mib is not None else "MiB unknown"
-        console.print(f"  holder: GPU {h.gpu} pid {h.pid} {h.name or '?'} {mib} ({who})", markup=False)
+        console.print(shown(f"  holder: GPU {h.gpu} pid {h.pid} {h.name or '?'} {mib} ({who})"), markup=False)
     for p in report.problems:
-        console.print(f"  problem: {p}", markup=False)
+        console.print(shown(f"  problem: {p}"), markup=False)
     esc = ", escalated to SIGKILL" if report.escalated else ""
     which = f" for {stopped_name(report)}" if steps_shown else ""  # else the header line named it
-    console.print(f"verdict: {report.verdict.upper()} in {report.total_s:.2f} s "
-                  f"(deadline {report.deadline_s:g} s{esc}){which}", markup=False)
+    console.print(shown(f"verdict: {report.verdict.upper()} in {report.total_s:.2f} s "
+                        f"(deadline {report.deadline_s:g} s{esc}){which}"), markup=False)
 
 
 def print_stop_reports(reports: list[StopReport], where: str, *, console: Console | None = None) -> None:
@@ -235,15 +243,17 @@ def print_ps(console: Console, rows: list[dict[str, Any]], where: str, show_all:
         started = (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["started_at"]))
                    if r.get("started_at") else "?")
         alive = f"{r['measured']['alive']}/{r['recorded']['processes']}"
-        console.print(f"{str(r.get('where')):<24} {str(r.get('engine')):<10} {str(r.get('pid')):>7} "
-                      f"{str(r.get('port')):>5}  {r['recorded']['status']:<9} {alive:<7} "
-                      f"{'yes' if r['measured']['port_listening'] else 'no':<9} {started:<19}  {r.get('run_dir')}",
-                      markup=False)
+        # the record's fields (or a far host's answer) may hold another user's text: escaped
+        console.print(escape_controls(
+            f"{str(r.get('where')):<24} {str(r.get('engine')):<10} {str(r.get('pid')):>7} "
+            f"{str(r.get('port')):>5}  {r['recorded']['status']:<9} {alive:<7} "
+            f"{'yes' if r['measured']['port_listening'] else 'no':<9} {started:<19}  {r.get('run_dir')}",
+            one_line=True), markup=False)
 
 
 __all__ = [
     "GPUS_SCHEMA", "PREFLIGHT_SCHEMA", "gpu_table", "gpus_by_table", "gpus_payload", "host_line", "host_ram_line",
     "make_console", "now_iso", "preflight_payload", "print_places_gpus", "print_places_preflight", "print_gpus",
-    "print_ps", "print_stop_report", "print_stop_reports", "ps_payload", "rule_line", "step_line", "stop_payload",
-    "verdict",
+    "print_ps", "print_stop_report", "print_stop_reports", "ps_payload", "rule_line", "shown", "step_line",
+    "stop_payload", "verdict",
 ]

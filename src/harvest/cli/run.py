@@ -20,7 +20,11 @@ _RETRY_NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 
 def setup_logging() -> None:
+    from harvest.cli.live import ShownFilter
+
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(ShownFilter())
     logging.getLogger("aiohttp").setLevel(logging.WARNING)
 
 

@@ -43,13 +43,14 @@ from harvest.cli.live import PhaseDisplay, setup_console_logging
 from harvest.cli.options import host_options, load_config_arg
 from harvest.cli.render import (
     make_console,
+    preflight_refusal,
     print_ps,
     print_stop_report,
     print_stop_reports,
     ps_payload,
     rule_line,
+    shown,
     step_line,
-    preflight_refusal,
     stop_payload,
 )
 from harvest.config import HostConfig, load_config
@@ -347,7 +348,7 @@ def stop(run_dir: Path | None, deadline: float | None, grace: float | None, marg
     except NothingToStop as exc:
         if as_json:
             click.echo(json.dumps(stop_payload([]), indent=2))
-        click.echo(exc.problems[0][1], err=as_json)  # "nothing to stop: ...", one line
+        click.echo(shown(exc.problems[0][1]), err=as_json)  # "nothing to stop: ...", one line
         sys.exit(0)
 
 

@@ -24,7 +24,7 @@ from harvest import schemas
 from harvest.cli.render import make_console
 from harvest.errors import LedgerError
 from harvest.ledger import Status
-from harvest.redact import escape_controls
+from harvest.redact import escape_controls, redact_doc
 
 STATUS_SCHEMA = schemas.STATUS
 
@@ -99,10 +99,17 @@ def _rate(value: float | None, unit: str) -> str:
     return "-" if value is None else f"{value:,.1f} {unit}"
 
 
+def _t(text: str, style: str | None = None) -> Text:
+    """One line for the terminal: control characters (ESC, BEL, CR, newlines...) shown escaped."""
+    return Text(escape_controls(text, one_line=True), style=style or "")
+
+
 def print_status(console: Console, st: RunStatus) -> None:
-    """The people's view: counts table, totals line, rate, ETA, runner, recent errors."""
+    """The people's view: counts table, totals line, rate, ETA, runner, recent errors. Every string
+    read from the run folder (ids, error classes and messages, the runner's recorded state, notes,
+    skip reasons) may be another user's: each line shows control characters escaped."""
     unique = st.totals.unique * st.samples  # item rows: one per sample
-    table = Table(title=f"harvest run {st.run_dir}", title_justify="left")
+    table = Table(title=_t(f"harvest run {st.run_dir}"), title_justify="left")
     table.add_column("status")
     table.add_column("items", justify="right")
     table.add_column("share", justify="right")
@@ -111,26 +118,26 @@ def print_status(console: Console, st: RunStatus) -> None:
         share = f"{100 * n / unique:.1f}%" if unique else "-"
         table.add_row(s.value, f"{n:,}", share)
     label = "unique input" if st.samples == 1 else f"unique input x {st.samples} samples"
-    table.add_row(Text(label, style="bold"), Text(f"{unique:,}", style="bold"), "")
+    table.add_row(_t(label, style="bold"), _t(f"{unique:,}", style="bold"), "")
     console.print(table)
     if st.samples > 1 or st.logprobs_k:
         lp = (f"; logprobs top-{st.logprobs_k}: {st.logprob_bytes / 2**20:,.1f} MiB in {st.logprob_shards} shard"
               f"{'s' if st.logprob_shards != 1 else ''}" if st.logprobs_k else "")
-        console.print(Text(f"samples per item: {st.samples}{lp}"))
+        console.print(_t(f"samples per item: {st.samples}{lp}"))
 
     t = st.totals
     if t.ok:
-        console.print(Text(f"totals OK: {t.describe()}", style="green"))
+        console.print(_t(f"totals OK: {t.describe()}", style="green"))
     else:
         style = "yellow" if st.remaining or not t.ingest_complete else "bold red"
-        console.print(Text(f"totals: {t.describe()}", style=style))
+        console.print(_t(f"totals: {t.describe()}", style=style))
     conflicts = f" ({t.id_conflicts:,} id conflicts: same id, different content)" if t.id_conflicts else ""
-    console.print(Text(f"input: {t.input_rows:,} rows, {t.duplicates:,} duplicates{conflicts}, {st.skipped:,} skipped"))
+    console.print(_t(f"input: {t.input_rows:,} rows, {t.duplicates:,} duplicates{conflicts}, {st.skipped:,} skipped"))
     if st.skip_reasons:
         from harvest.dataset.skips import describe_skips
 
         for line in describe_skips(st.skip_reasons):
-            console.print(Text(line, style="magenta" if line.startswith("skipped") else "dim"))
+            console.print(_t(line, style="magenta" if line.startswith("skipped") else "dim"))
 
     tp = st.throughput
     if tp.source == "progress":
@@ -139,14 +146,14 @@ def print_status(console: Console, st: RunStatus) -> None:
         origin = f"from the ledger: {tp.results_in_window:,} results in the last {duration(tp.window_s)}"
     else:
         origin = "no result in the last " + duration(tp.window_s)
-    console.print(Text(f"rate: {_rate(tp.items_per_s, 'items/s')}, gen {_rate(tp.gen_tokens_per_s, 'tok/s')},"
+    console.print(_t(f"rate: {_rate(tp.items_per_s, 'items/s')}, gen {_rate(tp.gen_tokens_per_s, 'tok/s')},"
                        f" prompt {_rate(tp.prompt_tokens_per_s, 'tok/s')} ({origin})"))
     eta = "done" if st.eta_s == 0.0 else duration(st.eta_s)
-    console.print(Text(f"ETA: {eta} ({st.remaining:,} pending or running)"))
+    console.print(_t(f"ETA: {eta} ({st.remaining:,} pending or running)"))
 
     alive = {True: "alive", False: "not running", None: "unknown"}[st.runner.alive]
     style = {True: "green", False: "yellow", None: "dim"}[st.runner.alive]
-    console.print(Text(f"runner: {alive} ({st.runner.detail})", style=style))
+    console.print(_t(f"runner: {alive} ({st.runner.detail})", style=style))
     p = st.progress
     if p is not None and st.runner.alive:
         extra = (f"sent {p.sent}, claimed {p.in_flight if p.in_flight is not None else '-'}" if p.sent is not None
@@ -158,25 +165,24 @@ def print_status(console: Console, st: RunStatus) -> None:
         if p.errors_by_class:
             extra += ", errors this session " + ", ".join(
                 f"{k} {v}" for k, v in sorted(p.errors_by_class.items()))
-        console.print(Text(extra))
+        console.print(_t(extra))
         for e in p.no_answer:  # a hung endpoint: requests held open, nothing back
-            console.print(Text("endpoint " + escape_controls(no_answer(e), one_line=True), style="yellow"))
+            console.print(_t("endpoint " + no_answer(e), style="yellow"))
     if len(st.settings_hashes) > 1:
-        console.print(Text(f"settings: mixed ({', '.join(st.settings_hashes)})", style="yellow"))
+        console.print(_t(f"settings: mixed ({', '.join(st.settings_hashes)})", style="yellow"))
 
     if st.failed_by_class:
-        console.print(Text("failed by class: " + ", ".join(f"{k} {v:,}" for k, v in
+        console.print(_t("failed by class: " + ", ".join(f"{k} {v:,}" for k, v in
                                                              sorted(st.failed_by_class.items()))))
         errors = Table(title="last errors", title_justify="left")
         for col in ("id", "class", "attempts", "message"):
             errors.add_column(col)
         for e in st.last_errors:
             message = e.message if len(e.message) <= 160 else e.message[:157] + "..."
-            errors.add_row(Text(escape_controls(e.item_id, one_line=True)), Text(escape_controls(e.error_class)),
-                           str(e.attempts), Text(escape_controls(message, one_line=True)))
+            errors.add_row(_t(e.item_id), _t(e.error_class), str(e.attempts), _t(message))
         console.print(errors)
     for note in st.notes:
-        console.print(Text(f"note: {note}", style="dim"))
+        console.print(_t(f"note: {note}", style="dim"))
 
 
 def run_dir_of(target: str) -> str:
@@ -202,11 +208,13 @@ def status(run_dir: str, as_json: bool, errors_limit: int) -> None:
     try:
         st = run_status(run_dir, errors_limit=errors_limit)
     except LedgerError as exc:
-        make_console(stderr=True).print(f"error: {run_dir} is not a readable harvest run folder: {exc}",
-                                        markup=False)
+        make_console(stderr=True).print(escape_controls(f"error: {run_dir} is not a readable harvest run folder: "
+                                                        f"{exc}"), markup=False)
         raise SystemExit(2) from None
     if as_json:
-        click.echo(json.dumps(status_payload(st), indent=2))
+        # what the run folder holds, redacted again: a run written by an older harvest may hold a
+        # URL's user part or a query key in its meta or progress.json
+        click.echo(json.dumps(redact_doc(status_payload(st)), indent=2))
     else:
         print_status(make_console(), st)
 

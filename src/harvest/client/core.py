@@ -46,7 +46,7 @@ from harvest.client import protocol
 from harvest.client.autoconc import GAUGE_NAMES, AutoSettings
 from harvest.client.canary import TOKENS as CANARY_TOKENS
 from harvest.client.canary import canary_body
-from harvest.client.endpoints import Endpoint, EndpointPool, normalize_url
+from harvest.client.endpoints import Endpoint, EndpointPool, endpoint_url, normalize_url
 from harvest.client.engine import EngineLimit, auto_settings
 from harvest.client.health import Health
 from harvest.client.metrics import scrape_metrics
@@ -157,8 +157,9 @@ class Client:
             per_endpoint = {url: auto_settings(limit, self.config, auto) for url, limit in own.items()}
             self._steer = Steering(self._pool, settings, self._scrape_gauges, clock, sleep,
                                    canary=self._send_canary, per_endpoint=per_endpoint)
-        self._health = Health(self._pool, self._transport, self._headers, self.retry, self.config.health_deadline,
-                              clock=clock, sleep=sleep, redact=self._redact, closed=lambda: self._closed)
+        self._health = Health(self._pool, self._transport, self._headers, self.retry,
+                              self.config.health_deadline, clock=clock, sleep=sleep, redact=self._redact,
+                              closed=lambda: self._closed)
         #: The path of the last request sent: the canary speaks the same dialect (chat or completions).
         self._last_path = protocol.CHAT_PATH
         self._in_flight = self._held = self._completed = self._retries = 0
@@ -319,7 +320,7 @@ class Client:
         concurrency slot, no effect on the endpoint's health."""
         import json
 
-        url = self._pool.endpoints[0].url + path
+        url = endpoint_url(self._pool.endpoints[0].url, path)
         data = protocol.encode(body) if body is not None else None
         try:
             response = await self._transport.request(method, url, body=data, headers=self._headers,
@@ -367,7 +368,7 @@ class Client:
             kind: FailureKind | None = None
             started = time.perf_counter()
             try:
-                response = await self._transport.request("POST", endpoint.url + path, body=data,
+                response = await self._transport.request("POST", endpoint_url(endpoint.url, path), body=data,
                                                          headers=self._headers, timeout=timeout)
             except Unreachable as exc:
                 kind, detail = FailureKind.UNREACHABLE, str(exc)
@@ -431,7 +432,7 @@ class Client:
     async def _send_canary(self, url: str, arrivals: list[float]) -> TimedEvents:
         """One canary to ``url`` (see :mod:`harvest.client.canary`): not an item, never retried."""
         body = canary_body(self._model, CANARY_TOKENS, chat=self._last_path == protocol.CHAT_PATH)
-        return await self._transport.timed_events(url + self._last_path, body=body, headers=self._headers,
+        return await self._transport.timed_events(endpoint_url(url, self._last_path), body=body, headers=self._headers,
                                                   timeout=min(60.0, self.config.request_timeout), arrivals=arrivals)
 
     async def _acquire(self, affinity: str | None = None) -> Endpoint:
@@ -520,7 +521,7 @@ class Client:
                 endpoint = await self._acquire()
                 try:
                     response = await self._transport.request(
-                        "GET", endpoint.url + protocol.MODELS_PATH, headers=self._headers,
+                        "GET", endpoint_url(endpoint.url, protocol.MODELS_PATH), headers=self._headers,
                         timeout=self.retry.probe_timeout)
                 except Unreachable as exc:
                     detail = self._redact(str(exc))

@@ -36,14 +36,25 @@ LATENCY_WINDOW = 256
 
 
 def normalize_url(url: str) -> str:
-    """A base URL without trailing slash or ``/v1``; ConfigError unless it is http(s)://host[:port]."""
-    base = url.strip().rstrip("/")
+    """A base URL without trailing slash or ``/v1``; ConfigError unless it is http(s)://host[:port].
+    A query (a key an endpoint takes as ``?api_key=``) is kept after it: see :func:`endpoint_url`."""
+    head, sep_q, query = url.strip().partition("?")
+    base = head.rstrip("/")
     if base.endswith("/v1"):
         base = base[:-3]
     scheme, sep, rest = base.partition("://")
     if not sep or scheme.lower() not in ("http", "https") or not rest or rest.startswith("/"):
         raise ConfigError("client endpoints", [(url, "must look like http://host:port (optionally ending in /v1)")])
-    return base
+    return base + sep_q + query
+
+
+def endpoint_url(base: str, path: str) -> str:
+    """``path`` (``/v1/chat/completions``) on the endpoint ``base``, whose query, if any, stays at
+    the end: ``http://h:8?api_key=K`` + ``/v1/models`` is ``http://h:8/v1/models?api_key=K``."""
+    head, sep, query = base.partition("?")
+    if not sep:
+        return head + path
+    return head + path + ("&" if "?" in path else "?") + query
 
 
 class Endpoint:

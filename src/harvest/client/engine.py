@@ -38,7 +38,8 @@ def auto_settings(limit: EngineLimit, config: ClientConfig, base: AutoSettings |
     engine_limit = limit.batch if limit.exact else None
     batch_hint = limit.batch if limit.hint else None
     if base is not None:
-        return dataclasses.replace(base, start=min(start, top), engine_limit=engine_limit, batch_hint=batch_hint)
+        return dataclasses.replace(base, start=min(start, top), engine_limit=engine_limit,
+                                   batch_hint=batch_hint)
     return AutoSettings(start=min(start, top), max_concurrency=top, engine_limit=engine_limit,
                         batch_hint=batch_hint)
 

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 
 from harvest.client import protocol
-from harvest.client.endpoints import Endpoint, EndpointPool
+from harvest.client.endpoints import Endpoint, EndpointPool, endpoint_url
 from harvest.client.policy import RetryPolicy
 from harvest.client.records import EndpointState
 from harvest.transport import Transport, TransportError
@@ -29,9 +29,10 @@ class Health:
     ``closed``: whether the client is closing (no new polling then). ``clock`` / ``sleep``: the
     client's time seams."""
 
-    def __init__(self, pool: EndpointPool, transport: Transport, headers: Mapping[str, str], retry: RetryPolicy,
-                 deadline_s: float, *, clock: Callable[[], float], sleep: Callable[[float], Awaitable[object]],
-                 redact: Callable[[str], str], closed: Callable[[], bool]):
+    def __init__(self, pool: EndpointPool, transport: Transport, headers: Mapping[str, str],
+                 retry: RetryPolicy, deadline_s: float, *, clock: Callable[[], float],
+                 sleep: Callable[[float], Awaitable[object]], redact: Callable[[str], str],
+                 closed: Callable[[], bool]):
         self._pool = pool
         self._transport = transport
         self._headers = headers
@@ -96,8 +97,8 @@ class Health:
         """True when ``GET /health`` (or ``/v1/models`` where /health does not exist) answers 2xx."""
         for path in ("/health", protocol.MODELS_PATH):
             try:
-                response = await self._transport.request("GET", endpoint.url + path, headers=self._headers,
-                                                         timeout=self._retry.probe_timeout)
+                response = await self._transport.request("GET", endpoint_url(endpoint.url, path),
+                                                         headers=self._headers, timeout=self._retry.probe_timeout)
             except TransportError as exc:
                 log.debug("health probe %s%s: %s", endpoint.url, path, self._redact(str(exc)))
                 return False
@@ -109,7 +110,8 @@ class Health:
 
     async def aclose(self) -> None:
         """Stop every health poll and shared probe (waits 5 s at most for them to end)."""
-        tasks = [t for e in self._pool.endpoints for t in (e.recovery, e.probe) if t is not None and not t.done()]
+        tasks = [t for e in self._pool.endpoints for t in (e.recovery, e.probe)
+                 if t is not None and not t.done()]
         for task in tasks:
             task.cancel()
         if tasks:

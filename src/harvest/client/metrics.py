@@ -18,6 +18,7 @@ from dataclasses import dataclass
 # parses only the lines it reads (keep_only), so the difference is paid by full scrapes alone.
 from prometheus_client.parser import text_string_to_metric_families
 
+from harvest.client.endpoints import endpoint_url
 from harvest.transport import AiohttpTransport, Transport, TransportError
 from harvest.errors import ProbeError, ServerSick
 
@@ -183,10 +184,12 @@ async def scrape_metrics(base_url: str, *, timeout: float = 5.0, transport: Tran
     :class:`ProbeError` when the answer is not the Prometheus text format. ``transport`` is reused
     when given (the client passes its own) and otherwise opened and closed for this one call.
     """
-    base = base_url.rstrip("/")
+    head, sep, query = base_url.partition("?")  # a query (a key the endpoint takes there) stays last
+    base = head.rstrip("/")
     if base.endswith("/v1"):
         base = base[:-3]
-    url = base + "/metrics"
+    base += sep + query
+    url = endpoint_url(base, "/metrics")
     own = transport is None
     active: Transport = transport or AiohttpTransport(max_connections=1)
     try:

@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from harvest.client import protocol
+from harvest.client.endpoints import endpoint_url
 from harvest.client.policy import error_message
 from harvest.transport import RawResponse, TimedOut, Transport, TransportError, Unreachable
 
@@ -135,8 +136,9 @@ class StartCheck:
         if model:
             body["model"] = model
         try:
-            response = await self._transport.request("POST", url + protocol.CHAT_PATH, body=protocol.encode(body),
-                                                     headers=self._headers, timeout=timeout)
+            response = await self._transport.request("POST", endpoint_url(url, protocol.CHAT_PATH),
+                                                     body=protocol.encode(body), headers=self._headers,
+                                                     timeout=timeout)
         except TransportError:
             return FirstAnswer(None)
         if 200 <= response.status < 300:
@@ -152,7 +154,8 @@ class StartCheck:
         last = "gave no answer"
         while True:
             left = deadline_s - (self._clock() - start)
-            response, why = await self._get(url + protocol.MODELS_PATH, max(0.1, min(self._probe_timeout, left)))
+            response, why = await self._get(endpoint_url(url, protocol.MODELS_PATH),
+                                            max(0.1, min(self._probe_timeout, left)))
             ids = _listed(response) if response is not None else None
             if ids is not None:
                 return Listing(url, ids, True)
@@ -172,7 +175,7 @@ class StartCheck:
         """An endpoint whose list could not be read: up if ``/health`` answers 2xx or, failing
         that, a one-token request is answered; the model is checked by that answer."""
         left = max(0.1, deadline_s - (self._clock() - start))
-        health, _ = await self._get(url + "/health", max(0.1, min(self._probe_timeout, left)))
+        health, _ = await self._get(endpoint_url(url, "/health"), max(0.1, min(self._probe_timeout, left)))
         status = health.status if health is not None else None
         healthy = status is not None and 200 <= status < 300
         # A first answer checks the model either way; where /health does not answer it is what

@@ -191,13 +191,17 @@ class Ledger:
 
     def __init__(self, conn: sqlite3.Connection, path: Path, *, settings_hash: str | None,
                  readonly: bool, lock_fd: int | None, created: bool, recovered: int,
-                 tallied: bool = True, version: int = SCHEMA_VERSION, samples: int = 1):
+                 tallied: bool = True, version: int = SCHEMA_VERSION, samples: int = 1,
+                 folder: safefiles.Folder | None = None):
         self._conn = conn
+        #: The run folder, held while the ledger is open (None when opened read-only): the run's other
+        #: records (progress, timeline) are written through it.
+        self.folder = folder
         self._version = version
         #: Rows per unique input (``[sampling] n`` when the run began).
         self.samples = samples
         #: The run's logprob shards (ledger/logprobs.py).
-        self.shards = ShardStore(path.parent)
+        self.shards = ShardStore(Path(folder.via()) if folder is not None else path.parent)
         # False only for a version-1 ledger opened read-only: no tallies, so counts are full counts.
         self._tallied = tallied
         self._lock_fd = lock_fd
@@ -237,19 +241,31 @@ class Ledger:
         run_dir = Path(run_dir)
         path = run_dir / LEDGER_FILE
         try:
-            safefiles.ensure_dir(run_dir)  # created 0700, or this user's own and not group/other-writable
-            safefiles.check_ledger(path, run_dir / LOCK_FILE)  # nothing SQLite would follow or share
-            lock_fd = cls._lock(run_dir)
+            # Held: created 0700, or this user's own and not group/other-writable, in parents no other
+            # user can rename it out of; every file below is reached through this descriptor.
+            folder = safefiles.hold(run_dir, create=True)
         except OSError as exc:  # a full disk, a read-only or missing parent folder
             raise LedgerError(f"{path}: cannot open the ledger: {exc.strerror or exc}") from None
         try:
-            created = not path.exists()
+            for name in (LEDGER_FILE, f"{LEDGER_FILE}-wal", f"{LEDGER_FILE}-shm", LOCK_FILE):
+                folder.check_file(name)  # nothing SQLite would follow or share
+            lock_fd = cls._lock(folder)
+        except OSError as exc:
+            folder.close()
+            raise LedgerError(f"{path}: cannot open the ledger: {exc.strerror or exc}") from None
+        except BaseException:
+            folder.close()
+            raise
+        try:
+            created = not folder.exists(LEDGER_FILE)
             if created:
                 try:
-                    safefiles.write_new(path, b"")  # -wal and -shm files take the database file's mode (0600)
+                    folder.write_new(LEDGER_FILE, b"")  # -wal and -shm files take the database file's mode (0600)
                 except OSError as exc:
                     raise LedgerError(f"{path}: cannot create the ledger: {exc.strerror or exc}") from None
-            conn = connect(path)
+            # SQLite takes a path: one through the held descriptor (it reads the link to the folder's
+            # name once, at connect; the parents' rule above keeps that name the held folder's).
+            conn = connect(Path(folder.via(LEDGER_FILE)))
             try:
                 recovered = cls._prepare(conn, path, settings_hash, meta, allow_mixed, samples)
                 committed = dict(conn.execute("SELECT shard, committed FROM lp_shards"))
@@ -261,9 +277,10 @@ class Ledger:
                 raise
         except BaseException:
             os.close(lock_fd)
+            folder.close()
             raise
         ledger = cls(conn, path, settings_hash=settings_hash, readonly=False, lock_fd=lock_fd,
-                     created=created, recovered=recovered, samples=samples)
+                     created=created, recovered=recovered, samples=samples, folder=folder)
         try:
             ledger.shards.trim(committed)
         except BaseException:
@@ -295,8 +312,9 @@ class Ledger:
                    tallied=version != 1, version=version, samples=int(stored.get("samples", 1)))
 
     @staticmethod
-    def _lock(run_dir: Path) -> int:
-        fd = safefiles.open_fd(run_dir / LOCK_FILE, os.O_CREAT | os.O_RDWR)
+    def _lock(folder: safefiles.Folder) -> int:
+        run_dir = folder.path
+        fd = folder.open(LOCK_FILE, os.O_CREAT | os.O_RDWR)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -391,6 +409,8 @@ class Ledger:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+        if self.folder is not None:
+            self.folder.close()
 
     def __enter__(self) -> Ledger:
         return self

@@ -158,10 +158,12 @@ class LocalPlacement:
             # Signals go only where a recorded process, create time verified, is alive (the proof);
             # otherwise the stop signals nothing and only measures, and this says what it found.
             proven = procs.alive(state.processes())
-            report = stop_run(state_file.run_dir)
+            report = stop_run(state_file.folder())  # the folder the record was just read through
         except StopError as exc:  # no readable record: nothing is provably ours to stop
             log.warning("a server record of an earlier session is unreadable, not stopped: %s", exc)
             return []
+        finally:
+            state_file.close()
         verdict = "clean" if report.clean else "DIRTY: " + "; ".join(report.problems)
         if proven:
             log.warning("stopped the server left running by an earlier session of this run (pid %s): %s",

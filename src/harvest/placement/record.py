@@ -40,9 +40,9 @@ def read(folder: Path | str) -> dict[str, Any] | None:
 
 def write(folder: Path | str, kind: str, doc: dict[str, Any]) -> None:
     """Write ``doc`` tagged with ``kind``: the folder 0700, the file 0600, replaced atomically."""
-    folder = make_run_dir(Path(folder))
     body = {"schema": schemas.PLACEMENT_RECORD, **doc, "kind": kind}
-    safefiles.write_atomic(folder / RECORD, json.dumps(body, indent=2) + "\n")
+    with make_run_dir(Path(folder)) as held:
+        held.write_atomic(RECORD, json.dumps(body, indent=2) + "\n")
 
 
 def candidates(run_dir: Path | str) -> list[Path]:

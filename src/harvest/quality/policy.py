@@ -19,6 +19,7 @@ from typing import Any
 
 from harvest.config import ServerConfig
 from harvest.quality.settings import PolicySettings
+from harvest.redact import REDACTED, is_secret_variable, redact_argv
 
 #: ServerConfig fields where a larger value claims more memory.
 MEMORY_FIELDS = ("mem_fraction_static", "gpu_memory_utilization", "max_running_requests", "hicache_size")
@@ -52,6 +53,14 @@ def setting_items(config: ServerConfig) -> list[str]:
     return items
 
 
+def _shown(item: str) -> str:
+    """A ``key=value`` setting item fit to show: secret variables, arguments and URL parts hidden."""
+    key, _, value = item.partition("=")
+    if key.startswith("env.") and is_secret_variable(key[4:], value):
+        return f"{key}={REDACTED}"
+    return f"{key}={' '.join(redact_argv(value.split(' ')))}"
+
+
 def violations(config: ServerConfig, policy: PolicySettings) -> list[str]:
     """The policy rules ``config`` breaks, each as ``"kv_cache_dtype=fp8 (forbid kv_cache_dtype=fp8*)"``."""
     out = []
@@ -59,7 +68,7 @@ def violations(config: ServerConfig, policy: PolicySettings) -> list[str]:
     for pattern in policy.forbid:
         for item in items:
             if fnmatch.fnmatchcase(item, pattern):
-                out.append(f"{item} (forbid {pattern})")
+                out.append(f"{_shown(item)} (forbid {pattern})")
     return out
 
 

@@ -20,7 +20,6 @@ and never sent to candidates. This module never launches or stops a server.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import os
@@ -182,26 +181,25 @@ def output_from(d: dict[str, Any]) -> ProbeOutput:
 def save_reference(path: Path, reference: Reference) -> Path:
     """Write the reference atomically (a temporary file renamed into place)."""
     path = Path(path)
-    safefiles.ensure_dir(path.parent)
     header = {"schema": REFERENCE_SCHEMA, "settings_hash": reference.settings_hash,
               "protocol": reference.protocol,
               "top_k": reference.top_k, "max_tokens": reference.max_tokens, "server": reference.server,
               "created_at": reference.created_at, "excluded": [list(x) for x in reference.excluded]}
-    safefiles.check_file(path)
-    tmp, fd = safefiles.temp_beside(path)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(json.dumps(header, ensure_ascii=False) + "\n")
-            for e in reference.entries:
-                line = {"prompt": e.prompt.to_json(),
-                        "prompt_ids": list(e.prompt_ids) if e.prompt_ids is not None else None,
-                        "output": output_json(e.output)}
-                fh.write(json.dumps(line, ensure_ascii=False) + "\n")
-        safefiles.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    with safefiles.hold(path.parent, create=True) as folder:
+        folder.check_file(path.name)
+        tmp, fd = folder.temp(path.name)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(json.dumps(header, ensure_ascii=False) + "\n")
+                for e in reference.entries:
+                    line = {"prompt": e.prompt.to_json(),
+                            "prompt_ids": list(e.prompt_ids) if e.prompt_ids is not None else None,
+                            "output": output_json(e.output)}
+                    fh.write(json.dumps(line, ensure_ascii=False) + "\n")
+            folder.replace(tmp, path.name)
+        except BaseException:
+            folder.unlink(tmp)
+            raise
     return path
 
 
@@ -231,8 +229,7 @@ def load_reference(path: Path, settings_hash: str | None = None) -> Reference | 
 def save_outputs(path: Path, outputs: Sequence[ProbeOutput]) -> Path:
     """A candidate's outputs as JSON Lines (for inspection; never read back by harvest)."""
     path = Path(path)
-    safefiles.ensure_dir(path.parent)
-    with safefiles.open_text(path, "w") as fh:
+    with safefiles.hold(path.parent, create=True) as folder, folder.open_text(path.name, "w") as fh:
         for o in outputs:
             fh.write(json.dumps(output_json(o), ensure_ascii=False) + "\n")
     return path

@@ -33,10 +33,12 @@ from typing import Any
 
 import aiohttp
 
+from harvest.client.endpoints import endpoint_url, normalize_url
 from harvest.transport import AiohttpTransport, Transport, TransportError
 from harvest.config import ServerConfig
 from harvest.errors import ConfigError, RequestError, ServerSick
 from harvest.quality.probe import ProbePrompt
+from harvest.redact import redact_text
 from harvest.server.base import bearer_headers, python_of
 
 
@@ -73,7 +75,9 @@ class Wire:
         """``transport`` replaces the aiohttp transport (a ``MockTransport`` in tests); it is closed
         with the wire."""
         self.config = config
-        self.url = config.url
+        self.url = normalize_url(config.url)
+        #: The URL as errors show it (a user part or a query key hidden).
+        self.shown = redact_text(config.url)
         self.model = config.served_model_name or config.model
         self.timeout = timeout
         self._slots = asyncio.Semaphore(concurrency)
@@ -95,21 +99,21 @@ class Wire:
         """POST JSON, return the decoded answer. 4xx -> RequestError; other failures -> ServerSick."""
         async with self._slots:
             try:
-                r = await self._http.request("POST", self.url + path, body=json.dumps(body).encode(),
+                r = await self._http.request("POST", endpoint_url(self.url, path), body=json.dumps(body).encode(),
                                              headers=self._headers, timeout=self.timeout)
             except (TransportError, aiohttp.ClientError) as exc:  # ClientError: an answer that is not HTTP
-                raise ServerSick(f"POST {path}: {type(exc).__name__}: {exc}", endpoint=self.url) from None
+                raise ServerSick(f"POST {path}: {type(exc).__name__}: {exc}", endpoint=self.shown) from None
         text = r.body[:500].decode("utf-8", errors="replace")
         if 400 <= r.status < 500:
             raise RequestError(f"POST {path}: {text}", status=r.status)
         if r.status != 200:
-            raise ServerSick(f"POST {path} answered HTTP {r.status}: {text[:300]}", endpoint=self.url,
+            raise ServerSick(f"POST {path} answered HTTP {r.status}: {text[:300]}", endpoint=self.shown,
                              status=r.status)
         try:
             return json.loads(r.body)
         except ValueError:
             raise ServerSick(f"POST {path}: the answer is not JSON: {text[:200]!r}",
-                             endpoint=self.url) from None
+                             endpoint=self.shown) from None
 
     async def tokenize(self, prompts: Sequence[ProbePrompt]) -> list[list[int]] | None:
         """Prompt token ids with the chat template applied, or None when this protocol has none."""
@@ -139,7 +143,7 @@ class VLLMWire(Wire):
                                                  "add_generation_prompt": True})
             tokens = data.get("tokens") if isinstance(data, dict) else None
             if not isinstance(tokens, list):
-                raise _bad("/tokenize", "no tokens", self.url)
+                raise _bad("/tokenize", "no tokens", self.shown)
             return [int(t) for t in tokens]
 
         return list(await asyncio.gather(*(one(p) for p in prompts)))
@@ -156,7 +160,7 @@ class VLLMWire(Wire):
                               tuple(int(t) for t in ids) if ids is not None else None,
                               choice.get("finish_reason"))
         except (KeyError, IndexError, TypeError, ValueError):
-            raise _bad("/v1/completions", "no choices[0]", self.url) from None
+            raise _bad("/v1/completions", "no choices[0]", self.shown) from None
 
     async def score(self, prompt_ids: Sequence[int], target: Sequence[int], k: int) -> list[TokenScore]:
         if not target:
@@ -171,7 +175,7 @@ class VLLMWire(Wire):
                 positions = data.get("prompt_logprobs")
             return parse_vllm_prompt_logprobs(positions, len(prompt_ids), target, k)
         except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise _bad("/v1/completions", f"prompt_logprobs unreadable: {exc}", self.url) from None
+            raise _bad("/v1/completions", f"prompt_logprobs unreadable: {exc}", self.shown) from None
 
 
 def parse_vllm_prompt_logprobs(positions: Sequence[Any], start: int, target: Sequence[int],
@@ -225,7 +229,7 @@ class SGLangWire(Wire):
             reason = finish.get("type") if isinstance(finish, dict) else finish
             return Generation(data.get("text") or "", tuple(int(t) for t in ids), reason)
         except (KeyError, IndexError, TypeError, ValueError, AttributeError):
-            raise _bad("/generate", "no output ids", self.url) from None
+            raise _bad("/generate", "no output ids", self.shown) from None
 
     async def score(self, prompt_ids: Sequence[int], target: Sequence[int], k: int) -> list[TokenScore]:
         if not target:
@@ -242,7 +246,7 @@ class SGLangWire(Wire):
             return parse_sglang_input_logprobs(meta["input_token_logprobs"], meta["input_top_logprobs"],
                                                target)
         except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise _bad("/generate", f"input logprobs unreadable: {exc}", self.url) from None
+            raise _bad("/generate", f"input logprobs unreadable: {exc}", self.shown) from None
 
 
 def parse_sglang_input_logprobs(token_logprobs: Sequence[Any], top_logprobs: Sequence[Any],
@@ -280,7 +284,7 @@ class ChatWire(Wire):
             choice = data["choices"][0]
             return Generation(choice["message"].get("content") or "", None, choice.get("finish_reason"))
         except (KeyError, IndexError, TypeError, AttributeError):
-            raise _bad("/v1/chat/completions", "no choices[0].message", self.url) from None
+            raise _bad("/v1/chat/completions", "no choices[0].message", self.shown) from None
 
 
 _TEMPLATE_CODE = r"""

@@ -57,12 +57,12 @@ def write_report(folder: str | Path, output: str | Path | None = None) -> Path:
     ``folder/report.html``); returns the path written."""
     text, _ = render_report(folder)
     out = Path(output) if output is not None else Path(folder) / REPORT_FILE
-    if output is None:
-        safefiles.check_dir(out.parent)  # the run folder: this user's own
-    else:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    # private like every file harvest writes in a run folder (it shows the job's settings)
-    return safefiles.write_atomic(out, text)
+    # The run folder: this user's own. An --output folder: missing ones made 0700 (whatever the
+    # umask), an existing one no other user can rename things in; the file is written in it, held.
+    with safefiles.Folder.hold(out.parent, create=output is not None, strict=output is None) as held:
+        # private like every file harvest writes in a run folder (it shows the job's settings)
+        held.write_atomic(out.name, text)
+    return out
 
 
 __all__ = ["KINDS", "REPORT_FILE", "folder_kind", "render_report", "write_report"]

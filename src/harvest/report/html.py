@@ -17,6 +17,8 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
+from harvest.redact import escape_controls
+
 CSS = """
 :root { --fg:#1b1f24; --muted:#57606a; --line:#d0d7de; --bg:#ffffff; --accent:#0b5cad; }
 * { box-sizing: border-box; }
@@ -51,7 +53,9 @@ footer { color: var(--muted); font-size: 12px; margin-top: 32px; }
 
 
 def esc(x: Any) -> str:
-    return html.escape("" if x is None else str(x), quote=True)
+    """Text for the page: HTML-escaped, and control characters (ESC, BEL... from a ledger or a
+    record another user may have written) shown as visible ``\\x1b``-style escapes."""
+    return html.escape(escape_controls("" if x is None else str(x)), quote=True)
 
 
 def num(x: Any, digits: int = 4) -> str:
@@ -145,7 +149,7 @@ def page(title: str, subtitle: str, body: Sequence[str], *, kind: str, version: 
             f"<meta name=\"generator\" content=\"harvest {esc(version)}\">"
             f"<title>{esc(title)}</title><style>{CSS}</style></head>"
             f"<body data-report=\"{esc(kind)}\"><h1>{esc(title)}</h1><p class=\"sub\">{esc(subtitle)}</p>"
-            + "\n".join(body)
+            + "\n".join(escape_controls(b) for b in body)  # and in the figures' SVG text
             + f"<footer>harvest {esc(version)} report, generated {esc(generated)}. Self-contained: "
               "no script, nothing loaded from elsewhere.</footer></body></html>\n")
 

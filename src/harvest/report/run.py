@@ -23,6 +23,7 @@ from harvest.campaign.status import RunStatus, run_status
 from harvest.campaign.timeline import Histogram, histograms, read_timeline
 from harvest.ledger import Ledger, Status
 from harvest.report import charts
+from harvest.redact import redact_doc
 from harvest.report.html import Cell, esc, figure, kv, num, seconds, table, val, when
 
 SERVER_DIR = "server"
@@ -393,8 +394,11 @@ def run_page(run_dir: str | Path) -> tuple[str, str, list[str]]:
     """(title, subtitle, sections) of the run in ``run_dir``; LedgerError when it holds no ledger."""
     run_dir = Path(run_dir)
     st = run_status(run_dir)
-    meta = _meta(run_dir)
+    # Records written by an older harvest may hold what is now redacted (a URL's user part, a query
+    # key): the page redacts again what it reads.
+    meta = redact_doc(_meta(run_dir))
     doc, problem = read_timeline(run_dir)
+    doc = redact_doc(doc) if doc is not None else None
     launches = list(doc.get("launches") or []) if doc is not None else _last_launch_from_files(run_dir)
     sections = [_header(st, meta, launches), _totals(st), _status_chart(st)]
     if doc is not None:

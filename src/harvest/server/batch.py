@@ -19,7 +19,8 @@ from collections.abc import Sequence
 
 from harvest.config import ServerConfig
 
-#: Flags that set the batch limit, by engine kind (the last occurrence in ``extra_args`` wins).
+#: Flags that set the batch limit, by engine kind (the last occurrence in ``extra_args`` wins; read
+#: in any spelling the engine's parser reads as one, e.g. vLLM's ``--max-num-se 64``).
 _FLAGS = {
     "vllm": ("--max-num-seqs",),
     "sglang": ("--max-running-requests",),
@@ -30,7 +31,7 @@ _FLAGS = {
 def batch_limit(config: ServerConfig) -> int | None:
     """Requests ``config``'s engine runs at once, or None when harvest cannot know it."""
     engine = config.engine
-    flagged = _flag_value(config.extra_args, _FLAGS.get(engine, ()))
+    flagged = _flag_value(engine, config.extra_args, _FLAGS.get(engine, ()))
     if flagged is not None:
         return flagged
     if config.max_running_requests is not None and engine in ("vllm", "sglang", "llamacpp"):
@@ -50,7 +51,7 @@ def batch_limit_exact(config: ServerConfig) -> bool:
     (vLLM's CPU build: 128; llama.cpp: 4 slots). vLLM's GPU default (256 or 1024 by GPU memory) and
     transformers' requests per batch (an upper bound that KV memory may lower) are not."""
     engine = config.engine
-    if _flag_value(config.extra_args, _FLAGS.get(engine, ())) is not None:
+    if _flag_value(engine, config.extra_args, _FLAGS.get(engine, ())) is not None:
         return True
     if config.max_running_requests is not None and engine in ("vllm", "sglang", "llamacpp"):
         return True
@@ -67,13 +68,14 @@ def has_metrics(config: ServerConfig) -> bool:
         return False
 
 
-def _flag_value(argv: Sequence[str], flags: tuple[str, ...]) -> int | None:
+def _flag_value(engine: str, argv: Sequence[str], flags: tuple[str, ...]) -> int | None:
+    from harvest.engine_flags import readings
+
     value: int | None = None
-    for i, arg in enumerate(argv):
-        name, eq, inline = arg.partition("=")
-        if name not in flags:
+    for i, reading in readings(engine, argv):
+        if len(reading.candidates) != 1 or reading.candidates[0] not in flags:
             continue
-        raw = inline if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+        raw = reading.inline_value if reading.inline_value is not None else (argv[i + 1] if i + 1 < len(argv) else "")
         if raw.isdigit() and int(raw) > 0:
             value = int(raw)
     return value

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 
 from harvest.events import Listener, emit
-from harvest.redact import safe_line
+from harvest.redact import redact_text, safe_line
 from harvest.server.base import ReadinessCheck
 
 #: Longest line handed to a display.
@@ -98,7 +98,8 @@ def describe_check(check: ReadinessCheck, url: str) -> str:
     target = check.url or check.path
     if target.startswith(url):  # the server's own address: the path says it all
         target = target[len(url):] or "/"
-    return f"{check.method} {target}" + ("" if check.name in target else f" ({check.name})")
+    # shown on the console: a health URL may carry a token (``?token=``, ``http://TOKEN@``)
+    return redact_text(f"{check.method} {target}" + ("" if check.name in target else f" ({check.name})"))
 
 
 __all__ = ["MAX_CHARS", "LaunchReporter", "describe_check", "last_milestone", "milestone", "strip_prefix"]

@@ -20,6 +20,7 @@ import enum
 import fcntl
 import json
 import os
+import stat
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -109,14 +110,11 @@ class RunState:
         return (self.record.leader, *self.descendants)
 
 
-def make_run_dir(path: Path) -> Path:
-    """The run folder: created 0700 when absent; an existing one must be this user's own and
-    not writable by group or others (never chmod-ed; see :mod:`harvest.safefiles`)."""
-    return safefiles.ensure_dir(path)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    safefiles.write_atomic(path, text)
+def make_run_dir(path: Path | str) -> safefiles.Folder:
+    """The run folder, held: created 0700 when absent; an existing one must be this user's own and
+    not writable by group or others, in parents nobody else can rename it out of (never chmod-ed;
+    see :mod:`harvest.safefiles`)."""
+    return safefiles.hold(path, create=True)
 
 
 def _ref_from(d: dict[str, Any]) -> ProcessRef:
@@ -164,12 +162,25 @@ def state_from_dict(data: dict[str, Any]) -> RunState:
 
 
 class StateFile:
-    """``RUN_DIR/launch.json``: read, written atomically (0600), updated under a file lock."""
+    """``RUN_DIR/launch.json``: read, written atomically (0600), updated under a file lock.
 
-    def __init__(self, run_dir: Path | str, lock_timeout: float | None = None):
-        self.run_dir = Path(run_dir)
+    Every access goes through the run folder held once (:class:`harvest.safefiles.Folder`): given
+    as one, or held at first use (and refused then unless it is this user's own). A rename or a
+    symlink put in the folder's place afterwards cannot point a stop at another server's record.
+    """
+
+    def __init__(self, run_dir: Path | str | safefiles.Folder, lock_timeout: float | None = None):
+        if isinstance(run_dir, safefiles.Folder):
+            self._folder: safefiles.Folder | None = run_dir
+            self._own_folder = False
+            self.run_dir = run_dir.path
+        else:
+            self._folder = None
+            self._own_folder = True
+            self.run_dir = Path(run_dir)
         self.path = self.run_dir / STATE_FILE
-        self._lock_path = self.run_dir / f".{STATE_FILE}.lock"
+        self._lock_name = f".{STATE_FILE}.lock"
+        self._lock_path = self.run_dir / self._lock_name
         #: Longest a write waits for the lock (None: as long as it takes). A stop sets it: a process
         #: frozen while holding the lock must not hold the stop past its deadline.
         self.lock_timeout = lock_timeout
@@ -182,12 +193,28 @@ class StateFile:
     def stop_path(self) -> Path:
         return self.run_dir / STOP_FILE
 
+    def folder(self) -> safefiles.Folder:
+        """The run folder, held (at the first call when this file was given a path)."""
+        if self._folder is None:
+            self._folder = safefiles.hold(self.run_dir)
+        return self._folder
+
+    def close(self) -> None:
+        """Let go of the run folder if this file held it itself."""
+        if self._own_folder and self._folder is not None:
+            self._folder.close()
+            self._folder = None
+
     def exists(self) -> bool:
-        return self.path.is_file()
+        try:
+            st = self.folder().lstat(STATE_FILE)
+        except UnsafePathError:
+            return self.path.is_file()  # a folder read() refuses; say what is there
+        return st is not None and stat.S_ISREG(st.st_mode)
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        fd = safefiles.open_fd(self._lock_path, os.O_RDWR | os.O_CREAT)
+        fd = self.folder().open(self._lock_name, os.O_RDWR | os.O_CREAT)
         try:
             if self.lock_timeout is None:
                 fcntl.flock(fd, fcntl.LOCK_EX)
@@ -210,8 +237,7 @@ class StateFile:
     def read(self) -> RunState:
         """The recorded state. Raises :class:`StopError` when there is none or it cannot be read."""
         try:
-            safefiles.check_dir(self.run_dir)
-            data = json.loads(safefiles.read_text(self.path))
+            data = json.loads(self.folder().read_text(STATE_FILE))
             return state_from_dict(data)
         except UnsafePathError as exc:  # a folder or record another user could have written
             raise StopError(f"refused launch record: {exc}") from None
@@ -223,7 +249,7 @@ class StateFile:
     def write(self, state: RunState) -> RunState:
         state = replace(state, updated_at=time.time())
         with self._locked():
-            _atomic_write(self.path, json.dumps(state_to_dict(state), indent=2) + "\n")
+            self.folder().write_atomic(STATE_FILE, json.dumps(state_to_dict(state), indent=2) + "\n")
         return state
 
     def update(self, change: Callable[[RunState], RunState]) -> RunState:
@@ -234,7 +260,7 @@ class StateFile:
             if changed is before:
                 return before  # nothing to record: no write
             state = replace(changed, updated_at=time.time())
-            _atomic_write(self.path, json.dumps(state_to_dict(state), indent=2) + "\n")
+            self.folder().write_atomic(STATE_FILE, json.dumps(state_to_dict(state), indent=2) + "\n")
             return state
 
     def add_descendants(self, found: Sequence[ProcessRef],
@@ -262,7 +288,7 @@ class StateFile:
         return self.update(lambda s: replace(s, status=status, note=note if note is not None else s.note))
 
     def write_stop_report(self, report: dict[str, Any]) -> None:
-        _atomic_write(self.stop_path, json.dumps(report, indent=2) + "\n")
+        self.folder().write_atomic(STOP_FILE, json.dumps(report, indent=2) + "\n")
 
 
 # --- the user-wide index of run folders -------------------------------------------------------
@@ -295,14 +321,26 @@ class IndexEntry:
     name: str = field(default="", compare=False)
 
 
-def register_run(run_dir: Path, engine: str, port: int) -> IndexEntry:
-    """Add a run folder to the index (one small 0600 file per run)."""
-    safefiles.ensure_dir(state_dir())
-    runs = safefiles.ensure_dir(state_dir() / "runs")
-    now = time.time()
-    name = f"{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}-{os.getpid()}-{int(now * 1e6) % 1000000}"
-    entry = IndexEntry(str(Path(run_dir).resolve()), engine, port, now, name)
-    _atomic_write(runs / f"{name}.json", json.dumps(asdict(entry)) + "\n")
+def hold_index() -> safefiles.Folder:
+    """The state dir's ``runs/``, held (both created 0700 when absent). A state dir another user
+    owns or can write to is refused here: commands that launch a server call this before they
+    launch anything."""
+    with safefiles.hold(state_dir(), create=True) as top:
+        return top.subfolder("runs")
+
+
+def register_run(run_dir: Path, engine: str, port: int, index: safefiles.Folder | None = None) -> IndexEntry:
+    """Add a run folder to the index (one small 0600 file per run), in ``index`` when given (the
+    folder :func:`hold_index` returned before the launch)."""
+    runs = index if index is not None else hold_index()
+    try:
+        now = time.time()
+        name = f"{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}-{os.getpid()}-{int(now * 1e6) % 1000000}"
+        entry = IndexEntry(str(Path(run_dir).resolve()), engine, port, now, name)
+        runs.write_atomic(f"{name}.json", json.dumps(asdict(entry)) + "\n")
+    finally:
+        if index is None:
+            runs.close()
     return entry
 
 
@@ -312,10 +350,18 @@ def list_runs() -> list[IndexEntry]:
     out: list[IndexEntry] = []
     if not runs.is_dir():
         return out
-    safefiles.check_dir(runs)
-    for f in runs.glob("*.json"):
+    with safefiles.hold(runs) as held:
+        names = sorted(n for n in os.listdir(held.fd) if n.endswith(".json"))
+        docs = []
+        for n in names:
+            try:
+                docs.append((n, held.read_text(n)))
+            except (OSError, UnsafePathError):
+                continue
+    for n, text in docs:
+        f = runs / n
         try:
-            d = json.loads(safefiles.read_text(f))
+            d = json.loads(text)
             entry = IndexEntry(d["run_dir"], d["engine"], int(d["port"]), float(d["registered_at"]), f.stem)
         except (OSError, ValueError, KeyError, TypeError, UnsafePathError):
             continue
@@ -335,6 +381,7 @@ __all__ = [
     "STATE_FILE",
     "StateFile",
     "default_run_dir",
+    "hold_index",
     "list_runs",
     "make_run_dir",
     "redact_argv",

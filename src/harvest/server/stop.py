@@ -38,6 +38,7 @@ import psutil
 
 from harvest.errors import ProbeError, StopError
 from harvest.gpu.records import GpuProbe
+from harvest.safefiles import Folder
 from harvest.server import procs
 from harvest.server.state import ProcessRef, RunState, RunStatus, StateFile
 
@@ -386,7 +387,7 @@ def _wait_port_closed(host: str, port: int, clock: _Clock, poll: float) -> tuple
 
 
 def stop_run(
-    run_dir: Path | str,
+    run_dir: Path | str | Folder,
     *,
     deadline: float | None = None,
     grace: float | None = None,
@@ -405,7 +406,7 @@ def stop_run(
     if poll_interval <= 0 or poll_interval > POLL_INTERVAL:
         raise ValueError(f"poll_interval must be in (0, {POLL_INTERVAL}] s (>= 10 Hz), got {poll_interval}")
     t0 = time.monotonic()
-    sf = StateFile(run_dir)
+    sf = StateFile(run_dir)  # a Folder: the one the launch held; a path: held here, once
     state = sf.read()
     rec = state.record
     deadline = rec.stop_deadline if deadline is None else deadline
@@ -445,7 +446,7 @@ def stop_run(
 
     verdict: Verdict = "dirty" if problems else "clean"
     report = StopReport(
-        run_dir=str(Path(run_dir)), verdict=verdict, steps=tuple(steps), escalated=escalated,
+        run_dir=str(sf.run_dir), verdict=verdict, steps=tuple(steps), escalated=escalated,
         baseline_mib=dict(rec.baseline_mib), final_mib=final_mib, holders=holders, survivors=survivors,
         port_open=port_open, port_holders=port_holders, total_s=round(time.monotonic() - clock.t0, 3),
         deadline_s=deadline, problems=tuple(problems), engine=rec.engine, pid=rec.pid,
@@ -456,6 +457,7 @@ def stop_run(
         sf.write_stop_report(report.to_dict())
     with contextlib.suppress(OSError, StopError):
         sf.set_status(RunStatus.STOPPED if report.clean else RunStatus.DIRTY)
+    sf.close()
     return report
 
 

@@ -37,7 +37,7 @@ from harvest.errors import ConfigError, LaunchError, PreflightFailed, StopError,
 from harvest.events import Listener, emit
 from harvest.http import HttpError, SyncHttp
 from harvest.gpu.records import GpuProbe
-from harvest.redact import SECRET_ENV
+from harvest.redact import secret_env_values
 from harvest.server import procs
 from harvest.server.base import EngineAdapter, adapter_for, private_files
 from harvest.server.milestones import LaunchReporter
@@ -50,6 +50,7 @@ from harvest.server.state import (
     RunStatus,
     StateFile,
     default_run_dir,
+    hold_index,
     make_run_dir,
     redact_argv,
     register_run,
@@ -102,16 +103,11 @@ class DescendantRecorder:
             self._thread.join(timeout)
 
 
-def _write_private(path: Path, text: str) -> None:
-    """Write ``text`` readable by its owner only (0600 from the first byte)."""
-    with safefiles.open_text(path, "w") as fh:
-        fh.write(text)
-
-
-def _refuse_live_record(run_dir: Path) -> None:
+def _refuse_live_record(folder: safefiles.Folder) -> None:
     """A folder holding the record of a server still running is that server's: a second launch
     there would overwrite its record and log, and ``ps``/``stop`` would lose it."""
-    state_file = StateFile(run_dir)
+    run_dir = folder.path
+    state_file = StateFile(folder)
     if not state_file.exists():
         return
     try:
@@ -184,7 +180,9 @@ class Server:
         self._launched = False
         self._finished = False
         #: Owner-only files written for the engine (its key), removed when start-up ends.
-        self._private_paths: list[Path] = []
+        self._private_paths: list[str] = []
+        #: The run folder, held from the start-up on: the record a stop reads comes through it.
+        self._folder: safefiles.Folder | None = None
         self._detached = False
 
     # --- what callers read -------------------------------------------------------------------
@@ -263,8 +261,12 @@ class Server:
             why = (f"environment variable {cfg.api_key_env} is not set (or empty): serving host "
                    f"{cfg.host!r}, not a loopback address, needs an API key")
             raise ConfigError(name, [(name, why)])
-        run_dir = make_run_dir(self.run_dir)
-        _refuse_live_record(run_dir)
+        index = hold_index()  # a state dir another user owns is refused before anything is launched
+        folder = make_run_dir(self.run_dir)
+        self._folder = folder
+        self.state_file = StateFile(folder)
+        run_dir = folder.path
+        _refuse_live_record(folder)
         probe = self._get_probe()
         from harvest.gpu.preflight import run_preflight
 
@@ -289,8 +291,9 @@ class Server:
         key = cfg.api_key()
         # E.g. SGLang's key, kept off the argv; removed once start-up ended (read at the start).
         for name, text in private_files(self.adapter, cfg).items():
-            self._private_paths.append(run_dir / name)
-            _write_private(run_dir / name, text)
+            self._private_paths.append(name)
+            with folder.open_text(name, "w") as fh:  # readable by its owner only (0600 from the first byte)
+                fh.write(text)
         argv = self.adapter.argv(cfg, run_dir=run_dir)
         shown = redact_argv(argv, [key.get_secret_value()] if key is not None else [])
         env = {**os.environ, **self.adapter.environment(cfg), **cfg.env}
@@ -300,7 +303,7 @@ class Server:
             if self._cancel.is_set():
                 raise LaunchError("start-up was cancelled before the spawn", argv=shown, reason="cancelled")
             baseline = probe.memory_used(gpus) if gpus else {}
-            fd = safefiles.open_fd(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            fd = folder.open(LOG_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             try:
                 self._popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.STDOUT,
                                                env=env, start_new_session=True, close_fds=True)
@@ -318,13 +321,16 @@ class Server:
                 stop_grace=cfg.stop_grace, stop_deadline=cfg.stop_deadline, launcher_pid=os.getpid(),
             )
             self.state_file.write(RunState(record=record, status=RunStatus.STARTING))
-        register_run(run_dir, cfg.engine, cfg.port)
+        try:
+            register_run(run_dir, cfg.engine, cfg.port, index)
+        finally:
+            index.close()
         emit(self.on_event, "launching", "start", engine=cfg.engine, pid=pid, url=cfg.url)
         self._recorder = DescendantRecorder(self.state_file, self.record_interval)
         self._recorder.start()
 
         watcher = LogWatcher(log_path, secrets=[*([key.get_secret_value()] if key is not None else []),
-                                                *(v for k, v in cfg.env.items() if SECRET_ENV.search(k))])
+                                                *secret_env_values(cfg.env)])
         try:
             self.ready = wait_ready(config=cfg, checks=self.adapter.readiness(cfg),
                                     fatal_patterns=self.adapter.fatal_patterns, log=watcher,
@@ -344,11 +350,12 @@ class Server:
         return self
 
     def _remove_private(self) -> None:
-        for path in self._private_paths:
+        for name in self._private_paths:
             try:
-                path.unlink(missing_ok=True)
+                if self._folder is not None:
+                    self._folder.unlink(name)
             except OSError as exc:
-                log.warning("could not remove %s: %s", path, exc)
+                log.warning("could not remove %s: %s", self.run_dir / name, exc)
         self._private_paths.clear()
 
     def _mark(self, status: RunStatus, note: str | None = None) -> None:
@@ -384,7 +391,7 @@ class Server:
                 if not launched:
                     return None
                 emit(self.on_event, "stopping", "start", pid=self.pid)
-                self.stop_report = stop_run(self.run_dir, deadline=deadline, probe=self._probe,
+                self.stop_report = stop_run(self._folder or self.run_dir, deadline=deadline, probe=self._probe,
                                             margin_mib=self.stop_margin_mib, on_step=self._stop_step)
                 emit(self.on_event, "stopping", "end", ok=self.stop_report.clean,
                      verdict=self.stop_report.verdict, seconds=self.stop_report.total_s)

@@ -38,7 +38,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any  # JSON as sent and received (bodies, messages, overrides): the server owns its shape
 
 from pydantic import SecretStr
 
@@ -121,7 +121,7 @@ class Client:
         engine_metrics: bool = True,
         limits: Mapping[str, EngineLimit] | None = None,
         clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
         rng: random.Random | None = None,
     ):
         self.config = config or ClientConfig()
@@ -169,7 +169,7 @@ class Client:
     @classmethod
     def from_config(cls, config: HarvestConfig, server_urls: Sequence[str] | None = None,
                     engines: Sequence[EngineLimit] | None = None, *, engine: EngineLimit | None = None,
-                    **kwargs: Any) -> Client:
+                    **kwargs: Any) -> Client:  # kwargs: Client's own keywords, passed on
         """A client for the job's server (if any) plus ``[client] endpoints``, with its key and model.
         ``server_urls`` replaces the server's own URL (a far server reached through tunnels). What
         whoever launched the servers knows of their engines, for ``concurrency = "auto"``:

@@ -27,7 +27,8 @@ class ControllerState:
     _settled: bool
     #: No growth to this level or above while it is set.
     _ceiling: int | None
-    #: Steps (scrapes, canaries) left before the ceiling lifts; 0: it lifts only by a look up.
+    #: Steps (scrapes, canaries) left before the ceiling lifts by itself (0: it stays until a look
+    #: up reaches it, on answers alone).
     _ceiling_left: int
     #: The last level whose tok/s paid for its latency (where a latency back-off returns to).
     _accepted: int | None

@@ -40,7 +40,8 @@ from benchutil import exit_on_sigterm, load  # bench/benchutil.py
 from saturation import SERVED_NAME, TOPICS, VLLM_ENV, engine_python
 
 from harvest.client import Client
-from harvest.client.core import EngineLimit
+from harvest.campaign.run import engine_limit
+from harvest.client.engine import EngineLimit
 from harvest.client.autoconc import AutoSettings, start_for
 from harvest.config import ClientConfig, SamplingConfig
 from harvest.errors import RequestError
@@ -402,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     def auto_for(*servers: Any) -> tuple[AutoSettings, dict[str, EngineLimit]]:
         """The knobs of auto and what ``harvest run`` knows of each launched server's engine
         (``Client.from_config``): each endpoint starts and stops at its own batch limit."""
-        limits = {s.url: EngineLimit.of(s.config) for s in servers}
+        limits = {s.url: engine_limit(s.config) for s in servers}
         described = []
         for url, x in limits.items():
             start = start_for(x.batch, metrics=x.metrics, max_concurrency=args.max_concurrency, exact=x.exact)

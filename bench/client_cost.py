@@ -70,7 +70,7 @@ async def _harvest_auto(base: str, n: int, concurrency: int) -> None:
     target, up to that bound, wait for room in the pool (the rest for a slot under the bound)."""
     from harvest.client import Client
     from harvest.client.autoconc import AutoSettings
-    from harvest.client.core import EngineLimit
+    from harvest.client.engine import EngineLimit
     from harvest.config import ClientConfig, SamplingConfig
 
     config = ClientConfig(concurrency="auto", max_concurrency=4 * concurrency, max_retries=0, request_timeout=60,

@@ -325,7 +325,8 @@ async def test_each_server_endpoint_starts_and_stops_at_its_own_engines_batch():
     """Servers launched with batch limits of their own (a ``[[hosts]]`` entry overriding
     ``max_running_requests``) each start at their batch plus a short queue and stay there while the
     engine runs its whole batch; a [client] endpoint, which may be any engine, starts at [server]'s
-    batch as a guess. URLs and server settings that do not pair up are refused."""
+    batch as a guess. URLs and engine limits that do not pair up are refused."""
+    from harvest.campaign.run import engine_limit
     from harvest.config import parse_config
 
     C = "http://c:1"
@@ -339,7 +340,9 @@ async def test_each_server_endpoint_starts_and_stops_at_its_own_engines_batch():
         base = url.split("/metrics")[0]
         return vllm_metrics(running[base], 0, 1000.0)  # its whole batch runs, nothing waits
 
-    client = Client.from_config(cfg, [A, B], [cfg.server, big], transport=MockTransport(handler))
+    engines = [engine_limit(cfg.server), engine_limit(big)]  # what harvest run passes in
+    client = Client.from_config(cfg, [A, B], engines, engine=engine_limit(cfg.server),
+                                transport=MockTransport(handler))
     async with client:
         step = by_hand(client)
         assert {t.url: t.target for t in client.concurrency_targets()} == {A: 18, B: 72, C: 16}
@@ -348,5 +351,5 @@ async def test_each_server_endpoint_starts_and_stops_at_its_own_engines_batch():
         targets = {t.url: (t.target, t.reason) for t in client.concurrency_targets()}
         assert targets[A] == (18, "at the engine's batch limit")
         assert targets[B] == (72, "at the engine's batch limit")
-    with pytest.raises(ValueError, match="2 server configs for 1 server URLs"):
-        Client.from_config(cfg, [A], [cfg.server, big], transport=MockTransport(handler))
+    with pytest.raises(ValueError, match="2 engine limits for 1 server URLs"):
+        Client.from_config(cfg, [A], engines, transport=MockTransport(handler))

@@ -49,6 +49,7 @@ def test_which_limits_are_the_engines_hard_cap(config, exact):
 
 
 def test_a_client_caps_auto_at_the_limit_only_when_every_endpoint_is_the_launched_engine():
+    from harvest.campaign.run import engine_limit
     from harvest.client import Client
     from harvest.config import HarvestConfig
 
@@ -56,7 +57,7 @@ def test_a_client_caps_auto_at_the_limit_only_when_every_endpoint_is_the_launche
         config = HarvestConfig.model_validate({
             "server": {"engine": "vllm", "model": "/m"}, "client": {"endpoints": endpoints},
             "data": {"path": "in.jsonl"}})
-        return Client.from_config(config)._steer.settings
+        return Client.from_config(config, engine=engine_limit(config.server))._steer.settings
 
     assert settings([]).engine_limit == 128
     assert settings(["http://127.0.0.1:9/v1"]).engine_limit is None  # another engine, another cap

@@ -47,18 +47,25 @@ from harvest.campaign.intake import IngestSteps, dataset_fingerprint, output_set
 from harvest.campaign.progress import Progress
 from harvest.campaign.supervise import ServerSteps
 from harvest.campaign.timeline import Timeline
-from harvest.client import Client
+from harvest.client import Client, EngineLimit
 from harvest.client.metrics import PrefixCacheMeter
-from harvest.config import HarvestConfig
+from harvest.config import HarvestConfig, ServerConfig
 from harvest.dataset.skips import SkipReason
 from harvest.errors import ConfigError
 from harvest.events import Event
 from harvest.ledger import LedgerWriter, Status, Totals, hash_settings
 from harvest.placement import from_config
 from harvest.server import StopReport
+from harvest.server.batch import batch_limit, batch_limit_exact, has_metrics
 from harvest.server.state import hold_index
 
 log = logging.getLogger("harvest.campaign")
+
+
+def engine_limit(server: ServerConfig) -> EngineLimit:
+    """What the client may know of an engine launched with ``server``'s settings, for ``concurrency =
+    "auto"``: its batch limit, whether that is its hard cap, whether it has /metrics."""
+    return EngineLimit(batch_limit(server), batch_limit_exact(server), has_metrics(server))
 
 
 @dataclass(frozen=True)
@@ -195,7 +202,9 @@ class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
                                 urls = getattr(self.server, "urls", None)  # far servers: their tunnels
                                 # each server's own settings (a [[hosts]] entry's batch limit)
                                 configs = getattr(self.server, "server_configs", None) if urls else None
-                                async with Client.from_config(self.config, urls, configs) as client:
+                                engines = None if configs is None else [engine_limit(c) for c in configs]
+                                engine = None if server is None else engine_limit(server)
+                                async with Client.from_config(self.config, urls, engines, engine=engine) as client:
                                     attach = getattr(self.server, "attach_client", None)
                                     if attach is not None:  # Ray: endpoints follow replacement servers
                                         attach(client)
@@ -262,4 +271,4 @@ async def run_campaign(config: HarvestConfig, *, allow_mixed: bool = False, forc
                            console=console).run()
 
 
-__all__ = ["RunReport", "dataset_fingerprint", "output_settings", "run_campaign"]
+__all__ = ["RunReport", "dataset_fingerprint", "engine_limit", "output_settings", "run_campaign"]

@@ -19,8 +19,10 @@ the attempts the item paid for.
 
 from __future__ import annotations
 
-from harvest.client.core import Client, RetryPolicy
+from harvest.client.core import Client
+from harvest.client.engine import EngineLimit
 from harvest.client.metrics import LOAD_METRICS, MetricsFormatError, Sample, parse_prometheus_text, scrape_metrics, sum_by_name
+from harvest.client.policy import RetryPolicy
 from harvest.client.records import ClientStats, Completion, EndpointState, EndpointStats, FailureKind
 from harvest.transport import (
     AiohttpTransport,
@@ -38,6 +40,7 @@ __all__ = [
     "Client",
     "ClientStats",
     "Completion",
+    "EngineLimit",
     "EndpointState",
     "EndpointStats",
     "FailureKind",

@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from harvest.client.autoconc import Canary
@@ -32,7 +32,8 @@ log = logging.getLogger("harvest.client")
 
 #: ``send(endpoint_url, arrivals)``: stream one canary request to the endpoint, appending each
 #: event's arrival (seconds since sending) to ``arrivals`` as it comes.
-Send = Callable[[str, list[float]], Awaitable[TimedEvents]]
+#: A coroutine function: the runner makes a task of each canary.
+Send = Callable[[str, list[float]], Coroutine[Any, Any, TimedEvents]]
 
 #: Tokens per canary: enough gaps for a decode step's pace, few enough to end in seconds.
 TOKENS = 10

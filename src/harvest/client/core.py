@@ -38,18 +38,26 @@ import random
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any  # JSON as sent and received (bodies, messages, overrides): the server owns its shape
 
 from pydantic import SecretStr
 
 from harvest.client import protocol
-from harvest.client.autoconc import GAUGE_NAMES, AutoSettings, start_for
+from harvest.client.autoconc import GAUGE_NAMES, AutoSettings
 from harvest.client.canary import TOKENS as CANARY_TOKENS
 from harvest.client.canary import canary_body
 from harvest.client.endpoints import Endpoint, EndpointPool, endpoint_url, normalize_url
+from harvest.client.engine import EngineLimit, auto_settings
+from harvest.client.health import Health
 from harvest.client.metrics import scrape_metrics
-from harvest.client.policy import backoff_delay, classify_status, error_message, parse_retry_after, redact
+from harvest.client.policy import (
+    RetryPolicy,
+    backoff_delay,
+    classify_status,
+    error_message,
+    parse_retry_after,
+    redact,
+)
 from harvest.client.records import ClientStats, Completion, EndpointState, FailureKind
 from harvest.client.startcheck import Listing, StartCheck
 from harvest.client.steer import Steering, Target
@@ -63,10 +71,9 @@ from harvest.transport import (
     TransportError,
     Unreachable,
 )
-from harvest.config import ClientConfig, HarvestConfig, SamplingConfig, ServerConfig
+from harvest.config import ClientConfig, HarvestConfig, SamplingConfig
 from harvest.errors import HarvestError, RequestError, ServerSick
 from harvest.redact import redact_text
-from harvest.server.batch import batch_limit, batch_limit_exact, has_metrics
 
 log = logging.getLogger("harvest.client")
 
@@ -78,51 +85,6 @@ class _Verdict(enum.Enum):
     CHARGED = "charged"  # the item: an attempt of its max_retries budget
     HELD = "held"  # the server: it is sick (failure run, or found sick by another request)
     OUTAGE = "outage"  # the server: it was confirmed down (refused connection, failed health check)
-
-
-@dataclass(frozen=True)
-class EngineLimit:
-    """What harvest knows of the engine behind an endpoint, for ``concurrency = "auto"``: its batch
-    limit (None: unknown), whether that is its hard cap, whether it has /metrics, and whether the
-    batch may serve the canary as a hint (not for an endpoint that may be any engine)."""
-
-    batch: int | None
-    exact: bool = False
-    metrics: bool = True
-    hint: bool = True
-
-    @classmethod
-    def of(cls, server: ServerConfig) -> EngineLimit:
-        """The engine a server launched with ``server``'s settings runs."""
-        return cls(batch_limit(server), batch_limit_exact(server), has_metrics(server))
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Knobs of backoff and sickness detection that ClientConfig does not expose."""
-
-    #: Consecutive server-side failures on one endpoint that make it sick even if /health says OK.
-    sick_after: int = 3
-    #: First backoff ceiling in seconds; it doubles per charged retry up to ``backoff_cap``.
-    backoff_base: float = 0.5
-    backoff_cap: float = 30.0
-    #: First pause between health polls of a sick endpoint; doubles up to ``health_interval_cap``.
-    health_interval: float = 0.5
-    health_interval_cap: float = 5.0
-    #: Timeout of one health probe (and of model discovery).
-    probe_timeout: float = 10.0
-    #: Times one request may be on the wire when its server goes down (a failed health check right
-    #: after). Such requests are held, not charged, but a request present at this many outages is
-    #: suspected of crashing the server and fails as a RequestError, so one poison prompt cannot
-    #: crash a restarted server forever.
-    max_outages: int = 3
-
-    def __post_init__(self) -> None:
-        if self.sick_after < 1 or self.max_outages < 1:
-            raise ValueError("sick_after and max_outages must be >= 1")
-        for name in ("backoff_base", "backoff_cap", "health_interval", "health_interval_cap", "probe_timeout"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0")
 
 
 class Client:
@@ -159,7 +121,7 @@ class Client:
         engine_metrics: bool = True,
         limits: Mapping[str, EngineLimit] | None = None,
         clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
         rng: random.Random | None = None,
     ):
         self.config = config or ClientConfig()
@@ -187,58 +149,53 @@ class Client:
         if self.config.auto:
             # an endpoint of [client] endpoints may be any engine: its batch is no hint of the canary's
             default = EngineLimit(batch_limit, limit_exact, engine_metrics, hint=not self.config.endpoints)
-            settings = auto or self._auto_settings(default)
+            settings = auto or auto_settings(default, self.config)
             own = {normalize_url(url): limit for url, limit in (limits or {}).items()}
             unknown = set(own) - {e.url for e in self._pool.endpoints}
             if unknown:
                 raise ValueError(f"limits for URLs that are not endpoints: {', '.join(sorted(unknown))}")
-            per_endpoint = {url: self._auto_settings(limit, auto) for url, limit in own.items()}
+            per_endpoint = {url: auto_settings(limit, self.config, auto) for url, limit in own.items()}
             self._steer = Steering(self._pool, settings, self._scrape_gauges, clock, sleep,
                                    canary=self._send_canary, per_endpoint=per_endpoint)
+        self._health = Health(self._pool, self._transport, self._headers, self.retry,
+                              self.config.health_deadline, clock=clock, sleep=sleep, redact=self._redact,
+                              closed=lambda: self._closed)
         #: The path of the last request sent: the canary speaks the same dialect (chat or completions).
         self._last_path = protocol.CHAT_PATH
         self._in_flight = self._held = self._completed = self._retries = 0
         self._errors: Counter[str] = Counter()
         self._closed = False
 
-    def _auto_settings(self, limit: EngineLimit, base: AutoSettings | None = None) -> AutoSettings:
-        """The controller's knobs for an endpoint whose engine harvest knows as ``limit``: ``base``'s
-        (or the config's) with the start, the hard cap and the canary's hint of that engine."""
-        top = base.max_concurrency if base is not None else self.config.max_concurrency
-        start = self.config.auto_start or start_for(limit.batch, metrics=limit.metrics, max_concurrency=top,
-                                                    exact=limit.exact)
-        knobs = {"start": min(start, top), "engine_limit": limit.batch if limit.exact else None,
-                 "batch_hint": limit.batch if limit.hint else None}
-        if base is not None:
-            return dataclasses.replace(base, **knobs)
-        return AutoSettings(max_concurrency=top, **knobs)
-
     @classmethod
     def from_config(cls, config: HarvestConfig, server_urls: Sequence[str] | None = None,
-                    server_configs: Sequence[ServerConfig] | None = None, **kwargs: Any) -> Client:
+                    engines: Sequence[EngineLimit] | None = None, *, engine: EngineLimit | None = None,
+                    **kwargs: Any) -> Client:  # kwargs: Client's own keywords, passed on
         """A client for the job's server (if any) plus ``[client] endpoints``, with its key and model.
-        ``server_urls`` replaces the server's own URL (a far server reached through tunnels);
-        ``server_configs``, one per URL, the settings each server was launched with where they differ
-        from ``[server]`` (a ``[[hosts]]`` entry's own ``max_running_requests``): each endpoint's
-        controller starts and stops at its own engine's batch."""
+        ``server_urls`` replaces the server's own URL (a far server reached through tunnels). What
+        whoever launched the servers knows of their engines, for ``concurrency = "auto"``:
+        ``engine``, the engine of the ``[server]`` settings (None: nothing known), and ``engines``,
+        one per URL, where a server was launched with settings of its own (a ``[[hosts]]`` entry's
+        own ``max_running_requests``): each endpoint's controller starts and stops at its own
+        engine's batch."""
         urls: list[str] = []
         api_key = None
         model = None
         if config.server is not None:
             own = list(server_urls if server_urls is not None else [config.server.url])
-            configs = list(server_configs) if server_configs is not None else [config.server] * len(own)
-            if len(configs) != len(own):
-                raise ValueError(f"{len(configs)} server configs for {len(own)} server URLs")
+            known = engine if engine is not None else EngineLimit(None)
+            each = list(engines) if engines is not None else [known] * len(own)
+            if len(each) != len(own):
+                raise ValueError(f"{len(each)} engine limits for {len(own)} server URLs")
             urls.extend(own)
             api_key = config.server.api_key()
             model = config.server.requested_model
-            kwargs.setdefault("batch_limit", batch_limit(config.server))
+            kwargs.setdefault("batch_limit", known.batch)
             # Its cap bounds an endpoint only when that endpoint is one of its servers: each server's
             # own (``limits``); a [client] endpoint may be any engine.
-            kwargs.setdefault("limit_exact", batch_limit_exact(config.server) and not config.client.endpoints)
-            kwargs.setdefault("engine_metrics", has_metrics(config.server))
-            if config.client.endpoints or any(c != config.server for c in configs):
-                kwargs.setdefault("limits", {url: EngineLimit.of(c) for url, c in zip(own, configs)})
+            kwargs.setdefault("limit_exact", known.exact and not config.client.endpoints)
+            kwargs.setdefault("engine_metrics", known.metrics)
+            if config.client.endpoints or any(e != known for e in each):
+                kwargs.setdefault("limits", dict(zip(own, each)))
         urls.extend(config.client.endpoints)
         kwargs.setdefault("api_key", api_key)
         kwargs.setdefault("model", model)
@@ -260,11 +217,7 @@ class Client:
         self._closed = True
         if self._steer is not None:
             await self._steer.aclose()
-        tasks = [t for e in self._pool.endpoints for t in (e.recovery, e.probe) if t is not None and not t.done()]
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=5.0)
+        await self._health.aclose()
         await self._transport.aclose()
 
     # ------------------------------------------------------------------ public requests
@@ -337,7 +290,7 @@ class Client:
         if endpoint.state is not EndpointState.SICK:
             self._pool.set_state(endpoint, EndpointState.SICK)
         if not self._closed and (endpoint.recovery is None or endpoint.recovery.done()):
-            endpoint.recovery = asyncio.get_running_loop().create_task(self._recover(endpoint))
+            endpoint.recovery = asyncio.get_running_loop().create_task(self._health.recover(endpoint))
         log.warning("endpoint %s now points at %s (a replacement server)", old_url, new_url)
 
     @property
@@ -392,10 +345,10 @@ class Client:
         """Probe every endpoint now; a DOWN or SICK endpoint that answers goes back into rotation."""
         results: dict[str, bool] = {}
         for endpoint in self._pool.endpoints:
-            healthy = await self._probe(endpoint)
+            healthy = await self._health.probe(endpoint)
             results[endpoint.url] = healthy
             if healthy and endpoint.state is not EndpointState.HEALTHY:
-                self._revive(endpoint, reset=True)
+                self._health.revive(endpoint, reset=True)
         return results
 
     # ------------------------------------------------------------------ the request path
@@ -526,84 +479,18 @@ class Client:
             endpoint.failed(self._clock(), detail, status)
             if kind is FailureKind.UNREACHABLE:
                 endpoint.seen_down = True
-                self._make_sick(endpoint, detail)
+                self._health.make_sick(endpoint, detail)
             elif endpoint.run >= self.retry.sick_after:
-                self._make_sick(endpoint, f"{endpoint.run} failures in a row, last: {detail}")
+                self._health.make_sick(endpoint, f"{endpoint.run} failures in a row, last: {detail}")
             else:
-                healthy = await self._shared_probe(endpoint)
+                healthy = await self._health.shared_probe(endpoint)
                 if endpoint.state is EndpointState.HEALTHY:
                     if healthy:
                         return _Verdict.CHARGED
                     endpoint.seen_down = True
-                    self._make_sick(endpoint, f"health check failed after: {detail}")
+                    self._health.make_sick(endpoint, f"health check failed after: {detail}")
         # else another request already found it sick
         return _Verdict.OUTAGE if endpoint.seen_down else _Verdict.HELD
-
-    # ------------------------------------------------------------------ health
-
-    def _make_sick(self, endpoint: Endpoint, reason: str) -> None:
-        if endpoint.failing_since is None:
-            endpoint.failing_since = self._clock()
-        if self._pool.set_state(endpoint, EndpointState.SICK):
-            log.warning("endpoint %s is sick, dispatch to it paused: %s", endpoint.url, reason)
-            if not self._closed:
-                endpoint.recovery = asyncio.get_running_loop().create_task(self._recover(endpoint))
-
-    def _revive(self, endpoint: Endpoint, *, reset: bool) -> None:
-        if reset:
-            endpoint.answered()
-        endpoint.seen_down = False
-        if self._pool.set_state(endpoint, EndpointState.HEALTHY):
-            log.info("endpoint %s is healthy again, dispatch resumed", endpoint.url)
-
-    async def _recover(self, endpoint: Endpoint) -> None:
-        """Poll a sick endpoint's health until it answers (back in rotation) or its deadline passes (DOWN)."""
-        interval = self.retry.health_interval
-        try:
-            while endpoint.state is EndpointState.SICK:
-                since = endpoint.failing_since if endpoint.failing_since is not None else self._clock()
-                remaining = since + self.config.health_deadline - self._clock()
-                if remaining <= 0:
-                    self._pool.set_state(endpoint, EndpointState.DOWN)
-                    log.error("endpoint %s down: not healthy within %g s; last error: %s",
-                              endpoint.url, self.config.health_deadline, endpoint.last_error)
-                    return
-                await self._sleep(min(interval, remaining))
-                interval = min(interval * 2, self.retry.health_interval_cap)
-                if await self._probe(endpoint):
-                    # After a real outage the restarted server starts afresh; if health was fine all
-                    # along, the failure run and its deadline carry on, so a server that answers
-                    # /health but fails every request still ends DOWN.
-                    self._revive(endpoint, reset=endpoint.seen_down)
-                    return
-                endpoint.seen_down = True
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # never leave an endpoint sick forever with waiters on it
-            log.exception("health polling of %s failed; marking it down", endpoint.url)
-            self._pool.set_state(endpoint, EndpointState.DOWN)
-
-    async def _shared_probe(self, endpoint: Endpoint) -> bool:
-        """One probe for all the requests that failed on this endpoint at about the same time."""
-        task = endpoint.probe
-        if task is None or task.done():
-            task = endpoint.probe = asyncio.get_running_loop().create_task(self._probe(endpoint))
-        return await asyncio.shield(task)
-
-    async def _probe(self, endpoint: Endpoint) -> bool:
-        """True when ``GET /health`` (or ``/v1/models`` where /health does not exist) answers 2xx."""
-        for path in ("/health", protocol.MODELS_PATH):
-            try:
-                response = await self._transport.request("GET", endpoint_url(endpoint.url, path), headers=self._headers,
-                                                         timeout=self.retry.probe_timeout)
-            except TransportError as exc:
-                log.debug("health probe %s%s: %s", endpoint.url, path, self._redact(str(exc)))
-                return False
-            if 200 <= response.status < 300:
-                return True
-            if response.status not in (404, 405):
-                return False
-        return False
 
     async def start_check(self, model: str | None, deadline_s: float,
                           on_wait: Callable[[str, float, str], None] | None = None) -> list[Listing]:
@@ -642,7 +529,7 @@ class Client:
                     if endpoint.state is EndpointState.HEALTHY:
                         endpoint.failed(self._clock(), detail, None)
                         endpoint.seen_down = True
-                        self._make_sick(endpoint, detail)
+                        self._health.make_sick(endpoint, detail)
                     continue
                 except TransportError:
                     response = None
@@ -674,4 +561,4 @@ class Client:
                           status=statuses[-1] if statuses else None)
 
 
-__all__ = ["Client", "EngineLimit", "RetryPolicy"]
+__all__ = ["Client"]

@@ -1,4 +1,5 @@
-"""Pure decisions of the client: what a status means, how long to back off, what the server said.
+"""Pure decisions of the client: what a status means, how long to back off, what the server said,
+and the knobs of backoff and sickness (:class:`RetryPolicy`).
 
 Nothing here does I/O or keeps state between calls; the client calls these and acts. Statuses are
 classified by number and error messages are read from the JSON shapes OpenAI-compatible servers
@@ -10,6 +11,7 @@ from __future__ import annotations
 import email.utils
 import json
 import random
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from http import HTTPStatus
 
@@ -133,9 +135,39 @@ def redact(text: str, secret: str | None) -> str:
     return escape_controls(redact_text(text, [secret] if secret else []))
 
 
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Knobs of backoff and sickness detection that ClientConfig does not expose."""
+
+    #: Consecutive server-side failures on one endpoint that make it sick even if /health says OK.
+    sick_after: int = 3
+    #: First backoff ceiling in seconds; it doubles per charged retry up to ``backoff_cap``.
+    backoff_base: float = 0.5
+    backoff_cap: float = 30.0
+    #: First pause between health polls of a sick endpoint; doubles up to ``health_interval_cap``.
+    health_interval: float = 0.5
+    health_interval_cap: float = 5.0
+    #: Timeout of one health probe (and of model discovery).
+    probe_timeout: float = 10.0
+    #: Times one request may be on the wire when its server goes down (a failed health check right
+    #: after). Such requests are held, not charged, but a request present at this many outages is
+    #: suspected of crashing the server and fails as a RequestError, so one poison prompt cannot
+    #: crash a restarted server forever.
+    max_outages: int = 3
+
+    def __post_init__(self) -> None:
+        if self.sick_after < 1 or self.max_outages < 1:
+            raise ValueError("sick_after and max_outages must be >= 1")
+        for name in ("backoff_base", "backoff_cap", "health_interval", "health_interval_cap", "probe_timeout"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0")
+
+
 __all__ = [
     "BUSY_STATUSES",
     "MAX_RETRY_AFTER_S",
+    "RetryPolicy",
     "backoff_delay",
     "classify_status",
     "error_message",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any  # JSON bodies: the OpenAI-compatible wire format, whose shape the server owns
 
 from harvest.client.records import Completion
 from harvest.config import SamplingConfig

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any  # log-probabilities kept as the server sent them (JSON)
 
 
 class EndpointState(str, enum.Enum):

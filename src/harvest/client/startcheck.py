@@ -176,12 +176,13 @@ class StartCheck:
         that, a one-token request is answered; the model is checked by that answer."""
         left = max(0.1, deadline_s - (self._clock() - start))
         health, _ = await self._get(endpoint_url(url, "/health"), max(0.1, min(self._probe_timeout, left)))
-        healthy = health is not None and 200 <= health.status < 300
+        status = health.status if health is not None else None
+        healthy = status is not None and 200 <= status < 300
         # A first answer checks the model either way; where /health does not answer it is what
         # shows the endpoint up. It may take longer than a probe (a busy shared server).
         first = await self.first_answer(url, model, max(self._probe_timeout, left))
         if healthy:
-            return Listing(url, None, True, models_answer, f"/health answered {health.status}", first)
+            return Listing(url, None, True, models_answer, f"/health answered {status}", first)
         if first.answered:
             return Listing(url, None, True, models_answer, f"a first request answered {first.status}", first)
         return None

@@ -32,12 +32,12 @@ from harvest.ledger import Completion, Ledger
 from harvest.server.state import LaunchRecord, RunState, RunStatus, state_to_dict
 from tests import engines
 from tests.realparts import require
+from tests.security.attack import AS_NOBODY, data_file
 
 CHAT_ENGINE = Path(__file__).resolve().parents[1] / "quality" / "chat_engine.py"
 
 require("second-user", "the attacks are made as another local user, nobody, against root's harvest")
 
-AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 NOBODY = 65534
 
 
@@ -136,12 +136,6 @@ def job_toml(path: Path, server: str, data: Path, run_dir: Path, concurrency: in
     path.write_text(server + f'[data]\npath = "{data}"\nid_field = "id"\n[sampling]\nmax_tokens = 4\n'
                     f'[client]\nconcurrency = {concurrency}\n[output]\ndir = "{run_dir}"\n'
                     f'[run]\nprogress_interval = 0.2\n')
-    return path
-
-
-def data_file(tmp_path: Path, n: int = 4) -> Path:
-    path = tmp_path / "in.jsonl"
-    path.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"Say {i}."}) + "\n" for i in range(n)))
     return path
 
 

@@ -28,13 +28,13 @@ from harvest.ledger.store import Ledger
 from harvest.server.state import LaunchRecord, RunState, RunStatus, state_to_dict
 from tests import engines
 from tests.realparts import require
+from tests.security.attack import AS_NOBODY, data_file
 
 CHAT_ENGINE = Path(__file__).resolve().parents[1] / "quality" / "chat_engine.py"
 
 
 require("second-user", "the attacks are made as another local user, nobody, against root's harvest")
 
-AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 
 
 def as_nobody(script: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -80,12 +80,6 @@ def write_job(path: Path, run_dir: Path, data: Path, server: str = "") -> Path:
     path.write_text(server + f'[data]\npath = "{data}"\nid_field = "id"\n[sampling]\nmax_tokens = 4\n'
                     f'[client]\nconcurrency = 2\nendpoints = ["http://127.0.0.1:9"]\nhealth_deadline = 2\n'
                     f'[output]\ndir = "{run_dir}"\n')
-    return path
-
-
-def data_file(tmp_path: Path, n: int = 4) -> Path:
-    path = tmp_path / "in.jsonl"
-    path.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"Say {i}."}) + "\n" for i in range(n)))
     return path
 
 

@@ -25,6 +25,7 @@ import pytest
 from harvest.net import port_listening
 from tests import engines
 from tests.realparts import require
+from tests.security.attack import data_file
 
 CHAT_ENGINE = Path(__file__).resolve().parents[1] / "quality" / "chat_engine.py"
 
@@ -63,12 +64,6 @@ def env(tmp_path):
     return {**os.environ, "HARVEST_STATE_DIR": str(tmp_path / "state")}
 
 
-def data_file(tmp_path: Path, n: int = 6) -> Path:
-    path = tmp_path / "in.jsonl"
-    path.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"Say {i}."}) + "\n" for i in range(n)))
-    return path
-
-
 @pytest.mark.parametrize(("line", "shown"), [
     ('extra_args = ["-c", "4096", "--api-key", "{s}"]', "`extra_args` holds --api-key"),
     ('extra_args = ["--hf-token={s}"]', "`extra_args` holds --hf-token"),
@@ -83,7 +78,7 @@ def test_a_secret_or_a_bind_in_argv_is_refused_at_load_and_never_reaches_anythin
     server = line.format(s=secret, py=sys.executable)
     engine = "" if "engine" in server else 'engine = "llamacpp"\nmodel = "m.gguf"\n'
     job = tmp_path / "job.toml"
-    job.write_text(f"[server]\n{engine}{server}\n[data]\npath = \"{data_file(tmp_path)}\"\n"
+    job.write_text(f"[server]\n{engine}{server}\n[data]\npath = \"{data_file(tmp_path, 6)}\"\n"
                    f"[output]\ndir = \"{run_dir}\"\n")
     outputs = [harvest(env, "run", str(job), "--no-live"), harvest(env, "serve", str(job), "--detach"),
                harvest(env, "preflight", str(job))]
@@ -110,7 +105,7 @@ def test_url_passwords_are_redacted_in_every_record_page_and_console_line(tmp_pa
         job = tmp_path / "job.toml"
         job.write_text(f'[server]\nengine = "openai"\nbase_url = "http://harv:{pw1}@127.0.0.1:{port}/v1"\n'
                        f'[client]\nconcurrency = 2\nendpoints = ["http://harv:{pw2}@localhost:{port}/v1"]\n'
-                       f'[data]\npath = "{data_file(tmp_path)}"\nid_field = "id"\n[sampling]\nmax_tokens = 4\n'
+                       f'[data]\npath = "{data_file(tmp_path, 6)}"\nid_field = "id"\n[sampling]\nmax_tokens = 4\n'
                        f'[output]\ndir = "{run_dir}"\n[run]\nprogress_interval = 0.2\n')
         outputs = [run := harvest(env, "run", str(job), "--no-live")]
         assert run.returncode == 0, run.stdout + run.stderr
@@ -140,7 +135,7 @@ def test_a_runtime_env_token_is_redacted_in_the_ledger_and_the_console(tmp_path,
     job = tmp_path / "job.toml"
     job.write_text(f'[server]\nengine = "llamacpp"\nmodel = "m.gguf"\n[cluster]\naddress = "127.0.0.1:1"\n'
                    f'connect_timeout = 3\nruntime_env = {{env_vars = {{HF_TOKEN = "{token}", OMP_NUM_THREADS = "1"}}}}\n'
-                   f'[data]\npath = "{data_file(tmp_path)}"\n[output]\ndir = "{run_dir}"\n')
+                   f'[data]\npath = "{data_file(tmp_path, 6)}"\n[output]\ndir = "{run_dir}"\n')
     outputs = [run := harvest(env, "run", str(job), "--no-live")]
     assert run.returncode == 2 and "cannot connect to Ray at 127.0.0.1:1" in run.stderr, run.stdout + run.stderr
     outputs.append(status := harvest(env, "status", str(run_dir), "--json"))

@@ -21,7 +21,8 @@ import pytest
 
 from harvest.config import load_config, parse_config
 from harvest.errors import ConfigError
-from tests.security.test_secret_paths import assert_nowhere, data_file, harvest
+from tests.security.attack import data_file
+from tests.security.test_secret_paths import assert_nowhere, harvest
 
 
 @pytest.fixture
@@ -34,7 +35,7 @@ def env(tmp_path):
 def _job(tmp_path: Path, server: str) -> tuple[Path, Path]:
     run_dir = tmp_path / "run"
     job = tmp_path / "job.toml"
-    job.write_text(f"[server]\n{server}\n[data]\npath = \"{data_file(tmp_path)}\"\n[output]\ndir = \"{run_dir}\"\n")
+    job.write_text(f"[server]\n{server}\n[data]\npath = \"{data_file(tmp_path, 6)}\"\n[output]\ndir = \"{run_dir}\"\n")
     return job, run_dir
 
 

@@ -23,7 +23,8 @@ import pytest
 
 from harvest.net import port_listening
 from tests import engines
-from tests.security.test_secret_paths import CHAT_ENGINE, assert_nowhere, data_file, env, harvest  # noqa: F401
+from tests.security.attack import data_file
+from tests.security.test_secret_paths import CHAT_ENGINE, assert_nowhere, env, harvest  # noqa: F401
 
 
 def job_meta(run_dir: Path) -> dict:
@@ -47,7 +48,7 @@ def test_a_token_as_a_url_user_or_a_query_key_is_redacted_everywhere_and_still_s
         end = time.monotonic() + 30
         while time.monotonic() < end and not port_listening("127.0.0.1", port, timeout=0.5):
             time.sleep(0.1)
-        common = (f'[data]\npath = "{data_file(tmp_path)}"\nid_field = "id"\n[sampling]\nmax_tokens = 4\n'
+        common = (f'[data]\npath = "{data_file(tmp_path, 6)}"\nid_field = "id"\n[sampling]\nmax_tokens = 4\n'
                   f'[run]\nprogress_interval = 0.2\n')
         run_dir = tmp_path / "run"
         job = tmp_path / "job.toml"
@@ -103,7 +104,7 @@ def test_a_bearer_env_value_and_a_health_url_token_are_redacted_through_a_launch
                    f'stop_deadline = 6\nhealth_url = "http://{{host}}:{{port}}/health?token={health}"\n'
                    f'command = {json.dumps(argv)}\n'
                    f'[server.env]\nAUTH_HEADER = "Bearer {bearer}"\nUPSTREAM = "http://{proxy}@127.0.0.1:9/v1"\n'
-                   f'[preflight]\nmin_disk_free_gib = 0.05\n[data]\npath = "{data_file(tmp_path)}"\n'
+                   f'[preflight]\nmin_disk_free_gib = 0.05\n[data]\npath = "{data_file(tmp_path, 6)}"\n'
                    f'id_field = "id"\n[sampling]\nmax_tokens = 4\n[client]\nconcurrency = 2\n'
                    f'[output]\ndir = "{run_dir}"\n[run]\nprogress_interval = 0.2\n')
     outputs = [run := harvest(env, "run", str(job), "--no-live")]
@@ -132,7 +133,7 @@ def test_a_secret_assignment_on_the_command_line_is_refused_at_load_naming_the_v
     job = tmp_path / "job.toml"
     job.write_text(f'[server]\nengine = "command"\ncommand = {json.dumps(argv)}\n'
                    f'health_url = "http://{{host}}:{{port}}/h"\n'
-                   f'[data]\npath = "{data_file(tmp_path)}"\n[output]\ndir = "{run_dir}"\n')
+                   f'[data]\npath = "{data_file(tmp_path, 6)}"\n[output]\ndir = "{run_dir}"\n')
     outputs = [harvest(env, "run", str(job), "--no-live"), harvest(env, "serve", str(job), "--detach"),
                harvest(env, "preflight", str(job))]
     for done in outputs:

@@ -41,3 +41,13 @@ def test_demo_options_are_explained():
     for option in ("--engine-python", "--dir", "--port", "--max-tokens", "--concurrency"):
         after = text.split(option, 1)[1].split(" --", 1)[0]
         assert len(after.split()) > 3, f"{option} has no help: {after!r}"
+
+
+def test_the_group_help_ends_with_the_shared_exit_codes():
+    out = subprocess.run([sys.executable, "-m", "harvest", "--help"], capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    tail = " ".join(out.stdout.split()[-40:])
+    assert tail.endswith("Exit codes: 0 success; 1 the check or job failed; 2 usage or configuration error; "
+                         "130 interrupted. Each command's --help says what they mean for it."), out.stdout
+    assert all(name in out.stdout for name in COMMANDS), out.stdout

@@ -112,7 +112,12 @@ class _Group(click.Group):
             sys.exit(130)
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+#: The last paragraph of ``harvest --help``: what every command's exit codes share.
+GROUP_EPILOG = ("Exit codes: 0 success; 1 the check or job failed; 2 usage or configuration error; "
+                "130 interrupted. Each command's --help says what they mean for it.")
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]}, epilog=GROUP_EPILOG)
 @click.version_option(__version__, prog_name="harvest",
                       message="%(prog)s %(version)s\nengine adapters checked against:\n" + pins_text())
 def cli() -> None:

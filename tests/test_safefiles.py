@@ -108,3 +108,46 @@ def test_a_symlink_as_the_folder_is_held_where_it_points_when_the_user_owns_it(t
     with pytest.raises(UnsafePathError, match="is not a folder"):
         (tmp_path / "file").write_text("")
         hold(tmp_path / "file")
+
+
+def test_another_users_symlink_on_the_way_is_refused_though_the_folder_it_reaches_is_safe(tmp_path):
+    """``/tmp/L/run`` with ``/tmp/L`` a link of nobody's: the folder reached is root's, but nobody can
+    point ``L`` elsewhere at any time, and an engine's log or config is handed that name."""
+    require("second-user", "a symlink of another user's (nobody) is made with lchown, which needs root")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # like /tmp
+    real = tmp_path / "real"
+    (real / "run").mkdir(parents=True, mode=0o700)
+    link = shared / "L"
+    link.symlink_to(real)
+    os.lchown(link, 65534, 65534)
+    with pytest.raises(UnsafePathError) as exc:
+        hold(link / "run")
+    assert str(exc.value).startswith(f"{link}: is a symlink owned by nobody (uid 65534): that user can point it "
+                                     f"elsewhere"), exc.value
+    with pytest.raises(UnsafePathError, match="is a symlink owned by nobody"):
+        hold(link / "run" / "new", create=True)
+    assert not (real / "run" / "new").exists()  # refused before anything was made
+    os.lchown(link, 0, 0)  # root's own link in a sticky folder: nobody can remove or re-point it
+    with hold(link / "run") as folder:
+        folder.write_new("a", "1")
+    assert (real / "run" / "a").read_text() == "1"
+
+
+def test_a_link_in_a_folder_others_can_write_is_refused_where_the_link_sits(tmp_path):
+    """The folder holding a link on the way obeys the parents' rule even when it is not among the
+    held folder's real parents (``..`` from the folder never passes it)."""
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    real = tmp_path / "real"
+    (real / "run").mkdir(parents=True, mode=0o700)
+    (loose / "L").symlink_to(real)
+    loose.chmod(0o777)
+    with pytest.raises(UnsafePathError) as exc:
+        hold(loose / "L" / "run")
+    assert str(exc.value).startswith(f"{loose}: is writable by group and others without the sticky bit"), exc.value
+    loose.chmod(0o755)
+    (loose / "R").symlink_to("../real/run")  # relative, resolved from where it sits
+    with hold(loose / "R") as folder, hold(loose / "L" / "run") as again:
+        assert os.path.samestat(os.fstat(folder.fd), os.fstat(again.fd))

@@ -12,7 +12,9 @@ harvest usually runs as root on a shared GPU box, and users point it at folders 
 - Every parent of such a folder, up to ``/``, must be the user's or root's, and not writable by
   group or others unless sticky (``/tmp`` is fine): otherwise another user could rename the folder
   away and put a symlink in its place between two uses. The check walks ``..`` from the folder
-  itself, so it sees the folders it really sits in.
+  itself, so it sees the folders it really sits in; and the name as given is walked as the kernel
+  resolves it, so every folder it passes through obeys the same rule and every symlink on the way
+  is the user's or root's (another user's link, even in sticky ``/tmp``, can be re-pointed).
 - A folder is held: opened once (``O_DIRECTORY | O_NOFOLLOW``) and checked on its descriptor, then
   every file in it is created, opened, renamed, ``fchmod``-ed and ``lstat``-ed relative to that
   descriptor (:class:`Folder`), never again by the folder's name.
@@ -142,6 +144,7 @@ class Folder:
         folder, nor one another user can rename things in" apply to it.
         """
         path = Path(os.path.abspath(path))
+        _check_route(path)
         fd = _open_dir(path, create)
         try:
             st = os.fstat(fd)
@@ -337,6 +340,60 @@ def _open_nofollow_dir(shown: Path, name: str | Path, dir_fd: int | None = None)
                 pass
             raise UnsafePathError(shown, "is not a folder") from None
         raise UnsafePathError(shown, f"cannot be opened: {exc.strerror or exc}") from None
+
+
+#: Symlinks followed on the way to one folder before the name is refused (the kernel's own limit).
+_MAX_LINKS = 40
+
+
+def _check_route(path: Path) -> None:
+    """Refuse a name that another user could re-point between two uses: walk ``path`` as the kernel
+    resolves it, component by component, and require of every folder passed through what
+    :func:`_check_parents` requires of the held folder's real parents (the user's or root's, not
+    writable by others unless sticky), and of every symlink on the way that it is the user's or
+    root's own. The held descriptor never needs the name again, but an engine's log, a watcher and
+    an engine's config file are handed the path by name. Stops at the first missing component (the
+    rest is created relative to held descriptors)."""
+    uid = os.geteuid()
+    pending = list(reversed(path.parts[1:]))
+    cur = Path("/")  # always a real folder: no symlink in it
+    links = 0
+    while pending:
+        name = pending.pop()
+        if name in ("", "."):
+            continue
+        if name == "..":
+            cur = cur.parent
+            continue
+        nxt = cur / name
+        try:
+            st = os.lstat(nxt)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        except OSError as exc:
+            raise UnsafePathError(nxt, f"cannot be examined: {exc.strerror or exc}") from None
+        try:
+            why = _parent_problem(os.stat(cur))
+        except OSError as exc:
+            raise UnsafePathError(cur, f"cannot be examined: {exc.strerror or exc}") from None
+        if why is not None:
+            raise UnsafePathError(cur, f"{why} (the way to {path} goes through it)")
+        if not stat.S_ISLNK(st.st_mode):
+            cur = nxt
+            continue
+        links += 1
+        if links > _MAX_LINKS:
+            raise UnsafePathError(path, f"goes through more than {_MAX_LINKS} symlinks")
+        if st.st_uid not in (uid, 0):
+            raise UnsafePathError(nxt, f"is a symlink owned by {_who(st.st_uid)}: that user can point it "
+                                       f"elsewhere between two uses of {path}; use a path whose links are "
+                                       f"yours or root's")
+        target = Path(os.readlink(nxt))
+        if target.is_absolute():
+            cur = Path("/")
+            pending.extend(reversed(target.parts[1:]))
+        else:
+            pending.extend(reversed(target.parts))
 
 
 def _open_dir(path: Path, create: bool) -> int:

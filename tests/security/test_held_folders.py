@@ -219,6 +219,30 @@ def test_a_run_folder_in_a_parent_another_user_can_rename_in_is_refused_at_start
         shutil.rmtree(box, ignore_errors=True)
 
 
+def test_a_run_folder_reached_through_another_users_symlink_is_refused_at_start(tmp_path, env):
+    """nobody plants ``SHARED/L -> a folder of root's`` in a sticky shared folder, and root's job names
+    ``SHARED/L/run``. The folder reached is root's, but nobody can point ``L`` elsewhere between two
+    uses (an engine's log, a watcher and an engine's config file are given the run folder by name):
+    refused at once, naming the link; nothing launched, nothing written."""
+    box = Path(tempfile.mkdtemp(prefix="harvest-link-", dir="/tmp"))
+    try:
+        os.chmod(box, 0o1777)
+        target = tmp_path / "roots"
+        target.mkdir(mode=0o700)
+        link = box / "L"
+        as_nobody(f"ln -s {target} {link}")
+        wrapper, marker = marker_engine(tmp_path)
+        run_dir = link / "run"
+        job = job_toml(tmp_path / "job.toml", server_toml(wrapper), data_file(tmp_path, 4), run_dir)
+        for args in (("run", str(job), "--no-live"), ("serve", str(job), "--detach", "--run-dir", str(run_dir))):
+            done = harvest(env, *args)
+            assert done.returncode == 2 and "Traceback" not in done.stderr, done.stdout + done.stderr
+            assert f"{link}: is a symlink owned by nobody (uid {NOBODY})" in done.stderr, done.stderr
+            assert not marker.exists() and list(target.iterdir()) == []  # nothing launched, nothing written
+    finally:
+        shutil.rmtree(box, ignore_errors=True)
+
+
 def test_a_run_folder_swapped_mid_run_by_a_trusted_hand_changes_nothing_outside(tmp_path, env):
     """The parents' rule leaves no other user a way to rename the run folder (its parent is root's
     0700 folder here), so the swap is made by the test itself, as root, mid-run: the run folder is

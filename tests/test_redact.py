@@ -148,6 +148,8 @@ def test_echoed_lines_lose_secret_flag_values_and_terminal_controls():
     ("authorization: basic dTpw", "authorization: basic ***"),
     ("-H 'Bearer sk-12345678'", "-H 'Bearer ***'"),
     ("A=1 MY_API_KEY=k-1 srv", "A=1 MY_API_KEY=*** srv"),
+    ("http://u:p@ss@h:8/v1", "http://***@h:8/v1"),  # an unencoded @ in the password
+    ("http://h/v1?api_tokens=k-1&max_tokens=5", "http://h/v1?api_tokens=***&max_tokens=5"),
 ])
 def test_secrets_by_shape_are_hidden_in_text(text, want):
     assert redact_text(text) == want
@@ -156,6 +158,7 @@ def test_secrets_by_shape_are_hidden_in_text(text, want):
 @pytest.mark.parametrize("text", [
     "user@example.com", "http://h:8/v1?max_tokens=5&n=2", "max_tokens=12", "the bearer of news",
     "Basic usage: harvest run job.toml", "http://h:8/v1/models", "n_tokens = 4",
+    "http://h/v1?max_completion_tokens=4&prompt_tokens=2&num-tokens=1", "http://h/v1/a@b",
 ])
 def test_look_alikes_of_secret_shapes_are_kept(text):
     assert redact_text(text) == text

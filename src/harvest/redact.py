@@ -33,12 +33,14 @@ SECRET_FLAG = re.compile(r"^(--?[\w-]*(key|token|secret|passw(or)?d|credentials?
 SECRET_ENV = re.compile(r"(KEY|TOKEN|SECRET|PASSW(OR)?D|CREDENTIALS?)$", re.IGNORECASE)
 #: ``scheme://user:password@host``: the password part.
 URL_PASSWORD = re.compile(r"(\w+://[^/\s:@]*:)([^/\s@]+)(@)")
-#: ``scheme://userinfo@host``: the user part, with or without a password (a token as the user).
-URL_USER = re.compile(r"(\w+://)([^/\s@?#'\"<>]+)(@)")
+#: ``scheme://userinfo@host``: the user part, with or without a password (a token as the user), up
+#: to the last ``@`` before the host (a password with an unencoded ``@`` in it is hidden whole).
+URL_USER = re.compile(r"(\w+://)([^/\s?#'\"<>]+)(@)")
 #: A query parameter whose name looks like a credential: ``?api_key=``, ``&access_token=``,
-#: ``&X-Amz-Signature=``, ``;auth=`` (any case, the word anywhere in the name; ``max_tokens`` is
-#: a count, not a token): its value.
-QUERY_SECRET = re.compile(r"([?&;][^=&#\s?;'\"<>]*(?:key|token(?!s)|secret|auth|passw(?:or)?d|signature|credential)"
+#: ``&api_tokens=``, ``&X-Amz-Signature=``, ``;auth=`` (any case, the word anywhere in the name;
+#: ``max_tokens`` and the other token counts are counts, not tokens): its value.
+QUERY_SECRET = re.compile(r"([?&;](?![^=&#\s?;'\"<>]*(?:max|min|num|n|total|prompt|completion|input|output)[_-]?tokens=)"
+                          r"[^=&#\s?;'\"<>]*(?:key|token|secret|auth|passw(?:or)?d|signature|credential)"
                           r"[^=&#\s?;'\"<>]*=)([^&#\s;'\"<>]+)", re.IGNORECASE)
 #: A value that is an HTTP credential whatever its name: ``Bearer <token>``, ``Basic <token>``.
 AUTH_VALUE = re.compile(r"^\s*(bearer|basic)\s+[\w.~+/=:-]+\s*$", re.IGNORECASE)

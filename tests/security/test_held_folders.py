@@ -20,6 +20,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -442,8 +443,11 @@ def test_runs_beside_thirty_seconds_of_renames_and_links_change_nothing_outside(
     root runs a campaign in each: in a 1777 folder (the parents' rule accepts it: nobody cannot
     rename root's entries there) the run goes on to the end; in a 0777 one (where nobody swaps the
     run folder for a link to another run of root's as soon as it holds a ledger) the run is refused
-    at start. Nothing outside the run folders changes, the live server another record names is not
-    signalled, and each run's own engine is stopped."""
+    at start. Beside them, where the parents' rule leaves nobody a way in, the test itself swaps a
+    third run's folder for a link to the victim and back as fast as it can for the same 30 s, as
+    root, from the moment that run holds its folder: every swap lands, and the run still writes only
+    in the folder it holds. Nothing outside the run folders changes, the live server another record
+    names is not signalled, and each run's own engine is stopped."""
     victim, other, other_ct = victim_run(tmp_path / "victim")
     before = snap(victim)
     wrapper, _ = marker_engine(tmp_path)
@@ -463,29 +467,70 @@ def test_runs_beside_thirty_seconds_of_renames_and_links_change_nothing_outside(
             f"cd {open_shared}; if [ -e run/ledger.sqlite ] && [ ! -L run ]; then "
             f"mv run gone.$i 2>/dev/null && ln -s {victim} run; fi; "
             f"done")
+    (tmp_path / "own").mkdir()
+    box = tmp_path / "box"
+    box.mkdir(mode=0o700)
+    own_dir, moved = box / "run", box / "moved"
+    own_job = job_toml(tmp_path / "own" / "job.toml", server_toml(wrapper, "--delay", "0.25"),
+                       data_file(tmp_path / "own", 100), own_dir, concurrency=1)
+    swaps = [0]
+    stop_swapping = threading.Event()
+
+    def swap_for(seconds: float) -> None:
+        """Root's tight loop: the run folder's name leads to the victim, then back, until told."""
+        end_at = time.monotonic() + seconds
+        while time.monotonic() < end_at and not stop_swapping.is_set():
+            if (own_dir / "server" / "launch.json").exists():
+                break  # the run holds its folder and its server is recorded
+            time.sleep(0.02)
+        while time.monotonic() < end_at and not stop_swapping.is_set():
+            os.rename(own_dir, moved)
+            own_dir.symlink_to(victim)
+            swaps[0] += 1
+            time.sleep(0.003)
+            own_dir.unlink()
+            os.rename(moved, own_dir)
+            time.sleep(0.003)
+
     t0 = time.monotonic()
     procs: list[subprocess.Popen[str]] = []
+    swapper = threading.Thread(target=swap_for, args=(30,), daemon=True)
     try:
         with nobody_loop(loop, 30) as looping:
             procs = [start_harvest(env, "run", str(job), "--no-live"),
-                     start_harvest(env, "run", str(open_job), "--no-live")]
+                     start_harvest(env, "run", str(open_job), "--no-live"),
+                     start_harvest(env, "run", str(own_job), "--no-live")]
+            swapper.start()
             outs = [p.communicate(timeout=120) for p in procs]
+            stop_swapping.set()
+            swapper.join(10)
             looping.wait(max(1.0, 40 - (time.monotonic() - t0)))
-        (out, err), (open_out, open_err) = outs
+        (out, err), (open_out, open_err), (own_out, own_err) = outs
         assert procs[0].returncode == 0, out + err
         assert procs[1].returncode == 2, open_out + open_err
         assert f"{open_shared}: is writable by group and others without the sticky bit" in open_err, open_err
+        assert procs[2].returncode == 0, own_out + own_err
+        assert swaps[0] > 100, swaps  # the swaps landed, beside the run, many times over
         assert snap(victim) == before and alive(other.pid, other_ct)
-        mine = own_engine(run_dir)
-        assert mine is not None and not alive(*mine)
+        for d in (run_dir, own_dir):
+            mine = own_engine(d)
+            assert mine is not None and not alive(*mine), d
+        assert json.loads((own_dir / "progress.json").read_text())["state"] == "finished"
         owners = {p.lstat().st_uid for p in [run_dir, *run_dir.rglob("*")]}
         assert owners == {0}, owners  # nothing of nobody's got into the run folder
     finally:
+        stop_swapping.set()
+        if swapper.is_alive():
+            swapper.join(10)
+        if own_dir.is_symlink():
+            own_dir.unlink()
+        if moved.exists() and not own_dir.exists():
+            os.rename(moved, own_dir)
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.communicate(timeout=30)
-        for d in (run_dir, *open_shared.glob("gone.*")):
+        for d in (run_dir, own_dir, *open_shared.glob("gone.*")):
             if not d.is_symlink() and (mine := own_engine(d)) is not None:
                 end(*mine)
         end(other.pid, other_ct)

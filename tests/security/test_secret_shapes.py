@@ -73,17 +73,17 @@ def test_a_token_as_a_url_user_or_a_query_key_is_redacted_everywhere_and_still_s
         q_dir = tmp_path / "query"
         q_job = tmp_path / "query.toml"
         q_job.write_text(f'[server]\nengine = "openai"\nbase_url = "http://127.0.0.1:{port}/v1?api_key={query}"\n'
-                         f'[client]\nendpoints = ["http://127.0.0.1:{port}/v1?api_key={query}&access_token={query}"]\n'
+                         f'[client]\nendpoints = ["http://127.0.0.1:{port}/v1?api_key={query}&access_token={query}&token={query}"]\n'
                          f'{common}[output]\ndir = "{q_dir}"\n')
         before = log.read_text().count("\n")
         outputs.append(q_run := harvest(env, "run", str(q_job), "--no-live"))
         assert q_run.returncode == 0, q_run.stdout + q_run.stderr
         sent = log.read_text().splitlines()[before:]
-        asked = {f"/v1/chat/completions?api_key={query}", f"/v1/chat/completions?api_key={query}&access_token={query}"}
+        asked = {f"/v1/chat/completions?api_key={query}", f"/v1/chat/completions?api_key={query}&access_token={query}&token={query}"}
         odd = [line for line in sent if line not in asked]  # base_url and the endpoint, each with its query
         assert len(sent) >= 6 and odd == [], odd
         meta = job_meta(q_dir)
-        assert meta["client"]["endpoints"] == [f"http://127.0.0.1:{port}/v1?api_key=***&access_token=***"]
+        assert meta["client"]["endpoints"] == [f"http://127.0.0.1:{port}/v1?api_key=***&access_token=***&token=***"]
         assert meta["server"]["base_url"] == f"http://127.0.0.1:{port}/v1?api_key=***", meta["server"]
         outputs += [harvest(env, "status", str(q_dir), "--json"), harvest(env, "status", str(q_dir)),
                     harvest(env, "report", str(q_dir)), harvest(env, "preflight", str(q_job))]

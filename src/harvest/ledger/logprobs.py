@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import struct
 import zlib
 from collections.abc import Mapping, Sequence
@@ -176,11 +177,26 @@ def decode(buf: bytes, where: str = "logprob record") -> list[TurnLogprobs]:
 
 
 def _open_dir(path: Path) -> None:
-    if not path.exists():
+    """Make the logprob folder (0700) or check the one there: a folder (no link), this user's own,
+    writable by nobody else."""
+    if not os.path.lexists(path):
         path.mkdir(mode=0o700)
         os.chmod(path, 0o700)
-    if path.is_symlink() or not path.is_dir():
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         raise LedgerError(f"{path}: the logprob folder is not a folder (a link or a file)")
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise LedgerError(f"{path}: the logprob folder is owned by uid {st.st_uid} with mode "
+                          f"{stat.S_IMODE(st.st_mode):04o}; harvest writes only in a folder of its own (0700)")
+
+
+def _check_shard(fd: int, path: str) -> None:
+    """Before a shard is cut: this user's own regular file with one link (a hard link to another
+    file would be cut with it)."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
+        raise LedgerError(f"{path}: not cut: a logprob shard must be this user's own regular file with one "
+                          f"link (uid {st.st_uid}, {st.st_nlink} links)")
 
 
 class ShardStore:
@@ -213,6 +229,7 @@ class ShardStore:
                 elif size > keep:
                     fd = os.open(entry.path, os.O_WRONLY | os.O_NOFOLLOW)
                     try:
+                        _check_shard(fd, entry.path)
                         os.ftruncate(fd, keep)
                         os.fsync(fd)
                     finally:

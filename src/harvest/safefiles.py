@@ -144,6 +144,11 @@ class Folder:
         folder, nor one another user can rename things in" apply to it.
         """
         path = Path(os.path.abspath(path))
+        with contextlib.suppress(OSError):  # the folder's own fault first: the one to fix is named
+            pre = os.lstat(path)
+            why = (_folder_stat_problem(pre) if strict else _parent_problem(pre)) if stat.S_ISDIR(pre.st_mode) else None
+            if why is not None:
+                raise UnsafePathError(path, why)
         _check_route(path)
         fd = _open_dir(path, create)
         try:

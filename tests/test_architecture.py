@@ -128,8 +128,9 @@ WHERE = [
     (re.compile(r"isinstance\([^)]*(RemoteServer|ServerGroup|RayServerGroup|Server)\b"), "tests a server's type"),
     (re.compile(r"^\s*(import ray\b|from ray\b)", re.M), "imports Ray"),
 ]
-#: Modules that define what the tests above look for (the config model itself).
-DEFINES = {"config.py"}
+#: Modules that define what the tests above look for (the config model of a whole file: its
+#: ``cluster`` table and ``far_hosts()``).
+DEFINES = {"config/file.py"}
 
 
 def where_decisions(root: Path) -> list[str]:

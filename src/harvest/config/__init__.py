@@ -39,7 +39,14 @@ from harvest.config.base import (
 )
 from harvest.config.file import HarvestConfig
 from harvest.config.hosts import ClusterConfig, HostConfig
-from harvest.config.job import ClientConfig, DataConfig, OutputConfig, PreflightConfig, RunConfig, SamplingConfig
+from harvest.config.job import (
+    ClientConfig,
+    DataConfig,
+    OutputConfig,
+    PreflightConfig,
+    RunConfig,
+    SamplingConfig,
+)
 from harvest.config.load import load_config, parse_config
 from harvest.config.server import VLLM_MAX_LOGPROBS, ServerConfig, engine_logprobs_limit
 

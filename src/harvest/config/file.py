@@ -11,7 +11,14 @@ from pydantic import Field, model_validator
 
 from harvest.config.base import StrictModel
 from harvest.config.hosts import ClusterConfig, HostConfig
-from harvest.config.job import ClientConfig, DataConfig, OutputConfig, PreflightConfig, RunConfig, SamplingConfig
+from harvest.config.job import (
+    ClientConfig,
+    DataConfig,
+    OutputConfig,
+    PreflightConfig,
+    RunConfig,
+    SamplingConfig,
+)
 from harvest.config.server import ServerConfig, engine_logprobs_limit
 from harvest.errors import ConfigError
 

@@ -16,7 +16,14 @@ from pydantic import BaseModel, ValidationError
 from harvest.config.base import field_path
 from harvest.config.file import HarvestConfig
 from harvest.config.hosts import ClusterConfig, HostConfig
-from harvest.config.job import ClientConfig, DataConfig, OutputConfig, PreflightConfig, RunConfig, SamplingConfig
+from harvest.config.job import (
+    ClientConfig,
+    DataConfig,
+    OutputConfig,
+    PreflightConfig,
+    RunConfig,
+    SamplingConfig,
+)
 from harvest.config.server import ServerConfig
 from harvest.errors import ConfigError
 

@@ -62,7 +62,8 @@ def _sweep(doc: dict[str, Any], trials: list[dict[str, Any]], best: Any) -> list
     return sections
 
 
-def _quality_figure(trials: list[dict[str, Any]], present: list[tuple[str, str]], floor: Any, best: Any) -> str:
+def _quality_figure(trials: list[dict[str, Any]], present: list[tuple[str, str]], floor: Any,
+                    best: Any) -> str:
     """tok/s against each quality metric, one panel per metric: the measured trials."""
     gates = [t.get("gate") for t in trials]
     panels = []
@@ -100,8 +101,8 @@ def _trials_figure(trials: list[dict[str, Any]], best: Any) -> str:
     verdicts: list[Any] = [t.get("verdict") for t in trials]  # as tune.json has them; unknown: grey
     chart = charts.hbars(labels, values, [charts.VERDICT_COLORS.get(v, "#57606a") for v in verdicts],
                          title="every trial: gen tok/s and verdict", xlabel="gen tok/s", notes=notes)
-    return figure("trials", chart, "Trials never launched (rejected by policy, skipped by memory order, not run) "
-                  "have no bar, only their verdict.")
+    return figure("trials", chart, "Trials never launched (rejected by policy, skipped by memory order, "
+                  "not run) have no bar, only their verdict.")
 
 
 def _trials_table(trials: list[dict[str, Any]], present: list[tuple[str, str]], best: Any) -> str:

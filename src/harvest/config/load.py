@@ -2,7 +2,8 @@
 file's folder, the models validated, and every mistake turned into one line a person can act on
 (``file [table] field: message``, with "did you mean" for an unknown table or key).
 
-Raises :class:`harvest.errors.ConfigError` and nothing else for a bad file; never creates anything.
+A bad file is a :class:`harvest.errors.ConfigError` (tests/fuzz/test_config.py holds it to that);
+nothing here creates anything.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ on every run of the suite rather than by eye.
   placement kinds independent of each other, Ray imported only inside its kind;
 - no import cycle between modules (every import statement counts, lazy ones inside functions too);
 - only the placement layer decides where servers run: no other module tests ``cluster``,
-  ``far_hosts()``, a placement record file, or the type of a server object.
+  ``far_hosts()``, a placement record file, or the type of a server object;
+- sizes (STYLE.md): no module over 600 lines, no function over 80.
 """
 
 from __future__ import annotations
@@ -128,8 +129,9 @@ WHERE = [
     (re.compile(r"isinstance\([^)]*(RemoteServer|ServerGroup|RayServerGroup|Server)\b"), "tests a server's type"),
     (re.compile(r"^\s*(import ray\b|from ray\b)", re.M), "imports Ray"),
 ]
-#: Modules that define what the tests above look for (the config model itself).
-DEFINES = {"config.py"}
+#: Modules that define what the tests above look for (the config model of a whole file: its
+#: ``cluster`` table and ``far_hosts()``).
+DEFINES = {"config/file.py"}
 
 
 def where_decisions(root: Path) -> list[str]:
@@ -157,3 +159,69 @@ def test_where_check_sees_a_decision(tmp_path):
     (tmp_path / "placement" / "y.py").write_text("if cfg.cluster is not None:\n    pass\n")
     found = where_decisions(tmp_path)
     assert [f.split(": ")[1] for f in found] == ["tests [cluster]", "tests far_hosts()"], found
+
+
+#: STYLE.md: a module past ~600 lines is two modules; a function a newcomer reads top to bottom
+#: is split into named steps before it passes 80 lines.
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 80
+
+
+def oversized(root: Path) -> list[str]:
+    """``file:line`` of every module under ``root`` over MAX_MODULE_LINES lines and of every function
+    (``def`` or ``async def``: methods and nested functions too) over MAX_FUNCTION_LINES, counted from
+    its ``def`` line to its last line; methods named with their class (``_Campaign.run``)."""
+    found = []
+    for f in sorted(root.rglob("*.py")):
+        rel = f.relative_to(root)
+        text = f.read_text(encoding="utf-8")
+        lines = len(text.splitlines())
+        if lines > MAX_MODULE_LINES:
+            found.append(f"{rel}:1: module of {lines} lines (at most {MAX_MODULE_LINES})")
+
+        def visit(node: ast.AST, scope: str) -> None:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    name = f"{scope}{child.name}"
+                    if not isinstance(child, ast.ClassDef):
+                        size = (child.end_lineno or child.lineno) - child.lineno + 1
+                        if size > MAX_FUNCTION_LINES:
+                            found.append(f"{rel}:{child.lineno}: {name} is {size} lines (at most "
+                                         f"{MAX_FUNCTION_LINES})")
+                    visit(child, f"{name}.")
+                else:
+                    visit(child, scope)
+
+        visit(ast.parse(text, filename=str(f)), "")
+    return found
+
+
+def test_no_module_or_function_is_too_long():
+    found = oversized(SRC)
+    assert found == [], "over the sizes of STYLE.md (paths under src/harvest/):\n" + "\n".join(found)
+
+
+def test_size_check_sees_an_offender(tmp_path):
+    """The checker itself: a module one line over, a function, a method and a nested async function
+    one line over are each named with file:line; a module and a function at the limits are not."""
+    def func(header: str, n: int, indent: str = "") -> str:  # ``header`` and n - 1 lines below it
+        return f"{indent}{header}\n" + "".join(f"{indent}    x{i} = {i}\n" for i in range(n - 1))
+
+    over, limit = MAX_FUNCTION_LINES + 1, f"(at most {MAX_FUNCTION_LINES})"
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "big.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    (tmp_path / "pkg" / "edge.py").write_text("x = 1\n" * (MAX_MODULE_LINES - MAX_FUNCTION_LINES)
+                                              + func("def fits():", MAX_FUNCTION_LINES))
+    (tmp_path / "funcs.py").write_text(func("def long():", over)
+                                       + "class Job:\n" + func("def run(self):", over, "    ")
+                                       + "def outer():\n" + func("async def inner():", over, "    ")
+                                       + "    return inner\n")
+    run_at = over + 2  # after long() and the class line
+    outer_at = run_at + over
+    assert oversized(tmp_path) == [
+        f"funcs.py:1: long is {over} lines {limit}",
+        f"funcs.py:{run_at}: Job.run is {over} lines {limit}",
+        f"funcs.py:{outer_at}: outer is {over + 2} lines {limit}",
+        f"funcs.py:{outer_at + 1}: outer.inner is {over} lines {limit}",
+        f"pkg/big.py:1: module of {MAX_MODULE_LINES + 1} lines (at most {MAX_MODULE_LINES})",
+    ]

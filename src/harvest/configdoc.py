@@ -36,7 +36,7 @@ TABLES: tuple[tuple[str, type[BaseModel]], ...] = (
 HEADER = """\
 # Configuration reference
 
-<!-- Written by scripts/config-docs from the field descriptions in src/harvest/config.py;
+<!-- Written by scripts/config-docs from the field descriptions in src/harvest/config/;
      tests/test_configdoc.py fails when they drift apart. Edit the descriptions, then run the script. -->
 
 One TOML file, validated on load: a value of the wrong type, an unknown key or a value out of its

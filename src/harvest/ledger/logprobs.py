@@ -12,9 +12,10 @@ an export reads each array with one ``numpy.frombuffer``. Records go into ``logp
 in the run folder (0700 folder, 0600 files, opened without following links), one shard per writing
 ledger handle, a new one past ``SHARD_MAX`` bytes.
 
-Commit order (the ledger does it, store.py ``apply``): the records of a batch are appended and
-``fdatasync``-ed first; then one SQLite transaction inserts the result rows that reference them
-(shard, offset, bytes) and moves ``lp_shards.committed`` of that shard to its new end. A crash
+Commit order (the ledger does it: ``Ledger.apply`` in claims.py, through shards.py): the records
+of a batch are appended and ``fdatasync``-ed first; then one SQLite transaction inserts the result
+rows that reference them (shard, offset, bytes) and moves ``lp_shards.committed`` of that shard to
+its new end. A crash
 between the two leaves bytes past ``committed`` that no row references: opening the ledger for
 writing cuts every shard back to its committed length and removes shard files no committed row ever
 reached (:meth:`ShardStore.trim`). So a result and its log-probabilities are both kept or both lost.

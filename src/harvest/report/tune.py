@@ -26,13 +26,31 @@ def _settings(overrides: dict[str, Any]) -> str:
 
 
 def tune_page(folder: str | Path) -> tuple[str, str, list[str]]:
+    """The page of a tune folder: (title, subtitle, sections)."""
     folder = Path(folder)
     doc = read_doc(folder, "tune.json", "harvest.tune/1")
     trials = doc.get("trials") or []
     best = doc.get("best")
     floor = doc.get("floor")
-    gates = [t.get("gate") for t in trials]
     present = [(k, name) for k, name in METRICS if any(metric(t.get("quality"), k)[0] is not None for t in trials)]
+    sections = _sweep(doc, trials, best)
+    sections.append(_quality_figure(trials, present, floor, best))
+    if trials:
+        sections.append(_trials_figure(trials, best))
+    sections.append("<h2>Trials</h2>" + _trials_table(trials, present, best))
+    for note in doc.get("notes") or []:
+        sections.append(f'<p class="warn">note: {esc(note)}</p>')
+    for note in (floor or {}).get("notes") or []:
+        sections.append(f'<p class="sub">floor note: {esc(note)}</p>')
+    sections.append(launches_section(launch_entries(doc.get("launches") or [], folder)))
+    chosen = next((t for t in trials if t.get("index") == best), None)
+    subtitle = (f"{folder} - {len(trials)} trials; chosen: "
+                + (f"#{best} {_settings(chosen.get('overrides') or {})}" if chosen else "none passed"))
+    return f"harvest tune report: {folder.name}", subtitle, sections
+
+
+def _sweep(doc: dict[str, Any], trials: list[dict[str, Any]], best: Any) -> list[str]:
+    """The sweep's own facts (reference, probe prompts, floor, chosen) and the trials per verdict."""
     sections = ["<h2>Sweep</h2>",
                 table(("reference", "probe prompts", "noise floor from", "reference reused", "aborted", "chosen"),
                       [(json.dumps(doc.get("reference"), sort_keys=True), Cell(val(doc.get("prompts"), "prompts"), True),
@@ -41,8 +59,13 @@ def tune_page(folder: str | Path) -> tuple[str, str, list[str]]:
                         Cell(f'<b data-json="best">{esc(best)}</b>' if best is not None else "none passed"))])]
     counts = {v: sum(1 for t in trials if t.get("verdict") == v) for v in VERDICTS}
     sections.append("<p>" + ", ".join(f"{n} {esc(v)}" for v, n in counts.items() if n) + ".</p>")
+    return sections
 
-    # tok/s against each quality metric: the measured trials
+
+def _quality_figure(trials: list[dict[str, Any]], present: list[tuple[str, str]], floor: Any,
+                    best: Any) -> str:
+    """tok/s against each quality metric, one panel per metric: the measured trials."""
+    gates = [t.get("gate") for t in trials]
     panels = []
     for key, name in present:
         points = []
@@ -54,15 +77,16 @@ def tune_page(folder: str | Path) -> tuple[str, str, list[str]]:
             points.append((v, lo, hi, tok, t.get("verdict"), f"#{t.get('index')}", t.get("index") == best))
         panels.append({"metric": name, "points": points, "floor": metric(floor, key) if floor else None,
                        "limit": gate_limit(gates, key)})
-    if any(p["points"] for p in panels):
-        sections.append(figure("tok-vs-quality", charts.metric_scatter(panels, ylabel="gen tok/s"),
-                               "Generation tok/s against each quality metric (bootstrap interval as the "
-                               "horizontal bar). Shaded: the noise floor (reference against itself); dashed: "
-                               "the gate's limit; ringed: the chosen setting."))
-    else:
-        sections.append("<p>No trial has both a quality and a throughput measurement.</p>")
+    if not any(p["points"] for p in panels):
+        return "<p>No trial has both a quality and a throughput measurement.</p>"
+    return figure("tok-vs-quality", charts.metric_scatter(panels, ylabel="gen tok/s"),
+                  "Generation tok/s against each quality metric (bootstrap interval as the "
+                  "horizontal bar). Shaded: the noise floor (reference against itself); dashed: "
+                  "the gate's limit; ringed: the chosen setting.")
 
-    # every trial, whatever its verdict: tok/s bar (0 when never measured) with verdict and reason
+
+def _trials_figure(trials: list[dict[str, Any]], best: Any) -> str:
+    """Every trial, whatever its verdict: a tok/s bar (0 when never measured), verdict and reason."""
     labels = [f"#{t.get('index')} {_settings(t.get('overrides') or {})}"[:60] for t in trials]
     values = [float((t.get("throughput") or {}).get("gen_tok_s") or 0.0) for t in trials]
     notes = []
@@ -74,53 +98,49 @@ def tune_page(folder: str | Path) -> tuple[str, str, list[str]]:
         if t.get("index") == best:
             text += "  (chosen)"
         notes.append(text)
-    if trials:
-        sections.append(figure("trials", charts.hbars(labels, values,
-                                                      [charts.VERDICT_COLORS.get(t.get("verdict"), "#57606a")
-                                                       for t in trials],
-                                                      title="every trial: gen tok/s and verdict",
-                                                      xlabel="gen tok/s", notes=notes),
-                               "Trials never launched (rejected by policy, skipped by memory order, not run) "
-                               "have no bar, only their verdict."))
+    verdicts: list[Any] = [t.get("verdict") for t in trials]  # as tune.json has them; unknown: grey
+    chart = charts.hbars(labels, values, [charts.VERDICT_COLORS.get(v, "#57606a") for v in verdicts],
+                         title="every trial: gen tok/s and verdict", xlabel="gen tok/s", notes=notes)
+    return figure("trials", chart, "Trials never launched (rejected by policy, skipped by memory order, "
+                  "not run) have no bar, only their verdict.")
 
+
+def _trials_table(trials: list[dict[str, Any]], present: list[tuple[str, str]], best: Any) -> str:
+    """One row per trial: settings, KV tokens, throughput, each quality metric, stop and verdict;
+    each measured cell names the JSON path it came from."""
     headers = ["#", "settings", "KV tokens", "peak running", "gen tok/s", *[n for _, n in present], "stop",
                "verdict", "reason"]
     body, classes = [], []
     for i, t in enumerate(trials):
-        tp = t.get("throughput") or {}
-        kv = tp.get("kv_capacity_tokens")
-        kv_path: str | None = f"trials.{i}.throughput.kv_capacity_tokens" if tp else None
-        if kv is None and t.get("launch"):
-            kv = t["launch"].get("kv_capacity_tokens")
-            kv_path = f"trials.{i}.launch.kv_capacity_tokens"
-        tp_path = f"trials.{i}.throughput" if tp else None
-        q_path = f"trials.{i}.quality.metrics" if t.get("quality") else None
-        mark = " &#9733; chosen" if t.get("index") == best else ""
-        ref = " (reference)" if t.get("is_reference") else ""
-        cells: list[Any] = [Cell(f'{val(t.get("index"), f"trials.{i}.index")}{mark}{ref}'),
-                            _settings(t.get("overrides") or {}),
-                            Cell(val(kv, kv_path), True),
-                            Cell(val(tp.get("peak_running"), tp_path and f"{tp_path}.peak_running"), True),
-                            Cell(val(tp.get("gen_tok_s"), tp_path and f"{tp_path}.gen_tok_s"), True)]
-        for key, _ in present:
-            has = q_path and key in t["quality"]["metrics"]
-            cells.append(Cell(val(metric(t.get("quality"), key)[0], f"{q_path}.{key}.value" if has else None),
-                              True))
-        stop = ((t.get("launch") or {}).get("stop") or {}).get("verdict")
-        cells += [stop, Cell(f'<b data-verdict="{esc(t.get("verdict"))}">{esc(t.get("verdict"))}</b>'),
-                  "; ".join(t.get("reasons") or [])]
-        body.append(cells)
+        body.append(_trial_row(i, t, present, best))
         classes.append("best" if t.get("index") == best else "")
-    sections.append("<h2>Trials</h2>" + table(headers, body, row_classes=classes, name="trials"))
-    for note in doc.get("notes") or []:
-        sections.append(f'<p class="warn">note: {esc(note)}</p>')
-    for note in (floor or {}).get("notes") or []:
-        sections.append(f'<p class="sub">floor note: {esc(note)}</p>')
-    sections.append(launches_section(launch_entries(doc.get("launches") or [], folder)))
-    chosen = next((t for t in trials if t.get("index") == best), None)
-    subtitle = (f"{folder} - {len(trials)} trials; chosen: "
-                + (f"#{best} {_settings(chosen.get('overrides') or {})}" if chosen else "none passed"))
-    return f"harvest tune report: {folder.name}", subtitle, sections
+    return table(headers, body, row_classes=classes, name="trials")
+
+
+def _trial_row(i: int, t: dict[str, Any], present: list[tuple[str, str]], best: Any) -> list[Any]:
+    tp = t.get("throughput") or {}
+    kv = tp.get("kv_capacity_tokens")
+    kv_path: str | None = f"trials.{i}.throughput.kv_capacity_tokens" if tp else None
+    if kv is None and t.get("launch"):
+        kv = t["launch"].get("kv_capacity_tokens")
+        kv_path = f"trials.{i}.launch.kv_capacity_tokens"
+    tp_path = f"trials.{i}.throughput" if tp else None
+    q_path = f"trials.{i}.quality.metrics" if t.get("quality") else None
+    mark = " &#9733; chosen" if t.get("index") == best else ""
+    ref = " (reference)" if t.get("is_reference") else ""
+    cells: list[Any] = [Cell(f'{val(t.get("index"), f"trials.{i}.index")}{mark}{ref}'),
+                        _settings(t.get("overrides") or {}),
+                        Cell(val(kv, kv_path), True),
+                        Cell(val(tp.get("peak_running"), tp_path and f"{tp_path}.peak_running"), True),
+                        Cell(val(tp.get("gen_tok_s"), tp_path and f"{tp_path}.gen_tok_s"), True)]
+    for key, _ in present:
+        has = q_path and key in t["quality"]["metrics"]
+        cells.append(Cell(val(metric(t.get("quality"), key)[0], f"{q_path}.{key}.value" if has else None),
+                          True))
+    stop = ((t.get("launch") or {}).get("stop") or {}).get("verdict")
+    cells += [stop, Cell(f'<b data-verdict="{esc(t.get("verdict"))}">{esc(t.get("verdict"))}</b>'),
+              "; ".join(t.get("reasons") or [])]
+    return cells
 
 
 __all__ = ["tune_page"]

@@ -265,6 +265,7 @@ class Server:
                           argv=[argv0], reason="spawn_failed")
 
     def _launch(self) -> Server:
+        """The steps of :meth:`launch` in order; what a failed step started is stopped by the caller."""
         cfg = self.config
         if not self.adapter.launched:
             self.ready = wait_ready(config=cfg, checks=self.adapter.readiness(cfg), fatal_patterns=(), log=None,
@@ -272,23 +273,59 @@ class Server:
                                     cancelled=self._cancel.is_set)
             return self
 
+        self._refuse_public_without_key()
+        index = hold_index()  # a state dir another user owns is refused before anything is launched
+        folder = self._hold_run_dir()
+        run_dir = folder.path
+        self._refuse_missing_executable()  # before preflight: a launch that cannot start says why at once
+        probe = self._get_probe()
+        self._preflight(probe, run_dir)
+        version = self._engine_version()
+        gpus = list(cfg.gpus) or [g.index for g in probe.snapshot().gpus]
+        key = cfg.api_key()
+        secrets = [key.get_secret_value()] if key is not None else []
+        self._write_private_files(folder)
+        argv = self.adapter.argv(cfg, run_dir=run_dir)
+        shown = redact_argv(argv, secrets)
+        env = {**os.environ, **self.adapter.environment(cfg), **cfg.env}
+        pid = self._spawn(folder, probe, argv, env, shown, gpus, version)
+        try:
+            register_run(run_dir, cfg.engine, cfg.port, index)
+        finally:
+            index.close()
+        emit(self.on_event, "launching", "start", engine=cfg.engine, pid=pid, url=cfg.url)
+        self._recorder = DescendantRecorder(self.state_file, self.record_interval)
+        self._recorder.start()
+
+        watcher = LogWatcher(run_dir / LOG_FILE, secrets=[*secrets, *secret_env_values(cfg.env)])
+        ready = self._wait_for_readiness(watcher, shown)
+        self._record_ready(ready, watcher)
+        return self
+
+    def _refuse_public_without_key(self) -> None:
+        """A non-loopback host is served only with its API key set (the config checked the name)."""
+        cfg = self.config
         if not is_loopback(cfg.host) and cfg.api_key() is None:
             name = f"[server] {'api_key_env' if cfg.api_key_env else 'host'}"
             why = (f"environment variable {cfg.api_key_env} is not set (or empty): serving host "
                    f"{cfg.host!r}, not a loopback address, needs an API key")
             raise ConfigError(name, [(name, why)])
-        index = hold_index()  # a state dir another user owns is refused before anything is launched
+
+    def _hold_run_dir(self) -> safefiles.Folder:
+        """The run folder, held from here on (the record and the log are written through it);
+        refused when it holds the record of a server still running."""
         folder = make_run_dir(self.run_dir)
         self._folder = folder
         self.state_file = StateFile(folder)
-        run_dir = folder.path
         _refuse_live_record(folder)
-        self._refuse_missing_executable()  # before preflight: a launch that cannot start says why at once
-        probe = self._get_probe()
+        return folder
+
+    def _preflight(self, probe: GpuProbe, run_dir: Path) -> None:
+        """The launch-safety rules: a failure is refused (PreflightFailed) unless ``force``."""
         from harvest.gpu.preflight import run_preflight
 
         emit(self.on_event, "preflight", "start")
-        report = run_preflight(cfg, self.preflight_config, probe=probe, output_dir=run_dir)
+        report = run_preflight(self.config, self.preflight_config, probe=probe, output_dir=run_dir)
         self.preflight_report = report
         emit(self.on_event, "preflight", "end", ok=report.passed, passed=report.passed,
              rules=len(report.results), failures=len(report.failures), forced=self.force)
@@ -300,22 +337,28 @@ class Server:
             log.warning("preflight failed, launching anyway (force): %s",
                         "; ".join(f"{r.rule}: {r.detail}" for r in report.failures))
 
-        version = self.adapter.version(cfg)
-        newer = version_warning(cfg.engine, version)
+    def _engine_version(self) -> str | None:
+        """The engine's version (None: unknown), with a warning when it is newer than the pinned one."""
+        version = self.adapter.version(self.config)
+        newer = version_warning(self.config.engine, version)
         if newer is not None:
             log.warning("%s", newer)
-        gpus = list(cfg.gpus) or [g.index for g in probe.snapshot().gpus]
-        key = cfg.api_key()
-        # E.g. SGLang's key, kept off the argv; removed once start-up ended (read at the start).
-        for name, text in private_files(self.adapter, cfg).items():
+        return version
+
+    def _write_private_files(self, folder: safefiles.Folder) -> None:
+        """E.g. SGLang's key, kept off the argv; removed once start-up ended (read at the start)."""
+        for name, text in private_files(self.adapter, self.config).items():
             self._private_paths.append(name)
             with folder.open_text(name, "w") as fh:  # readable by its owner only (0600 from the first byte)
                 fh.write(text)
-        argv = self.adapter.argv(cfg, run_dir=run_dir)
-        shown = redact_argv(argv, [key.get_secret_value()] if key is not None else [])
-        env = {**os.environ, **self.adapter.environment(cfg), **cfg.env}
-        log_path = run_dir / LOG_FILE
 
+    def _spawn(self, folder: safefiles.Folder, probe: GpuProbe, argv: list[str], env: dict[str, str],
+               shown: tuple[str, ...], gpus: list[int], version: str | None) -> int:
+        """Measure the GPU baseline, start the engine in a new session with its output to the log,
+        and write its launch record, all under the spawn lock (a shutdown waits for the record);
+        returns the engine's pid."""
+        cfg = self.config
+        log_path = folder.path / LOG_FILE
         with self._spawn_lock:
             if self._cancel.is_set():
                 raise LaunchError("start-up was cancelled before the spawn", argv=shown, reason="cancelled")
@@ -338,16 +381,12 @@ class Server:
                 stop_grace=cfg.stop_grace, stop_deadline=cfg.stop_deadline, launcher_pid=os.getpid(),
             )
             self.state_file.write(RunState(record=record, status=RunStatus.STARTING))
-        try:
-            register_run(run_dir, cfg.engine, cfg.port, index)
-        finally:
-            index.close()
-        emit(self.on_event, "launching", "start", engine=cfg.engine, pid=pid, url=cfg.url)
-        self._recorder = DescendantRecorder(self.state_file, self.record_interval)
-        self._recorder.start()
+        return pid
 
-        watcher = LogWatcher(log_path, secrets=[*([key.get_secret_value()] if key is not None else []),
-                                                *secret_env_values(cfg.env)])
+    def _wait_for_readiness(self, watcher: LogWatcher, shown: tuple[str, ...]) -> Ready:
+        """Wait for the adapter's readiness checks, failing fast on exit or a fatal log line; the
+        private files go once start-up ended, ready or not."""
+        cfg = self.config
         try:
             self.ready = wait_ready(config=cfg, checks=self.adapter.readiness(cfg),
                                     fatal_patterns=self.adapter.fatal_patterns, log=watcher,
@@ -356,15 +395,20 @@ class Server:
                                     on_poll=LaunchReporter(self.on_event, cfg.url))
         finally:
             self._remove_private()
+        return self.ready
+
+    def _record_ready(self, ready: Ready, watcher: LogWatcher) -> None:
+        """The KV capacity learnt (from the log or the API; unknown is only a warning), and the
+        record marked ready."""
         with SyncHttp(max_connections=1) as client:
             try:
-                self.kv_capacity_tokens = self.adapter.kv_capacity(cfg, log_text=watcher.text(), client=client)
+                self.kv_capacity_tokens = self.adapter.kv_capacity(self.config, log_text=watcher.text(),
+                                                                   client=client)
             except (HttpError, ValueError) as exc:
                 log.warning("KV capacity unknown: %s", exc)
         kv = self.kv_capacity_tokens
         self.state_file.update(lambda s: replace(s, status=RunStatus.READY, kv_capacity_tokens=kv))
-        emit(self.on_event, "launching", "end", seconds=self.ready.seconds, kv_capacity_tokens=kv)
-        return self
+        emit(self.on_event, "launching", "end", seconds=ready.seconds, kv_capacity_tokens=kv)
 
     def _remove_private(self) -> None:
         for name in self._private_paths:

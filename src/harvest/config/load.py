@@ -1,0 +1,169 @@
+"""Loading a configuration: the TOML file read and parsed, relative paths resolved against the
+file's folder, the models validated, and every mistake turned into one line a person can act on
+(``file [table] field: message``, with "did you mean" for an unknown table or key).
+
+A bad file is a :class:`harvest.errors.ConfigError` (tests/fuzz/test_config.py holds it to that);
+nothing here creates anything.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from harvest.config.base import field_path
+from harvest.config.file import HarvestConfig
+from harvest.config.hosts import ClusterConfig, HostConfig
+from harvest.config.job import (
+    ClientConfig,
+    DataConfig,
+    OutputConfig,
+    PreflightConfig,
+    RunConfig,
+    SamplingConfig,
+)
+from harvest.config.server import ServerConfig
+from harvest.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+
+def _location(source: str, loc: tuple[Any, ...]) -> str:
+    """Render a pydantic error location as ``file [table] field``."""
+    parts = [str(p) for p in loc]
+    tables: list[str] = []
+    while parts and parts[0] in HarvestConfig.model_fields and parts[0] != "source":
+        tables.append(parts.pop(0))
+        if tables[-1] == "server" and parts and parts[0] == "env":
+            tables.append(parts.pop(0))
+        break
+    table = f" [{'.'.join(tables)}]" if tables else ""
+    field = " " + ".".join(parts) if parts else ""
+    return f"{source}{table}{field}"
+
+
+def _resolve_paths(data: dict[str, Any], base: Path) -> None:
+    """Make relative file paths in the raw TOML relative to the config file's folder."""
+
+    def rel(value: str) -> str:
+        p = Path(value).expanduser()
+        if p.is_absolute():
+            return str(p)
+        candidate = base / p
+        return str(candidate) if (candidate.exists() or value.startswith(".")) else value
+
+    server = data.get("server")
+    if isinstance(server, dict):
+        for key in ("model", "python"):
+            if isinstance(server.get(key), str):
+                server[key] = rel(server[key])
+    def key_file(h: Any) -> Any:  # the key file is on this machine: relative to the config file
+        if isinstance(h, dict) and isinstance(h.get("identity_file"), str):
+            return {**h, "identity_file": str(base / Path(h["identity_file"]).expanduser())}
+        return h
+
+    if "host" in data:
+        data["host"] = key_file(data["host"])
+    if isinstance(data.get("hosts"), list):
+        data["hosts"] = [key_file(h) for h in data["hosts"]]
+    for table, key in (("data", "path"), ("output", "dir")):
+        section = data.get(table)
+        if isinstance(section, dict) and isinstance(section.get(key), str):
+            p = Path(section[key]).expanduser()
+            section[key] = str(p if p.is_absolute() else base / p)
+
+
+def parse_config(data: dict[str, Any], source: str = "<memory>", base: Path | None = None) -> HarvestConfig:
+    """Validate an already-parsed mapping. Raises :class:`ConfigError` naming table and field."""
+    data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    if base is not None:
+        _resolve_paths(data, base)
+    try:
+        return HarvestConfig.model_validate({**data, "source": source})
+    except ValidationError as exc:
+        raise ConfigError(source, _problems(source, exc.errors())) from None
+
+
+#: The model of each table, for "did you mean" (``hosts`` is an array of [host] tables).
+_TABLES: dict[str, type[BaseModel]] = {
+    "server": ServerConfig, "preflight": PreflightConfig, "data": DataConfig, "sampling": SamplingConfig,
+    "client": ClientConfig, "output": OutputConfig, "run": RunConfig, "host": HostConfig, "hosts": HostConfig,
+    "cluster": ClusterConfig,
+}
+#: pydantic's own prefixes of a validator's message, which say nothing to a person.
+_PREFIXES = ("Value error, ", "Assertion failed, ")
+
+
+
+def _did_you_mean(name: str, choices: list[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _unknown(loc: tuple[Any, ...]) -> tuple[str | None, str]:
+    """The message of an unknown table or key, with the closest known name; the location to show
+    (None: the usual one)."""
+    name = str(loc[-1])
+    if len(loc) == 1:  # a top-level name: a table
+        tables = [t for t in HarvestConfig.model_fields if t != "source"]
+        return f"[{name}]", f"unknown table{_did_you_mean(name, tables)}; tables: {', '.join(tables)}"
+    model = _TABLES.get(str(loc[0]))
+    keys = list(model.model_fields) if model is not None and not (loc[0] == "server" and loc[1:2] == ("env",)) else []
+    return None, "unknown key" + _did_you_mean(name, keys)
+
+
+def _problems(source: str, errors: list[Any]) -> list[tuple[str, str]]:
+    """One ``(location, message)`` per mistake: the errors of a union's members are one mistake."""
+    merged: dict[tuple[Any, ...], list[Any]] = {}
+    for err in errors:
+        merged.setdefault(field_path(tuple(err["loc"])), []).append(err)
+    problems = []
+    for loc, errs in merged.items():
+        where = _location(source, loc)
+        if errs[0]["type"] == "extra_forbidden":
+            shown, msg = _unknown(loc)
+            if shown is not None:
+                where = f"{source} {shown}"
+        elif len(errs) > 1:  # a value of none of the union's types: one line, every accepted form
+            forms = [e["msg"].removeprefix("Input should be ") for e in errs]
+            msg = f"should be {' or '.join(forms)} (got {errs[0].get('input')!r})"
+        else:
+            err = errs[0]
+            msg = err["msg"]
+            for prefix in _PREFIXES:
+                msg = msg.removeprefix(prefix)
+            if err["type"] in ("literal_error", "int_type", "float_type", "string_type", "bool_type",
+                               "int_from_float", "list_type", "dict_type"):
+                msg = f"{msg} (got {err.get('input')!r})"
+        problems.append((where, msg))
+    return problems
+
+
+def load_config(path: str | Path) -> HarvestConfig:
+    """Read and validate a TOML configuration file."""
+    path = Path(path)
+    source = str(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(source, [(source, f"cannot read: {exc.strerror or exc}")]) from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8-sig"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(source, [(source, f"not UTF-8 text (byte {exc.start})")]) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(source, [(source, f"TOML syntax: {exc}")]) from None
+    except RecursionError:
+        raise ConfigError(source, [(source, "TOML nested too deeply")]) from None
+    return parse_config(data, source=source, base=path.resolve().parent)
+
+
+__all__ = ["load_config", "parse_config"]

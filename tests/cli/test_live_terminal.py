@@ -152,10 +152,17 @@ dir = "run"
 
 def _neutral(text: str, folder: Path, model: Path | None = None) -> str:
     """The screen with the test's folder left out of paths and the model's path named ``tiny-model``
-    (the frame's borders re-fitted)."""
+    (the frame's borders re-fitted). A path the engine's log line was cut in (``…``, the milestone's
+    length) is named so too, its cut kept: nothing of the machine's cache folder is left."""
     if model is not None:
-        text = "\n".join(line.replace(str(model), "tiny-model")[:-1].ljust(len(line) - 1) + line[-1]
-                         if str(model) in line and line.startswith("│") else line for line in text.splitlines())
+        cache = re.compile(re.escape(str(model.parent.parent)) + r"/[^\s'\"│]*")
+
+        def named(line: str) -> str:
+            return cache.sub(lambda m: "tiny-model…" if m.group(0).endswith("…") else "tiny-model",
+                             line.replace(str(model), "tiny-model"))
+
+        text = "\n".join(named(line)[:-1].ljust(len(line) - 1) + line[-1]
+                         if named(line) != line and line.startswith("│") else line for line in text.splitlines())
     lines = text.replace(f"{folder}/", "").splitlines()
     width = max((len(line) for line in lines if line.startswith("╰")), default=0)
     return "\n".join(line[:-1].ljust(width - 1, "─") + "╮" if line.startswith("╭") and width else line

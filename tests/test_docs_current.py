@@ -1,13 +1,16 @@
 """The documents tell the current state: BENCHMARKS.md holds the latest figure of each target in at
 most 500 lines (history in docs/bench-results/), docs/architecture.md exists and is cited where
-the layering is enforced, and no tracked file outside the raw results names how the work was
-organised (numbered rounds of work, tracker numbers) instead of what the code does."""
+the layering is enforced, no tracked file outside the raw results names how the work was
+organised (numbered rounds of work, tracker numbers) instead of what the code does, and the
+README's live panel is the one the terminal test last captured."""
 
 from __future__ import annotations
 
 import re
 import subprocess
 from pathlib import Path
+
+from harvest.campaign.progress import PANEL_WIDTH
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Raw outputs keep what they recorded, dates and all.
@@ -53,3 +56,22 @@ def test_the_pattern_finds_the_words_it_is_for():
     word, other = "Sess" + "ion", "iss" + "ue"  # spelled apart so this file names no round itself
     assert WORK_WORDS.search(f"as measured in {word} 8") and WORK_WORDS.search(f"see {other} #41")
     assert not WORK_WORDS.search("this session's work") and not WORK_WORDS.search("a session of the run")
+
+
+def test_the_readme_shows_the_live_panel_as_the_terminal_test_captured_it():
+    """docs/live-display.txt is written by tests/cli/test_live_terminal.py (run it with
+    HARVEST_UPDATE_DOCS=1); the README's screen is its generating screen, verbatim, and neither
+    holds a path of the machine it was captured on."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    capture = (ROOT / "docs" / "live-display.txt").read_text(encoding="utf-8")
+    assert capture.startswith("while the server launches:\n\n") and "\n\n\nwhile it generates:\n\n" in capture
+    generating = capture.split("while it generates:\n\n", 1)[1]
+    mention = "(tmux, 130 columns; `tests/cli/test_live_terminal.py`, kept in\n[docs/live-display.txt](docs/live-display.txt)):"
+    assert mention in readme, "the README no longer says where its screen comes from"
+    shown = readme.split(mention, 1)[1].split("```text\n", 1)[1].split("```\n", 1)[0]
+    assert shown == generating, "the README's screen is not docs/live-display.txt's: copy it from there"
+    frames = [line for line in capture.splitlines() if line.startswith(("╭", "│", "╰"))]
+    assert frames and {len(line) for line in frames} == {PANEL_WIDTH}, "a frame of the capture is not whole"
+    assert "▶ launching" in capture and "log: " in capture and "▶ generating" in capture
+    for local in ("/root/", "/home/", "/tmp/", ".cache/"):
+        assert local not in capture, f"the capture names a path of the machine it ran on ({local})"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import re
 import time
 
 from rich.console import Console
@@ -169,3 +170,38 @@ async def test_the_display_shows_an_engine_whose_metrics_did_not_come_as_unknown
     assert progress.server_endpoints == {url: {"running": None, "waiting": None}}
     console.print(progress)
     assert "server running" not in console.export_text()
+
+
+def test_a_hung_endpoint_has_its_own_yellow_row(tmp_path):
+    """The client's stats say an endpoint holds 4 requests with nothing back for 41 s (its bound:
+    the 30 s floor): the panel gives it an ``endpoint`` row of its own, drawn yellow, and the line
+    off a terminal names it the same way."""
+    from harvest.client.endpoints import Endpoint
+    from harvest.client.records import ClientStats
+
+    url = "http://127.0.0.1:18123"
+    hung = Endpoint(url)
+    now = time.monotonic()
+    for _ in range(4):
+        hung.took(now - 41)
+    console = Console(file=io.StringIO(), width=130, force_terminal=True, color_system="truecolor")
+    progress, _ = _progress(tmp_path, console, live=False)
+    progress.begin("generating")
+    progress.in_flight = 8
+    progress.client_stats = lambda: ClientStats(in_flight=4, held=0, completed=0, retries=0,
+                                                endpoints=(hung.stats(time.monotonic()),))
+    snap = progress.snapshot()
+    (quiet,) = snap["no_answer"]
+    assert quiet["url"] == url and quiet["outstanding"] == 4 and quiet["bound_s"] == 30.0 and quiet["quiet_s"] >= 41
+    words = f"{url} no answer for {quiet['quiet_s']:.0f} s (4 requests in flight; shown past 30 s of nothing back)"
+    assert words in progress.line(snap)
+    lines = console.render_lines(progress.panel(snap, 130), console.options, pad=False)
+    rows = [line for line in lines if "no answer for" in "".join(s.text for s in line)]
+    assert len(rows) == 1, rows
+    text = "".join(s.text for s in rows[0])
+    assert re.match(r"│ endpoint +http://", text) and words in text, text
+    figure = [s for s in rows[0] if s.text.strip() and s.text.strip() in words]
+    assert figure and all(s.style is not None and s.style.color is not None and s.style.color.name == "yellow"
+                          for s in figure), [(s.text, s.style) for s in rows[0]]
+    label = next(s for s in rows[0] if s.text.strip() == "endpoint")
+    assert label.style is None or label.style.color is None or label.style.color.name != "yellow"  # the label stays plain

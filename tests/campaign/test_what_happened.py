@@ -100,10 +100,15 @@ def test_a_model_the_endpoint_does_not_serve_is_refused_with_the_list(tmp_path, 
 def test_every_row_skipped_exits_non_zero_then_fixing_data_finishes_them_all(tmp_path, llama_server):
     model = served(llama_server.url)[0]
     rows(tmp_path / "in.jsonl", [{"qid": i, "question": f"What is {i} + {i}?"} for i in range(20)])
-    write_job(tmp_path, llama_server.url, model)
+    write_job(tmp_path, llama_server.url, model, data={"path": "in.jsonl", "id_field": "qid"})
     proc = harvest("run", "job.toml", cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     out = proc.stdout + proc.stderr
+    # The input line says every row was skipped, not that the rows lack the id field they all have.
+    (line,) = [x for x in out.splitlines() if x.startswith("input: ")]
+    assert line == ("input: 20 rows, 20 unique, 0 duplicates, 20 skipped; "
+                    "ids: none (every row was skipped; [data] id_field 'qid')"), line
+    assert "content hashes" not in out and "no 'qid' field" not in out, out
     # The reason with its count (naming the rows' fields), at the input line and at the end, and the fix.
     assert out.count("skipped 20: no 'prompt', 'messages' or 'conversations' field; the row has 'qid', "
                      "'question'") >= 2, out
@@ -128,7 +133,8 @@ def test_every_row_skipped_exits_non_zero_then_fixing_data_finishes_them_all(tmp
     assert (tmp_path / "run" / "export.sharegpt.jsonl").is_file()
 
     # Fixed [data]: the same folder reads the skipped rows again and finishes every one.
-    write_job(tmp_path, llama_server.url, model, data={"path": "in.jsonl", "prompt_field": "question"})
+    write_job(tmp_path, llama_server.url, model, data={"path": "in.jsonl", "id_field": "qid",
+                                                       "prompt_field": "question"})
     proc = harvest("run", "job.toml", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "skipped rows read again ([data] prompt_field 'prompt' -> 'question'): 20 are now items" in proc.stderr

@@ -152,10 +152,17 @@ dir = "run"
 
 def _neutral(text: str, folder: Path, model: Path | None = None) -> str:
     """The screen with the test's folder left out of paths and the model's path named ``tiny-model``
-    (the frame's borders re-fitted)."""
+    (the frame's borders re-fitted). A path the engine's log line was cut in (``…``, the milestone's
+    length) is named so too, its cut kept: nothing of the machine's cache folder is left."""
     if model is not None:
-        text = "\n".join(line.replace(str(model), "tiny-model")[:-1].ljust(len(line) - 1) + line[-1]
-                         if str(model) in line and line.startswith("│") else line for line in text.splitlines())
+        cache = re.compile(re.escape(str(model.parent.parent)) + r"/[^\s'\"│]*")
+
+        def named(line: str) -> str:
+            return cache.sub(lambda m: "tiny-model…" if m.group(0).endswith("…") else "tiny-model",
+                             line.replace(str(model), "tiny-model"))
+
+        text = "\n".join(named(line)[:-1].ljust(len(line) - 1) + line[-1]
+                         if named(line) != line and line.startswith("│") else line for line in text.splitlines())
     lines = text.replace(f"{folder}/", "").splitlines()
     width = max((len(line) for line in lines if line.startswith("╰")), default=0)
     return "\n".join(line[:-1].ljust(width - 1, "─") + "╮" if line.startswith("╭") and width else line
@@ -251,6 +258,10 @@ def test_stop_shows_each_step_as_it_happens(tmp_path):
 
 
 SIM_ENGINE = Path(__file__).resolve().parents[2] / "bench" / "sim_engine.py"
+README = Path(__file__).resolve().parents[2] / "README.md"
+#: What the README promises of the panel's "claimed ahead" (dispatch.py ``_refill``: claims up to
+#: ``CLAIM_FACTOR`` x the client's capacity, never given back when an auto target falls).
+CLAIM_BOUND = "Sent and claimed ahead together stay within twice the highest concurrency of the session so far"
 
 
 def _start_sim(folder: Path) -> tuple[object, str]:
@@ -349,6 +360,10 @@ dir = "run"
             assert loads, "no screen showed what is sent:\n" + term.screens[-1].text
             assert all(sent <= concurrency for sent, _ in loads), loads  # never more than the concurrency
             assert any(queued > 0 for _, queued in loads), loads  # the claim-ahead shown apart
+            # Within the README's bound: sent and claimed ahead together at most twice the highest
+            # concurrency so far (fixed here; every prompt is its own prefix, so no 2,048 window).
+            assert CLAIM_BOUND in README.read_text().replace("\n", " "), "the README no longer states the bound"
+            assert all(sent + queued <= 2 * concurrency for sent, queued in loads), loads
             final = term.screens[-1].text
             assert "run `harvest run job.toml` again to resume" in final, final
             assert any("generating" in line and "stopped: interrupted" in line for line in term.screens[-1].inside())

@@ -31,9 +31,10 @@ pytestmark = pytest.mark.engine
 HARVEST = [sys.executable, "-m", "harvest"]
 #: The panel's labels, as they must read (whole) at the start of a row.
 LABELS = ("items", "rate", "load", "endpoint", "ETA")
-#: What the panel must show with a sick endpoint: every figure of its rows.
+#: What the panel must show with a sick endpoint: every figure of its rows, the server's own
+#: running and waiting requests included (the simulated engine serves /metrics).
 FIGURES = ("items/s", "gen", "prompt", "tok/s", "sent", "done", "truncated", "failed", "skipped",
-           "sick, not answering", "s waited of the 600 s health_deadline")
+           "sick, not answering", "s waited of the 600 s health_deadline", "running", "waiting")
 
 
 def write_job(folder: Path, base_url: str, more: list[str], n: int) -> None:
@@ -101,15 +102,18 @@ def test_the_panel_fits_with_a_sick_endpoint(tmp_path, size):
                 f"{label!r} is not a whole label at {width} columns:\n{screen.text}"
     with_sick = [s for s in framed if any(label_of(line) == "endpoint" for line in s.inside())]
     assert with_sick, f"no screen showed the sick endpoint's row at {width} columns:\n{framed[-1].text}"
+    # The healthy endpoint's gauges as numbers, on its own row (two endpoints: one row each).
+    gauges = re.compile(rf"{re.escape(url)} running \d+ waiting \d+")
     for screen in with_sick:
         text = " ".join(" ".join(line.strip("│ ").split()) for line in screen.inside())
         missing = [f for f in FIGURES if f not in text]
-        if not missing and all(any(label_of(line) == lab for line in screen.inside()) for lab in LABELS):
+        if not missing and gauges.search(text) and all(any(label_of(line) == lab for line in screen.inside())
+                                                       for lab in LABELS):
             break
     else:
         screen = with_sick[-1]
-        raise AssertionError(f"no screen at {width} columns showed every label {LABELS} and figure {FIGURES}; "
-                             f"the last one:\n{screen.text}")
+        raise AssertionError(f"no screen at {width} columns showed every label {LABELS}, figure {FIGURES} and "
+                             f"{url}'s running / waiting; the last one:\n{screen.text}")
 
 
 def test_a_hung_endpoint_is_named_within_its_bound(tmp_path):

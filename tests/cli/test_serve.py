@@ -205,10 +205,12 @@ def test_serve_refuses_a_taken_port_before_launch(tmp_path, env):
         cfg = write_config(tmp_path / "server.toml", tmp_path / "pids", port)
         out = harvest(env, "serve", str(cfg), "--run-dir", str(tmp_path / "run"))
         assert out.returncode == 1
-        assert out.stderr.count(f"port {port} on 127.0.0.1 is in use") == 1, out.stderr  # the rule, once
+        both = out.stdout + out.stderr  # the rule once over both streams, not once on each
+        assert both.count(f"port {port} on 127.0.0.1 is in use") == 1, both
+        assert both.count(f"refused to launch: port {port} is taken") == 1, both
         assert out.stderr.rstrip().endswith(f"refused to launch: port {port} is taken; stop what holds it, "
                                             f"or set another [server] port"), out.stderr
-        assert "--force" not in out.stderr  # launching anyway does not get the port
+        assert "--force" not in both, both  # launching anyway does not get the port: never advised
         assert not (tmp_path / "run" / "launch.json").exists()
         assert not (tmp_path / "pids" / "server.pid").exists()
         # harvest run: the rules as the launch checked them, each once, then the same last line.
@@ -218,12 +220,59 @@ def test_serve_refuses_a_taken_port_before_launch(tmp_path, env):
         job.write_text(cfg.read_text() + f'[data]\npath = "{data}"\n[output]\ndir = "{tmp_path / "runs"}"\n')
         out = harvest(env, "run", str(job), "--no-live")
         assert out.returncode == 1, out.stdout + out.stderr
-        assert out.stderr.count(f"port {port} on 127.0.0.1 is in use") == 1, out.stderr
-        assert "--force" not in out.stderr
+        both = out.stdout + out.stderr
+        assert both.count(f"port {port} on 127.0.0.1 is in use") == 1, both
+        assert both.count(f"refused to launch: port {port} is taken") == 1, both
+        assert "--force" not in both, both
         assert f"refused to launch: port {port} is taken" in out.stderr
         assert not (tmp_path / "pids" / "server.pid").exists()
     finally:
         holder.close()
+
+
+def test_each_stopped_server_is_named_by_its_engine_pid_and_folder(tmp_path, env, serves):
+    """Two servers stopped from another shell: `harvest stop DIR` ends with the verdict for "command
+    pid N in DIR"; their two stop reports printed together (as a fleet on several hosts prints
+    them) head each server's lines with that name, and one closing line counts them."""
+    import dataclasses
+    import io
+    import re
+
+    from rich.console import Console
+
+    from harvest.cli.render import print_stop_reports
+    from harvest.placement.far_records import stop_report_from_dict
+
+    a, b = Serve(tmp_path, env), Serve(tmp_path, env)
+    serves += [a, b]
+    pid_a, pid_b = a.state.read().record.pid, b.state.read().record.pid
+    out = harvest(env, "stop", str(a.run_dir))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert re.search(rf"^verdict: CLEAN in \d+\.\d\d s \(deadline \d+ s\) for command pid {pid_a} in "
+                     rf"{re.escape(str(a.run_dir))}$", out.stdout, re.M), out.stdout
+    out = harvest(env, "stop", str(b.run_dir), "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    (doc_b,) = json.loads(out.stdout)["servers"]
+    reports = [stop_report_from_dict(json.loads((a.run_dir / "stop.json").read_text())),
+               stop_report_from_dict(doc_b)]
+    assert [(r.engine, r.pid, r.run_dir) for r in reports] == [("command", pid_a, str(a.run_dir)),
+                                                                ("command", pid_b, str(b.run_dir))]
+
+    def printed(shown: list) -> list[str]:
+        console = Console(file=io.StringIO(), width=400, soft_wrap=True, highlight=False)
+        print_stop_reports(shown, "gpu-a, gpu-b", console=console)
+        return console.file.getvalue().splitlines()  # type: ignore[attr-defined]
+
+    lines = printed(reports)
+    assert [line for line in lines if line.startswith("stop of ")] == [
+        f"stop of command pid {pid_a} in {a.run_dir}:", f"stop of command pid {pid_b} in {b.run_dir}:"], lines
+    assert len([line for line in lines if line.startswith("verdict: CLEAN in ")]) == 2, lines
+    assert lines[-1] == "2 servers on gpu-a, gpu-b: all CLEAN", lines
+    dirty = dataclasses.replace(reports[1], verdict="dirty", problems=("port still in use",))
+    lines = printed([reports[0], dirty])
+    at = lines.index(f"stop of command pid {pid_b} in {b.run_dir}:")  # the dirty one's lines follow its name
+    assert "  problem: port still in use" in lines[at:] and lines[-2].startswith("verdict: DIRTY in "), lines
+    assert lines[-1] == "2 servers on gpu-a, gpu-b: NOT all clean", lines
 
 
 def test_stop_with_nothing_to_stop_says_so_and_exits_0(tmp_path, env):

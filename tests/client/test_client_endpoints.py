@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from harvest.client.endpoints import EndpointPool, normalize_url
+from harvest.client.endpoints import HUNG_MIN_S, Endpoint, EndpointPool, normalize_url
 from harvest.client.records import EndpointState
 from harvest.errors import ConfigError
 
@@ -129,3 +129,39 @@ def test_a_query_in_a_base_url_stays_after_every_path_harvest_appends():
     assert endpoint_url(base, "/v1/chat/completions") == "http://h:8/v1/chat/completions?api_key=K&x=1"
     assert endpoint_url(base, "/metrics?name=a") == "http://h:8/metrics?name=a&api_key=K&x=1"
     assert endpoint_url(normalize_url("http://h:8/v1"), "/health") == "http://h:8/health"
+
+
+# --- not answering: max(HUNG_MIN_S, HUNG_P90_FACTOR x p90) -------------------------------------------
+
+
+def test_the_hung_bound_is_three_times_the_p90_latency_above_its_30_s_floor():
+    e = Endpoint("http://a:1")
+    assert e.hung_after_s() == HUNG_MIN_S == 30.0  # no answer yet: the floor
+    for _ in range(10):
+        e.heard(0.0, 20.0)
+    assert e.hung_after_s() == 60.0  # ten answers of 20 s: 3 x 20
+    slow = Endpoint("http://b:1")
+    for latency in [12.0] * 9 + [100.0]:  # one outlier above the p90 does not move it
+        slow.heard(0.0, latency)
+    assert slow.hung_after_s() == 36.0
+    fast = Endpoint("http://c:1")
+    for _ in range(50):
+        fast.heard(0.0, 2.0)  # 3 x 2 s = 6 s: the floor holds
+    assert fast.hung_after_s() == 30.0
+    fast.heard(0.0)  # an answer without a latency (an error status) leaves the p90 as it was
+    assert fast.hung_after_s() == 30.0
+
+
+def test_an_endpoint_holding_requests_past_its_bound_counts_as_hung_until_it_answers():
+    e = Endpoint("http://a:1")
+    for _ in range(10):
+        e.heard(0.0, 20.0)
+    for _ in range(4):
+        e.took(100.0)
+    at_bound, past = e.stats(160.0), e.stats(161.0)
+    assert (at_bound.quiet_s, at_bound.hung_after_s, at_bound.hung) == (60.0, 60.0, False)
+    assert (past.quiet_s, past.outstanding, past.hung) == (61.0, 4, True)
+    e.heard(150.0, 50.0)  # something came back: the quiet spell counts from it
+    assert e.stats(161.0).quiet_s == 11.0 and not e.stats(161.0).hung
+    idle = Endpoint("http://b:1")
+    assert idle.stats(1000.0).quiet_s is None and not idle.stats(1000.0).hung  # nothing in flight

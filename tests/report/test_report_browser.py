@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -101,6 +102,28 @@ def check_page(page: Page, report: Path, doc: dict[str, Any], charts: set[str], 
     return shown
 
 
+#: The queue panel of the over-time chart as drawn: each legend's texts, and the largest value of
+#: the "sent" series (the first colour of the palette in the second panel, read back through that
+#: panel's y ticks), None when that line or its ticks are not found.
+QUEUE_PANEL = """(() => {
+    const svg = document.querySelector('figure[data-chart="over-time"] svg');
+    const legends = [...svg.querySelectorAll('g[id^="legend"]')].map(
+        g => [...g.querySelectorAll('text')].map(t => t.textContent));
+    const axes = svg.querySelector('#axes_2');
+    const ticks = [...axes.querySelectorAll('g[id^="ytick"]')].map(g => {
+        const use = g.querySelector('use'), text = g.querySelector('text');
+        return use && text ? [parseFloat(use.getAttribute('y')), parseFloat(text.textContent.replace(/,/g, ''))]
+                           : null; }).filter(t => t && isFinite(t[0]) && isFinite(t[1]));
+    const line = [...axes.querySelectorAll('g[id^="line2d"] > path')].find(
+        p => !p.closest('g[id^="legend"]') && (p.getAttribute('style') || '').includes('stroke: #0b5cad'));
+    if (!line || ticks.length < 2) return {legends, sent_max: null, points: 0};
+    const [[y0, v0], [y1, v1]] = [ticks[0], ticks[ticks.length - 1]];
+    const ys = [...line.getAttribute('d').matchAll(/[ML] ([-\\d.]+) ([-\\d.]+)/g)].map(m => parseFloat(m[2]));
+    const values = ys.map(y => v0 + (y - y0) * (v1 - v0) / (y1 - y0));
+    return {legends, sent_max: Math.max(...values), points: values.length};
+})()"""
+
+
 # --- a run with a server kill in the middle ------------------------------------------------------------------
 
 
@@ -169,7 +192,8 @@ def llama_run(tmp_path_factory: pytest.TempPathFactory, llama_server_bin: str, t
     return run_dir
 
 
-def _check_run(run_dir: Path, tmp_path: Path, *, failed: int, skipped: int = 0) -> dict[str, Any]:
+def _check_run(run_dir: Path, tmp_path: Path, *, failed: int, skipped: int = 0, concurrency: int = 8
+               ) -> dict[str, Any]:
     out = tmp_path / "run-report.html"
     proc = harvest("report", str(run_dir), "-o", str(out))
     assert proc.stdout.strip() == str(out)
@@ -181,6 +205,19 @@ def _check_run(run_dir: Path, tmp_path: Path, *, failed: int, skipped: int = 0) 
         shown = check_page(page, out, status, {"status", "over-time", "latency", "output-length"}, tmp_path)
         stops = page.evaluate("[...document.querySelectorAll('[data-stop-verdict]')].map(e => e.dataset.stopVerdict)")
         title = page.evaluate("document.title")
+        queue = page.evaluate(QUEUE_PANEL)
+    # The queue panel splits what the panel shows apart: on the wire, and claimed ahead in harvest.
+    queue_legend = next((texts for texts in queue["legends"] if "sent (on the wire)" in texts), None)
+    assert queue_legend is not None, queue["legends"]
+    assert queue_legend[:2] == ["sent (on the wire)", "claimed ahead (harvest's queue)"], queue_legend
+    assert all(re.fullmatch(r"(running|waiting|auto target) \S+:\d+", x) for x in queue_legend[2:]), queue_legend
+    assert not any("claimed (sent + harvest's queue)" in texts for texts in queue["legends"]), queue["legends"]
+    # The sent series as drawn never goes past the concurrency, and is drawn (requests went out).
+    assert queue["points"] > 2 and queue["sent_max"] is not None, queue
+    assert 0 < queue["sent_max"] <= concurrency + 1e-6, queue
+    recorded = [p["sent"] for p in json.loads((run_dir / "timeline.json").read_text())["intervals"]
+                if p.get("sent") is not None]
+    assert recorded and max(recorded) <= concurrency, recorded
     # every count and the totals identity are on the page, tagged
     paths = {p for p, _ in shown["numbers"]}
     assert {f"counts.{s}" for s in status["counts"]} <= paths and "totals.unique" in paths
@@ -392,9 +429,10 @@ def test_run_report_shows_skip_reasons_and_settings_as_tables(tmp_path: Path):
     server = {r[0]: r[1] for r in tables["server-settings"]}
     assert server["engine"] == "command" and server["max_running_requests"] == "4", server
     assert "tp" not in server and "base_url" not in server, server  # they mean nothing for a command engine
-    # the launch's pid as the process table prints it: no thousands separator
+    # the launch's pid as its launch record holds it, as the process table prints it (no separator)
+    record = json.loads((run_dir / "server" / "launch.json").read_text())["record"]
     pids = [row[4] for row in tables["launches"]]
-    assert pids and all(p.isdigit() for p in pids), pids
+    assert pids == [str(record["pid"])], (pids, record["pid"])
     assert "{" not in "".join([*server.values(), *sampling.values()]).replace("{host}", "").replace("{port}", "")
 
 
@@ -441,9 +479,22 @@ def test_run_report_of_an_endpoint_shows_its_settings_and_the_truncation_note(tm
         note = page.evaluate("""(() => { const n = document.querySelector('[data-note="mostly-truncated"]');
             if (!n) return null; const r = n.getBoundingClientRect();
             return {text: n.innerText, height: r.height, color: getComputedStyle(n).color}; })()""")
+        # the quantile labels on the latency chart, each with its box and the chart's
+        labels = page.evaluate("""(() => { const svg = document.querySelector('figure[data-chart="latency"] svg');
+            const box = r => ({left: r.left, top: r.top, right: r.right, bottom: r.bottom});
+            return {svg: box(svg.getBoundingClientRect()), marks: [...svg.querySelectorAll('text')]
+                .filter(t => /^p\\d+$/.test(t.textContent.trim()))
+                .map(t => ({label: t.textContent.trim(), ...box(t.getBoundingClientRect())}))}; })()""")
     assert dict(settings) == {"engine": "openai", "base_url": f"http://127.0.0.1:{port}", "model": "chat-model"}
     assert note is not None and note["height"] > 0, note
     assert note["text"].startswith("12 of 12 answers (100%) stopped at max_tokens"), note
     assert note["color"] == "rgb(154, 103, 0)", note  # amber (.warn), not the red of a failure
     latency = shown["charts"]["latency"]["text"]
     assert "×" not in latency and "10^" not in latency and "p50" in latency, latency
+    # p50 and p99 drawn, each label whole inside the chart (not clipped at its edge)
+    assert sorted(m["label"] for m in labels["marks"]) == ["p50", "p99"], labels
+    frame = labels["svg"]
+    for mark in labels["marks"]:
+        assert mark["right"] > mark["left"] and mark["bottom"] > mark["top"], mark
+        assert (frame["left"] <= mark["left"] and mark["right"] <= frame["right"]
+                and frame["top"] <= mark["top"] and mark["bottom"] <= frame["bottom"]), (mark, frame)

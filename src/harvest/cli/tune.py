@@ -118,7 +118,8 @@ def tune_cmd(job: Path, grid: Path, out_dir: Path | None, then_run: bool, as_jso
     if not then_run:
         sys.exit(0)
     click.echo(f"running the campaign with trial {best.index}: {settings_text(best.overrides)}", err=True)
-    run_report = asyncio.run(run_campaign(job_with_server(job_cfg, best.config), placement=placement, console=console,
+    run_report = asyncio.run(run_campaign(job_with_server(job_cfg, best.config), placement=placement,
+                                          console=console,
                                           on_preflight=lambda r: show_preflight(r, console)))
     if as_json:
         click.echo(f"campaign: {run_report.outcome}; {run_report.totals.describe()}", err=True)

@@ -207,7 +207,7 @@ class LocalPlacement(Placement):
             return run_dir if run_dir is not None else default_run_dir(server.engine, server.port)
         folder = state_dir() / "servers" / run_name
         if StateFile(folder).exists():
-            raise Refused("--run-name", f"{run_name!r}: {folder} already holds a launch")
+            raise Refused(f"--run-name {run_name!r}", f"{folder} already holds a launch")
         return folder
 
     def serve_words(self, server: ServerConfig) -> ServeWords:

@@ -307,8 +307,8 @@ class Placement(ABC):
         ``run_name`` / ``give_up_after`` are what a near harvest passes to a far serve; here the
         placement chooses both itself."""
         if run_name is not None or give_up_after is not None:
-            raise Refused("--run-name and --give-up-after", f"what harvest passes to a far serve; on "
-                                                            f"{self.where()} it chooses both itself")
+            raise Refused("--run-name and --give-up-after are what harvest passes to a far serve",
+                          f"on {self.where()} it chooses both itself")
         stamp = time.strftime("%Y%m%d-%H%M%S")
         return run_dir if run_dir is not None else \
             state_dir() / "placed" / f"{stamp}-{server.engine}-{server.port}-{os.getpid()}"

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 from urllib.parse import urlsplit
 
-from harvest.client import EngineLimit
+from harvest.client import Client, EngineLimit
 from harvest.config import HarvestConfig, HostConfig, PreflightConfig, ServerConfig
 from harvest.errors import ConfigError
 from harvest.events import Listener, emit
@@ -177,7 +177,7 @@ class Fleet(ABC):
         """The engine adapter of the servers' kind (their metric names, for probes from here)."""
         return adapter_for(self.config.engine)
 
-    def placed(self) -> list[dict[str, Any]]:
+    def placed(self) -> list[dict[str, Any]]:  # Any: JSON values (harvest.serve/2 "servers" rows)
         """Where each server runs: ``where`` (this machine, a host, a node), ``pid`` there, ``url``."""
         return [{"where": self.where, "pid": None, "url": self.url}]
 
@@ -187,7 +187,7 @@ class Fleet(ABC):
         ``[run] max_relaunches`` as the campaign's relaunches. None here."""
         return 0
 
-    def attach(self, client: Any) -> None:  # Any: the campaign's Client (harvest.client), kept opaque here
+    def attach(self, client: Client) -> None:
         """The client whose endpoints should follow servers the placement replaces by itself (Ray's);
         nothing to do where servers are only relaunched by the campaign."""
 
@@ -255,9 +255,9 @@ class FleetFactory(Protocol):
     """What a placement's :meth:`Placement.fleet` returns: one call, one launch's Fleet."""
 
     def __call__(self, cfg: ServerConfig, *, run_dir: Path, preflight: PreflightConfig | None = None,
-                 force: bool = False, on_preflight: Callable[[Any], None] | None = None,
+                 force: bool = False, on_preflight: Callable[[object], None] | None = None,
                  on_event: Listener | None = None) -> Fleet:
-        ...  # on_preflight gets the launch's preflight report (harvest.gpu's PreflightReport)
+        ...  # on_preflight is told the launch's preflight report (harvest.gpu's PreflightReport)
 
 
 class Placement(ABC):

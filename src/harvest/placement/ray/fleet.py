@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from harvest.client import Client
 from harvest.config import HarvestConfig, PreflightConfig, ServerConfig
 from harvest.events import Listener
 from harvest.placement.base import Fleet, FleetFactory, Readiness
@@ -56,7 +57,7 @@ class RayFleet(Fleet):
     def cancel(self) -> None:
         self.group.cancel()
 
-    def attach(self, client: Any) -> None:  # Any: the campaign's Client; only replace_endpoint is called
+    def attach(self, client: Client) -> None:
         self.group.attach_client(client)
 
     def detach(self) -> None:
@@ -78,7 +79,7 @@ def ray_fleet_factory(config: HarvestConfig, *, where: str) -> FleetFactory:
     budget: dict[str, Any] = {"relaunches": 0, "next_slot": 0}
 
     def make(cfg: ServerConfig, *, run_dir: Path, preflight: PreflightConfig | None = None, force: bool = False,
-             on_preflight: Callable[[Any], None] | None = None, on_event: Listener | None = None) -> Fleet:
+             on_preflight: Callable[[object], None] | None = None, on_event: Listener | None = None) -> Fleet:
         group = RayServerGroup(config, cfg, run_dir=Path(run_dir), conn=RayConnection(cluster, config.source),
                                preflight=preflight, force=force, budget=budget, on_preflight=on_preflight)
         return RayFleet(group, where=where, on_event=on_event)

@@ -65,6 +65,7 @@ from pathlib import Path
 from typing import Any
 
 from harvest import __version__
+from harvest.client import Client
 from harvest.config import KEYLESS_ENGINES, HarvestConfig, PreflightConfig, ServerConfig, is_loopback
 from harvest.errors import LaunchError, RemoteError
 from harvest.placement.far_records import preflight_report_from_dict, stop_report_from_dict
@@ -147,7 +148,7 @@ class RayServerGroup:
         self.ready: RemoteReady | None = None
         self.kv_capacity_tokens: int | None = None
         self.left_out: list[tuple[str, str]] = []
-        self._client: Any = None
+        self._client: Client | None = None
         self._watch: asyncio.Task[None] | None = None
         self._replacing: set[asyncio.Task[None]] = set()
         self._cancelled = False
@@ -185,7 +186,7 @@ class RayServerGroup:
                 with contextlib.suppress(Exception):
                     m.actor.stop.remote()
 
-    def attach_client(self, client: Any) -> None:
+    def attach_client(self, client: Client) -> None:
         """The client whose endpoints follow the replacements (called once the client exists)."""
         self._client = client
         self.shared["client"], self.shared["urls"] = client, list(self.urls)

@@ -121,7 +121,7 @@ def ssh_fleet_factory(hosts: list[HostConfig], *, all_hosts: bool = False) -> Fl
     where = ", ".join(h.label for h in hosts)
 
     def make(cfg: ServerConfig, *, run_dir: Path, preflight: PreflightConfig | None = None, force: bool = False,
-             on_preflight: Callable[[Any], None] | None = None, on_event: Listener | None = None) -> Fleet:
+             on_preflight: Callable[[object], None] | None = None, on_event: Listener | None = None) -> Fleet:
         # A relaunch reuses each host's local port (port_memo): the client keeps the URLs it was given.
         members = [RemoteServer(h, cfg, run_dir=Path(run_dir) / (f"host-{i}" if len(hosts) > 1 else ""),
                                 preflight=preflight, force=force, on_preflight=on_preflight,

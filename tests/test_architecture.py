@@ -5,7 +5,9 @@ on every run of the suite rather than by eye.
   placement kinds independent of each other, Ray imported only inside its kind;
 - no import cycle between modules (every import statement counts, lazy ones inside functions too);
 - only the placement layer decides where servers run: no other module tests ``cluster``,
-  ``far_hosts()``, a placement record file, or the type of a server object;
+  ``far_hosts()``, a placement record file, the type of a server object or a placement's kind, or
+  asks a server or fleet what it has (``getattr`` / ``hasattr``): the Fleet and Placement ABCs
+  have every verb, with a default where only one kind can do it;
 - sizes (STYLE.md): no module over 600 lines, no function over 80.
 """
 
@@ -128,6 +130,9 @@ WHERE = [
     (re.compile(r"placement\.json|remote\.json|ray\.json|RAY_RECORD|REMOTE_RECORD"), "reads a placement record"),
     (re.compile(r"isinstance\([^)]*(RemoteServer|ServerGroup|RayServerGroup|Server)\b"), "tests a server's type"),
     (re.compile(r"^\s*(import ray\b|from ray\b)", re.M), "imports Ray"),
+    (re.compile(r"\bplacement\w*\.kind\s*[!=]=|\bkind\s*[!=]=\s*[\"'](local|ssh|ray)[\"']"), "tests a placement's kind"),
+    (re.compile(r"\b(getattr|hasattr)\(\s*(self\.)?(server|fleet|inner|group|placement)\w*\s*,"),
+     "probes a server or fleet"),
 ]
 #: Modules that define what the tests above look for (the config model of a whole file: its
 #: ``cluster`` table and ``far_hosts()``).
@@ -159,6 +164,25 @@ def test_where_check_sees_a_decision(tmp_path):
     (tmp_path / "placement" / "y.py").write_text("if cfg.cluster is not None:\n    pass\n")
     found = where_decisions(tmp_path)
     assert [f.split(": ")[1] for f in found] == ["tests [cluster]", "tests far_hosts()"], found
+
+
+@pytest.mark.parametrize(("line", "what"), [
+    ('if placement.kind != "local":', "tests a placement's kind"),
+    ("if self.placement.kind == 'ray':", "tests a placement's kind"),
+    ('factory, note, kind = pick(cand)\nif kind == "local":', "tests a placement's kind"),
+    ('attach = getattr(self.server, "attach_client", None)', "probes a server or fleet"),
+    ('if hasattr(fleet, "detach"):', "probes a server or fleet"),
+    ('n = getattr(server, "replacements", 0)', "probes a server or fleet"),
+])
+def test_where_check_sees_a_kind_test_and_a_probe(tmp_path, line, what):
+    """A kind test or a probe of what a server has, outside placement/, is a finding; the same
+    line inside placement/ is not, and neither are tests of other kinds (an event's, a rule's)."""
+    (tmp_path / "campaign").mkdir()
+    (tmp_path / "campaign" / "x.py").write_text(line + "\n")
+    (tmp_path / "placement").mkdir()
+    (tmp_path / "placement" / "y.py").write_text(line + "\n")
+    (tmp_path / "campaign" / "z.py").write_text('if event.kind == "start":\n    x = getattr(r, "rule", None)\n')
+    assert [f.split(": ")[1] for f in where_decisions(tmp_path)] == [what]
 
 
 #: STYLE.md: a module past ~600 lines is two modules; a function a newcomer reads top to bottom

@@ -8,7 +8,7 @@ import psutil
 import pytest
 from click.testing import CliRunner
 
-import harvest.cli.gpus as gpus_module
+import harvest.placement.local as local_placement
 from harvest.cli.main import cli
 from harvest.gpu import NvmlProbe
 from tests.gpu.fake_nvml import NVML_ERROR_GPU_IS_LOST, FakeGpu, FakeNvml, unused_pid
@@ -29,7 +29,8 @@ def fake_machine(monkeypatch):
         FakeGpu(uuid="GPU-aaaa", used_mib=41500, utilization=87, processes=[(me, 40960), (ghost, None)]),
         FakeGpu(uuid="GPU-bbbb", utilization=None),
     ])
-    monkeypatch.setattr(gpus_module, "open_probe", lambda **_: NvmlProbe(nvml, host_pid_namespace=True))
+    # this machine's GPUs are measured by the local placement (harvest gpus asks it)
+    monkeypatch.setattr(local_placement, "open_probe", lambda **_: NvmlProbe(nvml, host_pid_namespace=True))
     return nvml, me, ghost
 
 

@@ -154,21 +154,21 @@ def test_probes_reach_a_far_server_through_its_tunnel(tmp_path):
     """A fleet's client_config: a far server is probed at the tunnel's local end, one launched here at
     its own address (no SSH needed: the tunnel is described, not opened)."""
     from harvest.config import HostConfig, ServerConfig
-    from harvest.placement.base import Fleet
+    from harvest.placement.local import LocalFleet
+    from harvest.placement.ssh.fleet import SshFleet
     from harvest.placement.ssh.servers import RemoteServer
     from harvest.placement.ssh.tunnel import Tunnel
     from harvest.server import Server
 
-    def client_config(server):
-        return Fleet(server, cfg, where="test").client_config
-
     cfg = ServerConfig(engine="command", command=["true"], port=8123, api_key_env="K")
     host = HostConfig(ssh="root@box", server={"port": 9001})
     far = RemoteServer(host, cfg, run_dir=tmp_path / "far")
-    assert client_config(far).url == "http://127.0.0.1:9001"  # not launched yet: the far address
+    fleet = SshFleet(far, where="box")
+    assert fleet.client_config.url == "http://127.0.0.1:9001"  # not launched yet: the far address
     far.tunnel, far.local_port = Tunnel(host, 9001, local_port=45123), 45123
-    reached = client_config(far)
+    reached = fleet.client_config
     assert reached.url == "http://127.0.0.1:45123" and reached.api_key_env == "K"
-    assert Fleet(far, cfg, where="box").adapter.kind == "command"
+    assert fleet.adapter.kind == "command"
+    assert [c.port for c in fleet.server_configs] == [9001]  # the host's own [server] port
     here = Server(cfg, run_dir=tmp_path / "here")
-    assert client_config(here) is here.config
+    assert LocalFleet(here).client_config is here.config

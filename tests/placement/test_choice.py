@@ -100,26 +100,51 @@ def test_a_folder_without_a_record_is_one_line(tmp_path):
 
 def test_a_fleet_stops_to_a_list_and_reads_one_shape(tmp_path):
     """What campaign code reads is the same whatever the kind launched: a list of reports, the
-    engine adapter, the config the client reaches."""
+    engine adapter, the config the client reaches; what only one kind can do has its default."""
     from harvest.config import ServerConfig
     from harvest.server.stop import StopReport
 
     cfg = ServerConfig(engine="vllm", model="m", port=8200)
 
-    class Group:  # the shape of a Ray group: several urls, stop() gives a list
-        run_dir = tmp_path
+    class Group(Fleet):  # a kind of two servers (as a Ray group): several urls, one report each
         urls = ["http://127.0.0.1:8200", "http://127.0.0.1:8201"]
         ready = kv_capacity_tokens = None
 
-        async def stop(self, deadline=None):
+        def returncode(self):
+            return None
+
+        def cancel(self):
+            pass
+
+        async def _start(self):
+            pass
+
+        async def _stop(self, deadline):
             return [StopReport(run_dir="a", verdict="clean", steps=(), escalated=False),
                     StopReport(run_dir="b", verdict="dirty", steps=(), escalated=False, problems=("x",))]
 
     import asyncio
 
-    fleet = Fleet(Group(), cfg, where="test")
+    fleet = Group(cfg, run_dir=tmp_path, where="test")
     assert fleet.adapter.kind == "vllm"
     assert fleet.client_config.port == 8200
+    assert [e.batch for e in fleet.engine_limits()] == [128, 128]  # one per URL (vLLM without GPUs: 128)
+    assert fleet.replacements == 0 and fleet.launch_record() is None and not fleet.stopped_elsewhere()
+    with pytest.raises(Refused) as info:
+        fleet.detach()
+    assert "cannot be left running" in str(info.value) and "test" in str(info.value)
     reports = asyncio.run(fleet.stop())
     assert [r.run_dir for r in reports] == ["a", "b"]
     assert fleet.stop_report.run_dir == "b"  # the dirty one is what a one-line summary shows
+
+
+def test_a_fleet_without_every_verb_cannot_be_made(tmp_path):
+    """The ABC holds the seam: a kind that leaves out a verb fails when it is made, not when the
+    verb is first asked for in the middle of a run."""
+    from harvest.config import ServerConfig
+
+    class Half(Fleet):
+        urls = ["http://127.0.0.1:8200"]
+
+    with pytest.raises(TypeError, match="abstract"):
+        Half(ServerConfig(engine="vllm", model="m", port=8200), run_dir=tmp_path, where="test")

@@ -13,10 +13,11 @@ stop. Every launch ends with its StopReport before the next one starts. A launch
 dirty is "failed", and nothing further is launched (later candidates are "not run"): memory or
 processes left behind would fail or skew the next launch.
 
-Where the servers run: each launch goes through the server factory of its job
-(:func:`harvest.placement.probe_fleet`): here, or with ``[host]`` on the far host
-(launched and stopped by the far harvest, probed from here through the tunnel); with ``[[hosts]]``
-on the first host. A candidate file without a host table runs where the reference runs.
+Where the servers run: each launch goes through the one-server fleets of its placement
+(``placement.fleet(probe=True)``): the reference's as the command chose it, here, or with
+``[host]`` on the far host (launched and stopped by the far harvest, probed from here through the
+tunnel); with ``[[hosts]]`` on the first host. A candidate file that names no placement of its own
+(no ``[host]``, ``[[hosts]]`` or ``[cluster]``) runs where the reference runs.
 
 The pieces (:class:`QualityBench`, :func:`launch_and_run`) are shared with ``harvest tune``. This
 module never signals a process itself: launches and stops go through the server factory.
@@ -37,7 +38,7 @@ from harvest.config import HarvestConfig, PreflightConfig, ServerConfig
 from harvest.errors import ConfigError, LaunchError, PreflightFailed, RequestError, ServerSick
 from harvest.events import Listener
 from harvest.gpu.preflight import GPU_MEMORY, HOST_RAM
-from harvest.placement import Fleet, from_config, probe_fleet
+from harvest.placement import Fleet, FleetFactory, Placement, from_config
 from harvest.quality.evaluate import GateResult, QualityReport, gate, quality_report, task_records
 from harvest.quality.policy import violations
 from harvest.quality.probe import ProbePrompt, select_prompts
@@ -58,8 +59,8 @@ from harvest.quality.reference import (
 from harvest.quality.settings import QualitySettings
 from harvest.quality.task import run_task
 from harvest.quality.wire import Wire, open_wire, protocol_for
-from harvest.server import StopReport
-from harvest.server.state import hold_index
+from harvest.server import hold_index
+from harvest.stops import StopReport
 
 log = logging.getLogger("harvest.compare")
 
@@ -112,16 +113,14 @@ async def launch_and_run(label: str, config: ServerConfig, run_dir: Path,
                          preflight: PreflightConfig | None = None, force: bool = False,
                          on_preflight: Callable[[object], None] | None = None,
                          on_event: Listener | None = None,
-                         server_factory: Any = None) -> tuple[T | None, Launch]:
+                         server_factory: FleetFactory) -> tuple[T | None, Launch]:
     """Launch ``config``, run ``work(server)``, then the verified stop -- always, whatever failed.
 
-    ``server_factory`` makes the server (a placement's fleet, :func:`~harvest.placement.probe_fleet`;
-    default: one on this machine); ``work`` reaches it at ``server.client_config``. Launch and
+    ``server_factory`` makes the server (the fleets of a placement, ``placement.fleet(probe=True)``);
+    ``work`` reaches it at ``server.client_config``. Launch and
     server failures are recorded in the returned :class:`Launch`, not raised; ``ConfigError`` (the user's configuration, e.g. a task scorer) and
     ``RemoteError`` (a far host that cannot be reached or checked) propagate after the stop.
     """
-    if server_factory is None:
-        server_factory = from_config(None).fleet(probe=True)
     server = server_factory(config, run_dir=run_dir / "server", preflight=preflight, force=force,
                             on_preflight=on_preflight, on_event=on_event)
     log.info("%s: launching %s (run dir %s)", label, config.engine, server.run_dir)
@@ -379,13 +378,110 @@ def row_from(label: str, settings: dict[str, Any], launch: Launch,
     return CompareRow(label, settings, verdict, launch, report, result, reasons)
 
 
+class _Comparison:
+    """One ``harvest compare``: its launches in order, the rows and notes they give. Not reusable."""
+
+    def __init__(self, reference: HarvestConfig, placement: Placement, bench: QualityBench, out_dir: Path,
+                 force: bool, on_preflight: Callable[[object], None] | None):
+        self.reference, self.placement, self.bench, self.out_dir = reference, placement, bench, out_dir
+        self.ref_cfg = reference.require_server()
+        self.force, self.on_preflight = force, on_preflight
+        self.launches: list[Launch] = []
+        self.rows: list[CompareRow] = []
+        self.notes: list[str] = []
+        self.dirty = False  # a stop was not clean: nothing further is launched
+        self._counter = iter(range(1000))
+        self.ref_factory = placement.fleet(probe=True)
+        note = placement.note(True)
+        if note is not None:
+            self.notes.append(note)
+
+    async def launch(self, label: str, cfg: ServerConfig, pf: PreflightConfig, work: Callable[[Fleet], Awaitable[T]],
+                     factory: FleetFactory | None = None) -> tuple[T | None, Launch]:
+        """One launch in its own numbered folder; a dirty stop ends the launching."""
+        folder = self.out_dir / "launches" / f"{next(self._counter):02d}-{label}"
+        result, launch = await launch_and_run(label, cfg, folder, work, preflight=pf, force=self.force,
+                                              on_preflight=self.on_preflight,
+                                              server_factory=factory or self.ref_factory)
+        self.launches.append(launch)
+        if not launch.stopped_clean:
+            self.dirty = True
+            self.notes.append(f"the stop of {label} was not clean ({dirty_problems(launch)}): nothing further "
+                              "was launched")
+        return result, launch
+
+    async def make_reference(self) -> None:
+        """The reference's outputs (loaded when stored under the same settings, else launched)."""
+        if self.bench.load():
+            return
+        outputs, launch = await self.launch("reference", self.ref_cfg, self.reference.preflight,
+                                            self.bench.make_reference)
+        if outputs is None:
+            raise ConfigError(self.reference.source, [(f"{self.reference.source} [server]",
+                                                       f"the reference did not run: {launch.error}")])
+        self.bench.set_floor(outputs, SAME_LAUNCH)
+
+    async def floor(self) -> None:
+        """The noise floor: a second launch of the reference when asked for, else its own launch."""
+        floor_launch = None
+        if self.bench.needs_floor_launch and not self.dirty:
+            outputs, floor_launch = await self.launch("floor", self.ref_cfg, self.reference.preflight,
+                                                      self.bench.outputs)
+            if outputs is not None:
+                self.bench.set_floor(outputs, SECOND_LAUNCH)
+            else:
+                self.notes.append(f"the second launch of the reference failed ({floor_launch.error}); "
+                                  "the floor comes from the reference's own launch")
+                floor_launch = None
+        checked = self.bench.floor_check()
+        if checked is not None:
+            self.rows.append(row_from("floor", {}, floor_launch or Launch("floor", None), checked))
+
+    async def candidate(self, label: str, cand: HarvestConfig) -> None:
+        """A candidate's row: rejected by the policy, not run after a dirty stop, else launched
+        where its own placement says (or, naming none, where the reference runs) and gated."""
+        cfg = cand.require_server()
+        diff = settings_diff(self.ref_cfg, cfg)
+        broken = violations(cfg, self.bench.settings.policy)
+        if broken:
+            self.rows.append(CompareRow(label, diff, "rejected", reasons=tuple(broken)))
+            return
+        if self.dirty:
+            self.rows.append(CompareRow(label, diff, "not run", reasons=("an earlier stop was not clean",)))
+            return
+        factory = None
+        own = from_config(cand, otherwise=self.placement)
+        if own is not self.placement:  # the candidate names its own: [host], [[hosts]], [cluster]
+            factory = own.fleet(probe=True)
+            note = own.note(True)
+            if note is not None:
+                self.notes.append(f"{label}: {note}")
+        outputs, launch = await self.launch(label, cfg, cand.preflight, self.bench.outputs, factory)
+        if outputs is not None:
+            save_outputs(self.out_dir / "outputs" / f"{label}.jsonl", outputs)
+        self.rows.append(row_from(label, diff, launch, self.bench.evaluate(outputs) if outputs is not None else None))
+
+    def report(self) -> CompareReport:
+        """The report, also written to ``compare.json`` in the compare folder."""
+        bench = self.bench
+        report = CompareReport(self.out_dir, server_settings(self.ref_cfg),
+                               len(bench.reference.entries) if bench.reference else 0,
+                               bench.floor_source, bench.reused, tuple(self.rows), tuple(self.launches),
+                               tuple(self.notes))
+        with safefiles.hold(self.out_dir, create=True) as folder:
+            folder.write_atomic("compare.json", json.dumps(report.to_dict(), indent=2) + "\n")
+        return report
+
+
 async def compare(reference: HarvestConfig, candidates: Sequence[HarvestConfig], *, settings: QualitySettings,
-                  out_dir: Path, force: bool = False, on_preflight: Callable[[object], None] | None = None,
+                  out_dir: Path, placement: Placement | None = None, force: bool = False,
+                  on_preflight: Callable[[object], None] | None = None,
                   prompts: Sequence[ProbePrompt] | None = None) -> CompareReport:
     """Compare each candidate's [server] with the reference's on the probe set (module docstring).
 
-    ``prompts`` overrides the probe set (else it is drawn from the reference job's [data] and
-    ``[probe] file``). Raises ConfigError when the reference cannot be produced.
+    ``placement``: where the reference runs, as the command chose it (None: as the reference job's
+    own tables say). ``prompts`` overrides the probe set (else it is drawn from the reference job's
+    [data] and ``[probe] file``). Raises ConfigError when the reference cannot be produced.
     """
     out_dir = Path(out_dir)
     ref_cfg = reference.require_server()
@@ -395,73 +491,13 @@ async def compare(reference: HarvestConfig, candidates: Sequence[HarvestConfig],
     if prompts is None:
         probe = settings.probe
         prompts = select_prompts(reference.data, n=probe.prompts, seed=probe.seed, extra=probe.file)
-    bench = QualityBench(out_dir, ref_cfg, settings, prompts)
-    launches: list[Launch] = []
-    rows: list[CompareRow] = []
-    notes: list[str] = []
-    counter = iter(range(1000))
-    dirty = False
-    ref_factory, note, _ = probe_fleet(reference)
-    if note is not None:
-        notes.append(note)
-
-    async def run(label: str, cfg: ServerConfig, pf: PreflightConfig, work: Callable[[Fleet], Awaitable[T]],
-                  factory: Any = ref_factory) -> tuple[T | None, Launch]:
-        nonlocal dirty
-        folder = out_dir / "launches" / f"{next(counter):02d}-{label}"
-        result, launch = await launch_and_run(label, cfg, folder, work, preflight=pf, force=force,
-                                              on_preflight=on_preflight, server_factory=factory)
-        launches.append(launch)
-        if not launch.stopped_clean:
-            dirty = True
-            notes.append(f"the stop of {label} was not clean ({dirty_problems(launch)}): nothing further "
-                         "was launched")
-        return result, launch
-
-    if not bench.load():
-        outputs, launch = await run("reference", ref_cfg, reference.preflight, bench.make_reference)
-        if outputs is None:
-            raise ConfigError(reference.source, [(f"{reference.source} [server]",
-                                                  f"the reference did not run: {launch.error}")])
-        bench.set_floor(outputs, SAME_LAUNCH)
-    floor_launch = None
-    if bench.needs_floor_launch and not dirty:
-        outputs, floor_launch = await run("floor", ref_cfg, reference.preflight, bench.outputs)
-        if outputs is not None:
-            bench.set_floor(outputs, SECOND_LAUNCH)
-        else:
-            notes.append(f"the second launch of the reference failed ({floor_launch.error}); "
-                         "the floor comes from the reference's own launch")
-            floor_launch = None
-    checked = bench.floor_check()
-    if checked is not None:
-        rows.append(row_from("floor", {}, floor_launch or Launch("floor", None), checked))
+    run = _Comparison(reference, placement if placement is not None else from_config(reference),
+                      QualityBench(out_dir, ref_cfg, settings, prompts), out_dir, force, on_preflight)
+    await run.make_reference()
+    await run.floor()
     for i, cand in enumerate(candidates):
-        cfg = cand.require_server()
-        label = f"candidate-{i + 1}"
-        diff = settings_diff(ref_cfg, cfg)
-        broken = violations(cfg, settings.policy)
-        if broken:
-            rows.append(CompareRow(label, diff, "rejected", reasons=tuple(broken)))
-            continue
-        if dirty:
-            rows.append(CompareRow(label, diff, "not run", reasons=("an earlier stop was not clean",)))
-            continue
-        factory, note, kind = probe_fleet(cand)  # its own placement ([host], [cluster]) ...
-        if kind == "local":  # ... else where the reference runs
-            factory, note = ref_factory, None
-        if note is not None:
-            notes.append(f"{label}: {note}")
-        outputs, launch = await run(label, cfg, cand.preflight, bench.outputs, factory)
-        if outputs is not None:
-            save_outputs(out_dir / "outputs" / f"{label}.jsonl", outputs)
-        rows.append(row_from(label, diff, launch, bench.evaluate(outputs) if outputs is not None else None))
-    report = CompareReport(out_dir, server_settings(ref_cfg),
-                           len(bench.reference.entries) if bench.reference else 0,
-                           bench.floor_source, bench.reused, tuple(rows), tuple(launches), tuple(notes))
-    with safefiles.hold(out_dir, create=True) as folder:
-        folder.write_atomic("compare.json", json.dumps(report.to_dict(), indent=2) + "\n")
-    return report
+        await run.candidate(f"candidate-{i + 1}", cand)
+    return run.report()
 
 
 __all__ = [

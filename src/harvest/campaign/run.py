@@ -35,6 +35,7 @@ import contextlib
 import logging
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,25 +48,17 @@ from harvest.campaign.intake import IngestSteps, dataset_fingerprint, output_set
 from harvest.campaign.progress import Progress
 from harvest.campaign.supervise import ServerSteps
 from harvest.campaign.timeline import Timeline
-from harvest.client import Client, EngineLimit
+from harvest.client import Client
 from harvest.client.metrics import PrefixCacheMeter
-from harvest.config import HarvestConfig, ServerConfig
+from harvest.config import HarvestConfig
 from harvest.dataset.skips import SkipReason
 from harvest.errors import ConfigError
-from harvest.events import Event
-from harvest.ledger import LedgerWriter, Status, Totals, hash_settings
-from harvest.placement import from_config
-from harvest.server import StopReport
-from harvest.server.batch import batch_limit, batch_limit_exact, has_metrics
-from harvest.server.state import hold_index
+from harvest.events import Event, Listener
+from harvest.ledger import Ledger, LedgerWriter, Status, Totals, hash_settings
+from harvest.placement import Fleet, Placement, engine_limit, from_config
+from harvest.stops import StopReport
 
 log = logging.getLogger("harvest.campaign")
-
-
-def engine_limit(server: ServerConfig) -> EngineLimit:
-    """What the client may know of an engine launched with ``server``'s settings, for ``concurrency =
-    "auto"``: its batch limit, whether that is its hard cap, whether it has /metrics."""
-    return EngineLimit(batch_limit(server), batch_limit_exact(server), has_metrics(server))
 
 
 @dataclass(frozen=True)
@@ -103,9 +96,9 @@ class RunReport:
 class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
     """One session of a run. Not reusable."""
 
-    def __init__(self, config: HarvestConfig, *, allow_mixed: bool, force: bool, live: bool | None,
-                 server_factory: Any = None, on_preflight: Any = None, retry: tuple[str, ...] = (),
-                 console: Any = None, placement: Any = None):
+    def __init__(self, config: HarvestConfig, placement: Placement, *, allow_mixed: bool, force: bool,
+                 live: bool | None, all_hosts: bool = False, on_preflight: Callable[[Any], None] | None = None,
+                 retry: tuple[str, ...] = (), console: Any = None):  # console: a rich Console (the display's)
         if config.data is None:
             raise ConfigError(config.source, [(f"{config.source} [data]", "`harvest run` needs a [data] table")])
         if config.server is None and not config.client.endpoints:
@@ -116,16 +109,16 @@ class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
         self.allow_mixed = allow_mixed
         self.force = force
         self.live = live
-        #: Where the servers run (harvest.placement), chosen once; it makes them (server_factory).
-        self.placement = placement if placement is not None else from_config(config)
-        self.server_factory = server_factory if server_factory is not None else self.placement.fleet()
+        #: Where the servers run (harvest.placement), chosen once by the command; it makes them.
+        self.placement = placement
+        self.server_factory = placement.fleet(all_hosts=all_hosts)
         self.on_preflight = on_preflight
         self.console = console  # the display's console (lines printed through it go above the panel)
-        self.on_event: Any = None  # the display's phase listener, once it exists (harvest.events)
+        self.on_event: Listener | None = None  # the display's phase listener, once it exists
         self.settings_hash = hash_settings(output_settings(config))
         self.context = ContextGuard(config)  # learns the model's context on its first check
         self.stop_requested = asyncio.Event()
-        self.server: Any = None  # a placement Fleet (or what a test's server_factory makes)
+        self.server: Fleet | None = None
         self.stop_reports: list[StopReport] = []
         self.relaunches = 0
         self.outcome = "finished"
@@ -152,79 +145,23 @@ class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
         self._space: Any = None  # the logprob disk check of this session (campaign/distill.py)
 
     async def run(self) -> RunReport:
+        """Open the ledger, then (under the display) stop what an earlier session left, launch,
+        dispatch, stop; then the totals check. Signals taken for the session are given back."""
         t0 = time.monotonic()
         server = self.config.server
-        if server is not None and server.launched and self.placement.kind == "local":
-            hold_index().close()  # a state dir another user owns: refused before anything is written
+        if server is not None and server.launched:
+            self.placement.hold_state_dir()  # e.g. a state dir another user owns: refused before any write
         ledger = self.open_ledger()
-        loop = asyncio.get_running_loop()
-        #: Signals taken for a clean stop, and the handler each had: ``remove_signal_handler`` leaves
-        #: the default, and a program that embeds the run (or a test session that stops its engines
-        #: on SIGTERM) would lose its own.
-        installed: dict[int, Any] = {}
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                before = signal.getsignal(sig)
-                loop.add_signal_handler(sig, self._request_stop)
-                installed[sig] = before
+        installed = self._take_signals()
         try:
             counts = ledger.counts()
-            total = sum(counts.values())
-            if not ledger.created:
-                self.resumed = resume_line(counts, ledger.recovered, ledger.ingest_state(), self._records is not None)
-                log.info("%s", self.resumed)
-            final_before = sum(counts[s] for s in (Status.DONE, Status.TRUNCATED, Status.FAILED, Status.SKIPPED))
-            assert ledger.folder is not None  # opened for writing: the run folder is held
-            progress = Progress(ledger.folder, total=total, already_final=final_before, live=self.live,
-                                console=self.console, data_path=self.config.data.path if self.config.data else None,
-                                before={s.value: counts[s] for s in (Status.DONE, Status.TRUNCATED, Status.FAILED,
-                                                                     Status.SKIPPED)})
-            self.on_event = progress.on_event
-            progress.ingest_began(t0, self._first_rows, ongoing=self._records is not None)
-            progress.timeline = self.timeline = Timeline.open(ledger.folder)
+            progress = self._open_progress(ledger, counts, t0)
             with progress:
                 await asyncio.to_thread(self.stop_leftover)  # also when nothing is left to generate
                 if self._first_batch_all_skipped(counts):
-                    # A whole first batch of rows that do not fit [data] is the job's mistake: no
-                    # launch for it; the rest of the dataset is read next time, under fixed settings.
-                    self._close_records()
-                    self.outcome = "stopped"
-                    self.note = (f"the {self._first_batch[0]:,} rows read first were all skipped: fix [data] "
-                                 f"and run again (the skipped rows are read again)")
+                    self._no_launch_for_skipped_rows()
                 elif counts[Status.PENDING] or counts[Status.RUNNING] or self._records is not None:
-                    try:
-                        async with LedgerWriter(ledger) as writer:
-                            try:
-                                if self._records is not None:
-                                    progress.ingesting = True
-                                    self._ingest_task = asyncio.create_task(self._ingest_rest(writer, progress))
-                                await self.start_server()
-                                urls = getattr(self.server, "urls", None)  # far servers: their tunnels
-                                # each server's own settings (a [[hosts]] entry's batch limit)
-                                configs = getattr(self.server, "server_configs", None) if urls else None
-                                engines = None if configs is None else [engine_limit(c) for c in configs]
-                                engine = None if server is None else engine_limit(server)
-                                async with Client.from_config(self.config, urls, engines, engine=engine) as client:
-                                    attach = getattr(self.server, "attach_client", None)
-                                    if attach is not None:  # Ray: endpoints follow replacement servers
-                                        attach(client)
-                                    progress.client_stats = client.stats
-                                    progress.health_deadline = self.config.client.health_deadline
-                                    if not self.config.client.auto:
-                                        progress.concurrency_limit = int(self.config.client.concurrency)
-                                    if await self._check_endpoints(client, progress):
-                                        await self.read_cache_counters(client, progress)
-                                        progress.begin("generating", concurrency=client.capacity())
-                                        await self.dispatch(writer, client, progress)
-                                        if self.outcome not in ("interrupted", "server_down"):
-                                            await self.read_cache_counters(client, progress)
-                                    progress.on_event(Event("generating", "end", {
-                                        "outcome": self.outcome, "note": self.note},
-                                        ok=self.outcome == "finished"))
-                            finally:
-                                await self._finish_ingest()
-                    finally:
-                        await self.stop_server()
+                    await self._launch_and_dispatch(ledger, progress)
                 progress.state = self.outcome
                 progress.note = self.note
                 progress.update()
@@ -235,17 +172,107 @@ class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
         finally:
             if self.timeline is not None:
                 self.timeline.close(self.outcome)
-            for taken, before in installed.items():
-                loop.remove_signal_handler(taken)
-                if before is not None:  # None: not set from Python, nothing to give back
-                    with contextlib.suppress(ValueError, TypeError):
-                        signal.signal(taken, before)
+            self._give_back_signals(installed)
             self._close_records()
             ledger.close()
+        return self._report(totals, progress.done, time.monotonic() - t0, skip_reasons, ledger.recovered)
+
+    def _take_signals(self) -> dict[int, Any]:
+        """SIGINT / SIGTERM ask for a clean stop; returns the handler each had (``Any``: whatever
+        ``signal.getsignal`` gave). ``remove_signal_handler`` leaves the default, and a program that
+        embeds the run (or a test session that stops its engines on SIGTERM) would lose its own."""
+        loop = asyncio.get_running_loop()
+        installed: dict[int, Any] = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                before = signal.getsignal(sig)
+                loop.add_signal_handler(sig, self._request_stop)
+                installed[sig] = before
+        return installed
+
+    @staticmethod
+    def _give_back_signals(installed: dict[int, Any]) -> None:
+        loop = asyncio.get_running_loop()
+        for taken, before in installed.items():
+            loop.remove_signal_handler(taken)
+            if before is not None:  # None: not set from Python, nothing to give back
+                with contextlib.suppress(ValueError, TypeError):
+                    signal.signal(taken, before)
+
+    def _open_progress(self, ledger: Ledger, counts: dict[Status, int], t0: float) -> Progress:
+        """The display of the session (and its timeline), told what the ledger held at the start."""
+        total = sum(counts.values())
+        if not ledger.created:
+            self.resumed = resume_line(counts, ledger.recovered, ledger.ingest_state(), self._records is not None)
+            log.info("%s", self.resumed)
+        final = (Status.DONE, Status.TRUNCATED, Status.FAILED, Status.SKIPPED)
+        assert ledger.folder is not None  # opened for writing: the run folder is held
+        progress = Progress(ledger.folder, total=total, already_final=sum(counts[s] for s in final),
+                            live=self.live, console=self.console,
+                            data_path=self.config.data.path if self.config.data else None,
+                            before={s.value: counts[s] for s in final})
+        self.on_event = progress.on_event
+        progress.ingest_began(t0, self._first_rows, ongoing=self._records is not None)
+        progress.timeline = self.timeline = Timeline.open(ledger.folder)
+        return progress
+
+    def _no_launch_for_skipped_rows(self) -> None:
+        """A whole first batch of rows that do not fit [data] is the job's mistake: no launch for
+        it; the rest of the dataset is read next time, under fixed settings."""
+        self._close_records()
+        self.outcome = "stopped"
+        self.note = (f"the {self._first_batch[0]:,} rows read first were all skipped: fix [data] "
+                     f"and run again (the skipped rows are read again)")
+
+    async def _launch_and_dispatch(self, ledger: Ledger, progress: Progress) -> None:
+        """The rest of the ingest beside the launch and the dispatch; the server's verified stop
+        always, after the ingest has stopped."""
+        try:
+            async with LedgerWriter(ledger) as writer:
+                try:
+                    if self._records is not None:
+                        progress.ingesting = True
+                        self._ingest_task = asyncio.create_task(self._ingest_rest(writer, progress))
+                    await self.start_server()
+                    async with self._client() as client:
+                        await self._generate(writer, client, progress)
+                finally:
+                    await self._finish_ingest()
+        finally:
+            await self.stop_server()
+
+    def _client(self) -> Client:
+        """The client of the job's endpoints: the fleet's URLs (far servers: their tunnels) with what
+        is known of each server's engine (a ``[[hosts]]`` entry's own batch limit)."""
+        server, fleet = self.config.server, self.server
+        return Client.from_config(self.config, fleet.urls if fleet is not None else None,
+                                  fleet.engine_limits() if fleet is not None else None,
+                                  engine=None if server is None else engine_limit(server))
+
+    async def _generate(self, writer: LedgerWriter, client: Client, progress: Progress) -> None:
+        """Check the endpoints, then dispatch until the run ends (with the prefix-cache counters
+        read before and after)."""
+        if self.server is not None:
+            self.server.attach(client)  # Ray: the endpoints follow replacement servers
+        progress.client_stats = client.stats
+        progress.health_deadline = self.config.client.health_deadline
+        if not self.config.client.auto:
+            progress.concurrency_limit = int(self.config.client.concurrency)
+        if await self._check_endpoints(client, progress):
+            await self.read_cache_counters(client, progress)
+            progress.begin("generating", concurrency=client.capacity())
+            await self.dispatch(writer, client, progress)
+            if self.outcome not in ("interrupted", "server_down"):
+                await self.read_cache_counters(client, progress)
+        progress.on_event(Event("generating", "end", {"outcome": self.outcome, "note": self.note},
+                                ok=self.outcome == "finished"))
+
+    def _report(self, totals: Totals, finished: int, elapsed_s: float, skip_reasons: tuple[SkipReason, ...],
+                recovered: int) -> RunReport:
         data = self.config.data
         assert data is not None
-        return RunReport(self.run_dir, totals, progress.done, time.monotonic() - t0, self.outcome,
-                         self.relaunches, tuple(self.stop_reports), ledger.recovered, self.note,
+        return RunReport(self.run_dir, totals, finished, elapsed_s, self.outcome,
+                         self.relaunches, tuple(self.stop_reports), recovered, self.note,
                          self.breaker.trip, self.requeued, skip_reasons,
                          skipped_problem(totals, data.max_skipped_share) if totals.ok else None, self.resumed)
 
@@ -257,18 +284,22 @@ class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
             self.server.cancel()  # still starting: give up the launch (its cleanup stops what started)
 
 
-async def run_campaign(config: HarvestConfig, *, allow_mixed: bool = False, force: bool = False,
-                       live: bool | None = None, server_factory: Any = None,
-                       on_preflight: Any = None, retry: tuple[str, ...] = (), console: Any = None) -> RunReport:
+async def run_campaign(config: HarvestConfig, *, placement: Placement | None = None, all_hosts: bool = False,
+                       allow_mixed: bool = False, force: bool = False, live: bool | None = None,
+                       on_preflight: Callable[[Any], None] | None = None, retry: tuple[str, ...] = (),
+                       console: Any = None) -> RunReport:  # console: a rich Console
     """Run (or resume) the campaign described by ``config``; see the module docstring.
 
+    ``placement``: where the servers run, as the command chose it (``harvest run``:
+    ``from_config(config)``, once); None: as the config's own tables say. ``all_hosts``: with
+    ``[[hosts]]``, refuse unless every host passes preflight.
     ``on_preflight(report)`` is called with the launch's preflight report before the launch.
     ``retry``: what to put back to pending first (``failed``, ``truncated`` or an error class).
     ``console`` (a rich Console) is the one the live display draws on; print through it meanwhile.
     """
-    return await _Campaign(config, allow_mixed=allow_mixed, force=force, live=live,
-                           server_factory=server_factory, on_preflight=on_preflight, retry=retry,
-                           console=console).run()
+    return await _Campaign(config, placement if placement is not None else from_config(config),
+                           allow_mixed=allow_mixed, force=force, live=live, all_hosts=all_hosts,
+                           on_preflight=on_preflight, retry=retry, console=console).run()
 
 
 __all__ = ["RunReport", "dataset_fingerprint", "engine_limit", "output_settings", "run_campaign"]

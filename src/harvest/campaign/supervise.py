@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,9 @@ from harvest.campaign.timeline import Timeline
 from harvest.client import Client
 from harvest.config import HarvestConfig
 from harvest.errors import ConfigError
-from harvest.events import Event
-from harvest.server import StopReport
+from harvest.events import Event, Listener
+from harvest.placement import Fleet, FleetFactory, Placement
+from harvest.stops import StopReport
 
 log = logging.getLogger("harvest.campaign")
 
@@ -36,12 +38,12 @@ class ServerSteps:
     config: HarvestConfig
     run_dir: Path
     force: bool
-    placement: Any
-    server_factory: Any
-    on_preflight: Any
-    on_event: Any
+    placement: Placement
+    server_factory: FleetFactory
+    on_preflight: Callable[[Any], None] | None  # Any: the launch's PreflightReport, shown as it is
+    on_event: Listener | None
     stop_requested: asyncio.Event
-    server: Any
+    server: Fleet | None
     stop_reports: list[StopReport]
     relaunches: int
     outcome: str
@@ -76,7 +78,7 @@ class ServerSteps:
             return
         got = await self.server.stop()
         self.server = None
-        for report in got if isinstance(got, list) else [got] if got is not None else []:
+        for report in got:
             self.stop_reports.append(report)  # one verified report per server, wherever it ran
             if self.timeline is not None:
                 self.timeline.stop(report)
@@ -87,9 +89,11 @@ class ServerSteps:
     async def relaunch(self) -> bool:
         """Verified stop of the dead server, then a fresh launch. False when out of relaunches: one
         budget for the run, shared with the replacements a placement made itself (Ray's)."""
-        spent = self.relaunches + (getattr(self.server, "replacements", 0) if self.server is not None else 0)
-        if self.server is None or spent >= self.config.run.max_relaunches:
-            if self.server is not None and spent > self.relaunches:
+        if self.server is None:
+            return False
+        spent = self.relaunches + self.server.replacements
+        if spent >= self.config.run.max_relaunches:
+            if spent > self.relaunches:
                 log.error("no relaunch: run.max_relaunches (%d) used up (%d by replacements)",
                           self.config.run.max_relaunches, spent - self.relaunches)
             return False

@@ -30,7 +30,6 @@ runner hands them over; it never opens the ledger.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
@@ -39,13 +38,17 @@ from array import array
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from harvest import safefiles
 from harvest.errors import UnsafePathError
 from harvest.redact import redact_doc
+
+if TYPE_CHECKING:  # the report reads timelines without loading the placement layer
+    from harvest.placement import Fleet
+    from harvest.stops import StopReport
 
 log = logging.getLogger("harvest.campaign")
 
@@ -328,22 +331,23 @@ class Timeline:
             self.intervals = rolled
             self.stride *= 2
 
-    def launch(self, server: Any) -> None:
-        """A server harvest launched is ready: its record, readiness time and KV capacity."""
+    def launch(self, server: Fleet) -> None:
+        """A server harvest launched is ready: its record (where it is on this machine), readiness
+        time and KV capacity."""
         entry: dict[str, Any] = {"session": self.session, "launched_at": self._clock(), "stop": None}
-        with contextlib.suppress(Exception):  # a record that cannot be read leaves only the times
-            rec = server.state().record
+        rec = server.launch_record()
+        if rec is not None:
             entry.update(engine=rec.engine, engine_version=rec.engine_version, pid=rec.pid, url=rec.url,
                          gpus=list(rec.gpus), baseline_mib={str(k): v for k, v in rec.baseline_mib.items()},
                          launched_at=rec.started_at, argv=list(rec.argv))
-        ready = getattr(server, "ready", None)
+        ready = server.ready
         entry["ready_s"] = round(ready.seconds, 3) if ready is not None else None
-        entry["kv_capacity_tokens"] = getattr(server, "kv_capacity_tokens", None)
+        entry["kv_capacity_tokens"] = server.kv_capacity_tokens
         self.launches.append(entry)
         del self.launches[:-MAX_LAUNCHES]
         self.write()
 
-    def stop(self, report: Any, *, leftover: bool = False) -> None:
+    def stop(self, report: StopReport, *, leftover: bool = False) -> None:
         """A stop finished: its StopReport goes with the launch it stopped (the last one without a
         stop), or into its own entry for a server an earlier session left running."""
         doc = report.to_dict()

@@ -33,8 +33,8 @@ failed), ``not run``. The best trial is the passing one with the highest generat
 With ``[host]`` each trial's server runs on the far host (launched, and stopped with verification,
 by the far harvest) and the probes run from here through the tunnel; with ``[[hosts]]`` the
 trials run on the first host (a note says so). This module never signals a process itself:
-launches and stops go through the server factory
-(:func:`harvest.placement.probe_fleet`).
+launches and stops go through the fleets of the placement the command chose
+(:meth:`harvest.placement.Placement.fleet` with ``probe=True``).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ from harvest.campaign.compare import (
 from harvest.config import HarvestConfig, ServerConfig
 from harvest.errors import ConfigError
 from harvest.events import Listener, emit
-from harvest.placement import Fleet, probe_fleet
+from harvest.placement import Fleet, Placement, from_config
 from harvest.quality.evaluate import GateResult, QualityReport
 from harvest.quality.policy import needs_at_least, violations
 from harvest.quality.probe import select_prompts
@@ -356,7 +356,8 @@ class _Sweep:
 
     def __init__(self, job: HarvestConfig, tune_file: TuneFile, out_dir: Path, force: bool,
                  on_preflight: Callable[[object], None] | None,
-                 on_trial: Callable[[TrialResult], None] | None, on_event: Listener | None = None):
+                 on_trial: Callable[[TrialResult], None] | None, on_event: Listener | None,
+                 placement: Placement):
         self.job, self.tf, self.out_dir, self.force = job, tune_file, out_dir, force
         self.on_preflight, self.on_trial, self.on_event = on_preflight, on_trial, on_event
         self.launch_count = 0  # launches of the sweep so far, and how many it plans (for the display)
@@ -371,7 +372,8 @@ class _Sweep:
         self.results: list[TrialResult] = []
         self.notes: list[str] = []
         self.aborted = False
-        self.server_factory, note, _ = probe_fleet(job)
+        self.server_factory = placement.fleet(probe=True)
+        note = placement.note(True)
         if note is not None:
             self.notes.append(note)
         self._pending: tuple[Trial, Launch, list[ProbeOutput], ThroughputResult | None] | None = None
@@ -524,11 +526,13 @@ class _Sweep:
         return report
 
 
-async def tune(job: HarvestConfig, tune_file: TuneFile, *, out_dir: Path | None = None, force: bool = False,
+async def tune(job: HarvestConfig, tune_file: TuneFile, *, placement: Placement | None = None,
+               out_dir: Path | None = None, force: bool = False,
                on_preflight: Callable[[object], None] | None = None,
                on_trial: Callable[[TrialResult], None] | None = None,
                on_event: Listener | None = None) -> TuneReport:
-    """Run the sweep of ``tune_file`` over ``job``'s server (see the module docstring)."""
+    """Run the sweep of ``tune_file`` over ``job``'s server (see the module docstring), each trial
+    where ``placement`` puts it (as the command chose it; None: as the job's own tables say)."""
     if job.server is None or not job.server.launched:
         raise ConfigError(job.source, [(f"{job.source} [server]",
                                         "`harvest tune` needs a [server] it launches")])
@@ -537,9 +541,8 @@ async def tune(job: HarvestConfig, tune_file: TuneFile, *, out_dir: Path | None 
     # Refused before any launch: a tune folder another user owns or can rename, a foreign state dir.
     safefiles.hold(out, create=True).close()
     hold_index().close()
-    return await _Sweep(job, tune_file, out, force,
-                        on_preflight,
-                        on_trial, on_event).run()
+    return await _Sweep(job, tune_file, out, force, on_preflight, on_trial, on_event,
+                        placement if placement is not None else from_config(job)).run()
 
 
 def job_with_server(job: HarvestConfig, server: ServerConfig) -> HarvestConfig:

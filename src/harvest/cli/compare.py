@@ -27,6 +27,7 @@ from harvest.campaign.compare import CompareReport, compare
 from harvest.cli.render import make_console
 from harvest.cli.run import setup_logging, show_preflight
 from harvest.config import load_config
+from harvest.placement import from_config
 from harvest.quality.evaluate import QualityReport
 from harvest.quality.metrics import Estimate
 from harvest.quality.settings import QualitySettings
@@ -137,8 +138,8 @@ def compare_cmd(reference: Path, candidates: tuple[Path, ...], probe_n: int | No
     if updates:
         settings = settings.model_copy(update={"probe": probe.model_copy(update=updates)})
     out = out_dir or Path(ref_job.output.dir) / "compare"
-    report = asyncio.run(compare(ref_job, cand_jobs, settings=settings, out_dir=out, force=force,
-                                 on_preflight=show_preflight))
+    report = asyncio.run(compare(ref_job, cand_jobs, placement=from_config(ref_job), settings=settings,
+                                 out_dir=out, force=force, on_preflight=show_preflight))
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:

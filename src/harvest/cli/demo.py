@@ -13,6 +13,7 @@ from harvest.campaign.demo import check_engine_python, ensure_tiny_model, write_
 from harvest.campaign.run import run_campaign
 from harvest.cli.run import print_report, setup_logging, show_preflight
 from harvest.config import load_config
+from harvest.placement import from_config
 
 
 @click.command("demo")
@@ -39,7 +40,8 @@ def demo(engine_python: str | None, workdir: str, port: int, max_tokens: int, co
                          concurrency=concurrency)
     click.echo(f"[demo] job file: {job}")
     config = load_config(job)
-    report = asyncio.run(run_campaign(config, live=False, on_preflight=show_preflight))
+    report = asyncio.run(run_campaign(config, placement=from_config(config), live=False,
+                                      on_preflight=show_preflight))
     print_report(report)
     if not report.ok:
         sys.exit(130 if report.outcome == "interrupted" else 1)

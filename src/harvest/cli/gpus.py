@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import click
 
 from harvest.cli.options import host_options
-from harvest.cli.render import make_console, print_gpus, print_places_gpus
+from harvest.cli.render import make_console, print_gpus_result
 from harvest.config import HostConfig, load_config
 from harvest.errors import ProbeError
-from harvest.gpu import host_state, open_probe
-from harvest.placement import Flags, Refused, from_config
+from harvest.placement import Flags, from_config
+from harvest.placement.base_results import GpusByPlace
 
 
 @click.command("gpus")
@@ -44,34 +45,34 @@ def gpus(ctx: click.Context, as_json: bool, watch: float | None, count: int | No
     would run (this machine, the [host] / [[hosts]] or [cluster] of --config, --host, --cluster)."""
     cfg = load_config(config_path) if config_path is not None else None
     placement = from_config(cfg, Flags(host=far_host, cluster=cluster, timeout=timeout))
-    if placement.kind != "local":
-        if watch is not None:
-            raise Refused("--watch", f"--watch refreshes this machine's view; {placement.where()} is shown once")
-        result = placement.gpus()
+    console = make_console()
+    if watch is None:
+        result = _measured(placement.gpus)
         if as_json:
             click.echo(json.dumps(result.to_json(), indent=2))
         else:
-            print_places_gpus(make_console(), result)
+            print_gpus_result(console, result)
         ctx.exit(0 if result.ok else 1)
-    console = make_console()
-    probe = open_probe()
     shown = 0
-    try:
+    with placement.gpus_live() as measure:  # refused where the GPUs are not this machine's
         while True:
-            try:
-                got = snap, host = probe.snapshot(), host_state()
-            except ProbeError as exc:
-                make_console(stderr=True).print(f"error: {exc}", markup=False)
-                raise SystemExit(1) from None
+            result = _measured(measure)
             if as_json:
-                click.echo(json.dumps(placement.gpus_json(got), indent=None if watch else 2))
+                click.echo(json.dumps(result.to_json()))
             else:
-                if watch is not None and console.is_terminal:
+                if console.is_terminal:
                     console.clear()
-                print_gpus(console, snap, host)
+                print_gpus_result(console, result)
             shown += 1
-            if watch is None or (count is not None and shown >= count):
+            if count is not None and shown >= count:
                 return
             time.sleep(watch)
-    finally:
-        probe.close()
+
+
+def _measured(measure: Callable[[], GpusByPlace]) -> GpusByPlace:
+    """One measurement; GPUs that cannot be measured here end the command (exit 1, one line)."""
+    try:
+        return measure()
+    except ProbeError as exc:
+        make_console(stderr=True).print(f"error: {exc}", markup=False)
+        raise SystemExit(1) from None

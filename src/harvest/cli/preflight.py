@@ -19,10 +19,12 @@ from pathlib import Path
 import click
 
 from harvest.cli.options import host_options, load_config_arg
+from rich.console import Console
+
 from harvest.cli.render import make_console, print_places_preflight, rule_line, verdict
-from harvest.config import HostConfig
+from harvest.config import HostConfig, ServerConfig
+from harvest.gpu.preflight import PreflightReport, RuleResult
 from harvest.redact import redact_text
-from harvest.gpu.preflight import RuleResult
 from harvest.placement import Flags, from_config
 
 
@@ -91,13 +93,6 @@ def preflight(ctx: click.Context, config: Path, wait_s: float | None, as_json: b
     cfg = load_config_arg(config)
     server = cfg.require_server()
     placement = from_config(cfg, Flags(host=far_host, cluster=cluster, timeout=timeout))
-    if placement.kind != "local":
-        result = placement.preflight(cfg, output_dir=output_dir, wait_s=wait_s)
-        if as_json:
-            click.echo(json.dumps(result.to_json(), indent=2))
-        else:
-            print_places_preflight(make_console(), result)
-        ctx.exit(0 if result.passed else 1)
     console, err = make_console(), make_console(stderr=True)
 
     def waiting() -> None:
@@ -105,27 +100,35 @@ def preflight(ctx: click.Context, config: Path, wait_s: float | None, as_json: b
             err.print(f"waiting up to {wait_s:g} s for every rule to pass (checking every 0.2 s)", markup=False)
 
     checked = placement.preflight(cfg, output_dir=output_dir, wait_s=wait_s, on_wait=waiting)
-    report = checked.report
     if as_json:
         click.echo(json.dumps(checked.to_json(), indent=2))
+    elif checked.here is not None:  # this machine's own report, every rule
+        print_report(console, config, server, checked.here, wait_s)
     else:
-        gpus = ",".join(str(i) for i in server.gpus) or "none listed"
-        where = f"{server.host}:{server.port}" if server.launched else redact_text(server.base_url or "")
-        console.print(f"preflight of {config}: {server.engine} on {where}, GPUs {gpus}, tp {server.tp}",
-                      markup=False)
-        for result in grouped(report.results):
+        print_places_preflight(console, checked)
+    ctx.exit(0 if checked.passed else 1)
+
+
+def print_report(console: Console, config: Path, server: ServerConfig, report: PreflightReport,
+                 wait_s: float | None) -> None:
+    """This machine's preflight: a header, one line per rule (alike GPU findings joined), the
+    waiting, the verdict."""
+    gpus = ",".join(str(i) for i in server.gpus) or "none listed"
+    where = f"{server.host}:{server.port}" if server.launched else redact_text(server.base_url or "")
+    console.print(f"preflight of {config}: {server.engine} on {where}, GPUs {gpus}, tp {server.tp}",
+                  markup=False)
+    for result in grouped(report.results):
+        console.print(rule_line(result))
+    for w in report.warnings:
+        console.print(f"note: {w}", markup=False, style="dim")
+    failures = report.failures
+    if wait_s is not None:
+        state = "passed" if report.passed else "still failing"
+        console.print(f"waited {report.waited_s:.1f} s ({report.attempts} checks): {state}", markup=False)
+        for result in grouped(failures):
             console.print(rule_line(result))
-        for w in report.warnings:
-            console.print(f"note: {w}", markup=False, style="dim")
-        failures = report.failures
-        if wait_s is not None:
-            state = "passed" if report.passed else "still failing"
-            console.print(f"waited {report.waited_s:.1f} s ({report.attempts} checks): {state}", markup=False)
-            for result in grouped(failures):
-                console.print(rule_line(result))
-        if failures:
-            console.print(f"FAIL: {len(failures)} of {len(report.results)} checks failed", markup=False,
-                          style="bold red")
-        else:
-            console.print(f"PASS: all {len(report.results)} checks passed", markup=False, style="green")
-    ctx.exit(0 if report.passed else 1)
+    if failures:
+        console.print(f"FAIL: {len(failures)} of {len(report.results)} checks failed", markup=False,
+                      style="bold red")
+    else:
+        console.print(f"PASS: all {len(report.results)} checks passed", markup=False, style="green")

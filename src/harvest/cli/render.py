@@ -20,7 +20,8 @@ from harvest.gpu.payload import GPUS_SCHEMA, PREFLIGHT_SCHEMA, gpus_payload, now
 from harvest.gpu.preflight import RuleResult, describe_process
 from harvest.gpu.records import GpuSnapshot, HostState
 from harvest.redact import escape_controls
-from harvest.server.stop import StopReport, StopStep
+from harvest.placement.base_results import GpusByPlace, PreflightByPlace
+from harvest.stops import StopReport, StopStep
 
 
 def shown(text: object) -> str:
@@ -125,7 +126,7 @@ def gpus_by_table(docs: list[tuple[str, dict[str, Any] | None]], *, column: str,
     return table
 
 
-def print_places_gpus(console: Console, result: Any) -> None:
+def print_places_gpus(console: Console, result: GpusByPlace) -> None:
     """A placement's GpusByPlace: the table, each place's host RAM, and the places that gave no answer."""
     console.print(gpus_by_table([(a.label, a.doc) for a in result.answers], column=result.column,
                                 title=result.title, missing={a.label: a.error or "?" for a in result.answers}))
@@ -137,7 +138,15 @@ def print_places_gpus(console: Console, result: Any) -> None:
             console.print(Text(f"{a.label}: {a.error}", style="bold red"))
 
 
-def print_places_preflight(console: Console, result: Any) -> None:
+def print_gpus_result(console: Console, result: GpusByPlace) -> None:
+    """What ``harvest gpus`` shows: this machine's own measurement in full, else the places' table."""
+    if result.here is not None:
+        print_gpus(console, *result.here)
+    else:
+        print_places_gpus(console, result)
+
+
+def print_places_preflight(console: Console, result: PreflightByPlace) -> None:
     """A placement's PreflightByPlace: one table (place, check, rule, detail), then a verdict per place."""
     console.print(result.header, markup=False)
     table = Table(title=f"preflight by {result.column}", title_justify="left")
@@ -213,13 +222,15 @@ def print_stop_report(report: StopReport, *, err: bool = False, console: Console
                         f"(deadline {report.deadline_s:g} s{esc}){which}"), markup=False)
 
 
-def print_stop_reports(reports: list[StopReport], where: str, *, console: Console | None = None) -> None:
-    """Every server's stop report, and a closing line when there were several (or none)."""
+def print_stop_reports(reports: list[StopReport], where: str, *, console: Console | None = None,
+                       steps_shown: bool = False) -> None:
+    """Every server's stop report, and a closing line when there were several (or none);
+    ``steps_shown``: their steps were printed as they happened."""
     console = console or make_console()
     if not reports:
         console.print(f"{where}: no server of this run was running", markup=False)
     for r in reports:
-        print_stop_report(r, console=console)
+        print_stop_report(r, console=console, steps_shown=steps_shown)
     if len(reports) > 1:
         clean = all(r.clean for r in reports)
         console.print(f"{len(reports)} servers on {where}: {'all CLEAN' if clean else 'NOT all clean'}",
@@ -253,7 +264,7 @@ def print_ps(console: Console, rows: list[dict[str, Any]], where: str, show_all:
 
 __all__ = [
     "GPUS_SCHEMA", "PREFLIGHT_SCHEMA", "gpu_table", "gpus_by_table", "gpus_payload", "host_line", "host_ram_line",
-    "make_console", "now_iso", "preflight_payload", "print_places_gpus", "print_places_preflight", "print_gpus",
+    "make_console", "now_iso", "preflight_payload", "print_places_gpus", "print_places_preflight", "print_gpus", "print_gpus_result",
     "print_ps", "print_stop_report", "print_stop_reports", "ps_payload", "rule_line", "shown", "step_line",
     "stop_payload", "verdict",
 ]

@@ -106,10 +106,9 @@ def run(job: str, allow_mixed: bool, force: bool, live: bool | None, retry: tupl
         show_preflight(report, console)
 
     try:
-        report = aio.run(run_campaign(config, allow_mixed=allow_mixed, force=force, live=live,
-                                      on_preflight=on_preflight, retry=retry,
-                                      console=console,
-                                      server_factory=from_config(config).fleet(all_hosts=all_hosts)))
+        report = aio.run(run_campaign(config, placement=from_config(config), all_hosts=all_hosts,
+                                      allow_mixed=allow_mixed, force=force, live=live,
+                                      on_preflight=on_preflight, retry=retry, console=console))
     except PreflightFailed as exc:
         from harvest.cli.render import preflight_refusal, rule_line
         from harvest.gpu.preflight import RuleResult

@@ -27,6 +27,7 @@ from harvest.campaign.tune import TrialResult, TuneReport, job_with_server, load
 from harvest.cli.compare import QUALITY_COLUMNS, VERDICT_STYLE, quality_cells, settings_text, wide_console
 from harvest.cli.run import print_report, show_preflight
 from harvest.config import load_config
+from harvest.placement import from_config
 
 
 def _num(x: float | int | None, digits: int = 1) -> str:
@@ -99,8 +100,9 @@ def tune_cmd(job: Path, grid: Path, out_dir: Path | None, then_run: bool, as_jso
     setup_console_logging(console)
     job_cfg = load_config(job)
     tune_file = load_tune_file(grid)
+    placement = from_config(job_cfg)  # where every trial runs, and the campaign after them
     with PhaseDisplay(console, f"harvest tune: {grid}") as display:
-        report = asyncio.run(tune(job_cfg, tune_file, out_dir=out_dir, force=force,
+        report = asyncio.run(tune(job_cfg, tune_file, placement=placement, out_dir=out_dir, force=force,
                                   on_preflight=lambda r: show_preflight(r, console),
                                   on_trial=lambda t: _progress(t, console), on_event=display.on_event))
     if as_json:
@@ -116,7 +118,8 @@ def tune_cmd(job: Path, grid: Path, out_dir: Path | None, then_run: bool, as_jso
     if not then_run:
         sys.exit(0)
     click.echo(f"running the campaign with trial {best.index}: {settings_text(best.overrides)}", err=True)
-    run_report = asyncio.run(run_campaign(job_with_server(job_cfg, best.config), console=console,
+    run_report = asyncio.run(run_campaign(job_with_server(job_cfg, best.config), placement=placement,
+                                          console=console,
                                           on_preflight=lambda r: show_preflight(r, console)))
     if as_json:
         click.echo(f"campaign: {run_report.outcome}; {run_report.totals.describe()}", err=True)

@@ -4,7 +4,7 @@ For ``concurrency = "auto"`` an endpoint's controller starts and stops by what i
 engine: its batch limit, whether that is its hard cap, whether it has /metrics
 (:class:`EngineLimit`). The client speaks HTTP only and never reads a server's settings: whoever
 launched the engine says what it knows as these plain values (``harvest run``:
-:func:`harvest.campaign.run.engine_limit`). :func:`auto_settings` turns them and ``[client]`` into
+:func:`harvest.placement.engine_limit`, one per server of a fleet). :func:`auto_settings` turns them and ``[client]`` into
 the controller's :class:`~harvest.client.autoconc.AutoSettings`. Values only, no I/O.
 """
 

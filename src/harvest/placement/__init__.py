@@ -2,10 +2,13 @@
 
     placement = from_config(cfg, Flags(host=..., cluster=...))   # chosen once, from the config + flags
     placement = from_record(run_dir)                               # ... or from a run folder's record
-    placement.kind                 # "local", "ssh" or "ray"
-    placement.gpus(); placement.preflight(cfg); placement.ps(show_all)
+    placement.kind                 # "local", "ssh" or "ray" (a record's tag; callers never test it)
+    placement.gpus(); placement.preflight(cfg); placement.ps(show_all)   # one result type for every kind
     make = placement.fleet()       # make(server_cfg, run_dir=..., ...) -> Fleet (endpoints, stop reports)
     placement.stop(run_dir)        # one verified StopReport per server
+
+A command chooses its placement once and passes it down (``run_campaign``, ``tune``, ``compare``,
+``harvest serve`` take it); nothing below the command chooses again.
 
 The kinds (:mod:`.local`, :mod:`.ssh`, :mod:`.ray`) offer the same verbs and never import each
 other; they are imported here lazily by name (an optional dependency, Ray, only when its kind is
@@ -22,7 +25,18 @@ from typing import Any
 
 from harvest.config import ClusterConfig, HarvestConfig, HostConfig
 from harvest.placement import record
-from harvest.placement.base import Answer, Flags, Fleet, NothingToStop, Placement, Readiness, Refused
+from harvest.placement.base import (
+    Answer,
+    Flags,
+    Fleet,
+    FleetFactory,
+    NothingToStop,
+    Placement,
+    Readiness,
+    Refused,
+    ServeWords,
+    engine_limit,
+)
 
 #: kind -> (module, class): the registry, imported on first use.
 KINDS: dict[str, tuple[str, str]] = {
@@ -32,15 +46,19 @@ KINDS: dict[str, tuple[str, str]] = {
 }
 
 
-def _kind(name: str) -> Any:
+def _kind(name: str) -> Any:  # Any: the kind's Placement subclass, imported by name
     module, attr = KINDS[name]
     return getattr(importlib.import_module(module), attr)
 
 
-def from_config(cfg: HarvestConfig | None, flags: Flags | None = None) -> Placement:
+def from_config(cfg: HarvestConfig | None, flags: Flags | None = None, *,
+                otherwise: Placement | None = None) -> Placement:
     """The placement of a job (its ``[cluster]``, ``[host]`` / ``[[hosts]]``, else this machine),
-    or of the command line's ``--host`` / ``--cluster``, which replace the config's own tables."""
+    or of the command line's ``--host`` / ``--cluster``, which replace the config's own tables.
+    ``otherwise``: the placement of a job that names none (a compare candidate runs where the
+    reference runs) instead of this machine."""
     flags = flags or Flags()
+    here = otherwise
     if flags.host is not None and flags.cluster is not None:
         raise Refused("--cluster", "give --cluster or --host, not both")
     if flags.host is not None:
@@ -50,20 +68,13 @@ def from_config(cfg: HarvestConfig | None, flags: Flags | None = None) -> Placem
         cluster = base.model_copy(update={"address": flags.cluster})
         return _kind("ray")(cluster, cfg.source if cfg is not None else "--cluster", config=cfg, timeout=flags.timeout)
     if cfg is None:
-        return _kind("local")()
+        return here or _kind("local")()
     if cfg.cluster is not None:
         return _kind("ray")(cfg.cluster, cfg.source, config=cfg, timeout=flags.timeout)
     hosts = cfg.far_hosts()
     if hosts:
         return _kind("ssh")(hosts, cfg.source)
-    return _kind("local")()
-
-
-def probe_fleet(cfg: HarvestConfig) -> tuple[Any, str | None, str]:
-    """``harvest tune`` / ``compare``: (a factory of one-server fleets where ``cfg`` runs, a note
-    when that narrowed the job's servers, the placement's kind)."""
-    placement = from_config(cfg)
-    return placement.fleet(probe=True), placement.note(True), placement.kind
+    return here or _kind("local")()
 
 
 def from_record(run_dir: Path | str) -> Placement:
@@ -87,4 +98,5 @@ def from_record(run_dir: Path | str) -> Placement:
                                       f"no launch.json there, in {record.SERVER_DIR}/ or in host-*/)")
 
 
-__all__ = ["Answer", "Flags", "Fleet", "KINDS", "NothingToStop", "Placement", "Readiness", "Refused", "from_config", "from_record", "probe_fleet"]
+__all__ = ["Answer", "Flags", "Fleet", "FleetFactory", "KINDS", "NothingToStop", "Placement", "Readiness", "Refused",
+           "ServeWords", "engine_limit", "from_config", "from_record"]

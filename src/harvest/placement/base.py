@@ -6,28 +6,42 @@
     fleet = make(cfg.server, run_dir=...); await fleet.start(); fleet.urls; await fleet.stop()
     placement.stop(run_dir)                 # from a run folder's record: one StopReport per server
 
-A Fleet wraps whatever a kind launches (one supervised Server here, a far server through its
-tunnel, one per ``[[hosts]]`` entry, the actors of a Ray run) and answers the same questions for all
-of them: the endpoints, readiness, KV capacity, the engine adapter, and a stop that returns one
-verified :class:`~harvest.server.StopReport` per server (a list, always). This module imports no
-kind: kinds import it.
+Both are abstract base classes that each kind subclasses with the whole verb set; what only one
+kind can do has a default here (a no-op, or a :class:`Refused` naming the placement), so a caller
+never asks an object what it is. A Fleet wraps whatever a kind launches (one supervised Server
+here, a far server through its tunnel, one per ``[[hosts]]`` entry, the actors of a Ray run) and
+answers the same questions for all of them: the endpoints, readiness, KV capacity, the engine
+adapter and limits, and a stop that returns one verified :class:`~harvest.stops.StopReport` per
+server (a list, always). This module imports no kind: kinds import it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 from urllib.parse import urlsplit
 
-from harvest.config import HarvestConfig, HostConfig, ServerConfig
+from harvest.client import Client, EngineLimit
+from harvest.config import HarvestConfig, HostConfig, PreflightConfig, ServerConfig
 from harvest.errors import ConfigError
 from harvest.events import Listener, emit
-from harvest.server import StopReport
-from harvest.server.stop import DEFAULT_MARGIN_MIB, StopStep
-from harvest.server.base import adapter_for
+from harvest.placement.base_results import Answer, GpusByPlace, PreflightByPlace
+from harvest.server import (
+    EngineAdapter,
+    LaunchRecord,
+    adapter_for,
+    batch_limit,
+    batch_limit_exact,
+    has_metrics,
+    state_dir,
+)
+from harvest.stops import DEFAULT_MARGIN_MIB, StopReport, StopStep
 
 
 class Refused(ConfigError):
@@ -57,19 +71,193 @@ class Flags:
 
 @dataclass(frozen=True)
 class Readiness:
-    """Readiness as measured where the server runs (the far harvest, an actor's supervisor)."""
+    """Readiness as measured where the server runs (the supervisor here, the far harvest, an actor's)."""
 
     seconds: float
 
 
 @dataclass(frozen=True)
-class Answer:
-    """One place's answer to a probe (``gpus``, ``preflight``): its JSON document, or why there is none."""
+class ServeWords:
+    """How ``harvest serve`` names a launch of this placement in its lines."""
 
-    label: str
-    doc: dict[str, Any] | None
-    error: str | None = None
-    extra: dict[str, Any] | None = None
+    #: What it launches on: the server's URL on this machine, the host(s) or the cluster elsewhere.
+    target: str
+    #: What the launch's folder is: the ``run dir`` here, the ``near record`` of far servers.
+    folder: str
+    #: Appended to "refused to launch" (nothing here, `` on HOST`` elsewhere).
+    refused_on: str
+    #: Said when the servers exit or go away by themselves (``{code}``: their return code).
+    gone: str
+
+
+def engine_limit(server: ServerConfig) -> EngineLimit:
+    """What the client may know of an engine launched with ``server``'s settings, for ``concurrency =
+    "auto"``: its batch limit, whether that is its hard cap, whether it has /metrics."""
+    return EngineLimit(batch_limit(server), batch_limit_exact(server), has_metrics(server))
+
+
+class Fleet(ABC):
+    """The servers of one launch, wherever they run; the one shape run / tune / compare / serve use.
+
+    A kind implements the launch (``_start``) and the verified stop (``_stop``) of what it wraps and
+    the live questions (``urls``, ``ready``, ``kv_capacity_tokens``, ``returncode``, ``cancel``);
+    :meth:`start` and :meth:`stop` here report the phases around them (``emits``) and keep one
+    StopReport per server. Everything else has a default a kind overrides where it knows better.
+    """
+
+    #: The fleet reports the launching and stopping phases itself (far and Ray servers, whose
+    #: phases happen out of reach of ``on_event``); a local Server reports its own.
+    emits: ClassVar[bool] = True
+
+    def __init__(self, config: ServerConfig, *, run_dir: Path, where: str, on_event: Listener | None = None):
+        self.config = config
+        self.run_dir = Path(run_dir)
+        self.where = where
+        self.on_event = on_event
+        self.stop_reports: list[StopReport] = []
+
+    # --- what a kind implements ------------------------------------------------------------------
+
+    @property
+    @abstractmethod
+    def urls(self) -> list[str]:
+        """Every server's endpoint as this machine reaches it, in order."""
+
+    @property
+    @abstractmethod
+    def ready(self) -> Readiness | None:
+        """How readiness went (None until every server is ready)."""
+
+    @property
+    @abstractmethod
+    def kv_capacity_tokens(self) -> int | None:
+        """The smallest KV capacity the servers reported (None: none did)."""
+
+    @abstractmethod
+    def returncode(self) -> int | None:
+        """None while the servers serve; else the code they ended with (-1: gone, code unknown)."""
+
+    @abstractmethod
+    def cancel(self) -> None:
+        """Ask a launch in progress to give up (its cleanup stops what it started). Signal-handler safe."""
+
+    @abstractmethod
+    async def _start(self) -> None:
+        """Launch every server until ready; on failure, what was stopped is in ``stop_reports``."""
+
+    @abstractmethod
+    async def _stop(self, deadline: float | None) -> Sequence[StopReport | None]:
+        """Every server's verified stop (idempotent)."""
+
+    # --- what every fleet answers ----------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return self.urls[0]
+
+    @property
+    def server_configs(self) -> list[ServerConfig]:
+        """The settings each server was launched with, one per URL in order: a ``[[hosts]]`` entry's
+        own where it overrides [server] (its batch limit sets where auto concurrency starts and stops)."""
+        return [self.config] * len(self.urls)
+
+    def engine_limits(self) -> list[EngineLimit]:
+        """What the client may know of each server's engine, one per URL (``concurrency = "auto"``)."""
+        return [engine_limit(c) for c in self.server_configs]
+
+    @property
+    def client_config(self) -> ServerConfig:
+        """[server] as this machine reaches the first server (a tunnel's local end, a node's address)."""
+        parts = urlsplit(self.url)
+        return self.config.model_copy(update={"host": parts.hostname or self.config.host,
+                                              "port": parts.port or self.config.port})
+
+    @property
+    def adapter(self) -> EngineAdapter:
+        """The engine adapter of the servers' kind (their metric names, for probes from here)."""
+        return adapter_for(self.config.engine)
+
+    def placed(self) -> list[dict[str, Any]]:  # Any: JSON values (harvest.serve/2 "servers" rows)
+        """Where each server runs: ``where`` (this machine, a host, a node), ``pid`` there, ``url``."""
+        return [{"where": self.where, "pid": None, "url": self.url}]
+
+    @property
+    def replacements(self) -> int:
+        """Servers the placement itself replaced so far (a Ray run's lost actors): they spend the same
+        ``[run] max_relaunches`` as the campaign's relaunches. None here."""
+        return 0
+
+    def attach(self, client: Client) -> None:
+        """The client whose endpoints should follow servers the placement replaces by itself (Ray's);
+        nothing to do where servers are only relaunched by the campaign."""
+
+    def launch_record(self) -> LaunchRecord | None:
+        """The supervisor's launch record, where it is on this machine (None elsewhere)."""
+        return None
+
+    def stopped_elsewhere(self) -> bool:
+        """True once another process's ``harvest stop`` is stopping or stopped the servers (known
+        only where their record is on this machine)."""
+        return False
+
+    def detach(self) -> None:
+        """Leave the servers running (``harvest serve --detach``); ``harvest stop RUN_DIR`` stops them."""
+        raise Refused("--detach", f"the servers on {self.where} cannot be left running by this command")
+
+    def listen(self, on_event: Listener | None) -> None:
+        """Report the phases from now on to ``on_event`` (the fleet's and the servers' own)."""
+        self.on_event = on_event
+
+    @property
+    def stop_report(self) -> StopReport | None:
+        """The stop's report when one server was stopped; of several, the first dirty one."""
+        dirty = [r for r in self.stop_reports if not r.clean]
+        shown = dirty or self.stop_reports
+        return shown[0] if shown else None
+
+    async def start(self) -> Fleet:
+        if self.emits:
+            emit(self.on_event, "launching", "start", engine=self.config.engine, where=self.where,
+                 url=self.config.url)
+        try:
+            await self._start()
+        except BaseException as exc:
+            if self.emits:
+                emit(self.on_event, "launching", "end", ok=False, engine=self.config.engine, where=self.where,
+                     reason=(str(exc).splitlines() or [type(exc).__name__])[0][:200])
+            raise
+        if self.emits:
+            ready = self.ready
+            emit(self.on_event, "launching", "end", engine=self.config.engine, where=self.where,
+                 seconds=ready.seconds if ready is not None else 0.0, kv_capacity_tokens=self.kv_capacity_tokens,
+                 urls=self.urls)
+        return self
+
+    async def stop(self, deadline: float | None = None) -> list[StopReport]:
+        """Every server's verified stop; one report each (none for a server that never started)."""
+        if self.emits:
+            emit(self.on_event, "stopping", "start")
+        self.collect(await self._stop(deadline))
+        if self.emits:
+            clean = all(r.clean for r in self.stop_reports)
+            emit(self.on_event, "stopping", "end", ok=clean, verdict="clean" if clean else "dirty",
+                 seconds=max((r.total_s for r in self.stop_reports), default=0.0))
+        return list(self.stop_reports)
+
+    def collect(self, reports: Sequence[StopReport | None]) -> None:
+        """Keep these stop reports (each once)."""
+        for r in reports:
+            if r is not None and all(r is not s for s in self.stop_reports):
+                self.stop_reports.append(r)
+
+
+class FleetFactory(Protocol):
+    """What a placement's :meth:`Placement.fleet` returns: one call, one launch's Fleet."""
+
+    def __call__(self, cfg: ServerConfig, *, run_dir: Path, preflight: PreflightConfig | None = None,
+                 force: bool = False, on_preflight: Callable[[object], None] | None = None,
+                 on_event: Listener | None = None) -> Fleet:
+        ...  # on_preflight is told the launch's preflight report (harvest.gpu's PreflightReport)
 
 
 class Placement(ABC):
@@ -83,31 +271,52 @@ class Placement(ABC):
         """A few words for messages: ``this machine``, ``box (ssh)``, ``the Ray cluster at auto``."""
 
     @abstractmethod
-    def gpus(self) -> Any:
-        """What the GPUs and hosts hold now (a result the CLI renders, with ``to_json``)."""
+    def gpus(self) -> GpusByPlace:
+        """What the GPUs and hosts hold now, one answer per place."""
 
-    def gpus_json(self, got: Any) -> dict[str, Any]:
-        """One live snapshot of this machine as ``harvest.gpus/2`` (``gpus --watch --json``): only a
-        placement that is this machine has one."""
-        raise Refused("--watch", f"a live view is of this machine; {self.where()} is shown once")
+    def gpus_live(self) -> contextlib.AbstractContextManager[Callable[[], GpusByPlace]]:
+        """``gpus --watch``: a measuring function to call again and again (one GPU probe held open);
+        only a placement that is this machine has one."""
+        raise Refused("--watch", f"--watch refreshes this machine's view; {self.where()} is shown once")
 
     @abstractmethod
     def preflight(self, cfg: HarvestConfig, *, output_dir: Path | None = None, wait_s: float | None = None,
-                  on_wait: Callable[[], None] | None = None) -> Any:
-        """The [server] of ``cfg`` checked where it would run (a result with ``passed`` and ``to_json``);
-        ``wait_s``: re-check until every rule passes or it runs out, ``on_wait`` told once first."""
+                  on_wait: Callable[[], None] | None = None) -> PreflightByPlace:
+        """The [server] of ``cfg`` checked where it would run, one answer per place; ``wait_s``:
+        re-check until every rule passes or it runs out, ``on_wait`` told once first."""
 
     @abstractmethod
-    def fleet(self, *, probe: bool = False, all_hosts: bool = False) -> Any:
+    def fleet(self, *, probe: bool = False, all_hosts: bool = False) -> FleetFactory:
         """A factory of Fleets; ``probe``: one server (tune / compare measure one)."""
 
     @abstractmethod
-    def server(self, cfg: ServerConfig, *, run_dir: Path, **kw: Any) -> Fleet:
+    def server(self, cfg: ServerConfig, *, run_dir: Path, **kw: Any) -> Fleet:  # kw: FleetFactory's keywords
         """One server (``harvest serve``) placed here, as a Fleet."""
 
     def note(self, probe: bool) -> str | None:
         """Why a probe (tune, compare) uses fewer servers than the job would, if it does."""
         return None
+
+    def hold_state_dir(self) -> None:
+        """Refuse, before anything is written, a state dir this machine's launches could not use
+        (another user's); nothing to check where the servers' records are kept elsewhere."""
+
+    def serve_dir(self, server: ServerConfig, run_dir: Path | None, *, run_name: str | None = None,
+                  give_up_after: float | None = None) -> Path:
+        """The folder of a ``harvest serve`` launch: ``run_dir``, else a new one under the state dir.
+        ``run_name`` / ``give_up_after`` are what a near harvest passes to a far serve; here the
+        placement chooses both itself."""
+        if run_name is not None or give_up_after is not None:
+            raise Refused("--run-name and --give-up-after are what harvest passes to a far serve",
+                          f"on {self.where()} it chooses both itself")
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        return run_dir if run_dir is not None else \
+            state_dir() / "placed" / f"{stamp}-{server.engine}-{server.port}-{os.getpid()}"
+
+    def serve_words(self, server: ServerConfig) -> ServeWords:
+        """How ``harvest serve`` names a launch here."""
+        return ServeWords(self.where(), "near record", f" on {self.where()}",
+                          "the far server or its tunnel is gone; stopping")
 
     @abstractmethod
     def ps(self, show_all: bool) -> list[dict[str, Any]]:
@@ -125,156 +334,5 @@ class Placement(ABC):
         """Stop what an earlier (killed) session of a run left running, by that run's records."""
 
 
-class Fleet:
-    """The servers of one launch, wherever they run; the one shape run / tune / compare / serve use.
-
-    ``inner`` is what the kind launched (it keeps its own lifecycle and records); ``emits``: the
-    fleet reports the launching and stopping phases itself (far and Ray servers, whose phases happen
-    out of reach of ``on_event``); a local Server reports its own.
-    """
-
-    def __init__(self, inner: Any, config: ServerConfig, *, where: str, on_event: Listener | None = None,
-                 emits: bool = True):
-        self.inner = inner
-        self.config = config
-        self.where = where
-        self.on_event = on_event
-        self.emits = emits
-        self.stop_reports: list[StopReport] = []
-
-    def __getattr__(self, name: str) -> Any:  # what only one kind has (state(), detach(), tunnel, ...)
-        return getattr(self.inner, name)
-
-    @property
-    def run_dir(self) -> Path:
-        return Path(self.inner.run_dir)
-
-    @property
-    def urls(self) -> list[str]:
-        return list(getattr(self.inner, "urls", None) or [self.inner.url])
-
-    @property
-    def url(self) -> str:
-        return self.urls[0]
-
-    @property
-    def server_configs(self) -> list[ServerConfig]:
-        """The settings each server was launched with, one per URL in order: a ``[[hosts]]`` entry's
-        own where it overrides [server] (its batch limit sets where auto concurrency starts and stops)."""
-        members = getattr(self.inner, "running", None)
-        if members:
-            return [m.config for m in members]
-        own = getattr(self.inner, "config", None)
-        return [own if isinstance(own, ServerConfig) else self.config] * len(self.urls)
-
-    @property
-    def ready(self) -> Any:
-        return self.inner.ready
-
-    @property
-    def kv_capacity_tokens(self) -> int | None:
-        return self.inner.kv_capacity_tokens
-
-    @property
-    def adapter(self) -> Any:
-        """The engine adapter of the servers' kind (their metric names, for probes from here)."""
-        return adapter_for(self.config.engine)
-
-    @property
-    def client_config(self) -> ServerConfig:
-        """[server] as this machine reaches the first server (a tunnel's local end, a node's address)."""
-        got = getattr(self.inner, "client_config", None)
-        if isinstance(got, ServerConfig):
-            return got
-        members = getattr(self.inner, "running", None)
-        if members:
-            return members[0].client_config
-        if isinstance(getattr(self.inner, "config", None), ServerConfig) and not getattr(self.inner, "urls", None):
-            return self.inner.config
-        parts = urlsplit(self.url)
-        return self.config.model_copy(update={"host": parts.hostname or self.config.host,
-                                              "port": parts.port or self.config.port})
-
-    @property
-    def stop_report(self) -> StopReport | None:
-        """The stop's report when one server was stopped; of several, the first dirty one."""
-        dirty = [r for r in self.stop_reports if not r.clean]
-        if dirty or self.stop_reports:
-            return (dirty or self.stop_reports)[0]
-        return getattr(self.inner, "stop_report", None)
-
-    def placed(self) -> list[dict[str, Any]]:
-        """Where each server runs: ``where`` (this machine, a host, a node), ``pid`` there, ``url``."""
-        placed = getattr(self.inner, "placed", None)
-        if placed is not None:
-            return list(placed())
-        return [{"where": self.where, "pid": getattr(self.inner, "pid", None), "url": self.url}]
-
-    @property
-    def replacements(self) -> int:
-        """Servers the placement itself replaced so far (a Ray run's lost actors): they spend the same
-        ``[run] max_relaunches`` as the campaign's relaunches."""
-        return int(getattr(self.inner, "replacements", 0))
-
-    def listen(self, on_event: Listener | None) -> None:
-        """Report the phases from now on to ``on_event`` (the fleet's and the servers' own)."""
-        self.on_event = on_event
-        if hasattr(self.inner, "on_event"):
-            self.inner.on_event = on_event
-
-    def returncode(self) -> int | None:
-        return self.inner.returncode()
-
-    def cancel(self) -> None:
-        self.inner.cancel()
-
-    async def start(self) -> Fleet:
-        if self.emits:
-            emit(self.on_event, "launching", "start", engine=self.config.engine, where=self.where,
-                 url=self.config.url)
-        try:
-            await self.inner.start()
-        except BaseException as exc:
-            if self.emits:
-                emit(self.on_event, "launching", "end", ok=False, engine=self.config.engine, where=self.where,
-                     reason=(str(exc).splitlines() or [type(exc).__name__])[0][:200])
-            self._collect(getattr(self.inner, "stop_report", None))
-            raise
-        if self.emits:
-            ready = self.inner.ready
-            emit(self.on_event, "launching", "end", engine=self.config.engine, where=self.where,
-                 seconds=ready.seconds if ready is not None else 0.0, kv_capacity_tokens=self.kv_capacity_tokens,
-                 urls=self.urls)
-        return self
-
-    async def stop(self, deadline: float | None = None) -> list[StopReport]:
-        """Every server's verified stop; one report each (none for a server that never started)."""
-        if self.emits:
-            emit(self.on_event, "stopping", "start")
-        got = await self.inner.stop(deadline) if deadline is not None else await self.inner.stop()
-        self._collect(got)
-        if self.emits:
-            clean = all(r.clean for r in self.stop_reports)
-            emit(self.on_event, "stopping", "end", ok=clean, verdict="clean" if clean else "dirty",
-                 seconds=max((r.total_s for r in self.stop_reports), default=0.0))
-        return list(self.stop_reports)
-
-    def _collect(self, got: Any) -> None:
-        for r in got if isinstance(got, list) else [got]:
-            if r is not None and all(r is not s for s in self.stop_reports):
-                self.stop_reports.append(r)
-
-
-def fleet_factory(make: Any, *, where: str, emits: bool = True) -> Any:
-    """Wrap a kind's server factory so that every launch is a Fleet (``on_event`` reaches it)."""
-
-    def factory(cfg: ServerConfig, *, run_dir: Path, preflight: Any = None, force: bool = False,
-                on_preflight: Any = None, on_event: Listener | None = None, **kw: Any) -> Fleet:
-        inner = make(cfg, run_dir=Path(run_dir), preflight=preflight, force=force, on_preflight=on_preflight,
-                     on_event=on_event, **kw)
-        return Fleet(inner, cfg, where=where, on_event=on_event, emits=emits)
-
-    return factory
-
-
-__all__ = ["Answer", "Flags", "Fleet", "Placement", "Readiness", "Refused", "fleet_factory"]
+__all__ = ["Answer", "Flags", "Fleet", "FleetFactory", "NothingToStop", "Placement", "Readiness", "Refused",
+           "ServeWords", "engine_limit"]

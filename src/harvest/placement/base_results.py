@@ -1,9 +1,10 @@
-"""What ``gpus`` and ``preflight`` answer, one shape for every placement (this machine, SSH hosts, Ray nodes).
+"""What ``gpus`` and ``preflight`` answer, one type for every placement (this machine, SSH hosts, Ray nodes).
 
 Each place answers with one measurement (``harvest.gpus/1``) or one check (``harvest.preflight/1``),
-or says why it gave none; the CLI renders them as one table with a first column naming the place,
-and prints ``to_json()`` for ``--json``: ``harvest.gpus/2`` / ``harvest.preflight/2``, the same
-document whatever the placement (docs/json-schema.md), with one entry per place in ``places``.
+or says why it gave none. ``to_json()`` is the ``--json`` document, ``harvest.gpus/2`` /
+``harvest.preflight/2``, the same whatever the placement (docs/json-schema.md), with one entry per
+place in ``places``. The CLI shows the places as one table with a first column naming each; a
+result of this machine also holds its own measurement (``here``), which the CLI shows in full.
 """
 
 from __future__ import annotations
@@ -13,7 +14,18 @@ from typing import Any
 
 from harvest import schemas
 from harvest.errors import RemoteError
-from harvest.placement.base import Answer
+from harvest.gpu.preflight import PreflightReport
+from harvest.gpu.records import GpuSnapshot, HostState
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One place's answer to a probe (``gpus``, ``preflight``): its JSON document, or why there is none."""
+
+    label: str
+    doc: dict[str, Any] | None
+    error: str | None = None
+    extra: dict[str, Any] | None = None
 
 
 def place_json(answer: Answer) -> dict[str, Any]:
@@ -45,6 +57,8 @@ class GpusByPlace:
     column: str  # "host" or "node": what a place is called
     title: str
     answers: tuple[Answer, ...]
+    #: This machine's own snapshot and host state, when the one place is this machine.
+    here: tuple[GpuSnapshot, HostState] | None = None
 
     @property
     def ok(self) -> bool:
@@ -66,6 +80,8 @@ class PreflightByPlace:
     config: str
     engine: str
     answers: tuple[Answer, ...]
+    #: This machine's own report (every rule, the waiting), when the one place is this machine.
+    here: PreflightReport | None = None
 
     @property
     def passed(self) -> bool:
@@ -77,4 +93,4 @@ class PreflightByPlace:
                 "places": [place_json(a) for a in self.answers]}
 
 
-__all__ = ["GpusByPlace", "PreflightByPlace", "one_answer", "place_json"]
+__all__ = ["Answer", "GpusByPlace", "PreflightByPlace", "one_answer", "place_json"]

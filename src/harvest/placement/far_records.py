@@ -1,6 +1,6 @@
 """The far side's JSON documents read back into the same typed records the near side uses.
 
-A remote stop returns the :class:`~harvest.server.stop.StopReport` the far harvest measured, not a
+A remote stop returns the :class:`~harvest.stops.StopReport` the far harvest measured, not a
 new shape; a remote preflight the same :class:`~harvest.gpu.preflight.PreflightReport`. A document
 that does not fit raises :class:`RemoteError` naming the host and the step.
 """
@@ -11,8 +11,7 @@ from typing import Any
 
 from harvest.errors import RemoteError
 from harvest.gpu.preflight import PreflightReport, RuleResult
-from harvest.server.state import ProcessRef
-from harvest.server.stop import Holder, StopReport, StopStep
+from harvest.stops import Holder, ProcessRef, StopReport, StopStep
 
 
 def _ref(d: dict[str, Any]) -> ProcessRef:

@@ -7,46 +7,137 @@ own ``launch.json``; a stop by it signals only the recorded group and (pid, crea
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+import psutil
+
+from harvest import safefiles
 from harvest.config import HarvestConfig, ServerConfig
 from harvest.errors import StopError
-from harvest.gpu import NoGpuProbe, open_probe, run_preflight, wait_for_preflight
+from harvest.events import Listener
+from harvest.gpu import NoGpuProbe, host_state, open_probe, run_preflight, wait_for_preflight
 from harvest.gpu.payload import gpus_payload, preflight_payload
-from harvest.gpu.preflight import PreflightReport
+from harvest.gpu.records import GpuProbe
 from harvest.net import port_listening
 from harvest.placement import record
-from harvest.placement.base import Answer, Fleet, NothingToStop, Placement, Refused, fleet_factory
+from harvest.placement.base import (
+    Answer,
+    Fleet,
+    FleetFactory,
+    NothingToStop,
+    Placement,
+    Readiness,
+    Refused,
+    ServeWords,
+)
 from harvest.placement.base_results import GpusByPlace, PreflightByPlace
-from harvest.server import Server, StopReport, procs
-from harvest.server.state import RunStatus, StateFile, list_runs
-from harvest.server.stop import DEFAULT_MARGIN_MIB, StopStep, stop_run
+from harvest.server import (
+    DEFAULT_MARGIN_MIB,
+    LaunchRecord,
+    ProcessRef,
+    RunStatus,
+    Server,
+    StateFile,
+    StopReport,
+    StopStep,
+    alive,
+    default_run_dir,
+    group_findings,
+    hold_index,
+    list_runs,
+    state_dir,
+    stop_run,
+)
 
 log = logging.getLogger("harvest.placement")
 
 WHERE = "this machine"
 
 
-@dataclass(frozen=True)
-class LocalPreflight:
-    """This machine's preflight report of one [server]."""
+def spawn_watcher(run_dir: Path) -> ProcessRef:
+    """Start the watcher of a detached server (``python -m harvest.server.watch RUN_DIR``) in its own
+    session; its output goes to ``watch.log`` in the run folder."""
+    out = safefiles.open_text(run_dir / "watch.log", "ab")
+    try:
+        p = subprocess.Popen([sys.executable, "-m", "harvest.server.watch", str(run_dir)], stdin=subprocess.DEVNULL,
+                             stdout=out, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+    finally:
+        out.close()
+    return ProcessRef(p.pid, psutil.Process(p.pid).create_time(), "harvest-watch")
 
-    report: PreflightReport
-    config: str
-    engine: str
+
+class LocalFleet(Fleet):
+    """One supervised :class:`~harvest.server.Server` on this machine (it reports its own phases)."""
+
+    emits = False
+
+    def __init__(self, server: Server, *, on_event: Listener | None = None):
+        super().__init__(server.config, run_dir=server.run_dir, where=WHERE, on_event=on_event)
+        self.server = server
 
     @property
-    def passed(self) -> bool:
-        return self.report.passed
+    def urls(self) -> list[str]:
+        return [self.server.url]
 
-    def to_json(self) -> dict[str, Any]:
-        """``harvest.preflight/2`` with this machine as its one place."""
-        answer = Answer(WHERE, preflight_payload(self.report, config=self.config, engine=self.engine))
-        return PreflightByPlace("local", WHERE, "host", "", self.config, self.engine, (answer,)).to_json()
+    @property
+    def ready(self) -> Readiness | None:
+        got = self.server.ready
+        return Readiness(got.seconds) if got is not None else None
+
+    @property
+    def kv_capacity_tokens(self) -> int | None:
+        return self.server.kv_capacity_tokens
+
+    @property
+    def client_config(self) -> ServerConfig:
+        return self.server.config
+
+    def placed(self) -> list[dict[str, Any]]:
+        return [{"where": WHERE, "pid": self.server.pid, "url": self.url}]
+
+    def returncode(self) -> int | None:
+        return self.server.returncode()
+
+    def cancel(self) -> None:
+        self.server.cancel()
+
+    def listen(self, on_event: Listener | None) -> None:
+        super().listen(on_event)
+        self.server.on_event = on_event
+
+    def launch_record(self) -> LaunchRecord | None:
+        try:
+            return self.server.state().record
+        except (StopError, OSError, ValueError):  # nothing launched yet, or a record that cannot be read
+            return None
+
+    def stopped_elsewhere(self) -> bool:
+        try:
+            status = self.server.state().status
+        except StopError:
+            return False
+        return status in (RunStatus.STOPPING, RunStatus.STOPPED, RunStatus.DIRTY)
+
+    def detach(self) -> None:
+        """A watcher keeps recording the server's descendants; the supervisor lets go of it."""
+        self.server.record_watcher(spawn_watcher(self.run_dir))
+        self.server.detach()
+
+    async def _start(self) -> None:
+        try:
+            await self.server.start()
+        except BaseException:
+            self.collect([self.server.stop_report])
+            raise
+
+    async def _stop(self, deadline: float | None) -> Sequence[StopReport | None]:
+        return [await self.server.stop(deadline)]
 
 
 class LocalPlacement(Placement):
@@ -57,22 +148,28 @@ class LocalPlacement(Placement):
     def where(self) -> str:
         return WHERE
 
-    def gpus(self) -> Any:
-        """``(snapshot, host state)`` now; raises ProbeError when the GPUs cannot be measured."""
-        from harvest.gpu import host_state
+    def _measure(self, probe: GpuProbe) -> GpusByPlace:
+        here = probe.snapshot(), host_state()
+        return GpusByPlace(self.kind, WHERE, "host", "", (Answer(WHERE, gpus_payload(*here)),), here=here)
 
+    def gpus(self) -> GpusByPlace:
+        """This machine now; raises ProbeError when the GPUs cannot be measured."""
         probe = open_probe()
         try:
-            return probe.snapshot(), host_state()
+            return self._measure(probe)
         finally:
             probe.close()
 
-    def gpus_json(self, got: Any) -> dict[str, Any]:
-        """``harvest.gpus/2`` with this machine as its one place, of a ``gpus()`` measurement."""
-        return GpusByPlace(self.kind, WHERE, "host", "", (Answer(WHERE, gpus_payload(*got)),)).to_json()
+    @contextlib.contextmanager
+    def gpus_live(self) -> Iterator[Callable[[], GpusByPlace]]:
+        probe = open_probe()
+        try:
+            yield lambda: self._measure(probe)
+        finally:
+            probe.close()
 
     def preflight(self, cfg: HarvestConfig, *, output_dir: Path | None = None, wait_s: float | None = None,
-                  on_wait: Callable[[], None] | None = None) -> LocalPreflight:
+                  on_wait: Callable[[], None] | None = None) -> PreflightByPlace:
         server = cfg.require_server()
         out_dir = output_dir if output_dir is not None else Path(cfg.output.dir)
         # NVML is only opened when a rule will look at a GPU.
@@ -86,17 +183,35 @@ class LocalPlacement(Placement):
                 report = wait_for_preflight(server, cfg.preflight, probe=probe, output_dir=out_dir, wait_s=wait_s)
         finally:
             probe.close()
-        return LocalPreflight(report, cfg.source, server.engine)
+        answer = Answer(WHERE, preflight_payload(report, config=cfg.source, engine=server.engine))
+        return PreflightByPlace(self.kind, WHERE, "host", "", cfg.source, server.engine, (answer,), here=report)
 
-    def fleet(self, *, probe: bool = False, all_hosts: bool = False) -> Any:
-        def make(cfg: Any, *, run_dir: Path, **kw: Any) -> Server:
-            return Server(cfg, run_dir=run_dir, **kw)
+    def fleet(self, *, probe: bool = False, all_hosts: bool = False) -> FleetFactory:
+        def make(cfg: ServerConfig, *, run_dir: Path, on_event: Listener | None = None, **kw: Any) -> Fleet:
+            return LocalFleet(Server(cfg, run_dir=run_dir, on_event=on_event, **kw), on_event=on_event)
 
-        return fleet_factory(make, where=WHERE, emits=False)
+        return make
 
     def server(self, cfg: ServerConfig, *, run_dir: Path, **kw: Any) -> Fleet:
         """One supervised server (``harvest serve``), as a Fleet."""
         return self.fleet()(cfg, run_dir=run_dir, **kw)
+
+    def hold_state_dir(self) -> None:
+        hold_index().close()  # a state dir another user owns: refused before anything is written
+
+    def serve_dir(self, server: ServerConfig, run_dir: Path | None, *, run_name: str | None = None,
+                  give_up_after: float | None = None) -> Path:
+        """``run_dir``; ``run_name``: ``<state dir>/servers/NAME``, which must not hold a launch
+        already; else a new folder under the state dir."""
+        if run_name is None:
+            return run_dir if run_dir is not None else default_run_dir(server.engine, server.port)
+        folder = state_dir() / "servers" / run_name
+        if StateFile(folder).exists():
+            raise Refused(f"--run-name {run_name!r}", f"{folder} already holds a launch")
+        return folder
+
+    def serve_words(self, server: ServerConfig) -> ServeWords:
+        return ServeWords(server.url, "run dir", "", "the engine exited on its own with code {code}; verifying cleanup")
 
     def ps(self, show_all: bool) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []
@@ -105,7 +220,7 @@ class LocalPlacement(Placement):
                 state = StateFile(e.run_dir).read()
             except StopError:
                 continue
-            live = procs.alive(state.processes())
+            live = alive(state.processes())
             listening = port_listening(state.record.host, state.record.port, timeout=0.2)
             if not show_all and not live and state.status in (RunStatus.STOPPED, RunStatus.FAILED):
                 continue
@@ -127,7 +242,7 @@ class LocalPlacement(Placement):
                 state = StateFile(e.run_dir).read()
             except StopError:
                 continue
-            if procs.alive(state.processes()):
+            if alive(state.processes()):
                 out.append((e, state))
         return out
 
@@ -157,7 +272,7 @@ class LocalPlacement(Placement):
                 return []
             # Signals go only where a recorded process, create time verified, is alive (the proof);
             # otherwise the stop signals nothing and only measures, and this says what it found.
-            proven = procs.alive(state.processes())
+            proven = alive(state.processes())
             report = stop_run(state_file.folder())  # the folder the record was just read through
         except StopError as exc:  # no readable record: nothing is provably ours to stop
             log.warning("a server record of an earlier session is unreadable, not stopped: %s", exc)
@@ -170,8 +285,8 @@ class LocalPlacement(Placement):
                         ", ".join(str(r.pid) for r in proven), verdict)
         else:
             log.warning("the server record of an earlier session of this run names no process still running "
-                        "(%s); nothing was signalled; measured: %s", procs.group_findings(state), verdict)
+                        "(%s); nothing was signalled; measured: %s", group_findings(state), verdict)
         return [report]
 
 
-__all__ = ["LocalPlacement", "LocalPreflight", "WHERE"]
+__all__ = ["LocalFleet", "LocalPlacement", "WHERE", "spawn_watcher"]

@@ -5,25 +5,33 @@
     report = stop_run(run_dir)                              # from any process, via the state file
 
 Nothing here kills by name: only the recorded process group and recorded (pid, create time) pairs.
+
+This package is the facade the placement kinds import (``.importlinter``: they never reach
+``harvest.server.state``, ``.stop``, ``.procs``... directly): what they need is exported below.
 """
 
 from __future__ import annotations
 
 from harvest.server.base import ENGINES, EngineAdapter, FatalPattern, MetricNames, ReadinessCheck, adapter_for
+from harvest.server.batch import batch_limit, batch_limit_exact, has_metrics
+from harvest.server.procs import alive, group_findings, signal_verified, verified
 from harvest.server.state import (
     LaunchRecord,
     ProcessRef,
     RunState,
     RunStatus,
     StateFile,
+    default_run_dir,
+    hold_index,
     list_runs,
     redact_argv,
     state_dir,
 )
-from harvest.server.stop import Holder, StopReport, StopStep, stop_run
+from harvest.server.stop import DEFAULT_MARGIN_MIB, Holder, StopReport, StopStep, stop_run
 from harvest.server.supervisor import Server
 
 __all__ = [
+    "DEFAULT_MARGIN_MIB",
     "ENGINES",
     "EngineAdapter",
     "FatalPattern",
@@ -39,8 +47,17 @@ __all__ = [
     "StopReport",
     "StopStep",
     "adapter_for",
+    "alive",
+    "batch_limit",
+    "batch_limit_exact",
+    "default_run_dir",
+    "group_findings",
+    "has_metrics",
+    "hold_index",
     "list_runs",
     "redact_argv",
+    "signal_verified",
     "state_dir",
     "stop_run",
+    "verified",
 ]

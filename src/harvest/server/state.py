@@ -30,6 +30,7 @@ from typing import Any
 from harvest import safefiles
 from harvest.errors import StopError, UnsafePathError
 from harvest.redact import redact_argv
+from harvest.stops import ProcessRef
 
 STATE_FILE = "launch.json"
 LOG_FILE = "server.log"
@@ -52,15 +53,6 @@ class RunStatus(str, enum.Enum):
     STOPPED = "stopped"
     #: A stop finished but measured something left behind (see stop.json).
     DIRTY = "dirty"
-
-
-@dataclass(frozen=True)
-class ProcessRef:
-    """One process harvest started or saw descending from it; (pid, create_time) identify it."""
-
-    pid: int
-    create_time: float
-    name: str | None = None
 
 
 @dataclass(frozen=True)

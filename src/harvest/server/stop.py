@@ -30,9 +30,9 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import psutil
 
@@ -41,80 +41,14 @@ from harvest.gpu.records import GpuProbe
 from harvest.safefiles import Folder
 from harvest.server import procs
 from harvest.server.state import ProcessRef, RunState, RunStatus, StateFile
+from harvest.stops import DEFAULT_MARGIN_MIB, Holder, StopReport, StopStep, Verdict
 
 #: GPU memory is polled at this interval (10 Hz); also the slack a stop may overrun its deadline by.
 POLL_INTERVAL = 0.1
-#: A GPU is "back" when its used MiB is at most baseline + this margin.
-DEFAULT_MARGIN_MIB = 256
 #: Part of the budget kept back from the grace period for SIGKILL and verification.
 KILL_RESERVE_S = 5.0
 #: Part of the budget kept for the final port check.
 PORT_RESERVE_S = 0.3
-
-Verdict = Literal["clean", "dirty"]
-
-
-@dataclass(frozen=True)
-class StopStep:
-    """One step of a stop: what it did and how long it took."""
-
-    name: str
-    duration_s: float
-    outcome: str
-    #: False when the step left something undone (time ran out, a measurement failed).
-    ok: bool = True
-
-
-@dataclass(frozen=True)
-class Holder:
-    """A process holding memory on a GPU the server used, seen at the end of the stop."""
-
-    gpu: int
-    pid: int
-    name: str | None
-    used_mib: int | None
-    #: True when it is one of the recorded processes of this server.
-    ours: bool
-
-
-@dataclass(frozen=True)
-class StopReport:
-    """What a stop did and what it measured afterwards."""
-
-    run_dir: str
-    verdict: Verdict
-    steps: tuple[StopStep, ...]
-    #: SIGKILL had to be sent (something outlived SIGTERM and the grace period).
-    escalated: bool
-    baseline_mib: dict[int, int] = field(default_factory=dict)
-    final_mib: dict[int, int] = field(default_factory=dict)
-    holders: tuple[Holder, ...] = ()
-    #: Recorded processes still alive at the end.
-    survivors: tuple[ProcessRef, ...] = ()
-    #: The port could not be bound again at the end (something still holds it).
-    port_open: bool = False
-    #: The processes listening on the port at the end, when it is still in use (as far as visible).
-    port_holders: tuple[ProcessRef, ...] = ()
-    total_s: float = 0.0
-    deadline_s: float = 0.0
-    #: Why the verdict is dirty (empty when clean).
-    problems: tuple[str, ...] = ()
-    #: The server stopped, as its launch record names it (None in reports written before these).
-    engine: str | None = None
-    pid: int | None = None
-
-    @property
-    def clean(self) -> bool:
-        return self.verdict == "clean"
-
-    def step(self, name: str) -> StopStep | None:
-        return next((s for s in self.steps if s.name == name), None)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["baseline_mib"] = {str(k): v for k, v in self.baseline_mib.items()}
-        d["final_mib"] = {str(k): v for k, v in self.final_mib.items()}
-        return d
 
 
 class _Steps(list[StopStep]):

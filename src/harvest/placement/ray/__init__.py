@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from harvest.config import ClusterConfig, HarvestConfig, ServerConfig
-from harvest.placement.base import Answer, Fleet, Placement, Refused, fleet_factory
+from harvest.placement.base import Answer, Fleet, FleetFactory, Placement, Refused
 from harvest.placement.base_results import GpusByPlace, PreflightByPlace
-from harvest.placement.ray.cluster import KIND
-from harvest.server import StopReport
+from harvest.placement.ray.cluster import KIND, read_ray_record
+from harvest.server import DEFAULT_MARGIN_MIB, StopReport, StopStep
 
 
 def _answers(nodes: Any) -> tuple[Answer, ...]:
@@ -83,14 +83,14 @@ class RayPlacement(Placement):
                                        "(--cluster only probes: gpus, preflight)")
         return self.config
 
-    def fleet(self, *, probe: bool = False, all_hosts: bool = False) -> Any:
+    def fleet(self, *, probe: bool = False, all_hosts: bool = False) -> FleetFactory:
         """Servers as Ray actors; ``probe``: one server (tune / compare measure one)."""
-        from harvest.placement.ray.servers import ray_server_factory
+        from harvest.placement.ray.fleet import ray_fleet_factory
 
         job = self._job()
         if probe and self.cluster.servers != 1:
             job = job.model_copy(update={"cluster": self.cluster.model_copy(update={"servers": 1})})
-        return fleet_factory(ray_server_factory(job), where=self.where())
+        return ray_fleet_factory(job, where=self.where())
 
     def note(self, probe: bool) -> str | None:
         if probe and self.cluster.servers != 1:
@@ -102,16 +102,25 @@ class RayPlacement(Placement):
         return self.fleet()(cfg, run_dir=run_dir, **kw)
 
     def ps(self, show_all: bool) -> list[dict[str, Any]]:
-        from harvest.placement.ray.servers import ray_ps
+        from harvest.placement.ray.commands import ray_ps
 
         return ray_ps(self.cluster, self.source, show_all)
 
-    def stop(self, run_dir: Path | None, *, deadline: float | None = None, **_: Any) -> list[StopReport]:
-        from harvest.placement.ray.servers import stop_ray_run
+    def stop(self, run_dir: Path | None, *, deadline: float | None = None, grace: float | None = None,
+             margin_mib: int = DEFAULT_MARGIN_MIB,
+             on_step: Callable[[str, StopStep | None], None] | None = None) -> list[StopReport]:
+        """The servers a Ray run recorded, each stopped on its node. A folder whose record is not a
+        Ray run's (``harvest stop --config RAY_JOB RUN_DIR``) is stopped as its own record says."""
+        from harvest.placement.ray.commands import stop_ray_run
 
         if run_dir is None:
-            raise Refused("harvest stop", f"name the run folder of the servers on {self.where()} "
-                                          "(its record names them)")
+            raise Refused(f"--config {self.source}", f"name the run folder of the servers on {self.where()} "
+                                                     "(its record names them)")
+        if read_ray_record(run_dir) is None:
+            from harvest.placement import from_record
+
+            return from_record(run_dir).stop(run_dir, deadline=deadline, grace=grace, margin_mib=margin_mib,
+                                             on_step=on_step)
         return stop_ray_run(run_dir, deadline=deadline)
 
     def leftovers(self, server_dir: Path) -> list[StopReport]:

@@ -31,7 +31,7 @@ PORT_TRIES = 16
 
 def node_run_dir(run_id: str, name: str) -> Path:
     """Where the actor keeps its server's run folder on its node (under harvest's state dir)."""
-    from harvest.server.state import state_dir
+    from harvest.server import state_dir
 
     return state_dir() / "ray" / run_id / name
 

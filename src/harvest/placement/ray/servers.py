@@ -6,8 +6,11 @@
     servers = 4                 # or "per_node"
     gpus_per_server = 1
 
-    factory = ray_server_factory(config)       # what server_factory_for returns for [cluster]
-    group = factory(config.server, run_dir=...); await group.start(); group.urls; await group.stop()
+    group = RayServerGroup(config, config.server, run_dir=..., conn=RayConnection(config.cluster))
+    await group.start(); group.urls; await group.stop()      # the campaign's RayFleet wraps it
+
+``harvest ps`` and ``harvest stop RUN_DIR`` of a Ray run are :mod:`harvest.placement.ray.commands`;
+the fleet the campaign sees, and its factory, :mod:`harvest.placement.ray.fleet`.
 
 The driver (where ``harvest run`` runs) keeps the ledger and the client; the servers are Ray actors
 (:class:`harvest.placement.ray.actor.ServerActor`) that run harvest's own supervisor on their nodes.
@@ -62,15 +65,9 @@ from pathlib import Path
 from typing import Any
 
 from harvest import __version__
-from harvest.config import (
-    KEYLESS_ENGINES,
-    ClusterConfig,
-    HarvestConfig,
-    PreflightConfig,
-    ServerConfig,
-    is_loopback,
-)
-from harvest.errors import ConfigError, LaunchError, RemoteError
+from harvest.client import Client
+from harvest.config import KEYLESS_ENGINES, HarvestConfig, PreflightConfig, ServerConfig, is_loopback
+from harvest.errors import LaunchError, RemoteError
 from harvest.placement.far_records import preflight_report_from_dict, stop_report_from_dict
 from harvest.placement.ray.cluster import (
     RAY_RECORD,
@@ -84,7 +81,6 @@ from harvest.placement.ray.cluster import (
     on_node,
     plain_resources,
     read_ray_record,
-    record_dir,
     run_id_of,
     short_error,
     write_ray_record,
@@ -103,7 +99,7 @@ STOP_SLACK_S = 30.0
 
 
 @dataclass
-class _Member:
+class Member:
     """One server slot: its actor, placement group and what the actor reported."""
 
     slot: int
@@ -144,15 +140,15 @@ class RayServerGroup:
         self.force = force
         self.on_preflight = on_preflight
         self.run_id = run_id_of(self.run_dir.parent if self.run_dir.name == "server" else self.run_dir)
-        self.members: list[_Member] = []
-        self.retired: list[_Member] = []
+        self.members: list[Member] = []
+        self.retired: list[Member] = []
         #: Replacements placed during this run, the client and its URLs (shared by one factory's groups).
         self.budget: dict[str, Any] = budget if budget is not None else {"relaunches": 0, "next_slot": 0}
         self.shared: dict[str, Any] = self.budget.setdefault("shared", {})
         self.ready: RemoteReady | None = None
         self.kv_capacity_tokens: int | None = None
         self.left_out: list[tuple[str, str]] = []
-        self._client: Any = None
+        self._client: Client | None = None
         self._watch: asyncio.Task[None] | None = None
         self._replacing: set[asyncio.Task[None]] = set()
         self._cancelled = False
@@ -190,7 +186,7 @@ class RayServerGroup:
                 with contextlib.suppress(Exception):
                     m.actor.stop.remote()
 
-    def attach_client(self, client: Any) -> None:
+    def attach_client(self, client: Client) -> None:
         """The client whose endpoints follow the replacements (called once the client exists)."""
         self._client = client
         self.shared["client"], self.shared["urls"] = client, list(self.urls)
@@ -260,9 +256,9 @@ class RayServerGroup:
             self.members.append(self._place(node_id))
         self._save()
 
-    def _adopt(self, record: dict[str, Any]) -> list[_Member]:
+    def _adopt(self, record: dict[str, Any]) -> list[Member]:
         """Members of the record whose actor still answers with a running engine."""
-        out: list[_Member] = []
+        out: list[Member] = []
         for doc in record.get("members", []):
             if doc.get("state") not in ("ready", "new"):
                 continue
@@ -275,12 +271,12 @@ class RayServerGroup:
             except Exception as exc:  # noqa: BLE001 - any Ray error: that actor cannot be used
                 log.warning("server %s of an earlier session does not answer (%s); it is replaced", doc["name"],
                             short_error(exc))
-                gone = _Member(int(doc["slot"]), doc["name"], actor=actor, info=doc.get("info"), state="lost")
+                gone = Member(int(doc["slot"]), doc["name"], actor=actor, info=doc.get("info"), state="lost")
                 gone.pg = self.conn.placement_group(doc["name"])
                 self._stop_member(gone, "it did not answer when this session began")
                 self.retired.append(gone)
                 continue
-            m = _Member(int(doc["slot"]), doc["name"], actor=actor, info=state["info"], adopted=True)
+            m = Member(int(doc["slot"]), doc["name"], actor=actor, info=state["info"], adopted=True)
             m.pg = self.conn.placement_group(doc["name"])
             if state["returncode"] is not None or state["info"] is None or state["stopped"]:
                 log.warning("server %s of an earlier session has exited; it is stopped and replaced", doc["name"])
@@ -294,7 +290,7 @@ class RayServerGroup:
         return out
 
     @staticmethod
-    def _spread(nodes: list[dict[str, Any]], fit: dict[str, int], count: int, adopted: list[_Member]) -> list[str]:
+    def _spread(nodes: list[dict[str, Any]], fit: dict[str, int], count: int, adopted: list[Member]) -> list[str]:
         """Node ids for ``count`` new servers, round-robin over the nodes with room (fewest first)."""
         used: dict[str, int] = {n["NodeID"]: 0 for n in nodes}
         for m in adopted:
@@ -310,7 +306,7 @@ class RayServerGroup:
             out.append(nid)
         return out
 
-    def _place(self, node_id: str | None) -> _Member:
+    def _place(self, node_id: str | None) -> Member:
         """A placement group of one bundle (pinned to ``node_id`` when given) and the actor in it."""
         ray = self.conn.ray
         from ray.util.placement_group import placement_group
@@ -319,7 +315,7 @@ class RayServerGroup:
         slot = self.budget["next_slot"]
         self.budget["next_slot"] = slot + 1
         name = f"harvest-{self.run_id}-{slot}"
-        m = _Member(slot, name)
+        m = Member(slot, name)
         bundle = self.cluster.bundle()
         kwargs: dict[str, Any] = {"strategy": "STRICT_PACK", "name": name, "lifetime": "detached"}
         if node_id is not None:
@@ -337,7 +333,7 @@ class RayServerGroup:
         del ray
         return m
 
-    def _launch(self, m: _Member) -> None:
+    def _launch(self, m: Member) -> None:
         """Wait for the placement, then the actor's launch on its node (bounded); records the outcome."""
         cfg = self.server_config
         try:
@@ -386,7 +382,7 @@ class RayServerGroup:
                     self._replacing.add(task)
                     task.add_done_callback(self._replacing.discard)
 
-    def _check(self, members: list[_Member]) -> list[str | None]:
+    def _check(self, members: list[Member]) -> list[str | None]:
         """For each member: None while it serves, else why it is lost (one poll each, all at once,
         bounded by POLL_TIMEOUT_S together)."""
         ray = self.conn.ray
@@ -410,7 +406,7 @@ class RayServerGroup:
             out.append(f"its engine exited (code {code})" if code is not None else None)
         return out
 
-    async def _replace(self, m: _Member, why: str) -> None:
+    async def _replace(self, m: Member, why: str) -> None:
         """Stop (or write off) the lost server, then place and launch its replacement where Ray has
         room; the client's endpoint follows it once it is ready."""
         log.warning("server %s on %s lost: %s", m.name, m.label, why)
@@ -451,7 +447,7 @@ class RayServerGroup:
 
     # --- stop -------------------------------------------------------------------------------------
 
-    def _stop_member(self, m: _Member, lost: str | None) -> StopReport | None:
+    def _stop_member(self, m: Member, lost: str | None) -> StopReport | None:
         """The verified stop on ``m``'s node (or, its actor gone, a report saying so); then its actor
         and placement group are removed."""
         deadline = self.server_config.stop_deadline
@@ -537,101 +533,5 @@ def _actor_class(conn: RayConnection) -> Any:
     return conn.ray.remote(max_concurrency=4)(ServerActor)
 
 
-def ray_server_factory(config: HarvestConfig) -> Any:
-    """What the runner calls to get its servers on the cluster; Ray is imported now (a missing Ray
-    is a ClusterError before anything else happens)."""
-    cluster = config.cluster
-    assert cluster is not None  # the placement chose the Ray kind from this table
-    import_ray(config.source)
-    budget: dict[str, Any] = {"relaunches": 0, "next_slot": 0}
-
-    def make(cfg: ServerConfig, *, run_dir: Path, preflight: PreflightConfig | None = None, force: bool = False,
-             on_preflight: Any = None, **_: Any) -> RayServerGroup:
-        return RayServerGroup(config, cfg, run_dir=Path(run_dir), conn=RayConnection(cluster, config.source),
-                              preflight=preflight, force=force, budget=budget, on_preflight=on_preflight)
-
-    return make
-
-
-def ray_ps(cluster: ClusterConfig, source: str, show_all: bool) -> list[dict[str, Any]]:
-    """``harvest ps`` of a Ray job: every harvest server actor in the job's namespace, asked where it
-    runs and whether its engine is alive (each answer bounded by ``POLL_TIMEOUT_S``); the port is
-    measured from here, where the client would reach it."""
-    from harvest.net import port_listening
-
-    conn = RayConnection(cluster, source)
-    conn.connect()
-    rows: list[dict[str, Any]] = []
-    try:
-        names = sorted(n for n in conn.ray.util.list_named_actors() if str(n).startswith("harvest-"))
-        for name in names:
-            actor = conn.get_actor(name)
-            if actor is None:
-                continue
-            try:
-                state = conn.get(actor.poll.remote(), POLL_TIMEOUT_S)
-            except Exception as exc:  # noqa: BLE001 - an actor that does not answer is listed as such
-                rows.append({"where": f"Ray actor {name}", "name": name, "run_dir": None, "engine": None,
-                             "url": None, "pid": None, "port": None, "gpus": [], "started_at": None,
-                             "recorded": {"status": "unknown", "processes": 1},
-                             "measured": {"leader_alive": False, "alive": 0, "port_listening": False},
-                             "error": short_error(exc)})
-                continue
-            info = state.get("info") or {}
-            alive = bool(info) and state.get("returncode") is None and not state.get("stopped")
-            if not alive and not show_all:
-                continue
-            port = info.get("port")
-            listening = port is not None and bool(port) and port_listening(str(info.get("node_ip")), int(port),
-                                                                           timeout=0.5)
-            rows.append({"where": node_label(info.get("node_ip"), info.get("node_id")), "name": name,
-                         "run_dir": info.get("run_dir"), "engine": info.get("engine"), "url": info.get("url"),
-                         "pid": info.get("pid"), "port": port, "gpus": list(info.get("gpus") or []),
-                         "started_at": info.get("started_at"),
-                         "recorded": {"status": "ready" if info else "launching", "processes": 1},
-                         "measured": {"leader_alive": alive, "alive": int(alive), "port_listening": listening}})
-    finally:
-        conn.close()
-    return rows
-
-
-def stop_ray_run(folder: Path, deadline: float | None = None) -> list[StopReport]:
-    """``harvest stop RUN_DIR`` of a Ray run: every recorded server stopped on its node (verified)."""
-    record = read_ray_record(folder)
-    if record is None:
-        raise ConfigError(str(folder), [(str(folder), f"no {RAY_RECORD} here: not a Ray run")])
-    cluster = ClusterConfig(address=record["address"], namespace=record["namespace"])
-    conn = RayConnection(cluster, str(folder))
-    conn.connect()
-    out: list[StopReport] = []
-    try:
-        for doc in record.get("members", []):
-            if doc.get("state") not in ("ready", "new"):
-                continue
-            m = _Member(int(doc["slot"]), doc["name"], info=doc.get("info"))
-            m.actor = conn.get_actor(doc["name"])
-            m.pg = conn.placement_group(doc["name"])
-            budget = float(deadline if deadline is not None else record.get("stop_deadline", 60.0))
-            report: StopReport | None = None
-            if m.actor is None:
-                report = lost_report(m.label, (m.info or {}).get("run_dir", "?"), "its actor is gone")
-            else:
-                try:
-                    got = conn.get(m.actor.stop.remote(deadline), budget + STOP_SLACK_S)
-                    report = on_node(stop_report_from_dict(got, host=m.label), m.label) if got else None
-                except Exception as exc:  # noqa: BLE001 - the actor went with its node
-                    report = lost_report(m.label, (m.info or {}).get("run_dir", "?"), short_error(exc))
-            conn.remove(m.actor, m.pg)
-            doc["state"] = "stopped"
-            doc["verdict"] = report.verdict if report is not None else None
-            if report is not None:
-                out.append(report)
-        write_ray_record(record_dir(folder), record)
-    finally:
-        conn.close()
-    return out
-
-
-__all__ = ["ClusterError", "RAY_RECORD", "RayServerGroup", "check_node_addresses", "import_ray", "ray_ps",
-           "ray_server_factory", "read_ray_record",
-           "stop_ray_run"]
+__all__ = ["LAUNCH_SLACK_S", "POLL_MISSES", "POLL_S", "POLL_TIMEOUT_S", "STOP_SLACK_S", "ClusterError", "Member",
+           "RAY_RECORD", "RayServerGroup", "check_node_addresses", "import_ray", "read_ray_record"]

@@ -16,18 +16,12 @@ from typing import Any, ClassVar
 
 from harvest.config import HarvestConfig, HostConfig, ServerConfig
 from harvest.placement import record
-from harvest.placement.base import Answer, Fleet, Placement, Refused, fleet_factory
+from harvest.placement.base import Answer, Fleet, FleetFactory, Placement, Refused
 from harvest.placement.base_results import GpusByPlace, PreflightByPlace, one_answer
 from harvest.placement.far_records import stop_report_from_dict
+from harvest.placement.ssh.fleet import SshFleet, SshGroupFleet, ssh_fleet_factory
 from harvest.placement.ssh.remote import SCHEMAS, FarHost
-from harvest.placement.ssh.servers import (
-    KIND,
-    RemoteServer,
-    far_preflight,
-    remote_stop,
-    ssh_server_factory,
-    stop_far_leftovers,
-)
+from harvest.placement.ssh.servers import KIND, RemoteServer, far_preflight, remote_stop, stop_far_leftovers
 from harvest.server import StopReport
 
 
@@ -74,11 +68,10 @@ class SshPlacement(Placement):
                             f"preflight of {cfg.source} on {self.where()}: {server.engine} port {server.port}",
                             cfg.source, server.engine, tuple(Answer(label, doc) for label, doc in docs))
 
-    def fleet(self, *, probe: bool = False, all_hosts: bool = False) -> Any:
+    def fleet(self, *, probe: bool = False, all_hosts: bool = False) -> FleetFactory:
         """Far servers, one per host; ``probe``: the first host only (tune / compare measure one
         server; ``note`` says so)."""
-        hosts = self.hosts[:1] if probe else self.hosts
-        return fleet_factory(ssh_server_factory(hosts, all_hosts=all_hosts), where=", ".join(h.label for h in hosts))
+        return ssh_fleet_factory(self.hosts[:1] if probe else self.hosts, all_hosts=all_hosts)
 
     def note(self, probe: bool) -> str | None:
         if probe and len(self.hosts) > 1:
@@ -130,4 +123,4 @@ def stop_by_records(found: list[tuple[Path, dict[str, Any]]], deadline: float | 
     return out
 
 
-__all__ = ["KIND", "RemoteServer", "SshPlacement", "stop_by_records"]
+__all__ = ["KIND", "RemoteServer", "SshFleet", "SshGroupFleet", "SshPlacement", "stop_by_records"]

@@ -1,8 +1,9 @@
 """Far servers of the ``ssh`` placement: one per host, launched and stopped by the far harvest.
 
-    make = ssh_server_factory(hosts)              # RemoteServer ([host]) or ServerGroup ([[hosts]])
-    server = make(config.server, run_dir=..., preflight=..., force=..., on_preflight=...)
-    await server.start(); server.urls; await server.stop()
+    server = RemoteServer(host, config.server, run_dir=..., preflight=..., force=..., on_preflight=...)
+    await server.start(); server.urls; await server.stop()      # ServerGroup: one per [[hosts]] entry
+
+The fleets the campaign sees of them are in :mod:`harvest.placement.ssh.fleet`.
 
 A :class:`RemoteServer` is launched by the far harvest (``serve --detach --json``), so the
 supervision, descendant tracking, GPU checks and the verified stop run beside the processes, by
@@ -45,9 +46,7 @@ from harvest.placement.base_results import one_answer
 from harvest.placement.far_records import preflight_report_from_dict, stop_report_from_dict
 from harvest.placement.ssh.remote import SCHEMAS, FarHost
 from harvest.placement.ssh.tunnel import Tunnel
-from harvest.server import StopReport, procs
-from harvest.server.base import adapter_for
-from harvest.server.state import ProcessRef
+from harvest.server import ProcessRef, StopReport, adapter_for, signal_verified, verified
 
 log = logging.getLogger("harvest.hosts")
 
@@ -137,11 +136,11 @@ def _end_tunnel_client(record: dict[str, Any]) -> bool:
         return False
     ref = ProcessRef(int(pid), float(created))
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        if not procs.signal_verified([ref], sig):
+        if not signal_verified([ref], sig):
             return sig != signal.SIGTERM
         end = time.monotonic() + TUNNEL_END_TIMEOUT
         while time.monotonic() < end:
-            if procs.verified(ref) is None:
+            if verified(ref) is None:
                 return True
             time.sleep(0.05)
     log.warning("the ssh client %s of an earlier session's tunnel outlived SIGKILL", pid)
@@ -459,24 +458,5 @@ class ServerGroup:
         return out
 
 
-def ssh_server_factory(hosts: list[HostConfig], *, all_hosts: bool = False) -> Any:
-    """What a fleet of far servers is made of: one RemoteServer per host (a ServerGroup of several)."""
-    local_ports: dict[int, int] = {}
-
-    def make(cfg: ServerConfig, *, run_dir: Path, preflight: PreflightConfig | None = None, force: bool = False,
-             on_preflight: Any = None, **_: Any) -> Any:
-        # A relaunch reuses each host's local port (port_memo): the client keeps the URLs it was given.
-        members = [RemoteServer(h, cfg, run_dir=Path(run_dir) / (f"host-{i}" if len(hosts) > 1 else ""),
-                                preflight=preflight, force=force, on_preflight=on_preflight,
-                                port_memo=local_ports, port_key=i)
-                   for i, h in enumerate(hosts)]
-        if len(members) == 1:
-            return members[0]
-        return ServerGroup(members, run_dir=Path(run_dir), all_hosts=all_hosts, force=force,
-                           on_preflight=on_preflight)
-
-    return make
-
-
 __all__ = ["KIND", "RemoteServer", "ServerGroup", "far_preflight", "far_run_name", "find_far_run",
-           "read_remote_record", "remote_stop", "ssh_server_factory", "stop_far_leftovers"]
+           "read_remote_record", "remote_stop", "stop_far_leftovers"]

@@ -36,8 +36,8 @@ sys.path.insert(0, str(ROOT))
 
 from tests.engines import build_tiny_model, install_engine, start_vllm  # noqa: E402
 
-from harvest.campaign.export import export_run  # noqa: E402
-from harvest.campaign.generate import generate_samples  # noqa: E402
+from harvest.campaign.outputs.export import export_run  # noqa: E402
+from harvest.campaign.run.generate import generate_samples  # noqa: E402
 from harvest.client import Client  # noqa: E402
 from harvest.config import parse_config  # noqa: E402
 from harvest.dataset import Item, Message  # noqa: E402

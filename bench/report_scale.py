@@ -28,8 +28,8 @@ from pathlib import Path
 from benchutil import exit_on_sigterm, load
 from ledger_scale import rss_mib, synthetic
 
-from harvest.campaign.progress import Progress
-from harvest.campaign.timeline import Timeline
+from harvest.campaign.outputs.progress import Progress
+from harvest.campaign.outputs.timeline import Timeline
 from harvest.ledger import Completion, Failure, Ledger, LedgerWriter, Status
 
 

@@ -3,7 +3,7 @@
     emit(on_event, "launching", "start", engine="vllm", pid=1234)
 
 The runner, the supervisor, the stop and the sweep report what they are doing through an optional
-listener (a plain callable taking an :class:`Event`); a display (``campaign/progress.py``,
+listener (a plain callable taking an :class:`Event`); a display (``campaign/outputs/progress.py``,
 ``cli/live.py``) turns the events into a panel on a terminal or log lines elsewhere. This module
 renders nothing and imports nothing of the display, so ``server/`` and ``campaign/`` stay free of
 rich. A listener that raises never breaks the work that reported: the error is logged and dropped.

@@ -1,11 +1,11 @@
-"""The circuit breaker's decisions (campaign/breaker.py): what it holds, what ends a streak, when it
+"""The circuit breaker's decisions (campaign/run/breaker.py): what it holds, what ends a streak, when it
 trips, and what it gives back to be committed."""
 
 from __future__ import annotations
 
 import pytest
 
-from harvest.campaign.breaker import Breaker, failure_key
+from harvest.campaign.run.breaker import Breaker, failure_key
 from harvest.ledger import Failure
 
 REJECT = "HTTP 400: stop: at most 4 stop strings"

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from harvest.campaign.context import (
+from harvest.campaign.run.context import (
     MAX_BYTES_PER_TOKEN,
     TEMPLATE_MARGIN,
     ContextGuard,

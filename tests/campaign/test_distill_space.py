@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import sys
 
-from harvest.campaign.distill import describe_samples, logprob_space
+from harvest.campaign.run.distill import describe_samples, logprob_space
 from harvest.config import parse_config
 from harvest.dataset import iter_items
 from harvest.ledger import Ledger, prepare_ingest

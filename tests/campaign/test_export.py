@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from harvest.campaign.export import (
+from harvest.campaign.outputs.export import (
     check_export,
     conversation_problems,
     default_output,

@@ -1,10 +1,10 @@
-"""What a run folder holds, said to a person (campaign/folder.py), on real ledgers: a folder of
+"""What a run folder holds, said to a person (campaign/run/folder.py), on real ledgers: a folder of
 another job names each setting that differs and the other dataset; the same dataset moved is the
 same job; the resume line; the skipped share."""
 
 from __future__ import annotations
 
-from harvest.campaign.folder import other_job, resume_line, settings_diff, skipped_problem
+from harvest.campaign.run.folder import other_job, resume_line, settings_diff, skipped_problem
 from harvest.ledger import Ledger, Status, Totals, hash_settings
 
 SETTINGS = {"model": "m", "engine": "openai", "sampling": {"max_tokens": 256, "temperature": 0.0},

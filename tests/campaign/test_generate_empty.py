@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from harvest.campaign.generate import generate_item
+from harvest.campaign.run.generate import generate_item
 from harvest.client.records import Completion
 from harvest.config import RunConfig, SamplingConfig
 from harvest.dataset.records import Item, Message

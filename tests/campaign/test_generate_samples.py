@@ -8,7 +8,7 @@ import asyncio
 import dataclasses
 from typing import Any
 
-from harvest.campaign.generate import generate_samples
+from harvest.campaign.run.generate import generate_samples
 from harvest.client.records import Completion
 from harvest.config import RunConfig, SamplingConfig
 from harvest.dataset.records import Item, Message

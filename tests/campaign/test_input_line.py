@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from harvest.campaign.intake import describe_ids
+from harvest.campaign.run.intake import describe_ids
 from harvest.config import DataConfig
 from harvest.dataset import iter_items
 from harvest.ledger import Ledger

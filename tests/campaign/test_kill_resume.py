@@ -24,14 +24,14 @@ pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 ROUNDS = 12
 #: The client's own window of claimed rows (2 x concurrency 32); the send order holds more once
-#: the claimed rows share prefixes (campaign/order.py: after 256 rows).
+#: the claimed rows share prefixes (campaign/run/order.py: after 256 rows).
 WINDOW = 64
 N_ITEMS = 3000
 
 
 def write_job(tmp_path, url, campaign):
     # Half the rows share one of 4 system prompts: the send order groups them and holds a deeper
-    # window of claimed rows (campaign/order.py), which a kill leaves running in the ledger.
+    # window of claimed rows (campaign/run/order.py), which a kill leaves running in the ledger.
     rows = [json.dumps(shared_row(i, 4) if i % 2 == 0 else
                        {"id": f"k{i}", "prompt": f"Write a line about the number {i}."}) for i in range(N_ITEMS)]
     rows += [json.dumps({"id": "k7", "prompt": "Write a line about the number 7."})] * 5  # duplicates

@@ -1,4 +1,4 @@
-"""Prefix-aware send order (campaign/order.py): groups in the claim window go out together, FIFO
+"""Prefix-aware send order (campaign/run/order.py): groups in the claim window go out together, FIFO
 when nothing is shared, no row starves, and nothing is lost or sent twice."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from harvest.campaign.order import PrefixOrder, prefix_key
+from harvest.campaign.run.order import PrefixOrder, prefix_key
 from harvest.dataset.records import Item, Message
 from harvest.ledger import ItemRow
 
@@ -91,7 +91,7 @@ async def test_a_conversations_turns_go_to_one_server_with_affinity_and_spread_w
     server of its first turn with its prefix key; without a key, least-outstanding alternates."""
     import json
 
-    from harvest.campaign.generate import generate_item
+    from harvest.campaign.run.generate import generate_item
     from harvest.client import Client, MockTransport, RawResponse
     from harvest.config import ClientConfig, RunConfig, SamplingConfig
 
@@ -124,7 +124,7 @@ def test_the_window_deepens_only_while_the_claimed_rows_share_prefixes():
     """40 system prompts shuffled: a window of 64 holds one or two rows of each, so it deepens to
     LOOKAHEAD once the rows show it; rows that share nothing, share one prompt, come sorted by
     prompt (FIFO groups them already), or a disabled order keep 64."""
-    from harvest.campaign.order import LOOKAHEAD
+    from harvest.campaign.run.order import LOOKAHEAD
 
     rng = random.Random(5)
     shared = [row(i, f"system prompt {i % 40} " + "y" * 300, f"question {i}") for i in range(1000)]
@@ -146,7 +146,7 @@ def test_a_deep_window_groups_what_a_short_one_cannot(monkeypatch):
     """The same shuffled 40 x 25 through a dispatch-like loop (32 in flight, refill to depth()):
     with the deep window nearly every prefix goes out in one run; held to the client's window of 64
     the order finds runs of ~2 rows; disabled (FIFO), of ~1."""
-    from harvest.campaign import order as order_module
+    from harvest.campaign.run import order as order_module
 
     rng = random.Random(7)
     rows = [row(i, f"system prompt {i % 40} " + "w" * 300, f"question {i}") for i in range(1000)]

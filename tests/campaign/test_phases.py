@@ -12,8 +12,8 @@ import time
 from rich.console import Console
 from rich.live import Live
 
-from harvest.campaign.phases import PhaseBoard
-from harvest.campaign.progress import Progress, file_position
+from harvest.campaign.outputs.phases import PhaseBoard
+from harvest.campaign.outputs.progress import Progress, file_position
 from harvest.events import Event
 
 
@@ -142,7 +142,7 @@ async def test_the_display_shows_an_engine_whose_metrics_did_not_come_as_unknown
     reading on the screen as if it were current: running and waiting read "-" until one comes."""
     import types
 
-    from harvest.campaign.dispatch import DispatchSteps
+    from harvest.campaign.run.dispatch import DispatchSteps
     from harvest.client import Client, MockTransport, RawResponse
     from harvest.client.metrics import PrefixCacheMeter
 

@@ -71,7 +71,7 @@ def test_the_hit_rate_shown_is_the_engines_own_over_the_run(tmp_path, vllm_serve
 
     from rich.console import Console
 
-    from harvest.campaign.progress import PROGRESS_FILE, Progress
+    from harvest.campaign.outputs.progress import PROGRESS_FILE, Progress
 
     snap = json.loads((tmp_path / "run" / PROGRESS_FILE).read_text())
     panel = io.StringIO()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import json
 
-from harvest.campaign.progress import PROGRESS_FILE, Progress
+from harvest.campaign.outputs.progress import PROGRESS_FILE, Progress
 
 
 def test_progress_line_and_file_show_the_auto_targets(tmp_path):
@@ -26,7 +26,7 @@ def test_progress_line_and_file_show_the_auto_targets(tmp_path):
 def test_prefix_cache_hit_rate_in_the_line_the_panel_the_file_and_status(tmp_path):
     from rich.console import Console
 
-    from harvest.campaign.status import read_progress
+    from harvest.campaign.outputs.status import read_progress
 
     stream = io.StringIO()
     progress = Progress(tmp_path, total=10, already_final=0, stream=stream, live=False)

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from harvest.campaign.export import check_export, export_run
+from harvest.campaign.outputs.export import check_export, export_run
 from harvest.campaign.run import run_campaign
 from harvest.config import parse_config
 from harvest.ledger import Ledger, Status

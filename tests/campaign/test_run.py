@@ -59,7 +59,7 @@ def test_bad_rows_are_skipped_with_line_and_the_rest_completes(tmp_path, vllm_se
     assert report.totals.ok, report.totals.describe()
     c = report.totals.counts
     assert c[Status.DONE] + c[Status.TRUNCATED] == 20
-    assert c[Status.SKIPPED] == 6  # 5 bad rows, and the 1 MB prompt: never sent (campaign/context.py)
+    assert c[Status.SKIPPED] == 6  # 5 bad rows, and the 1 MB prompt: never sent (campaign/run/context.py)
     assert c[Status.FAILED] == 0
     assert report.totals.duplicates == 1
     rows = results(tmp_path / "run")

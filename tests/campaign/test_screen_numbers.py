@@ -77,7 +77,7 @@ def test_latency_runs_from_the_request_being_sent_and_the_queue_wait_is_recorded
     import asyncio
 
     from harvest.campaign.run import run_campaign
-    from harvest.campaign.timeline import histograms, read_timeline
+    from harvest.campaign.outputs.timeline import histograms, read_timeline
     from harvest.config import parse_config
 
     sim = subprocess.Popen([sys.executable, str(SIM_ENGINE), "--port", "0", "--token-latency", "0.5",

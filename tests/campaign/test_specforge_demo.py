@@ -13,7 +13,7 @@ import json
 import pytest
 
 from harvest.campaign.demo import PROMPTS
-from harvest.campaign.export import export_run
+from harvest.campaign.outputs.export import export_run
 from harvest.campaign.run import run_campaign
 from harvest.config import parse_config
 from harvest.ledger import Status

@@ -14,8 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harvest.campaign.progress import PROGRESS_FILE
-from harvest.campaign.status import ledger_rate, read_progress, run_status
+from harvest.campaign.outputs.progress import PROGRESS_FILE
+from harvest.campaign.outputs.status import ledger_rate, read_progress, run_status
 from harvest.errors import LedgerError
 from harvest.ledger import Completion, Ledger, Status
 from tests.campaign.test_export import SETTINGS, build_run, item, output

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from harvest.campaign.intake import INGEST_BATCH
+from harvest.campaign.run.intake import INGEST_BATCH
 from tests.campaign.ledger_peek import orphan_results, results_count, statuses, unique_items
 
 N = 2 * INGEST_BATCH + 1234  # three ingest batches, the last one short

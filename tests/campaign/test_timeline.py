@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harvest.campaign.timeline import (
+from harvest.campaign.outputs.timeline import (
     BIN_RATIO,
     MAX_POINTS,
     TIMELINE_FILE,

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from harvest.campaign.phases import PhaseBoard
-from harvest.campaign.tune import parse_tune_file, tune
+from harvest.campaign.outputs.phases import PhaseBoard
+from harvest.campaign.sweep.tune import parse_tune_file, tune
 from harvest.config import parse_config
 from harvest.events import Event
 from tests import engines

@@ -37,7 +37,7 @@ WAL_WRITE_LOCK_BYTE = 120
 def write_data(path: Path, n: int, duplicates: int = 5, shared: int = 0) -> Path:
     """``n`` prompts with ids ``k0..k{n-1}``, plus ``duplicates`` repeats of ``k7`` (the ledger dedupes).
     ``shared``: every even row has one of that many system prompts, so the run's send order groups
-    them and claims deeper ahead (campaign/order.py) while it is killed."""
+    them and claims deeper ahead (campaign/run/order.py) while it is killed."""
     rows = [json.dumps(shared_row(i, shared) if shared and i % 2 == 0 else
                        {"id": f"k{i}", "prompt": f"Write a line about the number {i}."}) for i in range(n)]
     rows += [json.dumps({"id": "k7", "prompt": "Write a line about the number 7."})] * duplicates

@@ -4,7 +4,7 @@ kept 128 requests in flight at 0 tok/s for minutes, then came back as an answere
 
 ``transformers serve`` reports no context length and has no ``/tokenize``: the limit comes from the
 model folder's config.json and the prompt is counted by the character bound
-(campaign/context.py). The oversized item is skipped with its length and the limit, never sent;
+(campaign/run/context.py). The oversized item is skipped with its length and the limit, never sent;
 every other item completes. The run's wall time is printed as a ``BENCH`` line (run with ``-s``)
 and written to ``$HARVEST_BENCH_DIR`` when that is set. Skipped, with the reason, where NVML sees
 no GPU.

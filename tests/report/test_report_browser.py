@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from harvest.campaign.compare import compare
+from harvest.campaign.sweep.compare import compare
 from harvest.campaign.run import run_campaign
 from harvest.config import parse_config
 from harvest.quality.settings import PolicySettings, ProbeSettings, QualitySettings

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harvest.campaign.status import run_status
+from harvest.campaign.outputs.status import run_status
 from harvest.ledger import Completion, Ledger, Status
 from harvest.report.run import launches_section, run_page, settings_table
 from tests.campaign.test_export import SETTINGS, item, output

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harvest.campaign.timeline import TIMELINE_SCHEMA
+from harvest.campaign.outputs.timeline import TIMELINE_SCHEMA
 from harvest.dataset import Item, Message, Skipped
 from harvest.ledger import Completion, Ledger
 from harvest.server.state import LaunchRecord, RunState, RunStatus, StateFile, register_run

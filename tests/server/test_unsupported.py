@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from harvest.campaign.compare import Launch, row_from
+from harvest.campaign.sweep.compare import Launch, row_from
 from harvest.server import adapter_for
 from harvest.server.readiness import first_fatal
 

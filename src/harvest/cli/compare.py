@@ -6,7 +6,7 @@
 Prints a verdict table (the noise floor first, then each candidate) or, with ``--json``, the
 ``harvest.compare/1`` document also written to ``DIR/compare.json``. Exit codes: 0 every candidate
 passed, 1 one did not, 2 usage or configuration error. Parses options and renders only; the work is
-:func:`harvest.campaign.compare.compare`.
+:func:`harvest.campaign.sweep.compare.compare`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from harvest.campaign.compare import CompareReport, compare
+from harvest.campaign.sweep.compare import CompareReport, compare
 from harvest.cli.render import make_console
 from harvest.cli.run import setup_logging, show_preflight
 from harvest.config import load_config
@@ -119,7 +119,7 @@ def compare_cmd(reference: Path, candidates: tuple[Path, ...], probe_n: int | No
                 settings_file: Path | None, no_floor: bool, out_dir: Path | None, as_json: bool,
                 force: bool) -> None:
     """Compare the quality of CANDIDATE servers with the REFERENCE on the same probe prompts."""
-    from harvest.campaign.tune import load_tune_file
+    from harvest.campaign.sweep.tune import load_tune_file
 
     setup_logging()
     ref_job = load_config(reference)

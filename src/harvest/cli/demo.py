@@ -45,12 +45,12 @@ def demo(engine_python: str | None, workdir: str, port: int, max_tokens: int, co
     print_report(report)
     if not report.ok:
         sys.exit(130 if report.outcome == "interrupted" else 1)
-    from harvest.campaign.status import run_status
+    from harvest.campaign.outputs.status import run_status
 
     status = run_status(report.run_dir)
     counts = ", ".join(f"{k.value} {v}" for k, v in status.counts.items())
     click.echo(f"[demo] status: {counts}")
-    from harvest.campaign.export import export_run
+    from harvest.campaign.outputs.export import export_run
 
     # Random weights never emit end-of-sequence: the demo keeps truncated answers too.
     exported = export_run(report.run_dir, "specforge", output=Path(workdir) / "export.jsonl",

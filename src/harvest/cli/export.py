@@ -1,6 +1,6 @@
 """``harvest export RUN_DIR --format specforge|sharegpt|openai-batch|parquet``: results out of the ledger.
 
-Parses options and reports; the writing lives in ``harvest.campaign.export``. Exit codes: 0 the file
+Parses options and reports; the writing lives in ``harvest.campaign.outputs.export``. Exit codes: 0 the file
 was written with every selected item, 1 some results were malformed and left out (they are named),
 or no item was selected (unless ``--allow-empty``),
 2 the folder holds no readable ledger or the options do not fit. Never changes the ledger.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import click
 
-from harvest.campaign.export import FORMATS, ROW_GROUP_SIZE, SHAREGPT_STYLES, export_run
+from harvest.campaign.outputs.export import FORMATS, ROW_GROUP_SIZE, SHAREGPT_STYLES, export_run
 from harvest.cli.render import make_console
 from harvest.errors import LedgerError
 from harvest.redact import escape_controls

@@ -10,7 +10,7 @@ On a terminal, a rich Live panel shows the phases (``harvest.events``) with thei
 redrawn a few times a second; everything else (log records, preflight rules, stop steps) is
 printed through the same console, so it lands above the panel and never inside it. Off a
 terminal, one plain line per phase change. ``harvest run`` draws its own panel
-(``campaign/progress.py``) on the console made here. This module only renders.
+(``campaign/outputs/progress.py``) on the console made here. This module only renders.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.text import Text
 
-from harvest.campaign.phases import PhaseBoard
-from harvest.campaign.progress import PANEL_WIDTH, phase_table
+from harvest.campaign.outputs.phases import PhaseBoard
+from harvest.campaign.outputs.progress import PANEL_WIDTH, phase_table
 from harvest.events import Event
 from harvest.redact import escape_controls, redact_text
 

@@ -1,7 +1,7 @@
 """``harvest status RUN_DIR|JOB.toml [--json]``: where a run stands (counts, totals, throughput, ETA, errors).
 
-Parses options and renders a :class:`~harvest.campaign.status.RunStatus`; the reading and measuring
-live in ``harvest.campaign.status``. The ``--json`` document (``harvest.status/1``) is documented in
+Parses options and renders a :class:`~harvest.campaign.outputs.status.RunStatus`; the reading and measuring
+live in ``harvest.campaign.outputs.status``. The ``--json`` document (``harvest.status/1``) is documented in
 docs/result-schema.md; change both together. Exit codes: 0 the run folder was read (whatever state
 the run is in), 2 the folder holds no readable harvest ledger. This command never writes to the run
 folder and never signals the runner.
@@ -18,8 +18,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from harvest.campaign.progress import no_answer
-from harvest.campaign.status import RunStatus, run_status
+from harvest.campaign.outputs.progress import no_answer
+from harvest.campaign.outputs.status import RunStatus, run_status
 from harvest import schemas
 from harvest.cli.render import make_console
 from harvest.errors import LedgerError

@@ -7,7 +7,7 @@ requests, generation tok/s, quality metrics with their intervals, stop verdict a
 JSON are written to the tune folder. ``--then-run`` starts the campaign of JOB.toml with the best
 passing setting. Exit codes: 0 a setting passed (and, with --then-run, the campaign finished with
 its totals adding up), 1 none passed or the campaign did not finish, 2 usage or configuration error,
-130 interrupted. Parses options and renders only; the sweep is :func:`harvest.campaign.tune.tune`.
+130 interrupted. Parses options and renders only; the sweep is :func:`harvest.campaign.sweep.tune.tune`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from harvest.campaign.run import run_campaign
-from harvest.campaign.tune import TrialResult, TuneReport, job_with_server, load_tune_file, tune
+from harvest.campaign.sweep.tune import TrialResult, TuneReport, job_with_server, load_tune_file, tune
 from harvest.cli.compare import QUALITY_COLUMNS, VERDICT_STYLE, quality_cells, settings_text, wide_console
 from harvest.cli.run import print_report, show_preflight
 from harvest.config import load_config

@@ -5,7 +5,7 @@ lets waiters sleep until some endpoint changes state. It only *records* state; m
 probes) and deciding it (failure runs, deadlines) are the client's job. It never does I/O.
 
 A request with an *affinity* key (its prompt prefix: a system prompt, a conversation; see
-``campaign/order.py``) goes to the server that likely holds that prefix in its cache: the healthy
+``campaign/run/order.py``) goes to the server that likely holds that prefix in its cache: the healthy
 endpoints are ranked by rendezvous hashing of the key (the same key, the same server, and a server
 that leaves or comes back moves only its own keys), and the first in that rank takes it unless its
 load is past ``AFFINITY_SLACK`` x the average (consistent hashing with bounded loads), so a server

@@ -1,6 +1,6 @@
 """The page of a compare folder: each quality metric with its interval against the floor's, per candidate.
 
-Source: ``compare.json`` (the ``harvest.compare/1`` document :func:`harvest.campaign.compare.compare`
+Source: ``compare.json`` (the ``harvest.compare/1`` document :func:`harvest.campaign.sweep.compare.compare`
 writes and ``harvest compare --json`` prints), and each launch's ``stop.json`` (the full StopReport
 the supervisor wrote) for the stop details. Only reads.
 """

@@ -2,10 +2,10 @@
 
 Sources, each read by the function that already reads it for another command, nothing recomputed:
 
-- :func:`harvest.campaign.status.run_status` (what ``harvest status --json`` prints): counts by
+- :func:`harvest.campaign.outputs.status.run_status` (what ``harvest status --json`` prints): counts by
   status, the totals identity, failures by class and the last errors, throughput, runner, notes;
 - the ledger's meta (the job as recorded at the run's start, harvest version);
-- :func:`harvest.campaign.timeline.read_timeline`: intervals (rates, in flight, each endpoint's
+- :func:`harvest.campaign.outputs.timeline.read_timeline`: intervals (rates, in flight, each endpoint's
   queue and KV use, errors by class), the latency and length histograms, every launch with its
   StopReport. A run written by an older harvest has no timeline: its page says so and shows the
   last launch from ``server/launch.json`` and ``server/stop.json`` instead.
@@ -19,8 +19,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from harvest.campaign.status import RunStatus, run_status
-from harvest.campaign.timeline import Histogram, histograms, read_timeline
+from harvest.campaign.outputs.status import RunStatus, run_status
+from harvest.campaign.outputs.timeline import Histogram, histograms, read_timeline
 from harvest.ledger import Ledger, Status
 from harvest.report import charts
 from harvest.redact import redact_doc

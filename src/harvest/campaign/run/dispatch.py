@@ -1,13 +1,13 @@
 """The dispatch loop: claim, send, collect, react; until nothing is left or the run must end.
 
-Steps mixed into the session (``campaign/run.py``). Pending items are claimed from the ledger oldest
+Steps mixed into the session (``campaign/run/session.py``). Pending items are claimed from the ledger oldest
 first, a little ahead of the client's capacity, and sent from the claimed rows prefix-aware
-(``campaign/order.py``); each result is committed exactly once through the single writer.
+(``campaign/run/order.py``); each result is committed exactly once through the single writer.
 
 Who pays for a failure is decided by type: RequestError fails the item; ServerSick (every endpoint
 down past the client's health deadline) releases in-flight items back to pending uncharged and, for
-a server harvest manages, relaunches it (``campaign/supervise.py``). When ``run.breaker_window``
-requests in a row fail with the same class and message (``campaign/breaker.py``), dispatch stops and
+a server harvest manages, relaunches it (``campaign/run/supervise.py``). When ``run.breaker_window``
+requests in a row fail with the same class and message (``campaign/run/breaker.py``), dispatch stops and
 those items and the ones in flight go back to pending uncharged. An interrupt releases what is in
 flight; claimed rows never sent go back to pending too. No request outlives the loop.
 """
@@ -23,12 +23,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harvest.campaign.breaker import Breaker
-from harvest.campaign.context import ContextGuard
-from harvest.campaign.generate import generate_samples
-from harvest.campaign.order import PrefixOrder, prefix_key
-from harvest.campaign.progress import Progress
-from harvest.campaign.timeline import RUNNING, WAITING, Timeline
+from harvest.campaign.run.breaker import Breaker
+from harvest.campaign.run.context import ContextGuard
+from harvest.campaign.run.generate import generate_samples
+from harvest.campaign.run.order import PrefixOrder, prefix_key
+from harvest.campaign.outputs.progress import Progress
+from harvest.campaign.outputs.timeline import RUNNING, WAITING, Timeline
 from harvest.client import Client
 from harvest.client.metrics import PrefixCacheMeter
 from harvest.config import HarvestConfig
@@ -102,8 +102,8 @@ def _by_item(rows: Sequence[Any]) -> list[list[Any]]:
 
 
 class DispatchSteps:
-    """The dispatch steps of a session (``_Campaign`` in ``campaign/run.py`` sets the state; the
-    server steps it calls, ``relaunch`` and ``server_exited``, are ``campaign/supervise.py``'s)."""
+    """The dispatch steps of a session (``_Campaign`` in ``campaign/run/session.py`` sets the state; the
+    server steps it calls, ``relaunch`` and ``server_exited``, are ``campaign/run/supervise.py``'s)."""
 
     config: HarvestConfig
     settings_hash: str
@@ -117,7 +117,7 @@ class DispatchSteps:
     timeline: Timeline | None
     _scrape_task: asyncio.Task[None] | None
     # The other steps' methods this one calls (``_Campaign`` mixes them in): the intake's, and the
-    # server supervision's (campaign/intake.py, campaign/supervise.py).
+    # server supervision's (campaign/run/intake.py, campaign/run/supervise.py).
     _ingesting: Callable[[], bool]
     _wait_ingested: Callable[[float], Awaitable[None]]
     relaunch: Callable[[], Awaitable[bool]]
@@ -176,7 +176,7 @@ class DispatchSteps:
     async def _refill(self, d: _Dispatch, writer: LedgerWriter, client: Client, progress: Progress) -> None:
         """Claim up to ``CLAIM_FACTOR`` x the client's capacity (it moves with ``concurrency =
         "auto"``; deeper while the claimed rows share prefixes: ``PrefixOrder.depth``), then send
-        from the claimed rows, prefix-aware (campaign/order.py), while the client has room for them
+        from the claimed rows, prefix-aware (campaign/run/order.py), while the client has room for them
         plus a little headroom, so its own queue stays short and in our order."""
         capacity = client.capacity()
         if self.stop_requested.is_set() or d.server_down:

@@ -1,6 +1,6 @@
 """The run's input: the ledger opened under the resume rules, and the dataset ingested into it.
 
-Steps of a session's start and of its background ingest (mixed into the session, ``campaign/run.py``):
+Steps of a session's start and of its background ingest (mixed into the session, ``campaign/run/session.py``):
 open the ledger, refusing settings that change outputs (``output_settings``, hashed) or a dataset
 that changed (``dataset_fingerprint``) unless ``allow_mixed``; read again the rows skipped under
 other ``[data]`` settings; apply ``--retry``; ingest the dataset's first batch before any launch (so
@@ -21,9 +21,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from harvest.campaign.distill import check_logprob_space, describe_samples
-from harvest.campaign.folder import other_job
-from harvest.campaign.progress import Progress
+from harvest.campaign.run.distill import check_logprob_space, describe_samples
+from harvest.campaign.run.folder import other_job
+from harvest.campaign.outputs.progress import Progress
 from harvest.config import HarvestConfig
 from harvest.dataset import iter_items
 from harvest.dataset.skips import SkipReason, describe_skips, shape_settings
@@ -100,7 +100,7 @@ def describe_ids(data: Any, report: IngestReport) -> str:
 
 
 class IngestSteps:
-    """The ledger and dataset steps of a session (``_Campaign`` in ``campaign/run.py`` sets the state)."""
+    """The ledger and dataset steps of a session (``_Campaign`` in ``campaign/run/session.py`` sets the state)."""
 
     config: HarvestConfig
     run_dir: Path

@@ -29,7 +29,7 @@ from rich.table import Table
 from rich.text import Text
 
 from harvest import safefiles
-from harvest.campaign.phases import PhaseBoard
+from harvest.campaign.outputs.phases import PhaseBoard
 from harvest.events import Event
 from harvest.redact import redact_doc
 
@@ -95,7 +95,7 @@ class Progress:
         self._console = console
         self._live_enabled = self._console.is_terminal if live is None else live
         self._live: Live | None = None
-        #: The run's timeline recorder (harvest.campaign.timeline), fed beside the counts; optional.
+        #: The run's timeline recorder (harvest.campaign.outputs.timeline), fed beside the counts; optional.
         self.timeline: Any = None
         #: The client's ``stats`` (a callable returning ClientStats) while requests go out: what is
         #: *sent* (on the wire), as opposed to ``in_flight`` (claimed from the ledger, some of them

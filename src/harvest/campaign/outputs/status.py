@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 
 import psutil
 
-from harvest.campaign.progress import PROGRESS_FILE
+from harvest.campaign.outputs.progress import PROGRESS_FILE
 from harvest.dataset.skips import SkipReason
 from harvest.ledger import LOCK_FILE, Ledger, Status, Totals
 

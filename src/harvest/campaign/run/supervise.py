@@ -1,6 +1,6 @@
 """The session's servers: launch, verified stop, relaunch of a dead one, and the endpoints' check.
 
-Steps mixed into the session (``campaign/run.py``). A server a killed earlier session left running
+Steps mixed into the session (``campaign/run/session.py``). A server a killed earlier session left running
 is stopped first, by its record (the ledger's lock proves that session is gone); then the job's
 server is launched (preflight -> launch -> ready) through the placement chosen once for the run;
 before any request, every endpoint's ``/v1/models`` must answer and list the configured model. A
@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harvest.campaign.progress import Progress
-from harvest.campaign.timeline import Timeline
+from harvest.campaign.outputs.progress import Progress
+from harvest.campaign.outputs.timeline import Timeline
 from harvest.client import Client
 from harvest.config import HarvestConfig
 from harvest.errors import ConfigError
@@ -33,7 +33,7 @@ SERVER_DIR = "server"
 
 
 class ServerSteps:
-    """The server steps of a session (``_Campaign`` in ``campaign/run.py`` sets the state)."""
+    """The server steps of a session (``_Campaign`` in ``campaign/run/session.py`` sets the state)."""
 
     config: HarvestConfig
     run_dir: Path

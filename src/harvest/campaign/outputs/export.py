@@ -55,7 +55,7 @@ ALLOWED_STATUSES: Mapping[str, tuple[Status, ...]] = {
     "sharegpt": RESULT_STATUSES,
     "openai-batch": (Status.DONE, Status.TRUNCATED, Status.FAILED, Status.SKIPPED),
     "parquet": tuple(Status),
-    "logprobs": RESULT_STATUSES,  # campaign/export_logprobs.py: one row per sample and turn
+    "logprobs": RESULT_STATUSES,  # campaign/outputs/export_logprobs.py: one row per sample and turn
 }
 #: ShareGPT ``from`` names of each role.
 FROM_NAMES: Mapping[str, str] = {"system": "system", "user": "human", "assistant": "gpt"}
@@ -319,7 +319,7 @@ def parquet_schema() -> Any:
 
 
 def _pyarrow(fmt: str = "parquet") -> tuple[Any, Any]:
-    from harvest.campaign.export_logprobs import pyarrow_for
+    from harvest.campaign.outputs.export_logprobs import pyarrow_for
 
     return pyarrow_for(fmt)
 
@@ -445,7 +445,7 @@ def export_run(run_dir: str | Path, fmt: str, *, output: str | Path | None = Non
         rows = ledger.iter_results(wanted, fetch=fetch)
         with contextlib.suppress(_NothingSelected), _atomic(folder, path.name) as tmp:
             if fmt == "logprobs":
-                from harvest.campaign.export_logprobs import write_logprobs
+                from harvest.campaign.outputs.export_logprobs import write_logprobs
 
                 written, without = write_logprobs(ledger, rows, tmp)
                 if written:

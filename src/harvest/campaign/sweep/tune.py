@@ -7,7 +7,7 @@
 The trials are the cartesian product of each ``[grid]`` table (or of each ``[[grid]]`` table,
 joined), applied on top of the job's ``[server]``. The reference is the job's ``[server]`` with the
 ``[reference]`` overrides. The reference, its noise floor and the probe set are prepared as in
-:mod:`harvest.campaign.compare` and stored in the tune folder, so a later sweep with the same
+:mod:`harvest.campaign.sweep.compare` and stored in the tune folder, so a later sweep with the same
 reference settings reuses them. When the reference settings are also a trial, the reference launch
 measures that trial's throughput too (one launch less).
 
@@ -55,7 +55,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from harvest import safefiles
-from harvest.campaign.compare import (
+from harvest.campaign.sweep.compare import (
     SAME_LAUNCH,
     SECOND_LAUNCH,
     Launch,

@@ -7,7 +7,7 @@ ingest the dataset's first batch (so that a dataset that cannot be read fails be
 launch the server when the job names one to launch (a server a killed earlier session left
 running is stopped first, by its record; then preflight -> launch -> ready) while the rest of the
 dataset is ingested batch by batch beside it, dispatch pending items through the client as soon
-as they are in the ledger (claimed oldest first, sent prefix-aware: campaign/order.py), commit
+as they are in the ledger (claimed oldest first, sent prefix-aware: campaign/run/order.py), commit
 each result exactly once through the single writer, then the
 verified stop and the totals check ``done + truncated + failed + skipped == unique input``. An
 interrupted ingest resumes by position, passing over what it committed without normalizing it.
@@ -15,16 +15,16 @@ interrupted ingest resumes by position, passing over what it committed without n
 Who pays for a failure is decided by type: RequestError fails the item; ServerSick (every endpoint
 down past the client's health deadline) releases in-flight items back to pending uncharged and, for
 a server harvest manages, relaunches it (at most ``run.max_relaunches`` times). When
-``run.breaker_window`` requests in a row fail with the same class and message (campaign/breaker.py),
+``run.breaker_window`` requests in a row fail with the same class and message (campaign/run/breaker.py),
 the job is at fault: dispatch stops, those items and the ones in flight go back to pending
 uncharged, and the outcome is "stopped". ``retry`` puts failed or truncated items back to pending
 first (recorded in the ledger), under the same settings-hash rule as any resume. Ctrl-C or SIGTERM
 stops dispatch, releases what is in flight, commits what finished and stops the server: the run
 resumes where it was. This module never kills a process itself: the supervisor does, by its record.
 
-The steps live beside this module, one file per named part of the session: ``campaign/intake.py``
-(the ledger and the dataset's ingest), ``campaign/supervise.py`` (launch, verified stop, relaunch,
-the endpoints' check), ``campaign/dispatch.py`` (the dispatch loop); here, the session that runs
+The steps live beside this module, one file per named part of the session: ``campaign/run/intake.py``
+(the ledger and the dataset's ingest), ``campaign/run/supervise.py`` (launch, verified stop, relaunch,
+the endpoints' check), ``campaign/run/dispatch.py`` (the dispatch loop); here, the session that runs
 them in order and the report of how it ended.
 """
 
@@ -40,14 +40,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harvest.campaign.breaker import Breaker, Trip
-from harvest.campaign.context import ContextGuard
-from harvest.campaign.dispatch import DispatchSteps
-from harvest.campaign.folder import resume_line, skipped_problem
-from harvest.campaign.intake import IngestSteps, dataset_fingerprint, output_settings
-from harvest.campaign.progress import Progress
-from harvest.campaign.supervise import ServerSteps
-from harvest.campaign.timeline import Timeline
+from harvest.campaign.run.breaker import Breaker, Trip
+from harvest.campaign.run.context import ContextGuard
+from harvest.campaign.run.dispatch import DispatchSteps
+from harvest.campaign.run.folder import resume_line, skipped_problem
+from harvest.campaign.run.intake import IngestSteps, dataset_fingerprint, output_settings
+from harvest.campaign.outputs.progress import Progress
+from harvest.campaign.run.supervise import ServerSteps
+from harvest.campaign.outputs.timeline import Timeline
 from harvest.client import Client
 from harvest.client.metrics import PrefixCacheMeter
 from harvest.config import HarvestConfig
@@ -142,7 +142,7 @@ class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
         self.resumed: str | None = None
         #: The model name sent with every request (checked against /v1/models), once known.
         self.model: str | None = None
-        self._space: Any = None  # the logprob disk check of this session (campaign/distill.py)
+        self._space: Any = None  # the logprob disk check of this session (campaign/run/distill.py)
 
     async def run(self) -> RunReport:
         """Open the ledger, then (under the display) stop what an earlier session left, launch,

@@ -512,7 +512,7 @@ class RayServerGroup:
 def check_node_addresses(source: str, server: ServerConfig, public: list[str]) -> None:
     """On the driver, before anything is placed: a server binds its node's address, so a node whose
     address is not loopback needs an engine that takes an API key, and the key (``api_key_env``).
-    The same rule [server] applies to ``host`` (config.py), said here with the node's address."""
+    The same rule [server] applies to ``host`` (config/server.py), said here with the node's address."""
     if not public:
         return
     where = ", ".join(public)

@@ -251,6 +251,57 @@ class Fleet(ABC):
                 self.stop_reports.append(r)
 
 
+class FarServers(Protocol):
+    """What a far kind's launcher answers of its servers (an SSH host's server, the servers of
+    ``[[hosts]]``, a Ray run's actors): the live questions a :class:`FarFleet` passes on."""
+
+    @property
+    def urls(self) -> list[str]: ...
+
+    @property
+    def ready(self) -> Readiness | None: ...
+
+    @property
+    def kv_capacity_tokens(self) -> int | None: ...
+
+    def placed(self) -> list[dict[str, Any]]: ...  # Any: JSON values (harvest.serve/2 "servers" rows)
+
+    def returncode(self) -> int | None: ...
+
+    def cancel(self) -> None: ...
+
+
+class FarFleet(Fleet):
+    """A fleet whose servers run elsewhere, reached and answered for by one launcher of the kind
+    (``servers``); a kind adds its launch and its stop, and what it alone can do."""
+
+    def __init__(self, servers: FarServers, config: ServerConfig, *, run_dir: Path, where: str,
+                 on_event: Listener | None = None):
+        super().__init__(config, run_dir=run_dir, where=where, on_event=on_event)
+        self.servers = servers
+
+    @property
+    def urls(self) -> list[str]:
+        return self.servers.urls
+
+    @property
+    def ready(self) -> Readiness | None:
+        return self.servers.ready
+
+    @property
+    def kv_capacity_tokens(self) -> int | None:
+        return self.servers.kv_capacity_tokens
+
+    def placed(self) -> list[dict[str, Any]]:
+        return self.servers.placed()
+
+    def returncode(self) -> int | None:
+        return self.servers.returncode()
+
+    def cancel(self) -> None:
+        self.servers.cancel()
+
+
 class FleetFactory(Protocol):
     """What a placement's :meth:`Placement.fleet` returns: one call, one launch's Fleet."""
 
@@ -334,5 +385,5 @@ class Placement(ABC):
         """Stop what an earlier (killed) session of a run left running, by that run's records."""
 
 
-__all__ = ["Answer", "Flags", "Fleet", "FleetFactory", "NothingToStop", "Placement", "Readiness", "Refused",
-           "ServeWords", "engine_limit"]
+__all__ = ["Answer", "FarFleet", "FarServers", "Flags", "Fleet", "FleetFactory", "NothingToStop", "Placement",
+           "Readiness", "Refused", "ServeWords", "engine_limit"]

@@ -19,43 +19,22 @@ from typing import Any
 from harvest.client import Client
 from harvest.config import HarvestConfig, PreflightConfig, ServerConfig
 from harvest.events import Listener
-from harvest.placement.base import Fleet, FleetFactory, Readiness
+from harvest.placement.base import FarFleet, Fleet, FleetFactory
 from harvest.placement.ray.cluster import RayConnection, import_ray
 from harvest.placement.ray.servers import RayServerGroup
 from harvest.server import StopReport
 
 
-class RayFleet(Fleet):
+class RayFleet(FarFleet):
     """The servers of one launch on a Ray cluster (every ready actor's endpoint)."""
 
     def __init__(self, group: RayServerGroup, *, where: str, on_event: Listener | None = None):
-        super().__init__(group.server_config, run_dir=group.run_dir, where=where, on_event=on_event)
+        super().__init__(group, group.server_config, run_dir=group.run_dir, where=where, on_event=on_event)
         self.group = group
-
-    @property
-    def urls(self) -> list[str]:
-        return self.group.urls
-
-    @property
-    def ready(self) -> Readiness | None:
-        return self.group.ready
-
-    @property
-    def kv_capacity_tokens(self) -> int | None:
-        return self.group.kv_capacity_tokens
 
     @property
     def replacements(self) -> int:
         return self.group.replacements
-
-    def placed(self) -> list[dict[str, Any]]:
-        return self.group.placed()
-
-    def returncode(self) -> int | None:
-        return self.group.returncode()
-
-    def cancel(self) -> None:
-        self.group.cancel()
 
     def attach(self, client: Client) -> None:
         self.group.attach_client(client)

@@ -13,33 +13,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from harvest.config import HostConfig, PreflightConfig, ServerConfig
 from harvest.events import Listener
-from harvest.placement.base import Fleet, FleetFactory, Readiness
+from harvest.placement.base import FarFleet, Fleet, FleetFactory
 from harvest.placement.ssh.servers import RemoteServer, ServerGroup
 from harvest.server import StopReport
 
 
-class SshFleet(Fleet):
+class SshFleet(FarFleet):
     """One far server, reached through its tunnel and stopped by the far harvest."""
 
     def __init__(self, server: RemoteServer, *, where: str, on_event: Listener | None = None):
-        super().__init__(server.config, run_dir=server.run_dir, where=where, on_event=on_event)
+        super().__init__(server, server.config, run_dir=server.run_dir, where=where, on_event=on_event)
         self.server = server
-
-    @property
-    def urls(self) -> list[str]:
-        return self.server.urls
-
-    @property
-    def ready(self) -> Readiness | None:
-        return self.server.ready
-
-    @property
-    def kv_capacity_tokens(self) -> int | None:
-        return self.server.kv_capacity_tokens
 
     @property
     def server_configs(self) -> list[ServerConfig]:
@@ -48,15 +35,6 @@ class SshFleet(Fleet):
     @property
     def client_config(self) -> ServerConfig:
         return self.server.client_config
-
-    def placed(self) -> list[dict[str, Any]]:
-        return self.server.placed()
-
-    def returncode(self) -> int | None:
-        return self.server.returncode()
-
-    def cancel(self) -> None:
-        self.server.cancel()
 
     def detach(self) -> None:
         self.server.detach()
@@ -72,24 +50,12 @@ class SshFleet(Fleet):
         return [await self.server.stop(deadline)]
 
 
-class SshGroupFleet(Fleet):
+class SshGroupFleet(FarFleet):
     """The far servers of ``[[hosts]]``: the hosts that passed preflight and launched."""
 
     def __init__(self, group: ServerGroup, config: ServerConfig, *, where: str, on_event: Listener | None = None):
-        super().__init__(config, run_dir=group.run_dir, where=where, on_event=on_event)
+        super().__init__(group, config, run_dir=group.run_dir, where=where, on_event=on_event)
         self.group = group
-
-    @property
-    def urls(self) -> list[str]:
-        return self.group.urls
-
-    @property
-    def ready(self) -> Readiness | None:
-        return self.group.ready
-
-    @property
-    def kv_capacity_tokens(self) -> int | None:
-        return self.group.kv_capacity_tokens
 
     @property
     def server_configs(self) -> list[ServerConfig]:
@@ -98,15 +64,6 @@ class SshGroupFleet(Fleet):
     @property
     def client_config(self) -> ServerConfig:
         return self.group.running[0].client_config if self.group.running else super().client_config
-
-    def placed(self) -> list[dict[str, Any]]:
-        return self.group.placed()
-
-    def returncode(self) -> int | None:
-        return self.group.returncode()
-
-    def cancel(self) -> None:
-        self.group.cancel()
 
     async def _start(self) -> None:
         await self.group.start()

@@ -156,10 +156,15 @@ def test_generation_starts_before_the_ingest_ends(tmp_path):
 @pytest.mark.slow
 def test_sigkill_in_the_middle_of_the_ingest_then_resume(tmp_path):
     run_dir = tmp_path / "run"
+    root = Path(__file__).resolve().parents[2]
+    # The ingest is held after its first batch (tests/campaign/held_ingest.py), so the kill lands
+    # half-way through it on any machine; the resume is the plain command.
+    env = {**os.environ, "HARVEST_TEST_INGEST_GATE": str(tmp_path / "gate"),
+           "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)}
     with Endpoint(run_dir, delay=0.01) as ep:
         job = _job(tmp_path, ep.url)
-        argv = [sys.executable, "-m", "harvest", "run", str(job), "--no-live"]
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        held = [sys.executable, "-m", "tests.campaign.held_ingest", "run", str(job), "--no-live"]
+        proc = subprocess.Popen(held, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=root)
         try:
             end = time.monotonic() + 120
             while time.monotonic() < end:
@@ -169,14 +174,18 @@ def test_sigkill_in_the_middle_of_the_ingest_then_resume(tmp_path):
                 if proc.poll() is not None:
                     pytest.fail(f"the run ended (code {proc.returncode}) before the ingest had committed a batch")
                 time.sleep(0.01)
+            else:
+                pytest.fail(f"no batch and no result committed within 120 s: {_ingest_state(run_dir)}")
         finally:
             if proc.poll() is None:
                 os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
         state = _ingest_state(run_dir)
-        assert not state["complete"] and 0 < state["rows"] < N, state
+        assert not state["complete"] and state["rows"] == INGEST_BATCH, state
         assert orphan_results(run_dir) == 0
         done_before = results_count(run_dir)
+        assert 0 < done_before <= INGEST_BATCH
+        argv = [sys.executable, "-m", "harvest", "run", str(job), "--no-live"]
         out = subprocess.run(argv, capture_output=True, text=True, timeout=600)
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     _check_complete(run_dir)

@@ -3,7 +3,9 @@ resumes by position: nothing lost, nothing twice, duplicates across batches coun
 
 The endpoint is a small real HTTP server in a thread of this test: on its first chat request it
 reads the ledger file (read-only, its own SQLite connection) to see how far the ingest was. The
-runs are real `harvest run` processes; the kill is SIGKILL by the pid this test started.
+runs are real `harvest run` processes, with the ingest held after its first batch
+(tests/campaign/held_ingest.py) where the order matters; the kill is SIGKILL by the pid this test
+started.
 """
 
 from __future__ import annotations
@@ -47,9 +49,10 @@ def _ingest_state(run_dir: Path) -> dict | None:
 class Endpoint:
     """An OpenAI-style chat endpoint in its own thread, noting the ingest state at its first request."""
 
-    def __init__(self, run_dir: Path, delay: float):
+    def __init__(self, run_dir: Path, delay: float, gate: Path | None = None):
         self.run_dir = run_dir
         self.delay = delay
+        self.gate = gate  # created once the first request has seen the ingest state
         self.first_seen: dict | None = None
         self.requests = 0
         self._ready = threading.Event()
@@ -62,6 +65,8 @@ class Endpoint:
         self.requests += 1
         if self.first_seen is None:
             self.first_seen = _ingest_state(self.run_dir) or {}
+            if self.gate is not None:
+                self.gate.touch()
         await asyncio.sleep(self.delay)
         return web.json_response({
             "id": "c", "object": "chat.completion", "created": 0, "model": "m",
@@ -135,17 +140,28 @@ def _check_complete(run_dir: Path) -> None:
     assert results_count(run_dir) == unique - 1 and orphan_results(run_dir) == 0
 
 
+def _held_ingest(tmp_path: Path, job: Path) -> tuple[list[str], dict[str, str], Path]:
+    """The command line with the ingest held after its first batch until ``tmp_path/gate`` exists
+    (tests/campaign/held_ingest.py): what follows the first batch happens in a known order on any
+    machine, however fast it reads the rest."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "HARVEST_TEST_INGEST_GATE": str(tmp_path / "gate"),
+           "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)}
+    return [sys.executable, "-m", "tests.campaign.held_ingest", "run", str(job), "--no-live"], env, root
+
+
 @pytest.mark.slow
 def test_generation_starts_before_the_ingest_ends(tmp_path):
     run_dir = tmp_path / "run"
-    with Endpoint(run_dir, delay=0.0) as ep:
-        job = _job(tmp_path, ep.url)
-        out = subprocess.run([sys.executable, "-m", "harvest", "run", str(job), "--no-live"],
-                             capture_output=True, text=True, timeout=600)
+    # The rest of the ingest waits for the first request (at most 120 s): a run that waited for
+    # the whole ingest before sending would send its first request only then, with the ingest complete.
+    with Endpoint(run_dir, delay=0.0, gate=tmp_path / "gate") as ep:
+        argv, env, root = _held_ingest(tmp_path, _job(tmp_path, ep.url))
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env, cwd=root)
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     # The first request reached the server while the ledger held only part of the input.
     assert ep.first_seen is not None and ep.first_seen.get("complete") is False, ep.first_seen
-    assert 0 < ep.first_seen["rows"] < N
+    assert ep.first_seen["rows"] == INGEST_BATCH
     _check_complete(run_dir)
     assert ep.requests == N - DUPLICATES - 1  # one request per unique good item, none twice
     progress = json.loads((run_dir / "progress.json").read_text())
@@ -156,14 +172,11 @@ def test_generation_starts_before_the_ingest_ends(tmp_path):
 @pytest.mark.slow
 def test_sigkill_in_the_middle_of_the_ingest_then_resume(tmp_path):
     run_dir = tmp_path / "run"
-    root = Path(__file__).resolve().parents[2]
-    # The ingest is held after its first batch (tests/campaign/held_ingest.py), so the kill lands
-    # half-way through it on any machine; the resume is the plain command.
-    env = {**os.environ, "HARVEST_TEST_INGEST_GATE": str(tmp_path / "gate"),
-           "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)}
     with Endpoint(run_dir, delay=0.01) as ep:
         job = _job(tmp_path, ep.url)
-        held = [sys.executable, "-m", "tests.campaign.held_ingest", "run", str(job), "--no-live"]
+        # The ingest is held after its first batch and never let go, so the kill lands half-way
+        # through it on any machine; the resume is the plain command.
+        held, env, root = _held_ingest(tmp_path, job)
         proc = subprocess.Popen(held, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=root)
         try:
             end = time.monotonic() + 120

@@ -20,7 +20,7 @@ import pytest
 
 from harvest.ledger import Ledger
 from harvest.ledger.logprobs import LOGPROB_DIR, shard_name
-from tests.campaign.ledger_peek import _query, orphan_results
+from tests.campaign.ledger_peek import _query, orphan_results, results_count
 from tests.realparts import require
 
 pytestmark = [pytest.mark.engine]
@@ -64,10 +64,14 @@ def test_n4_samples_exactly_once_across_sigkill(tmp_path, vllm_server):
     rows = [{"id": f"d{i}", "prompt": f"Say something about the number {i}."} for i in range(n_items)]
     job, run_dir = _job(tmp_path, vllm_server.url, rows, name="kill", n=4, logprobs=5, temperature=1.0)
     kills = 0
-    for delay in (3.0, 4.5, 6.0, 7.5):
+    # Each run is killed once the ledger holds a further share of the samples (not after a fixed
+    # time, which a fast machine outruns and a loaded one spends in the start-up).
+    for share in (0.1, 0.3, 0.5, 0.7):
         proc = subprocess.Popen([sys.executable, "-m", "harvest", "run", str(job), "--no-live"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(delay)
+        end = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < end and results_count(run_dir) < share * n_items * 4:
+            time.sleep(0.02)
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
             kills += 1

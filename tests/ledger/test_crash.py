@@ -4,6 +4,7 @@ runs end with every unique input item finished exactly once."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -27,22 +28,28 @@ from harvest.ledger import Completion, Ledger, Status
 
 run, data = sys.argv[1], sys.argv[2]
 
+def say(word):
+    # Announce the phase, then wait for the test's go: the child is never more than one phase
+    # ahead of what the test has read, however slow the test is to read it.
+    print(word, flush=True)
+    sys.stdin.readline()
+
 def announced(records):
     for n, rec in enumerate(records):
         if n % 500 == 0:
-            print("ingest", flush=True)
+            say("ingest")
         yield rec
 
 with Ledger.open(run, settings_hash="crash-test") as ledger:
-    print("open", ledger.recovered, flush=True)
+    say(f"open {ledger.recovered}")
     ledger.ingest(announced(iter_items(DataConfig(path=data))), batch_size=1000)
     while True:
-        print("claim", flush=True)
+        say("claim")
         rows = ledger.claim(2500)
         if not rows:
             break
         ledger.charge_attempt([r.id for r in rows[:3]])
-        print("complete", flush=True)
+        say("complete")
         ledger.complete([
             Completion(r.id, {"reply": r.item.user_turns()[-1][::-1]},
                        Status.TRUNCATED if r.item.source_line % 11 == 0 else Status.DONE)
@@ -84,6 +91,13 @@ def read_line(proc: subprocess.Popen[str], deadline: float) -> str | None:
     return line.strip() if line else None
 
 
+def go(proc: subprocess.Popen[str]) -> None:
+    """Let the child go on past the phase it announced."""
+    assert proc.stdin is not None
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+
+
 def check_consistent(run: Path) -> int:
     """Invariants that must hold in the file at any moment; returns the rows left running."""
     conn = sqlite3.connect(run / LEDGER_FILE)
@@ -115,18 +129,20 @@ def test_sigkill_at_random_moments_then_resume(tmp_path):
     kills = 0
     left_running = 0
     for phase in [*plan, None]:
-        proc = subprocess.Popen([sys.executable, str(child), str(run), str(data)], stdout=subprocess.PIPE,
-                                text=True, env=os.environ.copy())
+        proc = subprocess.Popen([sys.executable, str(child), str(run), str(data)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True, env=os.environ.copy())
         try:
             deadline = time.monotonic() + 120
             first = read_line(proc, deadline)
             assert first is not None and first.startswith("open ")
             assert int(first.split()[1]) == left_running  # running rows came back to pending at open
+            go(proc)
             seen = 0
             while True:
                 line = read_line(proc, deadline)
                 if line is None or line == "finished":
                     break
+                go(proc)  # the child works on the phase it announced
                 if line == phase:
                     seen += 1
                     if seen == 2 or phase != "ingest":
@@ -140,8 +156,10 @@ def test_sigkill_at_random_moments_then_resume(tmp_path):
             except subprocess.TimeoutExpired:  # a hung child: end it (ours, by pid) and fail below
                 os.kill(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=60)
-            assert proc.stdout is not None
+            assert proc.stdout is not None and proc.stdin is not None
             proc.stdout.close()
+            with contextlib.suppress(BrokenPipeError):
+                proc.stdin.close()
         if phase is None:
             assert proc.returncode == 0
         left_running = check_consistent(run)

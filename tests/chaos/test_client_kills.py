@@ -16,6 +16,7 @@ The engine is llama.cpp's llama-server on the tiny GGUF (ready in well under a s
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import subprocess
@@ -50,7 +51,13 @@ def test_sigkill_inside_ledger_commits_then_resume(tmp_path, llama_server, env):
     rng = random.Random(2024)
 
     # Kills right after start-up: inside the first write transactions (schema, recovery, ingest).
-    early = chaos_rounds(argv, run_dir, kills=EARLY, mode="commit", rng=rng, env=env, commit_delay=(0.0, 0.2))
+    # The ingest's commit is held open 0.3 s (tests/chaos/slow_ingest.py), so that a poller on a
+    # loaded machine cannot miss it and catch only the dispatch's commits after it.
+    root = Path(__file__).resolve().parents[2]
+    slow = [argv[0], "-m", "tests.chaos.slow_ingest", *argv[3:]]
+    slow_env = {**env, "PYTHONPATH": os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p)}
+    early = chaos_rounds(slow, run_dir, kills=EARLY, mode="commit", rng=rng, env=slow_env,
+                         commit_delay=(0.0, 0.2))
     # (A round that sees no commit for 30 s, on a starved machine, is killed anyway: a random kill.)
     assert early.problems == [] and early.kills["commit"] + early.commit_timeouts == EARLY, early
     assert early.commit_phases["ingest"] >= 1, early  # killed before the ingest had committed

@@ -42,7 +42,11 @@ NO_VLLM_FIX = ("run `make demo` from the clone (it installs vLLM's CPU build wit
 def check_engine_python(engine_python: str, *, timeout: float = 60.0) -> None:
     """Refuse, in one line with the fix, a demo Python that cannot run vLLM (no vLLM or no PyTorch):
     found by the import system, without importing vLLM (seconds)."""
-    probe = "import importlib.util as u, sys; sys.exit(','.join(m for m in ('vllm', 'torch') if u.find_spec(m) is None))"
+    # Prints the missing modules (one line, comma-separated) and exits 3 only when one is missing:
+    # `sys.exit('')` would exit 1 with nothing missing.
+    probe = ("import importlib.util as u, sys\n"
+             "m = [n for n in ('vllm', 'torch') if u.find_spec(n) is None]\n"
+             "if m:\n    print(','.join(m)); sys.exit(3)\n")
     try:
         proc = subprocess.run([engine_python, "-c", probe], capture_output=True, text=True, timeout=timeout)
     except FileNotFoundError:
@@ -50,13 +54,15 @@ def check_engine_python(engine_python: str, *, timeout: float = 60.0) -> None:
             from None
     except (subprocess.TimeoutExpired, OSError) as exc:
         raise ConfigError("harvest demo", [("--engine-python", f"{engine_python} did not start: {exc}")]) from None
-    missing = proc.stderr.strip().splitlines()[-1] if proc.returncode != 0 and proc.stderr.strip() else ""
-    if proc.returncode != 0:
-        names = {"vllm": "vLLM", "torch": "PyTorch"}
-        what = " nor ".join(names.get(m, m) for m in missing.split(",")) if missing and " " not in missing \
-            else "vLLM"
-        raise ConfigError("harvest demo", [("--engine-python", f"{engine_python} has no {what}: the demo runs "
-                                                               f"vLLM's CPU build; {NO_VLLM_FIX}")])
+    if proc.returncode == 0:
+        return
+    # Exit 3 with the names printed: what is missing; any other failure (not a Python, a broken
+    # interpreter): said as "no vLLM", with its own last line of stderr.
+    missing = proc.stdout.strip().splitlines()[-1] if proc.returncode == 3 and proc.stdout.strip() else ""
+    names = {"vllm": "vLLM", "torch": "PyTorch"}
+    what = " nor ".join(names.get(m, m) for m in missing.split(",")) if missing else "vLLM"
+    raise ConfigError("harvest demo", [("--engine-python", f"{engine_python} has no {what}: the demo runs "
+                                                           f"vLLM's CPU build; {NO_VLLM_FIX}")])
 
 
 def ensure_tiny_model(engine_python: str, *, timeout: float = 900.0) -> Path:

@@ -79,6 +79,21 @@ def test_the_readme_opens_with_what_harvest_is_and_the_two_commands():
     assert commands == ["make demo", "make test"], commands
 
 
+def test_ci_runs_the_readmes_two_commands_as_written():
+    """`.ci/run` takes its commands from the README's first code block (`.ci/readme-commands`), so
+    what CI runs is what a user types; the demo's outcome is checked by scripts/check-demo."""
+    root = README.parent
+    listed = subprocess.run([str(root / ".ci" / "readme-commands")], capture_output=True, text=True, timeout=30,
+                            check=True).stdout.splitlines()
+    head = README.read_text().splitlines()[:10]
+    fences = [i for i, line in enumerate(head) if line.startswith("```")]
+    assert listed == [line.split("#")[0].strip() for line in head[fences[0] + 1:fences[1]]] == ["make demo",
+                                                                                                  "make test"]
+    ci = (root / ".ci" / "run").read_text()
+    assert ".ci/readme-commands" in ci and "scripts/check-demo harvest-demo" in ci
+    assert "make test" not in ci.replace('"make test"', "").replace("`make test`", "")  # never typed out again
+
+
 def test_the_quick_start_job_runs_as_written(tmp_path, llama_server):
     toml, commands = quickstart()
     assert 'engine = "openai"' in toml and len(toml.splitlines()) <= 16, toml

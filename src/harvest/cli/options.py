@@ -18,14 +18,15 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
-from harvest.config import HarvestConfig, HostConfig, load_config, parse_config
+from harvest.config import HarvestConfig, HostConfig, Override, load_config, parse_config, parse_set
 from harvest.errors import ConfigError
 
 
-def load_config_arg(path: Path | str) -> HarvestConfig:
-    """``load_config``, or with ``-`` the configuration from stdin (a JSON object, else TOML)."""
-    if str(path) != "-":
-        return load_config(path)
+def load_config_arg(path: Path | str | None, overrides: tuple[Override, ...] = ()) -> HarvestConfig:
+    """``load_config`` with the command's flags on top, or with ``-`` the configuration from stdin
+    (a JSON object, else TOML); without a file, the job is the flags alone."""
+    if path is None or str(path) != "-":
+        return load_config(path, overrides)
     text = sys.stdin.read()
     try:
         data = json.loads(text) if text.lstrip().startswith("{") else _toml(text)
@@ -33,7 +34,7 @@ def load_config_arg(path: Path | str) -> HarvestConfig:
         raise ConfigError("<stdin>", [("<stdin>", f"not a JSON or TOML configuration: {exc}")]) from None
     if not isinstance(data, dict):
         raise ConfigError("<stdin>", [("<stdin>", "the configuration is not a table")])
-    return parse_config(data, source="<stdin>", base=Path.cwd())
+    return parse_config(data, source="<stdin>", base=Path.cwd(), overrides=overrides)
 
 
 def _toml(text: str) -> dict[str, Any]:
@@ -106,4 +107,50 @@ def host_options(func: Any) -> Any:
     return wrapper
 
 
-__all__ = ["host_from_flags", "host_options", "load_config_arg"]
+#: The common settings as flags: (option, table, key, click type, help). Any other: --set.
+JOB_FLAGS: tuple[tuple[str, str, str, Any, str], ...] = (
+    ("--engine", "server", "engine", str, "what serves the model: vllm, sglang, llamacpp, transformers, openai "
+                                          "(a running endpoint) or command"),
+    ("--model", "server", "model", str, "the model: a folder, a GGUF file or a hub name"),
+    ("--base-url", "server", "base_url", str, "with --engine openai: the running endpoint, e.g. http://host:8000/v1"),
+    ("--data", "data", "path", str, "the dataset file or folder (JSONL, JSON, Parquet, CSV, save_to_disk)"),
+    ("--max-tokens", "sampling", "max_tokens", int, "tokens generated per answer at most"),
+    ("--concurrency", "client", "concurrency", str, "requests in flight, or auto"),
+    ("--out", "output", "dir", str, "the run folder"),
+)
+
+
+def job_flags(func: Any) -> Any:
+    """The common job settings as flags (``--engine``, ``--model``, ``--data``, ``--base-url``,
+    ``--max-tokens``, ``--concurrency``, ``--out``) and ``--set SECTION.KEY=VALUE`` (repeatable) for
+    any other; the function gets them as ``overrides`` for :func:`load_config_arg`, checked by the
+    same validation as the file, an error naming the flag."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, set_values: tuple[str, ...], **kwargs: Any) -> Any:
+        overrides: list[Override] = []
+        for flag, table, key, kind, _ in JOB_FLAGS:
+            value = kwargs.pop(flag[2:].replace("-", "_") + "_flag")
+            if value is not None:
+                if key == "concurrency" and value != "auto":
+                    try:
+                        value = int(value)
+                    except ValueError:
+                        raise click.BadParameter(f"{value!r}: a number of requests or auto",
+                                                 param_hint=flag) from None
+                overrides.append(Override(flag, (table, key), value))
+        overrides += [parse_set(text) for text in set_values]  # a malformed one: a ConfigError naming it
+        return func(*args, overrides=tuple(overrides), **kwargs)
+
+    options = [click.option(flag, flag[2:].replace("-", "_") + "_flag", type=kind, default=None, help=text,
+                            metavar="N" if kind is int else "TEXT")
+               for flag, _, _, kind, text in JOB_FLAGS]
+    options.append(click.option("--set", "set_values", multiple=True, metavar="SECTION.KEY=VALUE",
+                                help="any other setting for this run, VALUE as in the job file (TOML), e.g. "
+                                     "--set client.request_timeout=120 (repeatable)"))
+    for option in reversed(options):
+        wrapper = option(wrapper)
+    return wrapper
+
+
+__all__ = ["JOB_FLAGS", "host_from_flags", "host_options", "job_flags", "load_config_arg"]

@@ -11,7 +11,8 @@ import click
 
 from harvest import aio
 from harvest.campaign.run import RunReport, run_campaign
-from harvest.config import load_config
+from harvest.cli.options import job_flags, load_config_arg
+from harvest.config import Override
 from harvest.errors import LaunchError, LedgerError, PreflightFailed
 from harvest.ledger import Status
 
@@ -71,6 +72,21 @@ def print_report(report: RunReport, job: str | None = None) -> None:
                    f"charged; {report.trip.advice} (`harvest run` resumes them)", err=True)
 
 
+def resume_args(job: str | None, overrides: tuple[Override, ...]) -> str:
+    """What follows ``harvest run`` to run this job again: the file and the flags as given."""
+    import json
+    import shlex
+
+    words = [job] if job else []
+    for o in overrides:
+        if o.flag.startswith("--set "):
+            text = o.value if isinstance(o.value, str) else json.dumps(o.value)
+            words += ["--set", f"{'.'.join(o.path)}={text}"]
+        else:
+            words += [o.flag, str(o.value)]
+    return shlex.join(words)
+
+
 def _check_retry(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[str, ...]:
     for value in values:
         if value in ("done", "pending", "running") or not _RETRY_NAME.fullmatch(value):
@@ -81,7 +97,8 @@ def _check_retry(ctx: click.Context, param: click.Parameter, values: tuple[str, 
 
 
 @click.command("run")
-@click.argument("job", type=click.Path(dir_okay=False))
+@click.argument("job", type=click.Path(dir_okay=False), required=False)
+@job_flags
 @click.option("--allow-mixed", is_flag=True, help="Resume even though output-affecting settings changed.")
 @click.option("--force", is_flag=True, help="Launch the server even if preflight fails (failures still printed).")
 @click.option("--live/--no-live", default=None, help="Live display (default: when on a terminal).")
@@ -90,15 +107,19 @@ def _check_retry(ctx: click.Context, param: click.Parameter, values: tuple[str, 
                    "from the source under the current [data]) or an error class such as 'http_400' or "
                    "'empty' (repeatable; recorded in the ledger).")
 @click.option("--all-hosts", is_flag=True, help="With [[hosts]]: refuse to run unless every host passes preflight.")
-def run(job: str, allow_mixed: bool, force: bool, live: bool | None, retry: tuple[str, ...],
-        all_hosts: bool) -> None:
-    """Run or resume the campaign of JOB.toml: dataset -> ledger -> server -> results."""
+def run(job: str | None, overrides: tuple[Override, ...], allow_mixed: bool, force: bool, live: bool | None,
+        retry: tuple[str, ...], all_hosts: bool) -> None:
+    """Run or resume a campaign (JOB.toml, flags, or both): dataset -> ledger -> server -> results.
+    The same command again resumes it."""
     from harvest.cli.live import live_console, setup_console_logging
     from harvest.placement import from_config
 
+    if job is None and not overrides:
+        raise click.UsageError("give a job file (JOB.toml) or the job as flags: --engine, --model, --data "
+                               "(`harvest init` writes a job file to start from)")
     console = live_console()  # the panel, the log lines and the preflight rules share it
     setup_console_logging(console)
-    config = load_config(job)
+    config = load_config_arg(job, overrides)
     shown: list[Any] = []  # preflight reports already on screen
 
     def on_preflight(report: Any) -> None:
@@ -125,7 +146,7 @@ def run(job: str, allow_mixed: bool, force: bool, live: bool | None, retry: tupl
     except LaunchError as exc:
         click.echo(f"error: the server did not start: {exc}", err=True)
         sys.exit(130 if exc.reason == "cancelled" else 1)
-    print_report(report, job)
+    print_report(report, resume_args(job, overrides))
     from harvest.cli.report import report_line
 
     click.echo(report_line(report.run_dir))

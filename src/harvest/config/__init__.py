@@ -47,10 +47,11 @@ from harvest.config.job import (
     RunConfig,
     SamplingConfig,
 )
-from harvest.config.load import load_config, parse_config
+from harvest.config.load import COMMAND_LINE, Override, load_config, parse_config, parse_set
 from harvest.config.server import VLLM_MAX_LOGPROBS, ServerConfig, engine_logprobs_limit
 
 __all__ = [
+    "COMMAND_LINE",
     "ClientConfig",
     "ClusterConfig",
     "DataConfig",
@@ -63,6 +64,7 @@ __all__ = [
     "MAX_INT",
     "NAME_MAX",
     "OutputConfig",
+    "Override",
     "PATH_MAX",
     "PreflightConfig",
     "RunConfig",
@@ -74,6 +76,7 @@ __all__ = [
     "is_loopback",
     "load_config",
     "parse_config",
+    "parse_set",
     "public_host_problem",
     "secret_flag_problem",
 ]

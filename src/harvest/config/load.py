@@ -9,6 +9,8 @@ nothing here creates anything.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,62 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
+
+
+#: Where a job typed on the command line (flags only, no file) says it comes from.
+COMMAND_LINE = "command line"
+
+#: The keys whose values are file paths (relative ones: to the file's folder, or to the current
+#: folder when typed as a flag).
+_PATH_KEYS = (("server", "model"), ("server", "python"), ("data", "path"), ("output", "dir"))
+
+
+@dataclass(frozen=True)
+class Override:
+    """One setting given apart from the job file: a flag (``--concurrency 3``) or
+    ``--set client.concurrency=3``, or a keyword of :func:`harvest.run`. ``flag`` is how errors name
+    it; ``path`` the table(s) and key; ``value`` already typed (``--set`` values are TOML)."""
+
+    flag: str
+    path: tuple[str, ...]
+    value: Any
+
+
+def parse_set(text: str, flag: str = "--set") -> Override:
+    """``SECTION.KEY=VALUE`` (``server.env.NAME=VALUE`` too): VALUE as a TOML value (``3``, ``true``,
+    ``"text"``, ``["-c", "4096"]``, ``{a = 1}``), else as the text itself."""
+    name, sep, value = text.partition("=")
+    path = tuple(p.strip() for p in name.split("."))
+    if not sep or len(path) < 2 or not all(path):
+        raise ConfigError(flag, [(f"{flag} {text}", "should be SECTION.KEY=VALUE, e.g. client.concurrency=3")])
+    try:
+        typed = tomllib.loads(f"v = {value}")["v"]
+    except tomllib.TOMLDecodeError:
+        typed = value
+    return Override(f"{flag} {name.strip()}", path, typed)
+
+
+def _apply(data: dict[str, Any], overrides: Sequence[Override]) -> None:
+    """Put each override into the raw mapping, its relative paths resolved against the current folder."""
+    typed_here: dict[str, Any] = {}
+    for o in overrides:
+        node = typed_here
+        for part in o.path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(o.flag, [(o.flag, f"{'.'.join(o.path[:-1])} is a value, not a table")])
+        node[o.path[-1]] = o.value
+    _resolve_paths(typed_here, Path.cwd())
+    for o in overrides:
+        value: Any = typed_here
+        for part in o.path:
+            value = value[part]
+        node = data
+        for part in o.path[:-1]:
+            if not isinstance(node.get(part, {}), dict):
+                raise ConfigError(o.flag, [(o.flag, f"[{'.'.join(o.path[:-1])}] is not a table in the job")])
+            node = node.setdefault(part, {})
+        node[o.path[-1]] = value
 
 
 def _location(source: str, loc: tuple[Any, ...]) -> str:
@@ -79,15 +137,18 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> None:
             section[key] = str(p if p.is_absolute() else base / p)
 
 
-def parse_config(data: dict[str, Any], source: str = "<memory>", base: Path | None = None) -> HarvestConfig:
-    """Validate an already-parsed mapping. Raises :class:`ConfigError` naming table and field."""
+def parse_config(data: dict[str, Any], source: str = "<memory>", base: Path | None = None,
+                 overrides: Sequence[Override] = ()) -> HarvestConfig:
+    """Validate an already-parsed mapping, with ``overrides`` on top. Raises :class:`ConfigError`
+    naming table and field, or the flag that set it."""
     data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
     if base is not None:
         _resolve_paths(data, base)
+    _apply(data, overrides)
     try:
         return HarvestConfig.model_validate({**data, "source": source})
     except ValidationError as exc:
-        raise ConfigError(source, _problems(source, exc.errors())) from None
+        raise ConfigError(source, _problems(source, exc.errors(), overrides)) from None
 
 
 #: The model of each table, for "did you mean" (``hosts`` is an array of [host] tables).
@@ -120,8 +181,19 @@ def _unknown(loc: tuple[Any, ...]) -> tuple[str | None, str]:
     return None, "unknown key" + _did_you_mean(name, keys)
 
 
-def _problems(source: str, errors: list[Any]) -> list[tuple[str, str]]:
-    """One ``(location, message)`` per mistake: the errors of a union's members are one mistake."""
+def _flag_of(loc: tuple[Any, ...], overrides: Sequence[Override]) -> str | None:
+    """The flag that set what ``loc`` points at (or the table it names), if one did: the last wins."""
+    path = tuple(str(p) for p in loc)
+    for o in reversed(overrides):
+        n = min(len(path), len(o.path))
+        if n and path[:n] == o.path[:n]:
+            return o.flag
+    return None
+
+
+def _problems(source: str, errors: list[Any], overrides: Sequence[Override] = ()) -> list[tuple[str, str]]:
+    """One ``(location, message)`` per mistake: the errors of a union's members are one mistake. A
+    value a flag gave is named by the flag (``--concurrency``, ``--set client.concurrency``)."""
     merged: dict[tuple[Any, ...], list[Any]] = {}
     for err in errors:
         merged.setdefault(field_path(tuple(err["loc"])), []).append(err)
@@ -143,12 +215,18 @@ def _problems(source: str, errors: list[Any]) -> list[tuple[str, str]]:
             if err["type"] in ("literal_error", "int_type", "float_type", "string_type", "bool_type",
                                "int_from_float", "list_type", "dict_type"):
                 msg = f"{msg} (got {err.get('input')!r})"
+        flag = _flag_of(loc, overrides)
+        if flag is not None:
+            where = f"{flag} ({where.removeprefix(source).strip() or 'the job'})"
         problems.append((where, msg))
     return problems
 
 
-def load_config(path: str | Path) -> HarvestConfig:
-    """Read and validate a TOML configuration file."""
+def load_config(path: str | Path | None, overrides: Sequence[Override] = ()) -> HarvestConfig:
+    """Read and validate a TOML configuration file, with ``overrides`` (flags, ``--set``) on top;
+    without a file, the job is the overrides alone (its source: "command line")."""
+    if path is None:
+        return parse_config({}, source=COMMAND_LINE, base=Path.cwd(), overrides=overrides)
     path = Path(path)
     source = str(path)
     try:
@@ -163,7 +241,7 @@ def load_config(path: str | Path) -> HarvestConfig:
         raise ConfigError(source, [(source, f"TOML syntax: {exc}")]) from None
     except RecursionError:
         raise ConfigError(source, [(source, "TOML nested too deeply")]) from None
-    return parse_config(data, source=source, base=path.resolve().parent)
+    return parse_config(data, source=source, base=path.resolve().parent, overrides=overrides)
 
 
-__all__ = ["load_config", "parse_config"]
+__all__ = ["COMMAND_LINE", "Override", "load_config", "parse_config", "parse_set"]

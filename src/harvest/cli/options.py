@@ -120,37 +120,41 @@ JOB_FLAGS: tuple[tuple[str, str, str, Any, str], ...] = (
 )
 
 
-def job_flags(func: Any) -> Any:
+def job_flags(common: bool = True) -> Any:
     """The common job settings as flags (``--engine``, ``--model``, ``--data``, ``--base-url``,
-    ``--max-tokens``, ``--concurrency``, ``--out``) and ``--set SECTION.KEY=VALUE`` (repeatable) for
-    any other; the function gets them as ``overrides`` for :func:`load_config_arg`, checked by the
-    same validation as the file, an error naming the flag."""
+    ``--max-tokens``, ``--concurrency``, ``--out``; without ``common``, only the next) and ``--set
+    SECTION.KEY=VALUE`` (repeatable) for any other; the function gets them as ``overrides`` for
+    :func:`load_config_arg`, checked by the same validation as the file, an error naming the flag."""
+    flags = JOB_FLAGS if common else ()
 
-    @functools.wraps(func)
-    def wrapper(*args: Any, set_values: tuple[str, ...], **kwargs: Any) -> Any:
-        overrides: list[Override] = []
-        for flag, table, key, kind, _ in JOB_FLAGS:
-            value = kwargs.pop(flag[2:].replace("-", "_") + "_flag")
-            if value is not None:
-                if key == "concurrency" and value != "auto":
-                    try:
-                        value = int(value)
-                    except ValueError:
-                        raise click.BadParameter(f"{value!r}: a number of requests or auto",
-                                                 param_hint=flag) from None
-                overrides.append(Override(flag, (table, key), value))
-        overrides += [parse_set(text) for text in set_values]  # a malformed one: a ConfigError naming it
-        return func(*args, overrides=tuple(overrides), **kwargs)
+    def decorate(func: Any) -> Any:
+        @functools.wraps(func)
+        def wrapper(*args: Any, set_values: tuple[str, ...], **kwargs: Any) -> Any:
+            overrides: list[Override] = []
+            for flag, table, key, _, _ in flags:
+                value = kwargs.pop(flag[2:].replace("-", "_") + "_flag")
+                if value is not None:
+                    if key == "concurrency" and value != "auto":
+                        try:
+                            value = int(value)
+                        except ValueError:
+                            raise click.BadParameter(f"{value!r}: a number of requests or auto",
+                                                     param_hint=flag) from None
+                    overrides.append(Override(flag, (table, key), value))
+            overrides += [parse_set(text) for text in set_values]  # a malformed one: a ConfigError naming it
+            return func(*args, overrides=tuple(overrides), **kwargs)
 
-    options = [click.option(flag, flag[2:].replace("-", "_") + "_flag", type=kind, default=None, help=text,
-                            metavar="N" if kind is int else "TEXT")
-               for flag, _, _, kind, text in JOB_FLAGS]
-    options.append(click.option("--set", "set_values", multiple=True, metavar="SECTION.KEY=VALUE",
-                                help="any other setting for this run, VALUE as in the job file (TOML), e.g. "
-                                     "--set client.request_timeout=120 (repeatable)"))
-    for option in reversed(options):
-        wrapper = option(wrapper)
-    return wrapper
+        options = [click.option(flag, flag[2:].replace("-", "_") + "_flag", type=kind, default=None, help=text,
+                                metavar="N" if kind is int else "TEXT")
+                   for flag, _, _, kind, text in flags]
+        options.append(click.option("--set", "set_values", multiple=True, metavar="SECTION.KEY=VALUE",
+                                    help="any other setting for this run, VALUE as in the job file (TOML), e.g. "
+                                         "--set client.request_timeout=120 (repeatable)"))
+        for option in reversed(options):
+            wrapper = option(wrapper)
+        return wrapper
+
+    return decorate
 
 
 __all__ = ["JOB_FLAGS", "host_from_flags", "host_options", "job_flags", "load_config_arg"]

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import click
 
-from harvest.cli.options import host_options, load_config_arg
+from harvest.cli.options import host_options, job_flags, load_config_arg
 from rich.console import Console
 
 from harvest.cli.render import make_console, print_places_preflight, rule_line, verdict
-from harvest.config import HostConfig, ServerConfig
+from harvest.config import HostConfig, Override, ServerConfig
 from harvest.gpu.preflight import PreflightReport, RuleResult
 from harvest.redact import redact_text
 from harvest.placement import Flags, from_config
@@ -71,7 +71,7 @@ def grouped(results: Sequence[RuleResult]) -> list[RuleResult]:
 
 
 @click.command("preflight")
-@click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("config", type=click.Path(dir_okay=False, path_type=Path), required=False)
 @click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
               help="re-check 5 times a second until every rule passes or SECONDS pass")
 @click.option("--json", "as_json", is_flag=True,
@@ -84,13 +84,16 @@ def grouped(results: Sequence[RuleResult]) -> list[RuleResult]:
                    "ray://host:port or auto (the default); put it after CONFIG")
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=None, metavar="SECONDS",
               help="with --cluster: seconds for the connection and for each node's answer (default 30)")
+@job_flags()
 @click.pass_context
-def preflight(ctx: click.Context, config: Path, wait_s: float | None, as_json: bool,
+def preflight(ctx: click.Context, config: Path | None, wait_s: float | None, as_json: bool,
               output_dir: Path | None, far_host: HostConfig | None, cluster: str | None,
-              timeout: float | None) -> None:
+              timeout: float | None, overrides: tuple[Override, ...]) -> None:
     """Check that the [server] of CONFIG can be launched safely where it would run, now: this
     machine, its [host] / [[hosts]], its [cluster] (each node), or the host of --host / --cluster."""
-    cfg = load_config_arg(config)
+    if config is None and not overrides:
+        raise click.UsageError("give a job file (CONFIG) or the server as flags: --engine, --model")
+    cfg = load_config_arg(config, overrides)
     server = cfg.require_server()
     placement = from_config(cfg, Flags(host=far_host, cluster=cluster, timeout=timeout))
     console, err = make_console(), make_console(stderr=True)
@@ -115,8 +118,8 @@ def print_report(console: Console, config: Path, server: ServerConfig, report: P
     waiting, the verdict."""
     gpus = ",".join(str(i) for i in server.gpus) or "none listed"
     where = f"{server.host}:{server.port}" if server.launched else redact_text(server.base_url or "")
-    console.print(f"preflight of {config}: {server.engine} on {where}, GPUs {gpus}, tp {server.tp}",
-                  markup=False)
+    source = config if config is not None else cfg.source
+    console.print(f"preflight of {source}: {server.engine} on {where}, GPUs {gpus}, tp {server.tp}", markup=False)
     for result in grouped(report.results):
         console.print(rule_line(result))
     for w in report.warnings:

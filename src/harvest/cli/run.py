@@ -98,7 +98,7 @@ def _check_retry(ctx: click.Context, param: click.Parameter, values: tuple[str, 
 
 @click.command("run")
 @click.argument("job", type=click.Path(dir_okay=False), required=False)
-@job_flags
+@job_flags()
 @click.option("--allow-mixed", is_flag=True, help="Resume even though output-affecting settings changed.")
 @click.option("--force", is_flag=True, help="Launch the server even if preflight fails (failures still printed).")
 @click.option("--live/--no-live", default=None, help="Live display (default: when on a terminal).")

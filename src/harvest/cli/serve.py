@@ -36,7 +36,7 @@ from rich.console import Console
 
 from harvest import schemas
 from harvest.cli.live import PhaseDisplay, setup_console_logging
-from harvest.cli.options import host_options, load_config_arg
+from harvest.cli.options import host_options, job_flags, load_config_arg
 from harvest.cli.render import (
     make_console,
     preflight_refusal,
@@ -49,7 +49,7 @@ from harvest.cli.render import (
     step_line,
     stop_payload,
 )
-from harvest.config import HostConfig, ServerConfig, load_config
+from harvest.config import HostConfig, Override, ServerConfig, load_config
 from harvest.errors import LaunchError, PreflightFailed
 from harvest.events import Event
 from harvest.placement import Flags, Fleet, NothingToStop, Placement, ServeWords, from_config, from_record
@@ -61,7 +61,7 @@ PS_SCHEMA = schemas.PS
 
 
 @click.command("serve")
-@click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("config", type=click.Path(dir_okay=False, path_type=Path), required=False)
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="folder for the launch record and the server log (default: a new one under the state dir)")
 @click.option("--detach", is_flag=True, help="return once the server is ready and leave it running")
@@ -73,11 +73,14 @@ PS_SCHEMA = schemas.PS
                    "a far launch, to find it again)")
 @click.option("--give-up-after", type=click.FloatRange(min=0.1), default=None, metavar="SECONDS",
               help="give up the launch (and stop what it started) unless ready this many seconds after start")
-def serve(config: Path, run_dir: Path | None, detach: bool, force: bool, as_json: bool, run_name: str | None,
-          give_up_after: float | None) -> None:
+@job_flags()
+def serve(config: Path | None, run_dir: Path | None, detach: bool, force: bool, as_json: bool, run_name: str | None,
+          give_up_after: float | None, overrides: tuple[Override, ...]) -> None:
     """Launch the [server] of CONFIG supervised where the config places it (this machine, its [host],
     its [cluster]); Ctrl-C (or SIGTERM) stops it with verification."""
-    cfg = load_config_arg(config)
+    if config is None and not overrides:
+        raise click.UsageError("give a job file (CONFIG) or the server as flags: --engine, --model")
+    cfg = load_config_arg(config, overrides)
     server_cfg = cfg.require_server()
     err = make_console(stderr=True)
     if as_json and not detach:

@@ -26,7 +26,8 @@ from harvest.campaign.run import run_campaign
 from harvest.campaign.sweep.tune import TrialResult, TuneReport, job_with_server, load_tune_file, tune
 from harvest.cli.compare import QUALITY_COLUMNS, VERDICT_STYLE, quality_cells, settings_text, wide_console
 from harvest.cli.run import print_report, show_preflight
-from harvest.config import load_config
+from harvest.cli.options import job_flags
+from harvest.config import Override, load_config
 from harvest.placement import from_config
 
 
@@ -92,13 +93,15 @@ def _progress(trial: TrialResult, console: Console) -> None:
 @click.option("--then-run", is_flag=True, help="run the campaign with the best passing setting")
 @click.option("--json", "as_json", is_flag=True, help="print the harvest.tune/1 document")
 @click.option("--force", is_flag=True, help="launch even when preflight fails")
-def tune_cmd(job: Path, grid: Path, out_dir: Path | None, then_run: bool, as_json: bool, force: bool) -> None:
+@job_flags(common=False)
+def tune_cmd(job: Path, grid: Path, out_dir: Path | None, then_run: bool, as_json: bool, force: bool,
+             overrides: tuple[Override, ...]) -> None:
     """Sweep the server settings of TUNE.toml for JOB.toml; keep the fastest that passes the gate."""
     from harvest.cli.live import PhaseDisplay, live_console, setup_console_logging
 
     console = live_console()  # the panel of the trial's phases; logs and rules print above it
     setup_console_logging(console)
-    job_cfg = load_config(job)
+    job_cfg = load_config(job, overrides)
     tune_file = load_tune_file(grid)
     placement = from_config(job_cfg)  # where every trial runs, and the campaign after them
     with PhaseDisplay(console, f"harvest tune: {grid}") as display:

@@ -21,6 +21,7 @@ from harvest.redact import escape_controls, redact_text
 #: command; it is imported only when that command runs (or for ``--help``): a ``harvest stop`` or
 #: a far ``harvest ps --json`` does not pay for the campaign's imports (aiohttp, numpy).
 COMMANDS: dict[str, tuple[str, str]] = {
+    "init": ("harvest.cli.init", "init"),
     "gpus": ("harvest.cli.gpus", "gpus"),
     "preflight": ("harvest.cli.preflight", "preflight"),
     "serve": ("harvest.cli.serve", "serve"),
@@ -40,6 +41,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 #: What each command's exit code means; ``--help`` ends with it. 2 is always a usage or
 #: configuration error (named in one line), 130 an interrupt (Ctrl-C).
 EXIT_CODES: dict[str, str] = {
+    "init": "0 the job file was written; 2 usage error, or the file exists (without --force)",
     "gpus": "0 shown; 1 a GPU or host could not be probed; 2 usage or configuration error",
     "preflight": "0 safe to launch; 1 not safe (or still not safe when --wait ran out); "
                  "2 usage or configuration error",

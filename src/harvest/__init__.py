@@ -1,4 +1,9 @@
-"""harvest: generate large datasets with an LLM served by SGLang or vLLM on multi-GPU machines.
+"""harvest: generate large datasets with an LLM (vLLM, SGLang, llama.cpp, `transformers serve` or any
+OpenAI-compatible endpoint), on one machine, remote boxes or a Ray cluster.
+
+From Python (docs/python-api.md): ``harvest.run("job.toml")`` returns the run folder and the counts
+by status; ``await harvest.arun(...)`` inside a running event loop; ``harvest.status(run_dir)``,
+``harvest.export(run_dir, "sharegpt")``.
 
 Probe GPUs, refuse to launch into a dirty machine, launch the engine supervised, drive prompts
 through it without losing or duplicating one, stop it with bounded escalation and measure that the
@@ -7,7 +12,9 @@ GPUs and the port are really free.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from typing import Any
+
+from harvest.version import __version__
 
 from harvest.config import (
     ClientConfig,
@@ -35,6 +42,36 @@ from harvest.errors import (
     StopError,
 )
 
+
+
+def run(job: Any = None, **keywords: Any) -> Any:
+    """Run or resume a job (a file, a config, or keywords) and wait for it: :func:`harvest.api.run`."""
+    from harvest import api
+
+    return api.run(job, **keywords)
+
+
+async def arun(job: Any = None, **keywords: Any) -> Any:
+    """:func:`run` inside a running event loop (a notebook): :func:`harvest.api.arun`."""
+    from harvest import api
+
+    return await api.arun(job, **keywords)
+
+
+def status(run_dir: Any, **keywords: Any) -> Any:
+    """Where a run stands (``harvest status``): :func:`harvest.api.status`."""
+    from harvest import api
+
+    return api.status(run_dir, **keywords)
+
+
+def export(run_dir: Any, format: str = "sharegpt", **keywords: Any) -> Any:
+    """Write a run's results to a file (``harvest export``): :func:`harvest.api.export`."""
+    from harvest import api
+
+    return api.export(run_dir, format, **keywords)
+
+
 __all__ = [
     "ClientConfig",
     "ConfigError",
@@ -56,6 +93,10 @@ __all__ = [
     "ServerSick",
     "StopError",
     "__version__",
+    "arun",
+    "export",
     "load_config",
     "parse_config",
+    "run",
+    "status",
 ]

@@ -26,7 +26,7 @@ FAR = {"version": VERSION, "gpus": GPUS_PLACES, "preflight": PREFLIGHT_PLACES, "
 
 def version_payload() -> dict[str, object]:
     """The ``harvest version --json`` document: what a far harvest is compared on."""
-    from harvest import __version__
+    from harvest.version import __version__
 
     return {"schema": VERSION, "version": __version__, "schemas": dict(FAR)}
 

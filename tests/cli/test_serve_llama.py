@@ -50,7 +50,8 @@ def test_preflight_serve_ps_stop_on_llama_server(tmp_path: Path, llama_server_bi
         if pre.returncode == 1 and f"port {port}" in pre.stdout:
             continue
         assert pre.returncode == 0, pre.stdout + pre.stderr
-        assert all(r["passed"] for r in json.loads(pre.stdout)["results"])
+        doc = json.loads(pre.stdout)
+        assert doc["passed"] and all(r["passed"] for r in doc["places"][0]["answer"]["results"]), doc
         run_dir = tmp_path / f"run-{port}"
         served = harvest(env, "serve", str(cfg), "--detach", "--run-dir", str(run_dir))
         if served.returncode != 0 and "in use" in served.stdout + served.stderr:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import click
 
-from harvest.campaign.outputs.export import FORMATS, ROW_GROUP_SIZE, SHAREGPT_STYLES, export_run
+from harvest import api
+from harvest.campaign.outputs.export import FORMATS, ROW_GROUP_SIZE, SHAREGPT_STYLES
 from harvest.cli.render import make_console
 from harvest.errors import LedgerError
 from harvest.redact import escape_controls
@@ -39,7 +40,7 @@ def export(run_dir: str, fmt: str, statuses: tuple[str, ...], output: str | None
     run_dir = run_dir_of(run_dir)
     err = make_console(stderr=True)
     try:
-        report = export_run(run_dir, fmt, output=output, statuses=statuses, sharegpt_style=sharegpt_style,
+        report = api.export(run_dir, fmt, output=output, statuses=statuses, sharegpt_style=sharegpt_style,
                             row_group_size=row_group_size, allow_empty=allow_empty)
     except LedgerError as exc:
         err.print(escape_controls(f"error: {run_dir} is not a readable harvest run folder: {exc}"), markup=False)

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from harvest import __version__
+from harvest.version import __version__
 from harvest.engine_pins import pins_text
 from harvest.errors import ConfigError, RemoteError, StopError, UnsafePathError
 from harvest.redact import escape_controls, redact_text

@@ -106,20 +106,19 @@ def preflight(ctx: click.Context, config: Path | None, wait_s: float | None, as_
     if as_json:
         click.echo(json.dumps(checked.to_json(), indent=2))
     elif checked.here is not None:  # this machine's own report, every rule
-        print_report(console, config, server, checked.here, wait_s)
+        print_report(console, config if config is not None else cfg.source, server, checked.here, wait_s)
     else:
         print_places_preflight(console, checked)
     ctx.exit(0 if checked.passed else 1)
 
 
-def print_report(console: Console, config: Path, server: ServerConfig, report: PreflightReport,
+def print_report(console: Console, config: Path | str, server: ServerConfig, report: PreflightReport,
                  wait_s: float | None) -> None:
     """This machine's preflight: a header, one line per rule (alike GPU findings joined), the
     waiting, the verdict."""
     gpus = ",".join(str(i) for i in server.gpus) or "none listed"
     where = f"{server.host}:{server.port}" if server.launched else redact_text(server.base_url or "")
-    source = config if config is not None else cfg.source
-    console.print(f"preflight of {source}: {server.engine} on {where}, GPUs {gpus}, tp {server.tp}", markup=False)
+    console.print(f"preflight of {config}: {server.engine} on {where}, GPUs {gpus}, tp {server.tp}", markup=False)
     for result in grouped(report.results):
         console.print(rule_line(result))
     for w in report.warnings:

@@ -19,7 +19,8 @@ from rich.table import Table
 from rich.text import Text
 
 from harvest.campaign.outputs.progress import no_answer
-from harvest.campaign.outputs.status import RunStatus, run_status
+from harvest import api
+from harvest.campaign.outputs.status import RunStatus
 from harvest import schemas
 from harvest.cli.render import make_console
 from harvest.errors import LedgerError
@@ -206,7 +207,7 @@ def status(run_dir: str, as_json: bool, errors_limit: int) -> None:
     RUN_DIR is the run folder, or the job file whose [output] dir it is."""
     run_dir = run_dir_of(run_dir)
     try:
-        st = run_status(run_dir, errors_limit=errors_limit)
+        st = api.status(run_dir, errors_limit=errors_limit)
     except LedgerError as exc:
         make_console(stderr=True).print(escape_controls(f"error: {run_dir} is not a readable harvest run folder: "
                                                         f"{exc}"), markup=False)

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harvest import __version__
+from harvest.version import __version__
 from harvest.errors import LedgerError
 from harvest.ledger.handle import dumps, read_meta
 from harvest.ledger.schema import DDL, MIGRATE_3, RETALLY, SCHEMA_VERSION

@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from harvest import __version__, safefiles
+from harvest import safefiles
+from harvest.version import __version__
 from harvest.errors import ConfigError
 from harvest.ledger import LEDGER_FILE
 

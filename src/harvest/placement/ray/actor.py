@@ -21,7 +21,7 @@ from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from harvest import __version__
+from harvest.version import __version__
 from harvest.config import PreflightConfig, ServerConfig
 from harvest.errors import LaunchError, PreflightFailed
 

@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harvest import __version__
+from harvest.version import __version__
 from harvest.client import Client
 from harvest.config import KEYLESS_ENGINES, HarvestConfig, PreflightConfig, ServerConfig, is_loopback
 from harvest.errors import LaunchError, RemoteError

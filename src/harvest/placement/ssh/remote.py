@@ -27,7 +27,8 @@ import subprocess
 import time
 from typing import Any
 
-from harvest import __version__, schemas
+from harvest import schemas
+from harvest.version import __version__
 from harvest.config import HostConfig
 from harvest.errors import RemoteError
 

@@ -1,0 +1,138 @@
+"""harvest from Python: build or load a job, run it, read where it stands, export it.
+
+The functions here are the ones the command line uses (``harvest run`` builds its job with
+:func:`load_job`, ``harvest status`` reads :func:`status`, ``harvest export`` writes through
+:func:`export`), so a notebook and a shell see the same job, the same run folder and the same
+errors: harvest's own exception types (:mod:`harvest.errors`), never a ``SystemExit``.
+
+    import harvest
+    result = harvest.run("job.toml", concurrency=8)            # or harvest.run(engine="openai", ...)
+    result.run_dir, result.counts                              # Path('runs/x'), {'done': 82, ...}
+    result = await harvest.arun("job.toml")                    # inside a running loop (a notebook)
+
+A run started here is the same campaign as ``harvest run``: resumable from the shell and back,
+stopped cleanly by SIGINT/SIGTERM (as the command is), its servers stopped with the verified stop.
+Nothing here prints; the live panel is the command line's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harvest.config import HarvestConfig, Override, load_config, parse_config
+from harvest.errors import ConfigError, HarvestError
+
+#: The keywords that set one common setting, as the command line's flags do: name -> (table, key).
+FLAGS: dict[str, tuple[str, str]] = {
+    "engine": ("server", "engine"), "model": ("server", "model"), "base_url": ("server", "base_url"),
+    "data": ("data", "path"), "max_tokens": ("sampling", "max_tokens"), "concurrency": ("client", "concurrency"),
+    "out": ("output", "dir"),
+}
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a run left: its folder, how it ended and the items per status (every status, zeros
+    included; the ledger's counts, as ``harvest status`` reads them)."""
+
+    run_dir: Path
+    #: finished, interrupted, server_down, tripped, ... (``RunReport.outcome``).
+    outcome: str
+    #: It finished and every unique input item is accounted for within the limits (``harvest run``'s exit 0).
+    ok: bool
+    counts: Mapping[str, int]
+    #: The whole report (``harvest.campaign.run.RunReport``): stops, relaunches, skip reasons, notes.
+    report: Any
+
+
+def overrides_of(settings: Mapping[str, Any] | None = None, **flags: Any) -> tuple[Override, ...]:
+    """Keywords (``concurrency=3``) and dotted settings (``{"client.request_timeout": 30}``) as the
+    overrides a job file's validation takes; an unknown keyword is a :class:`ConfigError`."""
+    found: list[Override] = []
+    for name, value in flags.items():
+        if name not in FLAGS:
+            raise ConfigError("harvest.run", [(name, f"unknown keyword; the keywords: {', '.join(FLAGS)}, "
+                                                     f"and settings={{'table.key': value}} for any other")])
+        if value is not None:
+            found.append(Override(f"{name}=", FLAGS[name], str(value) if isinstance(value, Path) else value))
+    for dotted, value in (settings or {}).items():
+        path = tuple(str(dotted).split("."))
+        if len(path) < 2 or not all(path):
+            raise ConfigError("harvest.run", [(f"settings[{dotted!r}]", "should be 'table.key', e.g. "
+                                                                        "'client.request_timeout'")])
+        found.append(Override(f"settings[{dotted!r}]", path, value))
+    return tuple(found)
+
+
+def load_job(job: str | Path | HarvestConfig | None = None, *, settings: Mapping[str, Any] | None = None,
+             **flags: Any) -> HarvestConfig:
+    """A job: a file (or an already-built config), with the keywords and ``settings`` on top; or
+    the keywords alone. Checked as the file is; a mistake is a :class:`ConfigError` naming it."""
+    overrides = overrides_of(settings, **flags)
+    if isinstance(job, HarvestConfig):
+        if not overrides:
+            return job
+        return parse_config(job.model_dump(mode="json", exclude_none=True), source=job.source,
+                            overrides=overrides)
+    if job is None and not overrides:
+        raise ConfigError("harvest.run", [("job", "give a job file, a config, or the job as keywords "
+                                                  "(engine=, model=, data=, ...)")])
+    return load_config(job, overrides)
+
+
+async def arun(job: str | Path | HarvestConfig | None = None, *, settings: Mapping[str, Any] | None = None,
+               allow_mixed: bool = False, force: bool = False, retry: Iterable[str] = (),
+               **flags: Any) -> RunResult:
+    """Run or resume a job inside the running event loop (a notebook's, an application's). The
+    keywords are :func:`load_job`'s and ``harvest run``'s switches."""
+    from harvest.campaign.outputs.status import run_status
+    from harvest.campaign.run import run_campaign
+    from harvest.placement import from_config
+
+    config = load_job(job, settings=settings, **flags)
+    report = await run_campaign(config, placement=from_config(config), allow_mixed=allow_mixed, force=force,
+                                live=False, retry=tuple(retry))
+    counts = {s.value: n for s, n in run_status(report.run_dir).counts.items()}
+    return RunResult(run_dir=Path(report.run_dir), outcome=report.outcome, ok=report.ok, counts=counts,
+                     report=report)
+
+
+def run(job: str | Path | HarvestConfig | None = None, *, settings: Mapping[str, Any] | None = None,
+        allow_mixed: bool = False, force: bool = False, retry: Iterable[str] = (), **flags: Any) -> RunResult:
+    """Run or resume a job and wait for it; :func:`arun` where an event loop is already running."""
+    from harvest import aio
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return aio.run(arun(job, settings=settings, allow_mixed=allow_mixed, force=force, retry=retry, **flags))
+    raise HarvestError("harvest.run() was called inside a running event loop (a notebook, an async "
+                       "application): use `await harvest.arun(...)` there")
+
+
+def status(run_dir: str | Path, *, errors_limit: int = 10) -> Any:
+    """Where a run stands, as ``harvest status`` reads it: a ``RunStatus`` with ``counts`` (per
+    ``harvest.ledger.Status``), ``totals``, ``throughput``, ``eta_s`` and the latest errors. A
+    folder without a readable ledger is a :class:`harvest.errors.LedgerError`."""
+    from harvest.campaign.outputs.status import run_status
+
+    return run_status(run_dir, errors_limit=errors_limit)
+
+
+def export(run_dir: str | Path, format: str = "sharegpt", *, output: str | Path | None = None,
+           statuses: Iterable[str] = ("done",), allow_empty: bool = True, **options: Any) -> Any:
+    """Write the run's results of ``statuses`` to ``output`` (default: in the run folder) in
+    ``format`` (``harvest export --format``: sharegpt, openai-batch, parquet, logprobs, specforge),
+    as ``harvest export`` does: an ``ExportReport`` with ``path``, ``written`` and ``malformed``.
+    ``options``: ``sharegpt_style``, ``row_group_size``."""
+    from harvest.campaign.outputs.export import export_run
+
+    return export_run(run_dir, format, output=output, statuses=tuple(statuses), allow_empty=allow_empty,
+                      **options)
+
+
+__all__ = ["FLAGS", "RunResult", "arun", "export", "load_job", "overrides_of", "run", "status"]

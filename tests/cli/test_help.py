@@ -51,3 +51,32 @@ def test_the_group_help_ends_with_the_shared_exit_codes():
     assert tail.endswith("Exit codes: 0 success; 1 the check or job failed; 2 usage or configuration error; "
                          "130 interrupted. Each command's --help says what they mean for it."), out.stdout
     assert all(name in out.stdout for name in COMMANDS), out.stdout
+
+
+def test_the_group_help_gives_each_command_a_whole_sentence_and_names_every_engine():
+    out = subprocess.run([sys.executable, "-m", "harvest", "--help"], capture_output=True, text=True,
+                         timeout=60, check=False)
+    text = out.stdout
+    lines = {ln.split()[0]: ln for ln in text.split("Commands:")[1].splitlines() if ln.strip()[:1].isalpha()
+             and ln.startswith("  ") and ln.split()[0] in COMMANDS}
+    assert set(lines) == set(COMMANDS), text
+    for name, line in lines.items():
+        summary = line.split(None, 1)[1]
+        assert summary.endswith(".") and "..." not in summary, f"harvest {name}: {summary!r}"
+        assert summary[0].isupper(), summary
+    flat = " ".join(text.split())
+    for engine in ("vLLM", "SGLang", "llama.cpp", "transformers serve", "OpenAI-compatible"):
+        assert engine in flat, flat
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_option_help_is_one_style(name):
+    """Option help starts lower case (an acronym such as HTML aside); click's own `--help` line is
+    click's."""
+    text = help_text(name)
+    options = text.split("Options:", 1)[1] if "Options:" in text else ""
+    for line in options.splitlines():
+        parts = line.strip().split("  ", 1)
+        if line.startswith("  -") and len(parts) == 2 and parts[1].strip() and "Show this message" not in parts[1]:
+            word = parts[1].strip().split()[0]
+            assert not (word[0].isupper() and word[1:2].islower()), f"harvest {name}: {line.strip()!r}"

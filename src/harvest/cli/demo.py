@@ -18,16 +18,16 @@ from harvest.placement import from_config
 
 @click.command("demo")
 @click.option("--engine-python", default=None,
-              help="Python of the environment holding vLLM's CPU build (default: HARVEST_VLLM_PYTHON, "
+              help="python of the environment holding vLLM's CPU build (default: HARVEST_VLLM_PYTHON, "
                    "else this Python).")
 @click.option("--dir", "workdir", default="harvest-demo", show_default=True, type=click.Path(file_okay=False),
-              help="Folder for the job file, the run and the export.")
+              help="folder for the job file, the run and the export.")
 @click.option("--port", default=18011, show_default=True, type=click.IntRange(1, 65535),
-              help="Port of the demo's vLLM server (must be free).")
+              help="port of the demo's vLLM server (must be free).")
 @click.option("--max-tokens", default=48, show_default=True, type=click.IntRange(min=1),
-              help="Tokens generated per answer (random weights run every answer to this limit).")
+              help="tokens generated per answer (random weights run every answer to this limit).")
 @click.option("--concurrency", default=16, show_default=True, type=click.IntRange(min=1),
-              help="Requests in flight.")
+              help="requests in flight.")
 def demo(engine_python: str | None, workdir: str, port: int, max_tokens: int, concurrency: int) -> None:
     """Build the tiny model if missing, then preflight -> launch -> run -> verified stop -> export."""
     setup_logging()

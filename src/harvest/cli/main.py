@@ -38,6 +38,26 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+#: Each command's line in ``harvest --help``: one whole short sentence (click would cut the
+#: docstring's first sentence at 45 characters, mid-phrase).
+SUMMARIES: dict[str, str] = {
+    "init": "Write a commented job file to start from.",
+    "gpus": "Show GPUs, their processes, host RAM and swap.",
+    "preflight": "Check that a server can be launched safely now.",
+    "serve": "Launch a server supervised; stop it verified.",
+    "stop": "Stop servers harvest started, then verify.",
+    "ps": "List servers harvest started, as measured.",
+    "run": "Run or resume a campaign (file or flags).",
+    "demo": "Run the demo campaign on a tiny local model.",
+    "status": "Show where a run stands.",
+    "export": "Write a run's results to a file.",
+    "compare": "Compare candidate servers' quality.",
+    "tune": "Sweep server settings under a quality gate.",
+    "report": "Write a folder's HTML report.",
+    "version": "Print harvest's version.",
+}
+
+
 #: What each command's exit code means; ``--help`` ends with it. 2 is always a usage or
 #: configuration error (named in one line), 130 an interrupt (Ctrl-C).
 EXIT_CODES: dict[str, str] = {
@@ -92,6 +112,7 @@ class _Group(click.Group):
         if command.name != cmd_name:  # the table and the module must agree
             raise RuntimeError(f"harvest.cli: {where[0]}.{where[1]} is named {command.name!r}, not {cmd_name!r}")
         command.epilog = exit_codes_epilog(cmd_name)
+        command.short_help = SUMMARIES[cmd_name]
         return command
 
     def invoke(self, ctx: click.Context) -> Any:
@@ -123,7 +144,8 @@ GROUP_EPILOG = ("Exit codes: 0 success; 1 the check or job failed; 2 usage or co
 @click.version_option(__version__, prog_name="harvest",
                       message="%(prog)s %(version)s\nengine adapters checked against:\n" + pins_text())
 def cli() -> None:
-    """harvest: generate large datasets with an LLM served by SGLang or vLLM, safely."""
+    """harvest: generate large datasets with an LLM served by vLLM, SGLang, llama.cpp, `transformers
+    serve` or any OpenAI-compatible endpoint, safely."""
 
 
 def main() -> None:

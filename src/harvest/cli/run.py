@@ -99,14 +99,14 @@ def _check_retry(ctx: click.Context, param: click.Parameter, values: tuple[str, 
 @click.command("run")
 @click.argument("job", type=click.Path(dir_okay=False), required=False)
 @job_flags()
-@click.option("--allow-mixed", is_flag=True, help="Resume even though output-affecting settings changed.")
-@click.option("--force", is_flag=True, help="Launch the server even if preflight fails (failures still printed).")
-@click.option("--live/--no-live", default=None, help="Live display (default: when on a terminal).")
+@click.option("--allow-mixed", is_flag=True, help="resume even though output-affecting settings changed.")
+@click.option("--force", is_flag=True, help="launch the server even if preflight fails (failures still printed).")
+@click.option("--live/--no-live", default=None, help="live display (default: when on a terminal).")
 @click.option("--retry", "retry", multiple=True, metavar="WHAT", callback=_check_retry,
-              help="First put items back to pending: 'failed', 'truncated', 'skipped' (rows read again "
+              help="first put items back to pending: 'failed', 'truncated', 'skipped' (rows read again "
                    "from the source under the current [data]) or an error class such as 'http_400' or "
                    "'empty' (repeatable; recorded in the ledger).")
-@click.option("--all-hosts", is_flag=True, help="With [[hosts]]: refuse to run unless every host passes preflight.")
+@click.option("--all-hosts", is_flag=True, help="with [[hosts]]: refuse to run unless every host passes preflight.")
 def run(job: str | None, overrides: tuple[Override, ...], allow_mixed: bool, force: bool, live: bool | None,
         retry: tuple[str, ...], all_hosts: bool) -> None:
     """Run or resume a campaign (JOB.toml, flags, or both): dataset -> ledger -> server -> results.

@@ -37,7 +37,7 @@ def export(run_dir: str, fmt: str, statuses: tuple[str, ...], output: str | None
     run's counts) unless --allow-empty."""
     from harvest.cli.status import run_dir_of
 
-    run_dir = run_dir_of(run_dir)
+    run_dir = run_dir_of(run_dir, "export")
     err = make_console(stderr=True)
     try:
         report = api.export(run_dir, fmt, output=output, statuses=statuses, sharegpt_style=sharegpt_style,

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from harvest.errors import ConfigError, LedgerError
+from harvest.redact import escape_controls
 
 
 def report_line(folder: str | Path) -> str:
@@ -33,10 +34,20 @@ def report(folder: Path, output: Path | None) -> None:
     """Write the HTML report of a run, tune or compare FOLDER (no network needed to view it)."""
     from harvest.report import write_report
 
+    if not folder.exists():
+        click.echo(escape_controls(f"error: {folder} does not exist: give the folder `harvest run`, `tune` or "
+                                   f"`compare` wrote (a job's [output] dir)"), err=True)
+        sys.exit(2)
     try:
         path = write_report(folder, output)
-    except (ConfigError, LedgerError) as exc:
-        click.echo(f"error: {exc}", err=True)
+    except ConfigError as exc:
+        why = "; ".join(f"{where} is {msg}" if msg.startswith("not ") else f"{where}: {msg}"
+                        for where, msg in exc.problems)
+        click.echo(escape_controls(f"error: {why}: give the folder `harvest run`, `tune` or `compare` wrote "
+                                   f"(a job's [output] dir)"), err=True)
+        sys.exit(2)
+    except LedgerError as exc:
+        click.echo(escape_controls(f"error: {folder} is not a readable run folder: {exc}"), err=True)
         sys.exit(2)
     click.echo(str(path))
 

@@ -15,6 +15,8 @@ from harvest.cli.options import job_flags, load_config_arg
 from harvest.config import Override
 from harvest.errors import LaunchError, LedgerError, PreflightFailed
 from harvest.ledger import Status
+from harvest.redact import redact_text
+from harvest.words import counted
 
 #: What ``--retry`` accepts: a status or an error class (letters, digits, underscores).
 _RETRY_NAME = re.compile(r"[a-z][a-z0-9_]*")
@@ -27,6 +29,7 @@ def setup_logging() -> None:
     for handler in logging.getLogger().handlers:
         handler.addFilter(ShownFilter())
     logging.getLogger("aiohttp").setLevel(logging.WARNING)
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # "generated new fontManager": not harvest's news
 
 
 def show_preflight(report: Any, console: Any = None) -> None:
@@ -60,12 +63,21 @@ def print_report(report: RunReport, job: str | None = None) -> None:
         for line in describe_skips(report.skip_reasons):
             click.echo(line, err=report.skip_problem is not None)
     if report.skip_problem is not None:
-        click.echo(f"FAILED: {report.skip_problem}; fix [data] and run again: the skipped rows are read "
-                   f"again (or raise [data] max_skipped_share to accept them)", err=True)
+        every = report.totals.counts[Status.SKIPPED] >= report.totals.unique
+        accept = "" if every else " (or raise [data] max_skipped_share to accept them)"
+        click.echo(f"FAILED: {report.skip_problem}; fix [data] (or the rows) and run again: the skipped rows are "
+                   f"read again{accept}", err=True)
     again = f"harvest run {job}" if job else "harvest run"
     if report.outcome == "interrupted":
         click.echo(f"interrupted: {report.totals.counts[Status.PENDING]:,} items pending; run `{again}` again "
                    f"to resume where it stopped", err=True)
+    if report.outcome == "server_down":
+        pending = report.totals.counts[Status.PENDING] + report.totals.counts[Status.RUNNING]
+        fix = ("read why the server harvest launched kept failing (server/server.log in the run folder)"
+               if report.stop_reports else
+               "start the server (or correct [server] base_url / [client] endpoints)")
+        click.echo(f"what to do: {fix}, then run `{redact_text(again)}` again: the "
+                   f"{counted(pending, 'item')} not finished will resume, no attempt charged", err=True)
     if report.trip is not None:
         click.echo(f"STOPPED: {report.trip.describe()}", err=True)
         click.echo(f"  the {report.totals.counts[Status.PENDING]} items not finished are pending, no attempt "

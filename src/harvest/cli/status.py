@@ -186,10 +186,16 @@ def print_status(console: Console, st: RunStatus) -> None:
         console.print(_t(f"note: {note}", style="dim"))
 
 
-def run_dir_of(target: str) -> str:
-    """The run folder ``target`` names: the folder itself, or a job file's ``[output] dir``."""
+def run_dir_of(target: str, command: str = "status") -> str:
+    """The run folder ``target`` names: the folder itself, or a job file's ``[output] dir``. One
+    that does not exist: exit 2 saying what to give instead."""
     from pathlib import Path
 
+    if not Path(target).exists():
+        make_console(stderr=True).print(escape_controls(
+            f"error: {target} does not exist: give a run folder (a job's [output] dir) or the job file, "
+            f"e.g. `harvest {command} runs/first-job`"), markup=False)
+        raise SystemExit(2)
     if Path(target).is_file():
         from harvest.config import load_config
 

@@ -14,6 +14,7 @@ from enum import Enum
 from typing import Any
 
 from harvest.dataset.records import Item
+from harvest.words import counted
 
 
 #: An item row's key: its id and sample index (``[sampling] n`` rows per input). A bare id means
@@ -193,7 +194,7 @@ class Totals:
             f"done {c[Status.DONE]} + truncated {c[Status.TRUNCATED]} + failed {c[Status.FAILED]}"
             f" + skipped {c[Status.SKIPPED]} = {final} of {self.unique} unique input items"
             + (f" x {self.samples} samples = {self.unique * self.samples}" if self.samples > 1 else "")
-            + f" ({self.input_rows} rows, {self.duplicates} duplicates"
+            + f" ({counted(self.input_rows, 'row')}, {counted(self.duplicates, 'duplicate')}"
             + (f", {self.id_conflicts} of them an id conflict: same id, different content" if self.id_conflicts
                else "") + ")"
         )

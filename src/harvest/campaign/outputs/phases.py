@@ -19,6 +19,7 @@ from typing import Any
 
 from harvest.events import Event
 from harvest.redact import escape_controls, redact_text
+from harvest.words import counted
 
 #: Display order; ``trial`` (a sweep's trial k of n) comes first.
 ORDER = ("trial", "ingest", "preflight", "launching", "connecting", "generating", "stopping")
@@ -106,7 +107,7 @@ def describe(name: str, info: dict[str, Any], active: bool, ok: bool) -> str:
 
 def _ingest(info: dict[str, Any], active: bool, ok: bool) -> str:
     rows = info.get("rows")
-    text = f"{rows:,} rows read" if isinstance(rows, int) else "reading"
+    text = f"{counted(rows, 'row')} read" if isinstance(rows, int) else "reading"
     size, pos = info.get("size"), info.get("position")
     if isinstance(size, int) and size > 0:
         if active and isinstance(pos, int):

@@ -30,6 +30,7 @@ from harvest.dataset.skips import SkipReason, describe_skips, shape_settings
 from harvest.errors import ConfigError, LedgerError
 from harvest.ledger import IngestBatch, IngestReport, Ledger, LedgerWriter, Status, prepare_ingest
 from harvest.redact import escape_controls, redact_argv
+from harvest.words import counted
 
 log = logging.getLogger("harvest.campaign")
 
@@ -212,8 +213,9 @@ class IngestSteps:
                     shown = ", ".join(f"'{escape_controls(i, one_line=True)}'" for i in ids)
                     conflicts = (f" ({n} of them id conflicts: same id, different content; the first row "
                                  f"with the id is kept: {shown}{', ...' if n > len(ids) else ''})")
-        log.info("input: %d rows, %d unique, %d duplicates%s, %d skipped; %s", report.total_rows, report.unique,
-                 report.duplicates, conflicts, report.skipped, describe_ids(self.config.data, report))
+        log.info("input: %s, %d unique, %s%s, %d skipped; %s", counted(report.total_rows, "row"), report.unique,
+                 counted(report.duplicates, "duplicate"), conflicts, report.skipped,
+                 describe_ids(self.config.data, report))
         if self._skip_reasons:
             reasons = sorted((SkipReason(c, r, n) for (c, r), n in self._skip_reasons.items()),
                              key=lambda r: -r.count)

@@ -66,14 +66,19 @@ def time_panels(panels: Sequence[dict[str, Any]], *, events: Sequence[tuple[floa
                 spans: Sequence[tuple[float, float, str]] = (), xlabel: str = "minutes since the run started"
                 ) -> str:
     """Stacked panels sharing the time axis. Each panel: ``{"title", "ylabel", "lines": [(label, xs,
-    ys)], "bars": [(label, xs, heights, width)]}``; None in ``ys`` breaks a line. ``events`` are
+    ys[, style])], "bars": [(label, xs, heights, width)]}``; None in ``ys`` breaks a line; ``style``:
+    matplotlib line keywords (``{"linestyle": "--"}``). ``events`` are
     vertical lines (x, label, colour), ``spans`` shaded ranges (x0, x1, label)."""
     fig = _figure(9.5, 1.9 * len(panels) + 0.6)
     axes = _subplots(fig, len(panels), sharex=True)
     for n, (ax, panel) in enumerate(zip(axes, panels)):
-        for i, (label, xs, ys) in enumerate(panel.get("lines", ())):
+        lines = panel.get("lines", ())
+        for i, (label, xs, ys, *style) in enumerate(lines):
+            # The first line listed is drawn on top (a later one equal to it must not hide it), and
+            # keeps its label as the SVG id (gid) of its path.
             ax.plot(xs, [math.nan if y is None else y for y in ys], label=label, linewidth=1.3,
-                    color=PALETTE[i % len(PALETTE)])
+                    color=PALETTE[i % len(PALETTE)], zorder=3 + len(lines) - i, gid=f"line: {label}",
+                    **(style[0] if style else {}))
         for i, (label, xs, heights, width) in enumerate(panel.get("bars", ())):
             ax.bar(xs, heights, width=width, label=label, color=PALETTE[(i + 4) % len(PALETTE)], align="edge")
         shown: set[str] = set() if n == 0 else {label for _, label, _ in events} | {s[2] for s in spans}
@@ -98,9 +103,22 @@ def time_panels(panels: Sequence[dict[str, Any]], *, events: Sequence[tuple[floa
 def histograms(series: Sequence[tuple[str, Sequence[float], Sequence[int]]], *, title: str, xlabel: str,
                marks: Sequence[tuple[float, str]] = ()) -> str:
     """Log-binned histograms drawn as steps on a log x axis: (label, edges, counts) each; the first
-    bin (below the histogram's lowest edge, zero included) is drawn from a tenth of that edge."""
+    bin (below the histogram's lowest edge, zero included) is drawn from a tenth of that edge. The
+    axis spans at least a decade, so the values of one bin (every answer ran to max_tokens) show as
+    a bar, not as a fill of the whole width."""
+    return _svg(histogram_figure(series, title=title, xlabel=xlabel, marks=marks))
+
+
+#: The narrowest span of a histogram's x axis: a decade (the used bins, centred).
+MIN_SPAN = 10.0
+
+
+def histogram_figure(series: Sequence[tuple[str, Sequence[float], Sequence[int]]], *, title: str, xlabel: str,
+                     marks: Sequence[tuple[float, str]] = ()) -> Any:
+    """The figure :func:`histograms` draws (a matplotlib Figure)."""
     fig = _figure(9.5, 2.8)
     (ax,) = _subplots(fig, 1)
+    spans: list[tuple[float, float]] = []
     for i, (label, edges, counts) in enumerate(series):
         if not sum(counts):
             continue
@@ -110,6 +128,7 @@ def histograms(series: Sequence[tuple[str, Sequence[float], Sequence[int]]], *, 
         first, last = used[0], used[-1]
         ax.stairs(counts[first:last + 1], xs[first:last + 2], label=f"{label} ({sum(counts):,})",
                   color=PALETTE[i % len(PALETTE)], linewidth=1.4, fill=len(series) == 1, alpha=0.85)
+        spans.append((xs[first], xs[last + 1]))
     for x, label in marks:
         ax.axvline(x, color="#57606a", linestyle=":", linewidth=1.0)
         # Inside the axes, left of its line, never clipped (constrained layout makes room for it).
@@ -117,13 +136,19 @@ def histograms(series: Sequence[tuple[str, Sequence[float], Sequence[int]]], *, 
                     fontsize=7, color="#57606a", annotation_clip=False,
                     bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.8})
     ax.set_xscale("log")
+    if spans:
+        ends = spans + [(x, x) for x, _ in marks if x > 0]
+        lo, hi = min(a for a, _ in ends), max(b for _, b in ends)
+        if hi / lo < MIN_SPAN:
+            widen = math.sqrt(MIN_SPAN / (hi / lo))
+            ax.set_xlim(lo / widen, hi * widen)
     plain_log_axis(ax.xaxis)
     ax.set_title(title, loc="left")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("items")
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    return _svg(fig)
+    return fig
 
 
 def plain(value: float) -> str:

@@ -226,7 +226,8 @@ def _over_time(doc: dict[str, Any], launches: list[dict[str, Any]]) -> str:
         queue_lines = [("sent (on the wire)", *_broken(points, t0, lambda p: p.get("sent"))),
                        ("claimed ahead (harvest's queue)", *_broken(points, t0, lambda p: None if p.get("sent") is None
                                                                     or p.get("in_flight") is None
-                                                                    else max(p["in_flight"] - p["sent"], 0)))]
+                                                                    else max(p["in_flight"] - p["sent"], 0)),
+                        {"linestyle": "--"})]
     else:  # a timeline written before "sent" was recorded
         queue_lines = [("claimed (sent + harvest's queue)", *_broken(points, t0, lambda p: p.get("in_flight")))]
     kv_lines = []
@@ -273,14 +274,14 @@ def _distributions(st: RunStatus, doc: dict[str, Any], meta: dict[str, Any]) -> 
     lat = hs["latency_s"]
     out = ["<h2>Latency and output length</h2>"]
     rows = []
-    for name, h, unit in (("latency (from sent)", lat, "s"), ("wait in harvest's queue", hs["queue_s"], "s"),
-                          ("prompt tokens", hs["prompt_tokens"], ""),
-                          *[(f"output tokens ({s})", hs[f"completion_tokens:{s}"], "")
+    for name, h, unit in (("latency (from sent)", lat, "seconds"), ("wait in harvest's queue", hs["queue_s"], "seconds"),
+                          ("prompt tokens", hs["prompt_tokens"], "tokens"),
+                          *[(f"output tokens ({s})", hs[f"completion_tokens:{s}"], "tokens")
                             for s in ("done", "truncated", "failed")]):
         if h.n:
-            rows.append((name, h.n, *(num(h.quantile(q)) for q in (0.5, 0.9, 0.99)), num(h.max),
+            rows.append((name, unit, h.n, *(num(h.quantile(q)) for q in (0.5, 0.9, 0.99)), num(h.max),
                          num(h.sum / h.n)))
-    out.append(table(("measure", "items", "p50 (bin)", "p90 (bin)", "p99 (bin)", "max", "mean"), rows,
+    out.append(table(("measure", "unit", "items", "p50 (bin)", "p90 (bin)", "p99 (bin)", "max", "mean"), rows,
                      name="distributions"))
     out.append("<p class=\"sub\">Recorded by this harvest as items finished (quantiles to one histogram bin, "
                "19 %); items of sessions without a timeline are not in them.</p>")

@@ -12,6 +12,8 @@ harvest's requests per CPU second against the baselines measured in the same run
                      engine whose batch is known exactly, no /metrics) under a bound of 4x it, every
                      request asked for at once, so that thousands wait for room in the pool (the
                      auto arm of ``bench/autoconc.py``); not in the default set
+    harvest-stream   the same client with ``[client] stream = true``: each answer streamed (seven token
+                     events and a usage event), assembled and timed; not in the default set
     openai-async     a plain ``AsyncOpenAI`` + ``asyncio.Semaphore`` loop
     openai-threads   a thread pool of synchronous ``openai.OpenAI`` clients (one per thread)
     raw-aiohttp      a bare aiohttp loop: the floor for an aiohttp-based client
@@ -62,6 +64,18 @@ async def _harvest(base: str, n: int, concurrency: int) -> None:
     config = ClientConfig(concurrency=concurrency, max_retries=0, request_timeout=60)
     async with Client([base], config, SamplingConfig(max_tokens=MAX_TOKENS), model=MODEL) as client:
         await asyncio.gather(*(client.chat(MESSAGES) for _ in range(n)))
+
+
+async def _harvest_stream(base: str, n: int, concurrency: int) -> None:
+    """``[client] stream = true``: every answer streamed (one event per token, the usage event, as
+    vLLM sends them), assembled and timed (TTFT, TPOT, ITL)."""
+    from harvest.client import Client
+    from harvest.config import ClientConfig, SamplingConfig
+
+    config = ClientConfig(concurrency=concurrency, max_retries=0, request_timeout=60, stream=True)
+    async with Client([base], config, SamplingConfig(max_tokens=MAX_TOKENS), model=MODEL) as client:
+        answers = await asyncio.gather(*(client.chat(MESSAGES) for _ in range(n)))
+    assert all(a.ttft_s is not None and a.completion_tokens == 7 for a in answers)
 
 
 async def _harvest_auto(base: str, n: int, concurrency: int) -> None:
@@ -153,7 +167,8 @@ def worker(kind: str, base: str, n: int, warmup: int, concurrency: int, server_p
     server's) of the ``n`` only."""
     server = psutil.Process(server_pid)
     runners = {"harvest": _harvest, "openai-async": _openai_async, "raw-aiohttp": _raw_aiohttp,
-               "raw-httpx": _raw_httpx, "harvest-uvloop": _harvest, "harvest-auto": _harvest_auto}
+               "raw-httpx": _raw_httpx, "harvest-uvloop": _harvest, "harvest-auto": _harvest_auto,
+               "harvest-stream": _harvest_stream}
     if kind == "harvest-uvloop":
         import uvloop  # the ``fast`` extra
 
@@ -281,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     kinds = [k.strip() for k in args.clients.split(",") if k.strip()]
-    unknown = sorted(set(kinds) - set(ALL_CLIENTS) - {"harvest-uvloop", "harvest-auto"})
+    unknown = sorted(set(kinds) - set(ALL_CLIENTS) - {"harvest-uvloop", "harvest-auto", "harvest-stream"})
     if unknown:
         parser.error(f"unknown clients: {', '.join(unknown)}")
     proc, base = start_null_server()

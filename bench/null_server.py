@@ -34,6 +34,20 @@ _TEXT = json.dumps({
     "choices": [{"index": 0, "text": " Hello from the null server.", "finish_reason": "stop", "logprobs": None}],
     "usage": {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12},
 }).encode()
+
+def _sse(events: list[dict]) -> bytes:
+    return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+
+
+# The same answer streamed (a request whose body holds "stream":true): one event per token, then
+# the usage event (stream_options.include_usage, as vLLM), then [DONE]; written at once.
+_WORDS = ["Hello", " from", " the", " null", " server", ".", ""]
+_CHAT_STREAM = _sse(
+    [{"id": "chatcmpl-null", "object": "chat.completion.chunk", "model": "null-model",
+      "choices": [{"index": 0, "delta": {"content": w}, "finish_reason": "stop" if i == 6 else None}]}
+     for i, w in enumerate(_WORDS)]
+    + [{"id": "chatcmpl-null", "model": "null-model", "choices": [],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 7, "total_tokens": 19}}])
 _MODELS = json.dumps({"object": "list", "data": [{"id": "null-model", "object": "model", "owned_by": "null"}]}).encode()
 _METRICS = (
     b"# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
@@ -64,6 +78,7 @@ _ROUTES = {
     (b"GET", b"/metrics"): _response(200, _METRICS, b"text/plain; version=0.0.4"),
 }
 _404 = _response(404, _NOT_FOUND)
+_STREAMED = _response(200, _CHAT_STREAM, b"text/event-stream")
 
 
 class _HttpProtocol(asyncio.Protocol):
@@ -108,9 +123,13 @@ class _HttpProtocol(asyncio.Protocol):
                 break
             if len(self.buffer) < end + 4 + length:
                 break  # body not complete yet
+            streamed = b'"stream":true' in self.buffer[end + 4: end + 4 + length]
             del self.buffer[: end + 4 + length]
             path = parts[1].split(b"?", 1)[0]
-            out.append(_ROUTES.get((parts[0], path), _404))
+            if streamed and path == b"/v1/chat/completions":
+                out.append(_STREAMED)
+            else:
+                out.append(_ROUTES.get((parts[0], path), _404))
             if close:
                 break
         if out and self.transport is not None:

@@ -13,7 +13,8 @@ measures harvest (its client, its ledger, the placement) and not this machine's 
   every step ``1 + F`` times longer while a streamed request runs (``transformers serve`` made
   x0.63-0.65 of its tok/s on the H200 with one streamed request beside 512: F about 0.55);
 - a request generates ``min(max_tokens, --output-tokens)`` tokens (``--output-tokens 0``: always
-  ``max_tokens``); ``finish_reason`` is ``length`` when it stopped at ``max_tokens``, else ``stop``.
+  ``max_tokens``); ``finish_reason`` is ``length`` when it stopped at ``max_tokens``, else ``stop``;
+- ``--prefill S``: each request waits S seconds before it joins the batch (a known time to first token).
 
 Endpoints:
 
@@ -70,6 +71,9 @@ class SimEngine:
     #: Extra share of a step while a streamed request runs (``transformers serve`` on the H200 made
     #: x0.63-0.65 of its tok/s at 512 with one streamed request beside: about 0.55).
     stream_cost: float = 0.0
+    #: Seconds a request spends before it joins the batch (a prefill): its first token comes one step
+    #: after that at the earliest.
+    prefill: float = 0.0
     running: list[_Seq] = field(default_factory=list)
     waiting: deque[_Seq] = field(default_factory=deque)
     steps: int = 0
@@ -84,6 +88,8 @@ class SimEngine:
         """Queue a request for ``tokens`` tokens; returns once they are generated (``stream``: gets
         each token's count as its step ends)."""
         seq = _Seq(max(1, tokens), asyncio.get_running_loop().create_future(), tokens=stream)
+        if self.prefill:
+            await asyncio.sleep(self.prefill)
         self.prompt_tokens += prompt_tokens
         self.waiting.append(seq)
         self._wake.set()
@@ -161,7 +167,9 @@ def build_app(engine: SimEngine, *, model: str, output_tokens: int, metrics_on: 
         prompt_tokens = max(1, words)
         want = max_tokens if output_tokens <= 0 else min(max_tokens, output_tokens)
         if body.get("stream") is True:
-            return await _stream(request, prompt_tokens, want, chat)
+            options = body.get("stream_options")
+            usage = isinstance(options, dict) and options.get("include_usage") is True
+            return await _stream(request, prompt_tokens, want, chat, usage)
         n = await engine.generate(prompt_tokens, want)
         finish = "length" if n >= max_tokens else "stop"
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
@@ -176,8 +184,10 @@ def build_app(engine: SimEngine, *, model: str, output_tokens: int, metrics_on: 
                    "model": model, "choices": [choice], "usage": usage}
         return web.Response(body=json.dumps(doc).encode(), content_type="application/json")
 
-    async def _stream(request: web.Request, prompt_tokens: int, want: int, chat: bool) -> web.StreamResponse:
-        """``stream: true``: one server-sent event per token as its step ends, then ``[DONE]``."""
+    async def _stream(request: web.Request, prompt_tokens: int, want: int, chat: bool,
+                      usage: bool = False) -> web.StreamResponse:
+        """``stream: true``: one server-sent event per token as its step ends, then (with
+        ``stream_options.include_usage``, as vLLM) one with ``usage`` and no choices, then ``[DONE]``."""
         tokens: asyncio.Queue[int] = asyncio.Queue()
         job = asyncio.ensure_future(engine.generate(prompt_tokens, want, tokens))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -193,6 +203,11 @@ def build_app(engine: SimEngine, *, model: str, output_tokens: int, metrics_on: 
                 chunk = {"id": "sim-stream", "object": "chat.completion.chunk" if chat else "text_completion",
                          "model": model, "choices": [choice]}
                 await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            if usage:
+                counts = {"prompt_tokens": prompt_tokens, "completion_tokens": want,
+                          "total_tokens": prompt_tokens + want}
+                await resp.write(b"data: " + json.dumps({"id": "sim-stream", "model": model, "choices": [],
+                                                         "usage": counts}).encode() + b"\n\n")
             await resp.write(b"data: [DONE]\n\n")
             await job
         except ConnectionResetError:  # the client went away mid-stream (aiohttp's reset error is one)
@@ -260,7 +275,7 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    engine = SimEngine(args.token_latency, args.max_batch, args.step_per_seq, args.stream_cost)
+    engine = SimEngine(args.token_latency, args.max_batch, args.step_per_seq, args.stream_cost, args.prefill)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))
@@ -298,6 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stream-cost", type=float, default=0.0,
                         help="extra share of every step while a streamed request runs (0.55: transformers "
                              "serve on the H200)")
+    parser.add_argument("--prefill", type=float, default=0.0,
+                        help="seconds each request waits before joining the batch (its time to first token is "
+                             "this plus up to one step)")
     args = parser.parse_args(argv)
     if args.token_latency <= 0 or args.max_batch < 1:
         parser.error("--token-latency must be > 0 and --max-batch >= 1")

@@ -79,6 +79,19 @@ class TimedEvents:
     arrivals: tuple[float, ...]
 
 
+@dataclass(frozen=True)
+class StreamedResponse:
+    """A streamed answer (``"stream": true``) as the transport received it: each server-sent
+    ``data:`` payload with its arrival, seconds after the request was sent. A status other than 200
+    carries the whole body instead (the error text), and no events."""
+
+    status: int
+    #: ``(arrival_s, payload)`` of every ``data:`` line, ``[DONE]`` left out, in arrival order.
+    events: tuple[tuple[float, bytes], ...]
+    body: bytes = b""
+    retry_after: str | None = None
+
+
 class Transport(Protocol):
     """What the client needs from an HTTP library. Lifecycle: create, ``request`` many times, ``aclose``."""
 
@@ -90,6 +103,11 @@ class Transport(Protocol):
                            timeout: float, arrivals: list[float] | None = None) -> TimedEvents:
         """POST a streaming request; return when each of its events arrived (also appended to
         ``arrivals`` as they come), or raise a :class:`TransportError`. Never tried again."""
+
+    async def stream(self, url: str, *, body: bytes, headers: Mapping[str, str] | None = None,
+                     timeout: float) -> StreamedResponse:
+        """POST a streaming request; return its ``data:`` payloads with their arrivals, or raise a
+        :class:`TransportError`. Not tried again: the server may have started generating."""
 
     async def aclose(self) -> None:
         """Close every connection. Idempotent."""
@@ -186,6 +204,27 @@ class AiohttpTransport:
                         arrivals.append(time.monotonic() - started)
                 return TimedEvents(resp.status, tuple(arrivals))
 
+    async def stream(self, url: str, *, body: bytes, headers: Mapping[str, str] | None = None,
+                     timeout: float) -> StreamedResponse:
+        session = self._session or self._open()
+        target = self._urls.get(url)
+        if target is None:
+            target = self._urls[url] = URL(url)
+        started = time.monotonic()
+        events: list[tuple[float, bytes]] = []
+        with _failures(timeout):
+            async with session.post(target, data=body, headers=headers, timeout=self._timeout(timeout),
+                                    allow_redirects=False) as resp:
+                if resp.status != 200:
+                    retry_after = resp.headers.get("Retry-After") if resp.status >= 400 else None
+                    return StreamedResponse(resp.status, (), await resp.read(), retry_after)
+                async for line in resp.content:
+                    if line.startswith(b"data:"):
+                        payload = line[5:].strip()
+                        if payload and payload != b"[DONE]":
+                            events.append((time.monotonic() - started, payload))
+                return StreamedResponse(resp.status, tuple(events))
+
     async def aclose(self) -> None:
         self._closed = True
         for session in (self._session, self._fresh):
@@ -275,6 +314,17 @@ class MockTransport:
             arrivals.extend(events)
         return TimedEvents(raw.status, tuple(events))
 
+    async def stream(self, url: str, *, body: bytes, headers: Mapping[str, str] | None = None,
+                     timeout: float) -> StreamedResponse:
+        """The handler's answer split into its ``data:`` payloads, all arriving when it returned."""
+        started = time.monotonic()
+        raw = await self.request("POST", url, body=body, headers=headers, timeout=timeout)
+        if raw.status != 200:
+            return StreamedResponse(raw.status, (), raw.body, raw.retry_after)
+        at = time.monotonic() - started
+        payloads = [line[5:].strip() for line in raw.body.splitlines() if line.startswith(b"data:")]
+        return StreamedResponse(raw.status, tuple((at, p) for p in payloads if p and p != b"[DONE]"))
+
     async def aclose(self) -> None:
         self.closed = True
 
@@ -285,6 +335,7 @@ __all__ = [
     "Interrupted",
     "MockTransport",
     "RawResponse",
+    "StreamedResponse",
     "TimedEvents",
     "TimedOut",
     "Transport",

@@ -156,7 +156,12 @@ def test_logprobs_stored_exported_and_equal_to_a_direct_request(tmp_path, vllm_s
             for t, turn in enumerate(turns):
                 user = [m for m in msgs if m["role"] == "user"][t]
                 history.append({"role": "user", "content": user["content"]})
-                text, ids, lps, top_ids, top_lps = _direct(vllm_server.url, history, 5, 12)
+                # harvest asks for k + 1 and keeps the k highest (vLLM lists the sampled token
+                # first): the direct request asks the same and is read the same way
+                text, ids, lps, top_ids, top_lps = _direct(vllm_server.url, history, 6, 12)
+                best = [sorted(zip(i, v), key=lambda c: -c[1])[:5] for i, v in zip(top_ids, top_lps)]
+                top_ids = [[c[0] for c in row] for row in best]
+                top_lps = [[c[1] for c in row] for row in best]
                 reply = [m for m in msgs if m["role"] == "assistant"][t]["content"]
                 assert reply == text
                 assert turn.token_ids.tolist() == ids
@@ -194,3 +199,29 @@ def test_multi_turn_samples_are_independent_rollouts(tmp_path, vllm_server):
             # each sample continued its own conversation: the first answers differ, so the second
             # turns were asked on different histories
             assert len({r.output["messages"][1]["content"] for r in samples}) == 3
+
+
+def test_top_k_at_temperature_1_is_the_true_top_k(tmp_path, vllm_server):
+    """vLLM lists the sampled token first and then the top ones; harvest asks one more and keeps the
+    k highest: every stored row is in descending order, and where the sampled token ranks below the
+    k-th it is not among them (it is stored apart, as the token's own logprob)."""
+    rows = [{"id": f"t{i}", "prompt": f"Write a long story about the number {i}."} for i in range(6)]
+    job, run_dir = _job(tmp_path, vllm_server.url, rows, name="topk", n=1, logprobs=5, temperature=1.0,
+                        max_tokens=48, seed=7)
+    done = _harvest("run", str(job), "--no-live")
+    assert done.returncode == 0, done.stdout + done.stderr
+    positions = below = 0
+    with Ledger.open_readonly(run_dir) as ledger:
+        for row in rows:
+            for turn in ledger.logprobs(ledger.get(row["id"])):
+                tops = turn.top_logprobs.astype(np.float32)
+                assert tops.shape[1] == 5
+                assert (np.diff(tops, axis=1) <= 0).all(), tops  # descending, each row
+                for sampled, lp, ids, top in zip(turn.token_ids.tolist(), turn.logprobs.astype(np.float32),
+                                                 turn.top_ids.tolist(), tops):
+                    positions += 1
+                    if lp < top[-1]:  # the sampled token ranks below the fifth
+                        below += 1
+                        assert sampled not in ids, (sampled, ids)
+    assert positions >= 6 * 10
+    assert below > 0, "no sampled token ranked below the top 5: the case this test is about never came"

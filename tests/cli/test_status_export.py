@@ -62,7 +62,8 @@ def test_status_of_something_that_is_not_a_run_folder_exits_2_naming_it(tmp_path
         (target / "ledger.sqlite").write_text("hello")
     result = invoke("status", str(target))
     assert result.exit_code == 2
-    assert str(target) in result.stderr and "not a readable harvest run folder" in result.stderr
+    said = "does not exist: give a run folder" if make == "missing" else "not a readable harvest run folder"
+    assert str(target) in result.stderr and said in result.stderr
     assert "Traceback" not in result.output
     assert invoke("status", str(target), "--json").exit_code == 2
 

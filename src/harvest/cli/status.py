@@ -77,6 +77,7 @@ def status_payload(st: RunStatus) -> dict[str, Any]:
                         for e in st.last_errors],
         "samples_per_item": st.samples,
         "logprobs": {"k": st.logprobs_k, "bytes": st.logprob_bytes, "shards": st.logprob_shards},
+        "token_timing": None if st.token_timing is None else {k: dict(v) for k, v in st.token_timing.items()},
         "settings_hashes": list(st.settings_hashes),
         "created_at": st.created_at,
         "harvest_version": st.harvest_version,

@@ -79,6 +79,15 @@ log = logging.getLogger("harvest.client")
 
 
 
+
+def _timed(completion: Completion, timing: protocol.StreamTiming) -> Completion:
+    """``completion`` with its stream's time to first token, time per output token and gaps."""
+    tokens = completion.completion_tokens
+    tpot = None
+    if timing.first_s is not None and timing.last_s is not None and tokens is not None and tokens > 1:
+        tpot = (timing.last_s - timing.first_s) / (tokens - 1)
+    return dataclasses.replace(completion, ttft_s=timing.first_s, tpot_s=tpot, itl_s=timing.gaps)
+
 class _Verdict(enum.Enum):
     """Who pays for a failed exchange."""
 
@@ -355,6 +364,9 @@ class Client:
 
     async def _call(self, path: str, body: dict[str, Any], timeout: float | None,
                     parse: Callable[..., Completion], affinity: str | None = None) -> Completion:
+        streamed = self.config.stream
+        if streamed:  # the same answer, assembled from its events (protocol.assemble_stream), with TTFT/TPOT
+            body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         try:
             data = protocol.encode(body)
         except (TypeError, ValueError) as exc:
@@ -367,9 +379,13 @@ class Client:
             response: RawResponse | None = None
             kind: FailureKind | None = None
             started = time.perf_counter()
+            timing: protocol.StreamTiming | None = None
             try:
-                response = await self._transport.request("POST", endpoint_url(endpoint.url, path), body=data,
-                                                         headers=self._headers, timeout=timeout)
+                if streamed:
+                    response, timing = await self._streamed(endpoint_url(endpoint.url, path), data, timeout)
+                else:
+                    response = await self._transport.request("POST", endpoint_url(endpoint.url, path), body=data,
+                                                             headers=self._headers, timeout=timeout)
             except Unreachable as exc:
                 kind, detail = FailureKind.UNREACHABLE, str(exc)
             except TimedOut as exc:
@@ -393,6 +409,8 @@ class Client:
                     except (ValueError, LookupError, TypeError, AttributeError) as exc:
                         kind, detail = FailureKind.BAD_RESPONSE, f"HTTP {status} without a completion: {exc!r}"
                     else:
+                        if timing is not None:
+                            completion = _timed(completion, timing)
                         endpoint.answered()
                         endpoint.completed += 1
                         self._completed += 1
@@ -428,6 +446,19 @@ class Client:
                     delay = max(delay, retry_after)
             log.debug("retry %d of a request to %s in %.2f s: %s", charged, endpoint.url, delay, detail)
             await self._sleep(delay)
+
+    async def _streamed(self, url: str, data: bytes, timeout: float
+                        ) -> tuple[RawResponse, protocol.StreamTiming | None]:
+        """One streamed request: its answer as the unstreamed body would be, and when its tokens came
+        (None for an error status, whose body is the error text)."""
+        answer = await self._transport.stream(url, body=data, headers=self._headers, timeout=timeout)
+        if answer.status != 200:
+            return RawResponse(answer.status, answer.body, answer.retry_after), None
+        try:
+            body, timing = protocol.assemble_stream(answer.events)
+        except ValueError as exc:  # parse() of the raw text names it as a bad response
+            return RawResponse(answer.status, str(exc).encode()), None
+        return RawResponse(answer.status, body), timing
 
     async def _send_canary(self, url: str, arrivals: list[float]) -> TimedEvents:
         """One canary to ``url`` (see :mod:`harvest.client.canary`): not an item, never retried."""

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any  # JSON bodies: the OpenAI-compatible wire format, whose shape the server owns
 
 from harvest.client.records import Completion
@@ -98,6 +99,75 @@ def parse_chat(raw: bytes, *, endpoint: str, latency_s: float, attempts: int) ->
     return dataclasses.replace(first, others=tuple(out[1:])) if len(out) > 1 else first
 
 
+@dataclass(frozen=True)
+class StreamTiming:
+    """When a streamed answer's tokens came, seconds after the request was sent (choice 0)."""
+
+    #: The first event carrying generated text (or reasoning): the time to the first token.
+    first_s: float | None
+    #: The last such event.
+    last_s: float | None
+    #: Gaps between consecutive text events: the inter-token latencies (one event, one token or more).
+    gaps: tuple[float, ...]
+
+
+def assemble_stream(events: Sequence[tuple[float, bytes]]) -> tuple[bytes, StreamTiming]:
+    """A streamed chat or text completion (its ``data:`` payloads, each with its arrival) as the
+    JSON body the same request would have had without streaming, and choice 0's token timing.
+    Deltas are joined per choice (``content``, ``reasoning_content`` / ``reasoning``, ``text``,
+    ``logprobs.content``); ``finish_reason``, ``usage`` and ``model`` are taken where sent. Raises
+    ValueError when an event is not a JSON object (the caller's "bad response")."""
+    choices: dict[int, dict[str, Any]] = {}
+    usage: Any = None
+    model = None
+    arrivals: list[float] = []
+    for at, payload in events:
+        chunk = json.loads(payload)
+        if not isinstance(chunk, dict):
+            raise ValueError(f"a streamed event is not a JSON object: {payload[:80]!r}")
+        if "error" in chunk and not chunk.get("choices"):
+            raise ValueError(f"the stream ended with an error: {str(chunk['error'])[:200]}")
+        model = chunk.get("model") or model
+        usage = chunk.get("usage") or usage
+        for c in chunk.get("choices") or ():
+            index = c.get("index", 0)
+            into = choices.setdefault(index, {"index": index, "text": [], "content": [], "reasoning": [],
+                                              "logprobs": [], "finish_reason": None, "chat": False})
+            delta = c.get("delta")
+            piece = False
+            if isinstance(delta, Mapping):
+                into["chat"] = True
+                for key, field in (("content", "content"), ("reasoning_content", "reasoning"),
+                                   ("reasoning", "reasoning")):
+                    if isinstance(delta.get(key), str) and delta[key]:
+                        into[field].append(delta[key])
+                        piece = True
+            if isinstance(c.get("text"), str) and c["text"]:
+                into["text"].append(c["text"])
+                piece = True
+            lp = c.get("logprobs")
+            if isinstance(lp, Mapping) and isinstance(lp.get("content"), list):
+                into["logprobs"].extend(lp["content"])
+            if c.get("finish_reason") is not None:
+                into["finish_reason"] = c["finish_reason"]
+            if piece and index == 0:
+                arrivals.append(at)
+    out: list[dict[str, Any]] = []
+    for index in sorted(choices):
+        c = choices[index]
+        logprobs = {"content": c["logprobs"]} if c["logprobs"] else None
+        if c["chat"]:
+            message = {"role": "assistant", "content": "".join(c["content"]),
+                       "reasoning_content": "".join(c["reasoning"]) if c["reasoning"] else None}
+            out.append({"index": index, "message": message, "finish_reason": c["finish_reason"], "logprobs": logprobs})
+        else:
+            out.append({"index": index, "text": "".join(c["text"]), "finish_reason": c["finish_reason"],
+                        "logprobs": logprobs})
+    body = json.dumps({"model": model, "choices": out, "usage": usage}).encode()
+    gaps = tuple(b - a for a, b in zip(arrivals, arrivals[1:]))
+    return body, StreamTiming(arrivals[0] if arrivals else None, arrivals[-1] if arrivals else None, gaps)
+
+
 def _choice_tokens(choice: Mapping[str, Any], total: int | None, index: int, count: int) -> int | None:
     """Tokens of one choice: ``usage.completion_tokens`` for a single choice; for ``n`` > 1 (usage
     counts all choices together) the length of its logprobs when it has them, else an even share."""
@@ -160,6 +230,8 @@ def first_model_id(raw: bytes) -> str | None:
 
 __all__ = [
     "CHAT_PATH",
+    "StreamTiming",
+    "assemble_stream",
     "COMPLETIONS_PATH",
     "MODELS_PATH",
     "apply_overrides",

@@ -71,6 +71,12 @@ class Completion:
     prompt_logprobs: Any = None
     #: The request's other choices (``n`` > 1), in index order; this record is choice 0.
     others: tuple[Completion, ...] = ()
+    #: Streamed (``[client] stream = true``): seconds from sending the successful request to its first
+    #: token (TTFT), the mean seconds per output token after it (TPOT: (last - first) / (tokens - 1)),
+    #: and the gaps between the token events (ITL). None / () when not streamed.
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    itl_s: tuple[float, ...] = ()
 
     @property
     def choices(self) -> tuple[Completion, ...]:

@@ -68,7 +68,9 @@ class SamplingConfig(StrictModel):
     n: int = Field(1, ge=1, le=1024, description="samples per item, each its own result with its index "
                    "(0..n-1), committed exactly once")
     logprobs: int = Field(0, ge=0, description="top-k log-probabilities stored per generated token beside "
-                          "the ledger (0: none)")
+                          "the ledger (0: none), sorted, the true top k: vLLM lists the sampled token first, "
+                          "so harvest asks for k + 1 and keeps the k highest (at vLLM's max_logprobs it asks "
+                          "k, and the k-th may be the sampled token)")
     n_per_request: bool | None = Field(None, description="the n samples as one request with `n`; unset: true "
                                        "for vLLM and SGLang, false (n seeded requests) for llama-server and "
                                        "endpoints of unknown kind")
@@ -97,6 +99,10 @@ class ClientConfig(StrictModel):
                              "fails; a sick or dead server holds requests instead of charging them")
     endpoints: list[str] = Field(default_factory=list, description="extra base URLs served by the same model")
     health_deadline: float = Field(600.0, gt=0, description="seconds a sick server may take to recover")
+    stream: bool = Field(False, description="stream every answer (`stream: true`, usage included) and record "
+                         "per item the time to first token (TTFT) and per output token after it (TPOT), and "
+                         "the gaps between tokens (ITL), each from the request's send, apart from the wait in "
+                         "harvest's queue: shown by `status`, the panel and the report")
     start_deadline: float = Field(60.0, gt=0, description="seconds an endpoint harvest does not manage may take "
                                   "to answer when the run starts; past it the run ends, items left pending")
     prefix_affinity: bool = Field(True, description="with several endpoints, an item's turns and a shared "

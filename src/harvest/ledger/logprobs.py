@@ -94,7 +94,10 @@ def _token_id(entry: Mapping[str, Any], where: str) -> int:
 
 
 def from_openai(logprobs: Any, k: int) -> TurnLogprobs:
-    """Parse an OpenAI-style ``choice.logprobs`` (``{"content": [{token, logprob, top_logprobs}]}``)."""
+    """Parse an OpenAI-style ``choice.logprobs`` (``{"content": [{token, logprob, top_logprobs}]}``):
+    each token's candidates sorted by log-probability, the k highest kept. vLLM lists the sampled
+    token first, so harvest asks one more than k (``campaign/run/generate.py`` ``logprobs_to_ask``)
+    and the sorted top k is the true top k, whatever was sampled."""
     if not isinstance(logprobs, Mapping) or not isinstance(logprobs.get("content"), list):
         raise ValueError("the server sent no logprobs.content although logprobs were asked for")
     content = logprobs["content"]
@@ -109,19 +112,25 @@ def from_openai(logprobs: Any, k: int) -> TurnLogprobs:
     for i, entry in enumerate(content):
         ids[i] = _token_id(entry, f"logprobs token {i}")
         lps[i] = entry["logprob"]
-        for j, top in enumerate((entry.get("top_logprobs") or ())[:k]):
-            top_ids[i, j] = _token_id(top, f"logprobs token {i} top {j}")
-            top_lps[i, j] = top["logprob"]
+        candidates: dict[int, float] = {}
+        for j, top in enumerate(entry.get("top_logprobs") or ()):
+            candidates.setdefault(_token_id(top, f"logprobs token {i} top {j}"), float(top["logprob"]))
+        best = sorted(candidates.items(), key=lambda c: -c[1])[:k]
+        for j, (token, lp) in enumerate(best):
+            top_ids[i, j] = token
+            top_lps[i, j] = lp
     return TurnLogprobs(ids, lps.astype(np.float16), top_ids, top_lps.astype(np.float16))
 
 
 def _from_vllm(content: list[Any], k: int) -> TurnLogprobs | None:
-    """The common case in bulk (vLLM ``token_id:N`` tokens, exactly k candidates per token): lists
-    built by comprehension and converted once; None when anything differs (the general path)."""
+    """The common case in bulk (vLLM ``token_id:N`` tokens, the same m >= k candidates per token):
+    lists built by comprehension and converted once, each row sorted by log-probability and cut to
+    k; None when anything differs (the general path)."""
     cut = len(_TOKEN_ID_PREFIX)
     try:
         tops = [e["top_logprobs"] for e in content]
-        if any(len(t) != k for t in tops):
+        m = len(tops[0]) if tops else k
+        if m < k or any(len(t) != m for t in tops):
             return None
         tokens = [e["token"] for e in content]
         top_tokens = [x["token"] for t in tops for x in t]
@@ -131,11 +140,16 @@ def _from_vllm(content: list[Any], k: int) -> TurnLogprobs | None:
         n = len(content)
         ids = np.array([int(t[cut:]) for t in tokens], dtype=np.int32)
         lps = np.array([e["logprob"] for e in content], dtype=np.float32).astype(np.float16)
-        top_ids = np.array([int(t[cut:]) for t in top_tokens], dtype=np.int32).reshape(n, k)
-        top_lps = np.array([x["logprob"] for t in tops for x in t], dtype=np.float32).astype(np.float16)
+        top_ids = np.array([int(t[cut:]) for t in top_tokens], dtype=np.int32).reshape(n, m)
+        top_lps = np.array([x["logprob"] for t in tops for x in t], dtype=np.float64).reshape(n, m)
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
-    return TurnLogprobs(ids, lps, top_ids, top_lps.reshape(n, k))
+    ordered = np.sort(top_ids, axis=1)
+    if m > 1 and bool((ordered[:, 1:] == ordered[:, :-1]).any()):
+        return None  # a token listed twice: the general path keeps its first
+    order = np.argsort(-top_lps, axis=1, kind="stable")[:, :k]
+    return TurnLogprobs(ids, lps, np.take_along_axis(top_ids, order, axis=1),
+                        np.take_along_axis(top_lps, order, axis=1).astype(np.float16))
 
 
 def encode(turns: Sequence[TurnLogprobs], k: int) -> bytes:

@@ -277,7 +277,10 @@ def _distributions(st: RunStatus, doc: dict[str, Any], meta: dict[str, Any]) -> 
     for name, h, unit in (("latency (from sent)", lat, "seconds"), ("wait in harvest's queue", hs["queue_s"], "seconds"),
                           ("prompt tokens", hs["prompt_tokens"], "tokens"),
                           *[(f"output tokens ({s})", hs[f"completion_tokens:{s}"], "tokens")
-                            for s in ("done", "truncated", "failed")]):
+                            for s in ("done", "truncated", "failed")],
+                          ("time to first token (TTFT)", hs["ttft_s"], "seconds"),
+                          ("time per output token (TPOT)", hs["tpot_s"], "seconds"),
+                          ("between tokens (ITL)", hs["itl_s"], "seconds")):
         if h.n:
             rows.append((name, unit, h.n, *(num(h.quantile(q)) for q in (0.5, 0.9, 0.99)), num(h.max),
                          num(h.sum / h.n)))
@@ -291,6 +294,14 @@ def _distributions(st: RunStatus, doc: dict[str, Any], meta: dict[str, Any]) -> 
                                                         xlabel="seconds (log)", marks=marks),
                           "Seconds from each request being sent to its answer, summed over the item's "
                           "requests (retries included; the wait in harvest's own queue is apart), log bins."))
+    streamed = [_hist_series(hs[name], label) for name, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"))
+                if hs[name].n]
+    if streamed:
+        out.append(figure("token-timing", charts.histograms(streamed, title="time to first token and per output "
+                                                                          "token", xlabel="seconds (log)"),
+                          "Streamed answers ([client] stream): seconds from each item's first request being "
+                          "sent to its first token (TTFT), and per output token after it (TPOT); the wait in "
+                          "harvest's own queue is apart."))
     series = [_hist_series(hs[f"completion_tokens:{s}"], s) for s in ("done", "truncated", "failed")
               if hs[f"completion_tokens:{s}"].n]
     max_tokens = ((meta.get("job") or {}).get("sampling") or {}).get("max_tokens")

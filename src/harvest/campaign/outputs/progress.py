@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -107,6 +107,9 @@ class Progress:
         self.queue_wait_s = 0.0
         #: The client's fixed concurrency (None with "auto": see ``concurrency`` targets).
         self.concurrency_limit: int | None = None
+        #: Streamed answers (``[client] stream``): the latest items' TTFT and TPOT, seconds.
+        self.ttft_recent: deque[float] = deque(maxlen=STREAM_RECENT)
+        self.tpot_recent: deque[float] = deque(maxlen=STREAM_RECENT)
 
     # --- phases ----------------------------------------------------------------------------------
 
@@ -194,6 +197,17 @@ class Progress:
         if self.timeline is not None:
             self.timeline.item(status, latency_s, prompt_tokens, completion_tokens, queue_s)
 
+    def stream_times(self, ttft_s: float | None, tpot_s: float | None, itl_s: Sequence[float]) -> None:
+        """A streamed item's time to first token, per output token and its inter-token gaps: kept for
+        the panel's row and ``progress.json`` (recent ones), and binned in the timeline."""
+        with self._lock:
+            if ttft_s is not None:
+                self.ttft_recent.append(ttft_s)
+            if tpot_s is not None:
+                self.tpot_recent.append(tpot_s)
+            if self.timeline is not None:
+                self.timeline.stream_times(ttft_s, tpot_s, itl_s)
+
     def error(self, error_class: str) -> None:
         with self._lock:  # the display's thread copies the counters under the same lock
             self.errors[error_class] += 1
@@ -234,6 +248,7 @@ class Progress:
             "concurrency": self.concurrency_limit,
             "server_endpoints": dict(self.server_endpoints),
             "prefix_cache": dict(self.prefix_cache),
+            "stream": stream_view(self.ttft_recent, self.tpot_recent),
             "phases": [r.name for r in self.phases.rows() if r.active],
             **{k: round(v, 3) for k, v in rates.items()},
         }
@@ -346,6 +361,8 @@ class Progress:
         cache = _cache(snap)
         if cache:
             body.add_row("cache", cache.strip(", "))
+        if snap.get("stream"):
+            body.add_row("tokens", stream_line(snap["stream"]))
         if snap["errors_by_class"]:
             body.add_row("errors", Text(", ".join(f"{k} {v}" for k, v in sorted(snap["errors_by_class"].items())),
                                         style="red"))
@@ -412,6 +429,41 @@ def _targets(snap: dict[str, Any]) -> str:
     if len(values) == 1:
         return f" (auto target {values[0]})"
     return f" (auto targets {'+'.join(str(v) for v in values)})"
+
+
+
+#: Streamed items whose TTFT and TPOT the panel and progress.json summarize (the latest ones).
+STREAM_RECENT = 2048
+
+
+def _quantiles(values: Sequence[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    pick = [ordered[min(int(q * len(ordered)), len(ordered) - 1)] for q in (0.5, 0.9, 0.99)]
+    return {"p50": round(pick[0], 6), "p90": round(pick[1], 6), "p99": round(pick[2], 6), "n": len(ordered)}
+
+
+def stream_view(ttft: Sequence[float], tpot: Sequence[float]) -> dict[str, Any] | None:
+    """``{"ttft_s": {p50, p90, p99, n}, "tpot_s": {...}}`` of the latest streamed items; None when
+    nothing was streamed."""
+    if not ttft and not tpot:
+        return None
+    return {"ttft_s": _quantiles(list(ttft)), "tpot_s": _quantiles(list(tpot))}
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def stream_line(view: Mapping[str, Any]) -> str:
+    """``TTFT p50 210 ms  p90 350 ms   TPOT p50 12 ms  p90 15 ms`` (the panel's "tokens" row)."""
+    parts = []
+    for name, key in (("TTFT", "ttft_s"), ("TPOT", "tpot_s")):
+        q = view.get(key)
+        if q:
+            parts.append(f"{name} p50 {_ms(q['p50'])}  p90 {_ms(q['p90'])}")
+    return "   ".join(parts)
 
 
 def _cache(snap: dict[str, Any]) -> str:

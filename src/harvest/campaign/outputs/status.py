@@ -167,6 +167,10 @@ class RunStatus:
     logprobs_k: int = 0
     logprob_bytes: int = 0
     logprob_shards: int = 0
+    #: Streamed answers (``[client] stream``): ``{"ttft_s": {"p50", "p90", "p99", "mean", "n"},
+    #: "tpot_s": ..., "itl_s": ...}`` over the run (timeline.json's histograms, to 2 %); None when
+    #: nothing was streamed.
+    token_timing: Mapping[str, Mapping[str, float | int | None]] | None = None
 
     @property
     def skipped(self) -> int:
@@ -446,8 +450,22 @@ def run_status(run_dir: str | Path, *, now: float | None = None, window_s: float
         notes=tuple(notes), skip_reasons=skip_reasons,
         model=meta.get("model_used") if isinstance(meta.get("model_used"), str) else None,
         samples=samples, logprobs_k=_logprobs_k(meta), logprob_bytes=lp_bytes,
-        logprob_shards=lp_shards,
+        logprob_shards=lp_shards, token_timing=token_timing(run_dir),
     )
+
+
+def token_timing(run_dir: Path) -> dict[str, dict[str, float | int | None]] | None:
+    """TTFT, TPOT and ITL quantiles of the run's streamed answers, from timeline.json (None: none)."""
+    from harvest.campaign.outputs.timeline import STREAM_NAMES, histograms, read_timeline
+
+    doc, _ = read_timeline(run_dir)
+    if doc is None:
+        return None
+    hs = histograms(doc)
+    out = {name: {"p50": hs[name].quantile(0.5), "p90": hs[name].quantile(0.9), "p99": hs[name].quantile(0.99),
+                  "mean": round(hs[name].sum / hs[name].n, 6), "n": hs[name].n}
+           for name in STREAM_NAMES if hs[name].n}
+    return out or None
 
 
 def _logprobs_k(meta: Mapping[str, Any]) -> int:

@@ -25,7 +25,7 @@ from typing import Any
 
 from harvest.campaign.run.breaker import Breaker
 from harvest.campaign.run.context import ContextGuard
-from harvest.campaign.run.generate import generate_samples
+from harvest.campaign.run.generate import generate_samples, logprobs_to_ask
 from harvest.campaign.run.order import PrefixOrder, prefix_key
 from harvest.campaign.outputs.progress import Progress
 from harvest.campaign.outputs.timeline import RUNNING, WAITING, Timeline
@@ -202,7 +202,8 @@ class DispatchSteps:
             affinity = prefix_key(item) if cfg.client.prefix_affinity else None
             samples = _Samples(functools.partial(
                 generate_samples, client, item, [r.sample for r in group], run=cfg.run, sampling=cfg.sampling,
-                settings_hash=self.settings_hash, one_request=d.one_request, affinity=affinity))
+                settings_hash=self.settings_hash, one_request=d.one_request, affinity=affinity,
+                logprobs_ask=logprobs_to_ask(cfg)))
             for index, row in enumerate(group):
                 task = asyncio.create_task(self._one(client, writer, progress, row, samples, index,
                                                      d.claimed_at.pop(row.key, None)))
@@ -241,6 +242,8 @@ class DispatchSteps:
         writer.complete(Completion(row.id, gen.output, gen.status, gen.finish_reason, gen.prompt_tokens,
                                    gen.completion_tokens, sample=row.sample, logprobs=gen.logprobs))
         progress.record(gen.status.value, gen.prompt_tokens, gen.completion_tokens, gen.latency_s, queued)
+        if gen.ttft_s is not None or gen.itl_s:
+            progress.stream_times(gen.ttft_s, gen.tpot_s, gen.itl_s)
 
     async def _collect(self, d: _Dispatch, writer: LedgerWriter, progress: Progress) -> bool:
         """Take the requests that finished; release the items whose server stayed sick (True then)."""

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from harvest.config import RunConfig, SamplingConfig
+from harvest.config import VLLM_MAX_LOGPROBS, HarvestConfig, RunConfig, SamplingConfig, engine_logprobs_limit
 from harvest.dataset.records import ASSISTANT, Item
 from harvest.errors import RequestError
 from harvest.ledger.logprobs import TurnLogprobs, encode, from_openai
@@ -85,15 +85,37 @@ class Generated:
     #: Which of the item's samples this is, and its encoded logprob record (ledger/logprobs.py).
     sample: int = 0
     logprobs: bytes | None = None
+    #: Streamed (``[client] stream``): the first turn's time to first token and per output token, and
+    #: the gaps between tokens over every turn; None / () when not streamed.
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    itl_s: tuple[float, ...] = ()
 
 
-def logprob_overrides(sampling: SamplingConfig) -> dict[str, Any]:
-    """Request fields that ask for ``[sampling] logprobs`` top-k log-probabilities with token ids
-    (vLLM's ``return_tokens_as_token_ids``; llama-server sends ids anyway; servers ignore what they
-    do not know)."""
+def logprobs_to_ask(config: HarvestConfig) -> int:
+    """How many top log-probabilities to ask for ``[sampling] logprobs = k``: k + 1 where the engine
+    allows it. vLLM lists the sampled token first and then the top ones, k in all, so at temperature
+    > 0 its top k is the sampled token and the top k - 1 (vllm/entrypoints/openai/chat_completion/
+    serving.py ``_get_top_logprobs``); one more, sorted (``ledger/logprobs.py`` ``from_openai``),
+    is the true top k. At the engine's limit (vLLM's ``max_logprobs``, 20 by default, assumed for an
+    endpoint harvest does not launch) it asks k, and the sorted k may hold the sampled token in place
+    of the k-th (docs/config.md, ``logprobs``)."""
+    k = config.sampling.logprobs
+    if not k:
+        return 0
+    limit = engine_logprobs_limit(config.server)
+    cap = limit[0] if limit is not None else (
+        VLLM_MAX_LOGPROBS if config.server is None or config.server.engine == "openai" else None)
+    return k + 1 if cap is None or k + 1 <= cap else k
+
+
+def logprob_overrides(sampling: SamplingConfig, ask: int | None = None) -> dict[str, Any]:
+    """Request fields that ask for top log-probabilities with token ids (vLLM's
+    ``return_tokens_as_token_ids``; llama-server sends ids anyway; servers ignore what they do not
+    know): ``ask`` of them (:func:`logprobs_to_ask`), ``[sampling] logprobs`` when not given."""
     if not sampling.logprobs:
         return {}
-    return {"logprobs": True, "top_logprobs": sampling.logprobs,
+    return {"logprobs": True, "top_logprobs": ask or sampling.logprobs,
             "extra_body": {"return_tokens_as_token_ids": True}}
 
 
@@ -111,7 +133,8 @@ async def generate_item(client: ChatClient, item: Item, *, run: RunConfig, sampl
 
 async def generate_samples(client: ChatClient, item: Item, samples: Sequence[int], *, run: RunConfig,
                            sampling: SamplingConfig, settings_hash: str, one_request: bool,
-                           affinity: str | None = None) -> list[Generated | BaseException]:
+                           affinity: str | None = None, logprobs_ask: int | None = None
+                           ) -> list[Generated | BaseException]:
     """Samples ``samples`` of ``item``, each an independent full rollout of every assistant turn.
 
     The first turn is shared work: with ``one_request`` (an engine that honours ``n``: vLLM,
@@ -120,8 +143,9 @@ async def generate_samples(client: ChatClient, item: Item, samples: Sequence[int
     its own regenerated history (turns 1.. are one request per sample). Returns one entry per
     sample, in order: its :class:`Generated`, or the exception that ended that sample alone
     (RequestError, ServerSick, ...); an error of the shared first request is raised.
+    ``logprobs_ask``: top log-probabilities asked per token (:func:`logprobs_to_ask`).
     """
-    overrides = logprob_overrides(sampling)
+    overrides = logprob_overrides(sampling, logprobs_ask)
     if len(samples) == 1 or not one_request:
         firsts: list[Any] = [None] * len(samples)
     else:
@@ -136,7 +160,7 @@ async def generate_samples(client: ChatClient, item: Item, samples: Sequence[int
                                " (an engine that ignores n: set [sampling] n_per_request = false)")
     results = await asyncio.gather(*(
         _rollout(client, item, first, sample=s, run=run, sampling=sampling, settings_hash=settings_hash,
-                 affinity=affinity)
+                 affinity=affinity, logprobs_ask=logprobs_ask)
         for s, first in zip(samples, firsts)), return_exceptions=True)
     for r in results:
         if isinstance(r, BaseException) and not isinstance(r, Exception):
@@ -150,11 +174,12 @@ def _route(affinity: str | None) -> dict[str, Any]:
 
 
 async def _rollout(client: ChatClient, item: Item, first: Any, *, sample: int, run: RunConfig,
-                   sampling: SamplingConfig, settings_hash: str, affinity: str | None = None) -> Generated:
+                   sampling: SamplingConfig, settings_hash: str, affinity: str | None = None,
+                   logprobs_ask: int | None = None) -> Generated:
     """Every assistant turn of one sample; ``first``: turn 0's completion when already asked for."""
     # ``affinity``: the item's prefix key, sent with every turn, so the next turn goes to the server
     # that holds the conversation so far (``Client.chat``).
-    overrides = {**logprob_overrides(sampling), **_seed(sampling, sample), **_route(affinity)}
+    overrides = {**logprob_overrides(sampling, logprobs_ask), **_seed(sampling, sample), **_route(affinity)}
     replies: list[str] = []
     messages_out: list[dict[str, Any]] = [{"role": m.role, "content": m.content} for m in item.messages
                                           if m.role == "system"]
@@ -165,6 +190,9 @@ async def _rollout(client: ChatClient, item: Item, first: Any, *, sample: int, r
     truncated_at: int | None = None
     prompt_tokens = completion_tokens = requests = 0
     latency = 0.0
+    ttft: float | None = None
+    tpot: float | None = None
+    gaps: list[float] = []
     for k in range(item.turns):
         history = item.history(k, replies if run.history == "regenerated" else None)
         request = [{"role": m.role, "content": m.content} for m in history]
@@ -198,6 +226,9 @@ async def _rollout(client: ChatClient, item: Item, first: Any, *, sample: int, r
             except (ValueError, KeyError, TypeError) as exc:
                 raise RequestError(f"turn {k}: unusable logprobs from {completion.endpoint}: {exc}") from None
         model = completion.model or model
+        if k == 0:
+            ttft, tpot = completion.ttft_s, completion.tpot_s
+        gaps.extend(completion.itl_s)
         text, reasoning = completion.text, completion.reasoning_content
         if run.reasoning != "none":
             text, reasoning = split_reasoning(text, reasoning)
@@ -225,7 +256,9 @@ async def _rollout(client: ChatClient, item: Item, first: Any, *, sample: int, r
     attempts = requests - max(item.turns - 1, 0)
     record = encode(token_logprobs, sampling.logprobs) if sampling.logprobs and dropped is None else None
     return Generated(output, status, last_reason, prompt_tokens, completion_tokens, attempts, dropped,
-                     latency_s=latency, sample=sample, logprobs=record)
+                     latency_s=latency, sample=sample, logprobs=record, ttft_s=ttft, tpot_s=tpot,
+                     itl_s=tuple(gaps))
 
 
-__all__ = ["ChatClient", "Generated", "generate_item", "generate_samples", "logprob_overrides", "split_reasoning"]
+__all__ = ["ChatClient", "Generated", "generate_item", "generate_samples", "logprob_overrides", "logprobs_to_ask",
+           "split_reasoning"]

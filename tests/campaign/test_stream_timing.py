@@ -1,0 +1,72 @@
+"""``[client] stream = true``: TTFT, TPOT and ITL measured against a stand-in engine with known
+delays (bench/sim_engine.py: every request waits ``--prefill`` before it joins the batch, then one
+token per ``--token-latency`` step; the batch is larger than the concurrency, so nothing queues in
+the engine). ``status --json`` holds them within 10 % of what the engine was set to; the report
+shows them; the answers are the same as unstreamed ones (text, finish reason, token counts)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.engines import sim_engine
+
+PREFILL, STEP, TOKENS, ROWS = 0.5, 0.05, 20, 24
+
+
+def harvest(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "harvest", *argv], capture_output=True, text=True, timeout=300,
+                          stdin=subprocess.DEVNULL)
+
+
+def run(tmp_path: Path, url: str, name: str, *flags: str) -> dict:
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"id": f"s{i}", "prompt": f"tell me {i}"}) + "\n" for i in range(ROWS)))
+    out = harvest("run", "--engine", "openai", "--base-url", url + "/v1", "--model", "sim-model", "--data", str(data),
+                  "--out", str(tmp_path / name), "--max-tokens", str(TOKENS), "--concurrency", "6", *flags,
+                  "--no-live")
+    assert out.returncode == 0, out.stdout + out.stderr
+    status = harvest("status", str(tmp_path / name), "--json")
+    assert status.returncode == 0, status.stderr
+    return json.loads(status.stdout)
+
+
+def test_ttft_and_tpot_match_the_engines_known_delays(tmp_path):
+    with sim_engine("--prefill", str(PREFILL), "--token-latency", str(STEP), "--max-batch", "64") as url:
+        doc = run(tmp_path, url, "streamed", "--set", "client.stream=true")
+        plain = run(tmp_path, url, "plain")
+    timing = doc["token_timing"]
+    assert timing is not None, doc
+    ttft, tpot, itl = timing["ttft_s"], timing["tpot_s"], timing["itl_s"]
+    assert ttft["n"] == tpot["n"] == ROWS and itl["n"] == ROWS * (TOKENS - 1)
+    # The first token: the prefill, then the first step of a batch (the engine idles between waves,
+    # so a step starts when the request joins).
+    first = PREFILL + STEP
+    assert abs(ttft["p50"] - first) <= 0.1 * first, ttft
+    assert abs(tpot["p50"] - STEP) <= 0.1 * STEP, tpot
+    assert abs(itl["p50"] - STEP) <= 0.1 * STEP, itl
+    assert doc["counts"] == plain["counts"] and plain["token_timing"] is None
+    assert doc["counts"]["truncated"] == ROWS  # every answer ran to max_tokens, counted from the stream's usage
+    progress = json.loads((tmp_path / "streamed" / "progress.json").read_text())
+    assert progress["stream"]["ttft_s"]["n"] == ROWS
+    html = (tmp_path / "streamed" / "report.html").read_text()
+    assert "time to first token (TTFT)" in html and "time per output token (TPOT)" in html
+    assert 'id="token-timing"' in html or "time to first token and per output token" in html
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_streamed_answer_is_stored_as_the_unstreamed_one(tmp_path, stream):
+    with sim_engine("--token-latency", "0.001", "--max-batch", "8") as url:
+        doc = run(tmp_path, url, "out", "--set", f"client.stream={'true' if stream else 'false'}")
+    assert doc["counts"]["truncated"] == ROWS and doc["totals"]["ok"]
+    exported = harvest("export", str(tmp_path / "out"), "--format", "sharegpt", "--status", "truncated",
+                       "-o", str(tmp_path / "out.jsonl"))
+    assert exported.returncode == 0, exported.stderr
+    first = json.loads((tmp_path / "out.jsonl").read_text().splitlines()[0])
+    reply = [t for t in first["conversations"] if t["role"] == "assistant"][0]["content"]
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
+    assert reply.split() == (words * TOKENS)[:TOKENS]

@@ -15,7 +15,7 @@ import pytest
 
 from tests.engines import sim_engine
 
-PREFILL, STEP, TOKENS, ROWS = 0.5, 0.05, 20, 24
+PREFILL, STEP, TOKENS, ROWS = 1.0, 0.1, 12, 24
 
 
 def harvest(*argv: str) -> subprocess.CompletedProcess[str]:

@@ -364,8 +364,7 @@ class Client:
 
     async def _call(self, path: str, body: dict[str, Any], timeout: float | None,
                     parse: Callable[..., Completion], affinity: str | None = None) -> Completion:
-        streamed = self.config.stream
-        if streamed:  # the same answer, assembled from its events (protocol.assemble_stream), with TTFT/TPOT
+        if self.config.stream:  # the same answer, assembled from its events, with TTFT/TPOT
             body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         try:
             data = protocol.encode(body)
@@ -381,11 +380,7 @@ class Client:
             started = time.perf_counter()
             timing: protocol.StreamTiming | None = None
             try:
-                if streamed:
-                    response, timing = await self._streamed(endpoint_url(endpoint.url, path), data, timeout)
-                else:
-                    response = await self._transport.request("POST", endpoint_url(endpoint.url, path), body=data,
-                                                             headers=self._headers, timeout=timeout)
+                response, timing = await self._post(endpoint_url(endpoint.url, path), data, timeout)
             except Unreachable as exc:
                 kind, detail = FailureKind.UNREACHABLE, str(exc)
             except TimedOut as exc:
@@ -447,10 +442,12 @@ class Client:
             log.debug("retry %d of a request to %s in %.2f s: %s", charged, endpoint.url, delay, detail)
             await self._sleep(delay)
 
-    async def _streamed(self, url: str, data: bytes, timeout: float
-                        ) -> tuple[RawResponse, protocol.StreamTiming | None]:
-        """One streamed request: its answer as the unstreamed body would be, and when its tokens came
-        (None for an error status, whose body is the error text)."""
+    async def _post(self, url: str, data: bytes, timeout: float) -> tuple[RawResponse, protocol.StreamTiming | None]:
+        """One request; streamed (``[client] stream``), its answer as the unstreamed body would be and
+        when its tokens came (None unstreamed, or for an error status, whose body is the error text)."""
+        if not self.config.stream:
+            return await self._transport.request("POST", url, body=data, headers=self._headers,
+                                                 timeout=timeout), None
         answer = await self._transport.stream(url, body=data, headers=self._headers, timeout=timeout)
         if answer.status != 200:
             return RawResponse(answer.status, answer.body, answer.retry_after), None

@@ -190,9 +190,7 @@ async def _rollout(client: ChatClient, item: Item, first: Any, *, sample: int, r
     truncated_at: int | None = None
     prompt_tokens = completion_tokens = requests = 0
     latency = 0.0
-    ttft: float | None = None
-    tpot: float | None = None
-    gaps: list[float] = []
+    timed: list[Any] = []  # each turn's answer (a client Completion), for its streamed timing
     for k in range(item.turns):
         history = item.history(k, replies if run.history == "regenerated" else None)
         request = [{"role": m.role, "content": m.content} for m in history]
@@ -226,9 +224,7 @@ async def _rollout(client: ChatClient, item: Item, first: Any, *, sample: int, r
             except (ValueError, KeyError, TypeError) as exc:
                 raise RequestError(f"turn {k}: unusable logprobs from {completion.endpoint}: {exc}") from None
         model = completion.model or model
-        if k == 0:
-            ttft, tpot = completion.ttft_s, completion.tpot_s
-        gaps.extend(completion.itl_s)
+        timed.append(completion)
         text, reasoning = completion.text, completion.reasoning_content
         if run.reasoning != "none":
             text, reasoning = split_reasoning(text, reasoning)
@@ -256,8 +252,8 @@ async def _rollout(client: ChatClient, item: Item, first: Any, *, sample: int, r
     attempts = requests - max(item.turns - 1, 0)
     record = encode(token_logprobs, sampling.logprobs) if sampling.logprobs and dropped is None else None
     return Generated(output, status, last_reason, prompt_tokens, completion_tokens, attempts, dropped,
-                     latency_s=latency, sample=sample, logprobs=record, ttft_s=ttft, tpot_s=tpot,
-                     itl_s=tuple(gaps))
+                     latency_s=latency, sample=sample, logprobs=record, ttft_s=timed[0].ttft_s if timed else None,
+                     tpot_s=timed[0].tpot_s if timed else None, itl_s=tuple(g for c in timed for g in c.itl_s))
 
 
 __all__ = ["ChatClient", "Generated", "generate_item", "generate_samples", "logprob_overrides", "logprobs_to_ask",

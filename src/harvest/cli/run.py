@@ -95,6 +95,7 @@ def run(job: str, allow_mixed: bool, force: bool, live: bool | None, retry: tupl
     """Run or resume the campaign of JOB.toml: dataset -> ledger -> server -> results."""
     from harvest.cli.live import live_console, setup_console_logging
     from harvest.placement import from_config
+    from harvest.report import REPORT_FILE
 
     console = live_console()  # the panel, the log lines and the preflight rules share it
     setup_console_logging(console)
@@ -108,7 +109,8 @@ def run(job: str, allow_mixed: bool, force: bool, live: bool | None, retry: tupl
     try:
         report = aio.run(run_campaign(config, placement=from_config(config), all_hosts=all_hosts,
                                       allow_mixed=allow_mixed, force=force, live=live,
-                                      on_preflight=on_preflight, retry=retry, console=console))
+                                      on_preflight=on_preflight, retry=retry, console=console,
+                                      writes=(REPORT_FILE,)))
     except PreflightFailed as exc:
         from harvest.cli.render import preflight_refusal, rule_line
         from harvest.gpu.preflight import RuleResult

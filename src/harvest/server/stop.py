@@ -320,6 +320,16 @@ def _wait_port_closed(host: str, port: int, clock: _Clock, poll: float) -> tuple
         time.sleep(min(poll, clock.remaining()))
 
 
+def _read(sf: StateFile, known: RunState | None) -> RunState:
+    """The record in the file; ``known`` (the launcher's own copy) when the file cannot be read."""
+    try:
+        return sf.read()
+    except StopError:
+        if known is None:
+            raise
+        return known
+
+
 def stop_run(
     run_dir: Path | str | Folder,
     *,
@@ -345,12 +355,7 @@ def stop_run(
         raise ValueError(f"poll_interval must be in (0, {POLL_INTERVAL}] s (>= 10 Hz), got {poll_interval}")
     t0 = time.monotonic()
     sf = StateFile(run_dir)  # a Folder: the one the launch held; a path: held here, once
-    try:
-        state = sf.read()
-    except StopError:
-        if known is None:
-            raise
-        state = known
+    state = _read(sf, known)
     rec = state.record
     deadline = rec.stop_deadline if deadline is None else deadline
     # A process frozen while it holds the state file's lock costs a tenth of the budget per write.

@@ -183,6 +183,27 @@ def test_links_owners_and_modes_are_refused_before_any_engine_is_spawned(tmp_pat
     assert not (run / "server" / "server.log").exists()  # the engine never ran
 
 
+def test_a_linked_logprob_folder_is_refused_before_any_engine_is_spawned(tmp_path, llama_server_bin, tiny_gguf):
+    """``logprobs`` as a link to another folder holding a shard no row of this run references: the
+    trim at open would remove it through the link; it is refused instead, nothing spawned."""
+    port = engines.free_port()
+    job_file = job(tmp_path, llama_server_bin, tiny_gguf, port)
+    run = run_folder(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    (elsewhere / "shard-000000.bin").write_bytes(VICTIM)
+    (run / "logprobs").symlink_to(elsewhere)
+
+    done, left = refused_run(tmp_path, job_file, port)
+
+    shown = done.stdout + done.stderr
+    assert left == [], f"harvest left processes running: {left}\n{shown}"
+    assert done.returncode == 2 and "Traceback" not in shown, shown
+    assert f"{run / 'logprobs'}: the logprob folder is not a folder (a link or a file)" in done.stderr, shown
+    assert (elsewhere / "shard-000000.bin").read_bytes() == VICTIM
+    assert not (run / "server" / "server.log").exists()  # the engine never ran
+
+
 def test_a_record_refused_after_the_spawn_stops_the_engine_first(tmp_path, llama_server_bin, tiny_gguf):
     """``launch.json`` planted as a hard link after the launch checked the folder (here: while its
     preflight runs), so the record's write right after the spawn is refused: the engine is stopped,

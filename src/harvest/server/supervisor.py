@@ -114,7 +114,7 @@ def _refuse_live_record(folder: safefiles.Folder) -> None:
     try:
         state = state_file.read()
     except StopError:
-        return  # unreadable: the writes below refuse a record that is not this user's own
+        return  # unreadable: refused just after, with every file the launch writes (check_run_files)
     live = procs.alive(state.processes())
     if not live and state.watcher is not None:
         # The server is gone; its watcher notices within one interval (2 s) and exits by itself.

@@ -31,6 +31,7 @@ from harvest.placement import from_config
 from harvest.quality.evaluate import QualityReport
 from harvest.quality.metrics import Estimate
 from harvest.quality.settings import QualitySettings
+from harvest.redact import as_text
 
 VERDICT_STYLE = {"pass": "green", "fail": "bold red", "rejected": "yellow", "failed": "bold red",
                  "skipped": "dim", "not run": "dim",
@@ -62,14 +63,14 @@ def settings_text(settings: dict[str, Any]) -> str:
 
 def compare_table(report: CompareReport) -> Table:
     floor = report.floor_source or "?"
-    table = Table(title=f"compare: {report.prompts} probe prompts, floor from the {floor}",
+    table = Table(title=as_text(f"compare: {report.prompts} probe prompts, floor from the {floor}"),
                   title_justify="left")
     for col in ("server", "settings", "KV tokens", *QUALITY_COLUMNS, "stop", "verdict"):
         table.add_column(col)
     for row in report.rows:
         kv = row.launch.kv_capacity_tokens if row.launch else None
         stop = row.launch.stop.verdict if row.launch and row.launch.stop else "-"
-        table.add_row(row.label, Text(settings_text(row.settings)), str(kv) if kv is not None else "-",
+        table.add_row(as_text(row.label), Text(settings_text(row.settings)), str(kv) if kv is not None else "-",
                       *quality_cells(row.quality), stop,
                       Text(row.verdict, style=VERDICT_STYLE.get(row.verdict, "")))
     return table

@@ -28,7 +28,7 @@ from rich.text import Text
 from harvest.campaign.outputs.phases import PhaseBoard
 from harvest.campaign.outputs.progress import PANEL_WIDTH, phase_table
 from harvest.events import Event
-from harvest.redact import escape_controls, redact_text
+from harvest.redact import as_text, escape_controls, redact_text
 
 #: Redraws a second of a live panel (elapsed times tick even when nothing is reported).
 REFRESH_PER_SECOND = 4
@@ -107,7 +107,7 @@ class PhaseDisplay:
         self.console.print(*objects, **kwargs)
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        yield Panel(phase_table(self.board), title=self.title, title_align="left",
+        yield Panel(phase_table(self.board), title=as_text(self.title), title_align="left",
                     width=min(options.max_width, PANEL_WIDTH))
 
     def __enter__(self) -> PhaseDisplay:

@@ -19,7 +19,7 @@ from harvest import schemas
 from harvest.gpu.payload import GPUS_SCHEMA, PREFLIGHT_SCHEMA, gpus_payload, now_iso, preflight_payload
 from harvest.gpu.preflight import RuleResult, describe_process
 from harvest.gpu.records import GpuSnapshot, HostState
-from harvest.redact import escape_controls
+from harvest.redact import as_text, escape_controls
 from harvest.placement.base_results import GpusByPlace, PreflightByPlace
 from harvest.stops import StopReport, StopStep
 
@@ -47,7 +47,7 @@ def host_line(host: HostState) -> Text:
 def gpu_table(snap: GpuSnapshot) -> Table:
     """One row per GPU: index, name, used/total MiB, free, utilization, compute processes."""
     driver = f", driver {snap.driver_version}" if snap.driver_version else ""
-    table = Table(title=f"GPUs ({snap.source}{driver})", title_justify="left")
+    table = Table(title=as_text(f"GPUs ({snap.source}{driver})"), title_justify="left")
     for col, justify in (("GPU", "right"), ("name", "left"), ("used / total MiB", "right"),
                          ("free MiB", "right"), ("util", "right"), ("processes", "left")):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
@@ -106,7 +106,7 @@ def gpus_by_table(docs: list[tuple[str, dict[str, Any] | None]], *, column: str,
                   missing: dict[str, str] | None = None) -> Table:
     """One table of ``harvest gpus --json`` documents, a first column naming where each came from
     (a host, a Ray node); ``missing`` maps a label without a document to why."""
-    table = Table(title=title, title_justify="left")
+    table = Table(title=as_text(title), title_justify="left")
     for col, justify in ((column, "left"), ("GPU", "right"), ("name", "left"), ("used / total MiB", "right"),
                          ("free MiB", "right"), ("util", "right"), ("processes", "left")):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
@@ -158,7 +158,7 @@ def print_places_preflight(console: Console, result: PreflightByPlace) -> None:
             continue
         for r in a.doc.get("results", []):
             word = "SKIP" if r.get("skipped") else ("PASS" if r.get("passed") else "FAIL")
-            table.add_row(Text(shown(a.label)), Text(word, style=_STYLE[word]), shown(r.get("rule")),
+            table.add_row(Text(shown(a.label)), Text(word, style=_STYLE[word]), as_text(r.get("rule")),
                           Text(shown(str(r.get("detail", "")).removeprefix(f"[{a.label}] "))))
     console.print(table)
     for a in result.answers:

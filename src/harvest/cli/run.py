@@ -125,6 +125,7 @@ def run(job: str | None, overrides: tuple[Override, ...], allow_mixed: bool, for
     The same command again resumes it."""
     from harvest.cli.live import live_console, setup_console_logging
     from harvest.placement import from_config
+    from harvest.report import REPORT_FILE
 
     if job is None and not overrides:
         raise click.UsageError("give a job file (JOB.toml) or the job as flags: --engine, --model, --data "
@@ -141,7 +142,8 @@ def run(job: str | None, overrides: tuple[Override, ...], allow_mixed: bool, for
     try:
         report = aio.run(run_campaign(config, placement=from_config(config), all_hosts=all_hosts,
                                       allow_mixed=allow_mixed, force=force, live=live,
-                                      on_preflight=on_preflight, retry=retry, console=console))
+                                      on_preflight=on_preflight, retry=retry, console=console,
+                                      writes=(REPORT_FILE,)))
     except PreflightFailed as exc:
         from harvest.cli.render import preflight_refusal, rule_line
         from harvest.gpu.preflight import RuleResult

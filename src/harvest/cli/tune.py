@@ -29,6 +29,7 @@ from harvest.cli.run import print_report, show_preflight
 from harvest.cli.options import job_flags
 from harvest.config import Override, load_config
 from harvest.placement import from_config
+from harvest.redact import as_text
 
 
 def _num(x: float | int | None, digits: int = 1) -> str:
@@ -41,7 +42,7 @@ def tune_table(report: TuneReport) -> Table:
     best = report.best
     title = (f"tune: {len(report.trials)} trials, {report.prompts} probe prompts, floor from the "
              f"{report.floor_source or '?'}" + (" (reference reused)" if report.reused_reference else ""))
-    table = Table(title=title, title_justify="left")
+    table = Table(title=as_text(title), title_justify="left")
     for col in ("#", "settings", "KV tokens", "peak run", "gen tok/s", "tok/s (metrics)", *QUALITY_COLUMNS,
                 "stop", "verdict"):
         table.add_column(col)

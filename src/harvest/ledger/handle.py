@@ -54,7 +54,7 @@ class LedgerHandle:
         #: Rows per unique input (``[sampling] n`` when the run began).
         self.samples = samples
         #: The run's logprob shards (ledger/logprobs.py).
-        self.shards = ShardStore(Path(folder.via()) if folder is not None else path.parent)
+        self.shards = ShardStore(Path(folder.via()) if folder is not None else path.parent, path.parent)
         # False only for a version-1 ledger opened read-only: no tallies, so counts are full counts.
         self._tallied = tallied
         self._lock_fd = lock_fd

@@ -191,17 +191,17 @@ def decode(buf: bytes, where: str = "logprob record") -> list[TurnLogprobs]:
     return out
 
 
-def _open_dir(path: Path) -> None:
+def _open_dir(path: Path, shown: Path) -> None:
     """Make the logprob folder (0700) or check the one there: a folder (no link), this user's own,
-    writable by nobody else."""
+    writable by nobody else (``shown``: its path as messages name it)."""
     if not os.path.lexists(path):
         path.mkdir(mode=0o700)
         os.chmod(path, 0o700)
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise LedgerError(f"{path}: the logprob folder is not a folder (a link or a file)")
+        raise LedgerError(f"{shown}: the logprob folder is not a folder (a link or a file)")
     if st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise LedgerError(f"{path}: the logprob folder is owned by uid {st.st_uid} with mode "
+        raise LedgerError(f"{shown}: the logprob folder is owned by uid {st.st_uid} with mode "
                           f"{stat.S_IMODE(st.st_mode):04o}; harvest writes only in a folder of its own (0700)")
 
 
@@ -217,8 +217,10 @@ def _check_shard(fd: int, path: str) -> None:
 class ShardStore:
     """The run's logprob shards: append (the ledger's writing thread), read, trim on open."""
 
-    def __init__(self, run_dir: str | Path):
+    def __init__(self, run_dir: str | Path, shown: str | Path | None = None):
         self.dir = Path(run_dir) / LOGPROB_DIR
+        #: The folder as messages name it (``run_dir`` may be a path through a held descriptor).
+        self.shown = Path(shown if shown is not None else run_dir) / LOGPROB_DIR
         self._fd: int | None = None
         self._shard: int | None = None
         self._end = 0
@@ -227,8 +229,9 @@ class ShardStore:
         """Cut every shard back to the bytes committed rows cover; remove unregistered shards.
         Returns (files removed, bytes cut)."""
         removed = cut = 0
-        if not self.dir.is_dir():
+        if not os.path.lexists(self.dir):
             return 0, 0
+        _open_dir(self.dir, self.shown)  # a link, a file, a folder others can write in: refused before any launch
         for entry in os.scandir(self.dir):
             m = _SHARD_NAME.match(entry.name)
             if m is None or not entry.is_file(follow_symlinks=False):
@@ -264,7 +267,7 @@ class ShardStore:
         try:
             if self._fd is None or self._end >= SHARD_MAX:
                 self.close()
-                _open_dir(self.dir)
+                _open_dir(self.dir, self.shown)
                 shard = max(first_free, (self._shard + 1) if self._shard is not None else 0)
                 path = self.dir / shard_name(shard)
                 self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)

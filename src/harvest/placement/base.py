@@ -31,6 +31,7 @@ from harvest.client import Client, EngineLimit
 from harvest.config import HarvestConfig, HostConfig, PreflightConfig, ServerConfig
 from harvest.errors import ConfigError
 from harvest.events import Listener, emit
+from harvest.placement import record
 from harvest.placement.base_results import Answer, GpusByPlace, PreflightByPlace
 from harvest.server import (
     EngineAdapter,
@@ -351,6 +352,12 @@ class Placement(ABC):
     def hold_state_dir(self) -> None:
         """Refuse, before anything is written, a state dir this machine's launches could not use
         (another user's); nothing to check where the servers' records are kept elsewhere."""
+
+    def check_records(self, server_dir: Path, server: ServerConfig) -> None:
+        """Refuse (:class:`~harvest.errors.UnsafePathError`), before anything is launched, a run's
+        server folder whose records a launch of ``server`` would be refused to write once it started
+        something: here, the near placement record."""
+        record.check(server_dir)
 
     def serve_dir(self, server: ServerConfig, run_dir: Path | None, *, run_name: str | None = None,
                   give_up_after: float | None = None) -> Path:

@@ -46,7 +46,9 @@ from harvest.server import (
     StateFile,
     StopReport,
     StopStep,
+    WATCH_LOG,
     alive,
+    check_run_dir,
     default_run_dir,
     group_findings,
     hold_index,
@@ -63,7 +65,7 @@ WHERE = "this machine"
 def spawn_watcher(run_dir: Path) -> ProcessRef:
     """Start the watcher of a detached server (``python -m harvest.server.watch RUN_DIR``) in its own
     session; its output goes to ``watch.log`` in the run folder."""
-    out = safefiles.open_text(run_dir / "watch.log", "ab")
+    out = safefiles.open_text(run_dir / WATCH_LOG, "ab")
     try:
         p = subprocess.Popen([sys.executable, "-m", "harvest.server.watch", str(run_dir)], stdin=subprocess.DEVNULL,
                              stdout=out, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
@@ -198,6 +200,11 @@ class LocalPlacement(Placement):
 
     def hold_state_dir(self) -> None:
         hold_index().close()  # a state dir another user owns: refused before anything is written
+
+    def check_records(self, server_dir: Path, server: ServerConfig) -> None:
+        """The supervisor's files in ``server_dir`` (its launch record, lock, log, stop report, the
+        watcher's log, the engine's private files) and the folder itself, as a launch checks them."""
+        check_run_dir(server_dir, server)
 
     def serve_dir(self, server: ServerConfig, run_dir: Path | None, *, run_name: str | None = None,
                   give_up_after: float | None = None) -> Path:

@@ -45,6 +45,19 @@ def write(folder: Path | str, kind: str, doc: dict[str, Any]) -> None:
         held.write_atomic(RECORD, json.dumps(body, indent=2) + "\n")
 
 
+def check(folder: Path | str) -> None:
+    """Refuse (:class:`UnsafePathError`) a record :func:`write` would be refused to replace in
+    ``folder`` or its ``host-*`` folders (a link, another user's file, a hard-linked one), before
+    anything is launched; an absent folder passes (it is created 0700)."""
+    folder = Path(folder)
+    if not folder.exists():
+        return
+    with make_run_dir(folder) as held:
+        held.check_file(RECORD)
+    for sub in sorted(folder.glob("host-*")):
+        check(sub)
+
+
 def candidates(run_dir: Path | str) -> list[Path]:
     """The folders of a run folder that may hold a record, in the order they are looked at."""
     run_dir = Path(run_dir)
@@ -68,4 +81,4 @@ def local_record_dir(run_dir: Path | str) -> Path | None:
     return None
 
 
-__all__ = ["RECORD", "SERVER_DIR", "candidates", "find", "local_record_dir", "read", "write"]
+__all__ = ["RECORD", "SERVER_DIR", "candidates", "check", "find", "local_record_dir", "read", "write"]

@@ -21,6 +21,7 @@ from harvest.server.state import (
     RunState,
     RunStatus,
     StateFile,
+    WATCH_LOG,
     default_run_dir,
     hold_index,
     list_runs,
@@ -28,7 +29,7 @@ from harvest.server.state import (
     state_dir,
 )
 from harvest.server.stop import DEFAULT_MARGIN_MIB, Holder, StopReport, StopStep, stop_run
-from harvest.server.supervisor import Server
+from harvest.server.supervisor import Server, check_run_dir
 
 __all__ = [
     "DEFAULT_MARGIN_MIB",
@@ -46,10 +47,12 @@ __all__ = [
     "StateFile",
     "StopReport",
     "StopStep",
+    "WATCH_LOG",
     "adapter_for",
     "alive",
     "batch_limit",
     "batch_limit_exact",
+    "check_run_dir",
     "default_run_dir",
     "group_findings",
     "has_metrics",

@@ -96,28 +96,66 @@ def group_is_ours(state: RunState) -> bool:
 
 
 def group_findings(state: RunState) -> str:
-    """What sits in the recorded group when it is not provably ours, for a person to judge (never
-    a reason to signal): the members by pid and name, and what holds the leader's pid now."""
+    """What sits in the recorded group when no recorded process runs there, for a person to judge
+    (never a reason to signal): what holds the leader's pid now (the leader itself, exited and not
+    yet reaped; or another process that reused the number), and the members by pid and name."""
     rec = state.record
+    recorded = state.processes()
     members: list[str] = []
     for p in psutil.process_iter():
         with contextlib.suppress(OSError, psutil.Error):
-            if os.getpgid(p.pid) == rec.pgid:
-                members.append(f"{p.pid} ({p.name()})")
-    parts = []
-    if psutil.pid_exists(rec.pid):
-        try:
-            name = psutil.Process(rec.pid).name()
-        except psutil.Error:
-            name = "?"
-        parts.append(f"pid {rec.pid} is now another process ({name}, created after the recorded one)")
-    else:
-        parts.append(f"recorded leader pid {rec.pid} is gone")
+            if os.getpgid(p.pid) == rec.pgid and p.pid != rec.pid:  # the leader is said apart
+                mine = next((r for r in recorded if r.pid == p.pid and _same(p, r)), None)
+                members.append(f"{p.pid} ({p.name()}{', recorded, ' + _zombie_words(p) if mine else ''})")
+    parts = [_pid_finding(rec.leader, "leader")]
     if members:
+        proof = ("ours: a recorded process, exited, keeps it" if group_is_ours(state) else
+                 "not proven ours (no recorded process with its create time among them)")
         parts.append(f"group {rec.pgid} holds {', '.join(members[:8])}"
-                     + (f" and {len(members) - 8} more" if len(members) > 8 else "")
-                     + ", not proven ours (no recorded process with its create time among them)")
+                     + (f" and {len(members) - 8} more" if len(members) > 8 else "") + f", {proof}")
     return "; ".join(parts)
+
+
+def _pid_finding(ref: ProcessRef, role: str) -> str:
+    """What holds the recorded pid of ``ref`` now, in words: gone; the recorded process itself,
+    exited and not yet reaped by its parent (a zombie keeps its pid and create time); or another
+    process that reused the number (another create time)."""
+    try:
+        p = psutil.Process(ref.pid)
+        with p.oneshot():
+            created, name, zombie = p.create_time(), p.name(), p.status() == psutil.STATUS_ZOMBIE
+    except psutil.ZombieProcess:  # a zombie whose create time cannot be read: not provably the one
+        return f"pid {ref.pid} (the recorded {role}'s) has exited, not yet reaped; whether it is the recorded " \
+               f"one cannot be read"
+    except psutil.NoSuchProcess:
+        return f"recorded {role} pid {ref.pid} is gone"
+    except psutil.Error:
+        return f"pid {ref.pid} exists; whether it is the recorded {role} cannot be read here"
+    if abs(created - ref.create_time) > CREATE_TIME_TOLERANCE:
+        when = "after" if created > ref.create_time else "before"
+        return f"pid {ref.pid} is now another process ({name}, created {when} the recorded one)"
+    if zombie:
+        return f"recorded {role} pid {ref.pid} ({name}) has {_zombie_words(p)}"
+    return f"recorded {role} pid {ref.pid} ({name}) is still there"
+
+
+def _zombie_words(p: psutil.Process) -> str:
+    """``exited, not yet reaped by its parent (pid 812, harvest)`` for a zombie; "" otherwise."""
+    try:
+        if p.status() != psutil.STATUS_ZOMBIE:
+            return "running"
+        parent = p.parent()
+    except psutil.Error:
+        return "exited, not yet reaped"
+    by = f" by its parent (pid {parent.pid}, {_name(parent)})" if parent is not None else ""
+    return f"exited, not yet reaped{by}"
+
+
+def _name(p: psutil.Process) -> str:
+    try:
+        return p.name()
+    except psutil.Error:
+        return "?"
 
 
 def discover(state: RunState) -> list[ProcessRef]:

@@ -22,7 +22,7 @@ import json
 import os
 import stat
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,12 @@ from harvest.stops import ProcessRef
 STATE_FILE = "launch.json"
 LOG_FILE = "server.log"
 STOP_FILE = "stop.json"
+#: The log of a detached server's watcher (``harvest serve --detach``).
+WATCH_LOG = "watch.log"
+#: The lock every update of ``launch.json`` is made under.
+LOCK_FILE = f".{STATE_FILE}.lock"
+#: Every file a launch writes in its run folder, by name: checked before the engine is spawned.
+RUN_FILES = (STATE_FILE, LOCK_FILE, LOG_FILE, STOP_FILE, WATCH_LOG)
 SCHEMA = 1
 
 
@@ -109,6 +115,15 @@ def make_run_dir(path: Path | str) -> safefiles.Folder:
     return safefiles.hold(path, create=True)
 
 
+def check_run_files(folder: safefiles.Folder, also: Iterable[str] = ()) -> None:
+    """Refuse (:class:`UnsafePathError`) the first file a launch would write in ``folder`` that
+    harvest refuses to write: a symlink, another user's file, one with other hard links, not a
+    regular file (:data:`RUN_FILES` and ``also``, e.g. an adapter's private files). Called before
+    the engine is spawned, so that a refusal never leaves an engine running without its record."""
+    for name in (*RUN_FILES, *also):
+        folder.check_file(name)
+
+
 def _ref_from(d: dict[str, Any]) -> ProcessRef:
     return ProcessRef(int(d["pid"]), float(d["create_time"]), d.get("name"))
 
@@ -171,7 +186,7 @@ class StateFile:
             self._own_folder = True
             self.run_dir = Path(run_dir)
         self.path = self.run_dir / STATE_FILE
-        self._lock_name = f".{STATE_FILE}.lock"
+        self._lock_name = LOCK_FILE
         self._lock_path = self.run_dir / self._lock_name
         #: Longest a write waits for the lock (None: as long as it takes). A stop sets it: a process
         #: frozen while holding the lock must not hold the stop past its deadline.
@@ -367,11 +382,14 @@ __all__ = [
     "IndexEntry",
     "LOG_FILE",
     "LaunchRecord",
+    "RUN_FILES",
     "ProcessRef",
     "RunState",
     "RunStatus",
     "STATE_FILE",
     "StateFile",
+    "WATCH_LOG",
+    "check_run_files",
     "default_run_dir",
     "hold_index",
     "list_runs",

@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 
 import psutil
 
-from harvest.errors import ProbeError, StopError
+from harvest.errors import ProbeError, StopError, UnsafePathError
 from harvest.gpu.records import GpuProbe
 from harvest.safefiles import Folder
 from harvest.server import procs
@@ -137,7 +137,7 @@ def _record_step(sf: StateFile, state: RunState) -> tuple[RunState, StopStep]:
         found = procs.discover(state)
         if found:
             state = sf.add_descendants(found)
-    except OSError as exc:  # a read-only run folder: go on with what was read
+    except (OSError, StopError, UnsafePathError) as exc:  # a read-only or refused record: go on
         found = procs.discover(state)
         state = replace(state, descendants=state.descendants + tuple(found))
         note = f" (state file not updated: {exc})"
@@ -189,7 +189,7 @@ def _terminate(sf: StateFile, state: RunState, clock: _Clock, grace: float, poll
     if late:
         try:
             state = sf.add_descendants(late)
-        except (OSError, StopError):
+        except (OSError, StopError, UnsafePathError):
             state = replace(state, descendants=state.descendants + tuple(late))
     refs = state.processes()
     in_group = procs.signal_group(state, signal.SIGKILL)
@@ -320,6 +320,16 @@ def _wait_port_closed(host: str, port: int, clock: _Clock, poll: float) -> tuple
         time.sleep(min(poll, clock.remaining()))
 
 
+def _read(sf: StateFile, known: RunState | None) -> RunState:
+    """The record in the file; ``known`` (the launcher's own copy) when the file cannot be read."""
+    try:
+        return sf.read()
+    except StopError:
+        if known is None:
+            raise
+        return known
+
+
 def stop_run(
     run_dir: Path | str | Folder,
     *,
@@ -329,6 +339,7 @@ def stop_run(
     margin_mib: int = DEFAULT_MARGIN_MIB,
     poll_interval: float = POLL_INTERVAL,
     on_step: Callable[[str, StopStep | None], None] | None = None,
+    known: RunState | None = None,
 ) -> StopReport:
     """Stop the server recorded in ``run_dir`` and measure that it is gone.
 
@@ -336,12 +347,15 @@ def stop_run(
     (opened and closed here when None and the record lists GPUs). Raises :class:`StopError` only
     when there is no readable launch record; everything else ends up in the report.
     ``on_step(name, step)`` hears each step begin (step None) and end (its StopStep), as it happens.
+    ``known``: the record as the launching process wrote it, stopped by when the file cannot be read
+    back (refused since, or never written: a refusal right after the spawn); nothing the stop
+    writes then is required to succeed.
     """
     if poll_interval <= 0 or poll_interval > POLL_INTERVAL:
         raise ValueError(f"poll_interval must be in (0, {POLL_INTERVAL}] s (>= 10 Hz), got {poll_interval}")
     t0 = time.monotonic()
     sf = StateFile(run_dir)  # a Folder: the one the launch held; a path: held here, once
-    state = sf.read()
+    state = _read(sf, known)
     rec = state.record
     deadline = rec.stop_deadline if deadline is None else deadline
     # A process frozen while it holds the state file's lock costs a tenth of the budget per write.
@@ -387,9 +401,9 @@ def stop_run(
     )
     # The report itself is the result; a read-only run folder or a stuck lock does not change it.
     sf.lock_timeout = poll_interval
-    with contextlib.suppress(OSError, StopError):
+    with contextlib.suppress(OSError, StopError, UnsafePathError):
         sf.write_stop_report(report.to_dict())
-    with contextlib.suppress(OSError, StopError):
+    with contextlib.suppress(OSError, StopError, UnsafePathError):
         sf.set_status(RunStatus.STOPPED if report.clean else RunStatus.DIRTY)
     sf.close()
     return report

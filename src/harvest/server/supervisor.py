@@ -49,6 +49,7 @@ from harvest.server.state import (
     RunState,
     RunStatus,
     StateFile,
+    check_run_files,
     default_run_dir,
     hold_index,
     make_run_dir,
@@ -94,7 +95,7 @@ class DescendantRecorder:
         while not self._stop.wait(self.interval):
             try:
                 self.record_once()
-            except (OSError, StopError) as exc:
+            except (OSError, StopError, UnsafePathError) as exc:
                 self.error = exc
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -113,7 +114,7 @@ def _refuse_live_record(folder: safefiles.Folder) -> None:
     try:
         state = state_file.read()
     except StopError:
-        return  # unreadable: the writes below refuse a record that is not this user's own
+        return  # unreadable: refused just after, with every file the launch writes (check_run_files)
     live = procs.alive(state.processes())
     if not live and state.watcher is not None:
         # The server is gone; its watcher notices within one interval (2 s) and exits by itself.
@@ -126,6 +127,19 @@ def _refuse_live_record(folder: safefiles.Folder) -> None:
         raise UnsafePathError(state_file.path, f"is the record of a live server ({state.record.engine}, pid "
                                                f"{', '.join(str(r.pid) for r in live)}); stop it with "
                                                f"`harvest stop {run_dir}` or launch into another folder")
+
+
+def check_run_dir(run_dir: Path | str, config: ServerConfig) -> None:
+    """Refuse (:class:`UnsafePathError`) a run folder a launch of ``config`` would be refused in
+    after its spawn: the folder itself (another user's, writable by others, in parents others can
+    rename it out of), or a file the launch writes there (the record, its lock, the log, the stop
+    report, the watcher's log, the engine's private files) that harvest refuses to write. An absent
+    folder passes (it is created 0700). For callers that check before anything starts; the launch
+    checks the same again on the folder it holds, before the spawn."""
+    if not os.path.lexists(run_dir):
+        return
+    with make_run_dir(run_dir) as folder:
+        check_run_files(folder, private_files(adapter_for(config.engine), config))
 
 
 def _still_there(ref: ProcessRef) -> bool:
@@ -183,6 +197,9 @@ class Server:
         self._private_paths: list[str] = []
         #: The run folder, held from the start-up on: the record a stop reads comes through it.
         self._folder: safefiles.Folder | None = None
+        #: The launch record as written right after the spawn: a stop goes by it when the file
+        #: cannot be read back (refused or gone since), so a spawned engine is always stoppable.
+        self._spawned: RunState | None = None
         self._detached = False
 
     # --- what callers read -------------------------------------------------------------------
@@ -318,6 +335,8 @@ class Server:
         self._folder = folder
         self.state_file = StateFile(folder)
         _refuse_live_record(folder)
+        # Every file the launch will write, refused now rather than after the spawn.
+        check_run_files(folder, private_files(self.adapter, self.config))
         return folder
 
     def _preflight(self, probe: GpuProbe, run_dir: Path) -> None:
@@ -380,7 +399,8 @@ class Server:
                 engine_version=version, started_at=time.time(), log_path=str(log_path),
                 stop_grace=cfg.stop_grace, stop_deadline=cfg.stop_deadline, launcher_pid=os.getpid(),
             )
-            self.state_file.write(RunState(record=record, status=RunStatus.STARTING))
+            self._spawned = RunState(record=record, status=RunStatus.STARTING)
+            self.state_file.write(self._spawned)  # refused or failed: the stop goes by _spawned
         return pid
 
     def _wait_for_readiness(self, watcher: LogWatcher, shown: tuple[str, ...]) -> Ready:
@@ -422,7 +442,7 @@ class Server:
     def _mark(self, status: RunStatus, note: str | None = None) -> None:
         try:
             self.state_file.set_status(status, note)
-        except (OSError, StopError) as exc:
+        except (OSError, StopError, UnsafePathError) as exc:
             log.warning("could not record status %s: %s", status.value, exc)
 
     # --- stop ------------------------------------------------------------------------------------
@@ -445,7 +465,7 @@ class Server:
                     return None
                 got = self._spawn_lock.acquire(timeout=SPAWN_LOCK_TIMEOUT)
                 try:
-                    launched = self._popen is not None and self.state_file.exists()
+                    launched = self._popen is not None
                 finally:
                     if got:
                         self._spawn_lock.release()
@@ -453,7 +473,8 @@ class Server:
                     return None
                 emit(self.on_event, "stopping", "start", pid=self.pid)
                 self.stop_report = stop_run(self._folder or self.run_dir, deadline=deadline, probe=self._probe,
-                                            margin_mib=self.stop_margin_mib, on_step=self._stop_step)
+                                            margin_mib=self.stop_margin_mib, on_step=self._stop_step,
+                                            known=self._spawned)
                 emit(self.on_event, "stopping", "end", ok=self.stop_report.clean,
                      verdict=self.stop_report.verdict, seconds=self.stop_report.total_s)
                 if self._popen is not None:
@@ -517,4 +538,4 @@ class Server:
         self.shutdown()
 
 
-__all__ = ["DescendantRecorder", "RECORD_INTERVAL", "Server"]
+__all__ = ["DescendantRecorder", "RECORD_INTERVAL", "Server", "check_run_dir"]

@@ -31,7 +31,7 @@ from rich.text import Text
 from harvest import safefiles
 from harvest.campaign.outputs.phases import PhaseBoard
 from harvest.events import Event
-from harvest.redact import redact_doc
+from harvest.redact import as_text, redact_doc
 
 PROGRESS_FILE = "progress.json"
 #: Widest the live panel is drawn (narrower terminals get their width): a fixed frame, not one
@@ -349,7 +349,8 @@ class Progress:
         if len(endpoints) > 1:
             body.add_row("load", load)
             for url, q in sorted(endpoints.items()):
-                body.add_row("", f"{url}  running {_count(q.get('running'))}   waiting {_count(q.get('waiting'))}")
+                body.add_row("", as_text(f"{url}  running {_count(q.get('running'))}   "
+                                         f"waiting {_count(q.get('waiting'))}"))
         else:
             if server.get("running") is not None:
                 load += f"   server running {server['running']:.0f}   waiting {server.get('waiting') or 0:.0f}"
@@ -372,8 +373,8 @@ class Progress:
             eta = _duration(snap["eta_s"])
             body.add_row("ETA", eta + (f"  (rate over the last {self._window_s:.0f} s)" if snap["eta_s"] else ""))
         if snap.get("note"):
-            body.add_row("note", str(snap["note"]))
-        return Panel(Group(phases, Text(""), body), title=f"harvest run: {self.run_dir}", title_align="left",
+            body.add_row("note", as_text(snap["note"]))
+        return Panel(Group(phases, Text(""), body), title=as_text(f"harvest run: {self.run_dir}"), title_align="left",
                      expand=bool(width), width=width or None)
 
     def __enter__(self) -> Progress:

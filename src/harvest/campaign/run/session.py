@@ -45,9 +45,9 @@ from harvest.campaign.run.context import ContextGuard
 from harvest.campaign.run.dispatch import DispatchSteps
 from harvest.campaign.run.folder import resume_line, skipped_problem
 from harvest.campaign.run.intake import IngestSteps, dataset_fingerprint, output_settings
-from harvest.campaign.outputs.progress import Progress
-from harvest.campaign.run.supervise import ServerSteps
-from harvest.campaign.outputs.timeline import Timeline
+from harvest.campaign.outputs.progress import PROGRESS_FILE, Progress
+from harvest.campaign.run.supervise import SERVER_DIR, ServerSteps
+from harvest.campaign.outputs.timeline import TIMELINE_FILE, Timeline
 from harvest.client import Client
 from harvest.client.metrics import PrefixCacheMeter
 from harvest.config import HarvestConfig
@@ -98,7 +98,8 @@ class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
 
     def __init__(self, config: HarvestConfig, placement: Placement, *, allow_mixed: bool, force: bool,
                  live: bool | None, all_hosts: bool = False, on_preflight: Callable[[Any], None] | None = None,
-                 retry: tuple[str, ...] = (), console: Any = None):  # console: a rich Console (the display's)
+                 retry: tuple[str, ...] = (), console: Any = None,  # console: a rich Console (the display's)
+                 writes: tuple[str, ...] = ()):
         if config.data is None:
             raise ConfigError(config.source, [(f"{config.source} [data]", "`harvest run` needs a [data] table")])
         if config.server is None and not config.client.endpoints:
@@ -127,6 +128,8 @@ class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
         #: The engines' prefix-cache hit rate over this session, from the progress scrapes.
         self.prefix_cache = PrefixCacheMeter()
         self.retry = retry
+        #: Files the caller writes in the run folder after the session (the report), checked with ours.
+        self.writes = writes
         self.requeued = 0
         # The background ingest: its records, task, a wake-up per committed batch, and its stop.
         self._records: Any = None
@@ -154,6 +157,7 @@ class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
         ledger = self.open_ledger()
         installed = self._take_signals()
         try:
+            self._refuse_unsafe_files(ledger)
             counts = ledger.counts()
             progress = self._open_progress(ledger, counts, t0)
             with progress:
@@ -176,6 +180,18 @@ class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
             self._close_records()
             ledger.close()
         return self._report(totals, progress.done, time.monotonic() - t0, skip_reasons, ledger.recovered)
+
+    def _refuse_unsafe_files(self, ledger: Ledger) -> None:
+        """Every file this session (and its caller) will write in the run folder, checked before
+        anything is launched, so that no refusal comes once an engine runs: the panel's and the
+        timeline's, the caller's, and the server folder's records as the placement keeps them (the
+        ledger's own were checked as it opened)."""
+        assert ledger.folder is not None  # opened for writing: the run folder is held
+        for name in (PROGRESS_FILE, TIMELINE_FILE, *self.writes):
+            ledger.folder.check_file(name)
+        server = self.config.server
+        if server is not None and server.launched:
+            self.placement.check_records(self.run_dir / SERVER_DIR, server)
 
     def _take_signals(self) -> dict[int, Any]:
         """SIGINT / SIGTERM ask for a clean stop; returns the handler each had (``Any``: whatever
@@ -287,7 +303,7 @@ class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
 async def run_campaign(config: HarvestConfig, *, placement: Placement | None = None, all_hosts: bool = False,
                        allow_mixed: bool = False, force: bool = False, live: bool | None = None,
                        on_preflight: Callable[[Any], None] | None = None, retry: tuple[str, ...] = (),
-                       console: Any = None) -> RunReport:  # console: a rich Console
+                       console: Any = None, writes: tuple[str, ...] = ()) -> RunReport:  # console: a rich Console
     """Run (or resume) the campaign described by ``config``; see the module docstring.
 
     ``placement``: where the servers run, as the command chose it (``harvest run``:
@@ -296,10 +312,12 @@ async def run_campaign(config: HarvestConfig, *, placement: Placement | None = N
     ``on_preflight(report)`` is called with the launch's preflight report before the launch.
     ``retry``: what to put back to pending first (``failed``, ``truncated`` or an error class).
     ``console`` (a rich Console) is the one the live display draws on; print through it meanwhile.
+    ``writes``: names of files the caller writes in the run folder afterwards (the report): refused
+    with the run's own before anything is launched.
     """
     return await _Campaign(config, placement if placement is not None else from_config(config),
                            allow_mixed=allow_mixed, force=force, live=live, all_hosts=all_hosts,
-                           on_preflight=on_preflight, retry=retry, console=console).run()
+                           on_preflight=on_preflight, retry=retry, console=console, writes=writes).run()
 
 
 __all__ = ["RunReport", "dataset_fingerprint", "engine_limit", "output_settings", "run_campaign"]

@@ -136,6 +136,8 @@ def test_the_quick_start_job_runs_as_written(tmp_path, llama_server):
                 assert res.returncode == 0, said
                 lines = [json.loads(ln) for ln in exported.read_text().splitlines()]
                 assert len(lines) == expected, (statuses, len(lines), counts)
+                # a file to use: each line the item's id and its conversation, ending with the answer
+                assert all(ln["id"] and ln["conversations"][-1]["role"] == "assistant" for ln in lines), lines[0]
             else:  # the README: an export that would hold no item exits 1 and says what the run holds
                 assert res.returncode == 1 and "no item of status done to export" in res.stderr, said
     assert counts, "the quick start's commands never ran `harvest run`"

@@ -66,10 +66,11 @@ def test_the_guide_shows_the_live_panel_as_the_terminal_test_captured_it():
     capture = (ROOT / "docs" / "live-display.txt").read_text(encoding="utf-8")
     assert capture.startswith("while the server launches:\n\n") and "\n\n\nwhile it generates:\n\n" in capture
     generating = capture.split("while it generates:\n\n", 1)[1]
-    mention = "(tmux, 130 columns; `tests/cli/test_live_terminal.py`, kept in\n[live-display.txt](live-display.txt)):"
+    mention = ("(tmux, 130 columns; `tests/cli/test_live_terminal.py`, kept in\n"
+               "[live-display.txt](live-display.txt)):")
     assert mention in guide, "docs/live-display.md no longer says where its screen comes from"
     shown = guide.split(mention, 1)[1].split("```text\n", 1)[1].split("```\n", 1)[0]
-    assert shown == generating, "docs/live-display.md's screen is not docs/live-display.txt's: copy it from there"
+    assert shown == generating, "docs/live-display.md's screen is not docs/live-display.txt's: copy it"
     frames = [line for line in capture.splitlines() if line.startswith(("╭", "│", "╰"))]
     assert frames and {len(line) for line in frames} == {PANEL_WIDTH}, "a frame of the capture is not whole"
     assert "▶ launching" in capture and "log: " in capture and "▶ generating" in capture

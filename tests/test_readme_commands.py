@@ -31,8 +31,10 @@ def test_every_readme_command_has_a_row():
     from harvest.cli.main import COMMANDS
 
     told = "\n".join(doc.read_text() for doc in documents())
-    commands = {f"harvest {name}" for name in COMMANDS if re.search(rf"(`|^|\$ )harvest {name}\b", told, re.M)}
-    assert {"harvest run", "harvest stop", "harvest gpus", "harvest tune", "harvest report"} <= commands, commands
+    commands = {f"harvest {name}" for name in COMMANDS
+                if re.search(rf"(`|^|\$ )harvest {name}\b", told, re.M)}
+    assert {"harvest run", "harvest stop", "harvest gpus", "harvest tune", "harvest report"} <= commands, \
+        commands
     missing = sorted(commands - set(table()) - {"harvest demo"})  # `make demo` runs `harvest demo`
     assert not missing, f"tests/README.md has no success-path row for {missing}"
     assert "make demo" in table()

@@ -362,7 +362,8 @@ dir = "run"
             assert any(queued > 0 for _, queued in loads), loads  # the claim-ahead shown apart
             # Within the guide's bound: sent and claimed ahead together at most twice the highest
             # concurrency so far (fixed here; every prompt is its own prefix, so no 2,048 window).
-            assert CLAIM_BOUND in ENDPOINTS.read_text().replace("\n", " "), "docs/endpoints.md no longer states the bound"
+            stated = ENDPOINTS.read_text().replace("\n", " ")
+            assert CLAIM_BOUND in stated, "docs/endpoints.md no longer states the bound"
             assert all(sent + queued <= 2 * concurrency for sent, queued in loads), loads
             final = term.screens[-1].text
             assert "run `harvest run job.toml` again to resume" in final, final

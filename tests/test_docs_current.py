@@ -2,7 +2,7 @@
 most 500 lines (history in docs/bench-results/), docs/architecture.md exists and is cited where
 the layering is enforced, no tracked file outside the raw results names how the work was
 organised (numbered rounds of work, tracker numbers) instead of what the code does, and the
-README's live panel is the one the terminal test last captured."""
+live panel of docs/live-display.md is the one the terminal test last captured."""
 
 from __future__ import annotations
 
@@ -58,18 +58,19 @@ def test_the_pattern_finds_the_words_it_is_for():
     assert not WORK_WORDS.search("this session's work") and not WORK_WORDS.search("a session of the run")
 
 
-def test_the_readme_shows_the_live_panel_as_the_terminal_test_captured_it():
+def test_the_guide_shows_the_live_panel_as_the_terminal_test_captured_it():
     """docs/live-display.txt is written by tests/cli/test_live_terminal.py (run it with
-    HARVEST_UPDATE_DOCS=1); the README's screen is its generating screen, verbatim, and neither
-    holds a path of the machine it was captured on."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    HARVEST_UPDATE_DOCS=1); the screen of docs/live-display.md is its generating screen, verbatim,
+    and neither holds a path of the machine it was captured on."""
+    guide = (ROOT / "docs" / "live-display.md").read_text(encoding="utf-8")
     capture = (ROOT / "docs" / "live-display.txt").read_text(encoding="utf-8")
     assert capture.startswith("while the server launches:\n\n") and "\n\n\nwhile it generates:\n\n" in capture
     generating = capture.split("while it generates:\n\n", 1)[1]
-    mention = "(tmux, 130 columns; `tests/cli/test_live_terminal.py`, kept in\n[docs/live-display.txt](docs/live-display.txt)):"
-    assert mention in readme, "the README no longer says where its screen comes from"
-    shown = readme.split(mention, 1)[1].split("```text\n", 1)[1].split("```\n", 1)[0]
-    assert shown == generating, "the README's screen is not docs/live-display.txt's: copy it from there"
+    mention = ("(tmux, 130 columns; `tests/cli/test_live_terminal.py`, kept in\n"
+               "[live-display.txt](live-display.txt)):")
+    assert mention in guide, "docs/live-display.md no longer says where its screen comes from"
+    shown = guide.split(mention, 1)[1].split("```text\n", 1)[1].split("```\n", 1)[0]
+    assert shown == generating, "docs/live-display.md's screen is not docs/live-display.txt's: copy it"
     frames = [line for line in capture.splitlines() if line.startswith(("╭", "│", "╰"))]
     assert frames and {len(line) for line in frames} == {PANEL_WIDTH}, "a frame of the capture is not whole"
     assert "▶ launching" in capture and "log: " in capture and "▶ generating" in capture

@@ -1,12 +1,15 @@
-"""tests/README.md's table of the README's commands: every `harvest` command the README tells a
-user to type (and `make demo`) has a row, and every test a row names exists (file and function), so
-a command whose success path loses its test, or a new command without one, fails here."""
+"""tests/README.md's table of the README's commands: every `harvest` command the README or a guide
+its table links (tests/guides.py) tells a user to type (and `make demo`) has a row, and every test
+a row names exists (file and function), so a command whose success path loses its test, or a new
+command without one, fails here."""
 
 from __future__ import annotations
 
 import ast
 import re
 from pathlib import Path
+
+from tests.guides import documents
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "## Every command the README tells a user to type, and the test of its success path\n"
@@ -27,9 +30,11 @@ def table() -> dict[str, str]:
 def test_every_readme_command_has_a_row():
     from harvest.cli.main import COMMANDS
 
-    readme = (ROOT / "README.md").read_text()
-    commands = {f"harvest {name}" for name in COMMANDS if re.search(rf"(`|^|\$ )harvest {name}\b", readme, re.M)}
-    assert {"harvest run", "harvest stop", "harvest gpus"} <= commands, commands
+    told = "\n".join(doc.read_text() for doc in documents())
+    commands = {f"harvest {name}" for name in COMMANDS
+                if re.search(rf"(`|^|\$ )harvest {name}\b", told, re.M)}
+    assert {"harvest run", "harvest stop", "harvest gpus", "harvest tune", "harvest report"} <= commands, \
+        commands
     missing = sorted(commands - set(table()) - {"harvest demo"})  # `make demo` runs `harvest demo`
     assert not missing, f"tests/README.md has no success-path row for {missing}"
     assert "make demo" in table()

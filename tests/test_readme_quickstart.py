@@ -4,18 +4,20 @@ examples keep.
 - The first ten lines: the title, what harvest is, then one code block holding exactly the two
   set-up commands, `make demo` and `make test` (`.ci/run` runs `make test`).
 
-- "A server that is already running" (under "Your own job"): its job file is written as given, with
+- "A server that is already running" (under "Your first job"): its job file is written as given, with
   only the endpoint URL, the model name and the data path pointed at the shared llama-server and a
   few rows of the test's; every `harvest` command of its shell block then runs as written (through
   ``python -m harvest``), the run finishes every item, and each export holds the statuses it asked
-  for (one that would hold none exits 1, as the README says).
+  for (one that would hold none exits 1, as the README says); one of them takes the truncated
+  answers too, so the first job ends in a file even when every answer fills `max_tokens`.
 - "llama.cpp's llama-server": its job file, with the GGUF file, the binary (`[server] command`), the
   port and the data path pointed at the test's, launches llama-server, finishes every item, stops
   it clean, and the context per slot is the README's (`-c` split between the `--parallel` slots).
-- Every ```toml block of the README loads with harvest's own loader (every table and setting it
-  shows exists), and every comment in those blocks is at most two lines: the line it starts on (a
-  setting's trailing comment, a commented-out setting, or a comment line after a line without one)
-  plus at most one comment-only line below it. Longer explanations belong in prose.
+- Every ```toml block of the README and of the guides its table links (tests/guides.py) loads with
+  harvest's own loader (every table and setting it shows exists), and every comment in those blocks
+  is at most two lines: the line it starts on (a setting's trailing comment, a commented-out
+  setting, or a comment line after a line without one) plus at most one comment-only line below it.
+  Longer explanations belong in prose.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from pathlib import Path
 
 from harvest.config import load_config
 from tests import engines
+from tests.guides import ROOT, documents
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 QUICKSTART = "### A server that is already running\n"
@@ -133,6 +136,9 @@ def test_the_quick_start_job_runs_as_written(tmp_path, llama_server):
                 assert res.returncode == 0, said
                 lines = [json.loads(ln) for ln in exported.read_text().splitlines()]
                 assert len(lines) == expected, (statuses, len(lines), counts)
+                # a file to use: each line the item's id and its conversation, ending with the answer
+                assert all(ln["id"] and ln["conversations"][-1]["role"] == "assistant"
+                           for ln in lines), lines[0]
             else:  # the README: an export that would hold no item exits 1 and says what the run holds
                 assert res.returncode == 1 and "no item of status done to export" in res.stderr, said
     assert counts, "the quick start's commands never ran `harvest run`"
@@ -161,10 +167,14 @@ def test_the_llama_server_job_runs_as_written(tmp_path, llama_server_bin, tiny_g
     assert counts["done"] + counts["truncated"] == ROWS and counts["failed"] == counts["pending"] == 0, counts
 
 
-def toml_blocks() -> list[tuple[int, str]]:
-    """(line number in README.md, text) of every ```toml block."""
-    text = README.read_text()
-    return [(text[:m.start()].count("\n") + 2, m.group(1)) for m in re.finditer(r"```toml\n(.*?)```", text, re.S)]
+def toml_blocks() -> list[tuple[str, int, str]]:
+    """(document, line number in it, text) of every ```toml block of the README and its guides."""
+    found = []
+    for doc in documents():
+        text = doc.read_text()
+        found += [(str(doc.relative_to(ROOT)), text[:m.start()].count("\n") + 2, m.group(1))
+                  for m in re.finditer(r"```toml\n(.*?)```", text, re.S)]
+    return found
 
 
 #: A comment-only line that is a commented-out setting (`# n = 4  # ...`): it starts its own comment.
@@ -190,11 +200,13 @@ def comments(block: str) -> list[tuple[int, int]]:
 
 def test_readme_config_comments_are_at_most_two_lines_and_every_block_loads(tmp_path):
     blocks = toml_blocks()
-    assert len(blocks) >= 5 and any("[client]" in b and "concurrency" in b for _, b in blocks)
-    long = [(line + first, n) for line, block in blocks for first, n in comments(block) if n > 2]
-    assert not long, f"README.md: comments over two lines at (line, lines) {long}: say it in prose or docs/"
-    for line, block in blocks:
-        path = tmp_path / f"readme-{line}.toml"
+    assert len(blocks) >= 5 and any("[client]" in b and "concurrency" in b for _, _, b in blocks)
+    documents_with_jobs = {doc for doc, _, _ in blocks}
+    assert {"README.md", "docs/endpoints.md", "docs/remote.md", "docs/ray.md"} <= documents_with_jobs
+    long = [(doc, line + first, n) for doc, line, block in blocks for first, n in comments(block) if n > 2]
+    assert not long, f"comments over two lines at (document, line, lines) {long}: say it in prose"
+    for doc, line, block in blocks:
+        path = tmp_path / f"{doc.replace('/', '-')}-{line}.toml"
         path.write_text(block)
         load_config(path)  # raises naming the table and field of a setting harvest does not have
 

@@ -1,6 +1,6 @@
-"""The README's "An endpoint that is already running" section runs as written: its job file is
+"""docs/endpoints.md's "An endpoint that is already running" section runs as written: its job file is
 written as given, with only the `base_url` line pointed at a running endpoint (bench/sim_engine.py,
-serving the model name the README asks for), the dataset it describes is written beside it, and
+serving the model name the guide asks for), the dataset it describes is written beside it, and
 every `harvest` command of its shell block must succeed. Then the same job without its
 `prompt_field` line shows the section's other promise: every row skipped, exit 1, the reason."""
 
@@ -15,13 +15,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "endpoints.md"
 SIM_ENGINE = Path(__file__).resolve().parents[2] / "bench" / "sim_engine.py"
 TITLE = "An endpoint that is already running"
 
 
 def section() -> tuple[str, list[str]]:
-    text = README.read_text()
+    text = GUIDE.read_text()
     start = text.index(f"## {TITLE}\n")
     body = text[start:text.find("\n## ", start + 1)]
     (toml,) = re.findall(r"```toml\n(.*?)```", body, re.S)

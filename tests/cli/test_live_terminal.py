@@ -258,8 +258,8 @@ def test_stop_shows_each_step_as_it_happens(tmp_path):
 
 
 SIM_ENGINE = Path(__file__).resolve().parents[2] / "bench" / "sim_engine.py"
-README = Path(__file__).resolve().parents[2] / "README.md"
-#: What the README promises of the panel's "claimed ahead" (dispatch.py ``_refill``: claims up to
+ENDPOINTS = Path(__file__).resolve().parents[2] / "docs" / "endpoints.md"
+#: What docs/endpoints.md promises of the panel's "claimed ahead" (dispatch.py ``_refill``: claims up to
 #: ``CLAIM_FACTOR`` x the client's capacity, never given back when an auto target falls).
 CLAIM_BOUND = "Sent and claimed ahead together stay within twice the highest concurrency of the session so far"
 
@@ -360,9 +360,10 @@ dir = "run"
             assert loads, "no screen showed what is sent:\n" + term.screens[-1].text
             assert all(sent <= concurrency for sent, _ in loads), loads  # never more than the concurrency
             assert any(queued > 0 for _, queued in loads), loads  # the claim-ahead shown apart
-            # Within the README's bound: sent and claimed ahead together at most twice the highest
+            # Within the guide's bound: sent and claimed ahead together at most twice the highest
             # concurrency so far (fixed here; every prompt is its own prefix, so no 2,048 window).
-            assert CLAIM_BOUND in README.read_text().replace("\n", " "), "the README no longer states the bound"
+            stated = ENDPOINTS.read_text().replace("\n", " ")
+            assert CLAIM_BOUND in stated, "docs/endpoints.md no longer states the bound"
             assert all(sent + queued <= 2 * concurrency for sent, queued in loads), loads
             final = term.screens[-1].text
             assert "run `harvest run job.toml` again to resume" in final, final

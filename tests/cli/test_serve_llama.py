@@ -1,4 +1,4 @@
-"""The README's server commands on a real engine, as a user types them: ``harvest preflight``,
+"""The server commands of docs/campaign.md on a real engine, as a user types them: ``harvest preflight``,
 ``harvest serve --detach``, ``harvest ps`` and ``harvest stop`` on llama.cpp's llama-server and the
 tiny GGUF model. Outcomes are measured: the engine answers a completion, ``ps`` lists it, and after
 ``stop`` its process is gone (pid with create time) and its port closed."""

@@ -1,4 +1,4 @@
-"""The README's "Many nodes: a Ray cluster" section run as written, as a new user would, on the tests'
+"""docs/ray.md's "A job on a Ray cluster" section run as written, as a new user would, on the tests'
 local Ray cluster (tests/cluster/conftest.py): its TOML written as given with only the lines that
 name the machine adapted (the cluster's address, the engine and model this CPU machine has, no
 GPUs, the engine slots of the test nodes), plus a few prompts and a short answer; then every
@@ -19,13 +19,13 @@ from tests.chaos.killer import final_check, harvest_argv, write_data
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-TITLE = "Many nodes: a Ray cluster"
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "ray.md"
+TITLE = "A job on a Ray cluster"
 
 
 def section() -> tuple[str, str, list[str]]:
     """(file name, TOML text, the `harvest` commands) of the section."""
-    text = README.read_text()
+    text = GUIDE.read_text()
     start = text.index(f"## {TITLE}\n")
     body = text[start:text.find("\n## ", start + 1)]
     (toml,) = re.findall(r"```toml\n(.*?)```", body, re.S)
@@ -53,7 +53,7 @@ def adapt(toml: str, address: str, llama_server_bin: str, tiny_gguf: Path) -> st
         elif key == "resources":
             line = "resources = { engine = 1 }"  # the test cluster's worker nodes (the head has none)
         out.append(line)
-    # This machine's disk and a short answer: the test's own, not the README's.
+    # This machine's disk and a short answer: the test's own, not the guide's.
     out += ["[preflight]", "min_disk_free_gib = 0.1", "ram_reserve_gib = 0",
             "[sampling]", "max_tokens = 8", "[run]", "progress_interval = 0.5"]
     return "\n".join(out) + "\n"

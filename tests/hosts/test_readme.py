@@ -1,4 +1,4 @@
-"""The README's "A remote box" and "A container on a remote box" sections run as written against the
+"""docs/remote.md's "A remote box" and "A container on a remote box" sections run as written against the
 test's sshd: their TOML files are written as given, with only the lines that name the box adapted
 (host and port, key, known-hosts file, where the far harvest is) and, for the container, `pct`
 replaced by a stand-in that enters the test's namespace container (`pct exec 101 --` -> `nsenter`);
@@ -14,7 +14,7 @@ from pathlib import Path
 from tests.hosts.conftest import FAR_ENV, FAR_HARVEST
 from tests.hosts.test_container import container  # noqa: F401 - fixture
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "remote.md"
 
 PCT = """#!/bin/sh
 # Stand-in for Proxmox's `pct exec ID -- CMD...`: enters the test's namespace container instead.
@@ -27,7 +27,7 @@ exec nsenter -t {init} -p -m -- "$@"
 
 def section(title: str) -> tuple[list[tuple[str, str]], list[str]]:
     """(file name, TOML text) of each ```toml block and every `harvest` line of the ```sh blocks."""
-    text = README.read_text()
+    text = GUIDE.read_text()
     start = text.index(f"## {title}\n")
     end = text.find("\n## ", start + 1)
     body = text[start:end]
@@ -63,7 +63,7 @@ def adapt(toml: str, sshd, harvest: str) -> str:
 
 def run_section(title: str, tmp_path: Path, sshd, harvest: str, replace: dict[str, str] | None = None) -> None:
     tomls, commands = section(title)
-    assert tomls and commands, f"README section {title!r} has no TOML or no harvest command"
+    assert tomls and commands, f"docs/remote.md section {title!r} has no TOML or no harvest command"
     for name, text in tomls:
         adapted = adapt(text, sshd, harvest)
         for old, new in (replace or {}).items():
@@ -77,7 +77,7 @@ def run_section(title: str, tmp_path: Path, sshd, harvest: str, replace: dict[st
 
 
 def far_harvest(sshd) -> str:
-    """The far harvest as a README's `harvest = "..."` line names it: this checkout, its own state."""
+    """The far harvest as the guide's `harvest = "..."` line names it: this checkout, its own state."""
     return " ".join(["env", f"HARVEST_STATE_DIR={sshd.state_dir}", *FAR_ENV, FAR_HARVEST])
 
 
@@ -92,7 +92,7 @@ def test_container_section_runs_as_written(tmp_path, sshd, container):  # noqa: 
     pct.chmod(0o755)
     run_section("A container on a remote box", tmp_path, sshd,
                 far_harvest(sshd), replace={'"pct"': f'"{pct}"'})
-    # Every far command went into the container through the README's exec_prefix: the far harvest's
+    # Every far command went into the container through the guide's exec_prefix: the far harvest's
     # `gpus --json` and `ps --json`, each entered by `pct exec 101 --`.
     calls = entered.read_text().splitlines() if entered.exists() else []
     assert any(" gpus " in f" {c} " and "--json" in c for c in calls), calls

@@ -252,8 +252,15 @@ async def _rollout(client: ChatClient, item: Item, first: Any, *, sample: int, r
     attempts = requests - max(item.turns - 1, 0)
     record = encode(token_logprobs, sampling.logprobs) if sampling.logprobs and dropped is None else None
     return Generated(output, status, last_reason, prompt_tokens, completion_tokens, attempts, dropped,
-                     latency_s=latency, sample=sample, logprobs=record, ttft_s=timed[0].ttft_s if timed else None,
-                     tpot_s=timed[0].tpot_s if timed else None, itl_s=tuple(g for c in timed for g in c.itl_s))
+                     latency_s=latency, sample=sample, logprobs=record, **_stream_times(timed))
+
+
+def _stream_times(answers: Sequence[Any]) -> dict[str, Any]:
+    """A streamed item's timing: its first turn's TTFT and TPOT, the token gaps of every turn."""
+    if not answers:
+        return {}
+    return {"ttft_s": answers[0].ttft_s, "tpot_s": answers[0].tpot_s,
+            "itl_s": tuple(g for c in answers for g in c.itl_s)}
 
 
 __all__ = ["ChatClient", "Generated", "generate_item", "generate_samples", "logprob_overrides", "logprobs_to_ask",

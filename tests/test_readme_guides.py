@@ -6,6 +6,7 @@ one)."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -62,3 +63,15 @@ def test_the_slug_is_githubs():
     assert slug(" Where `scripts/install-engines llamacpp` puts llama-server") == \
         "where-scriptsinstall-engines-llamacpp-puts-llama-server"
     assert slug(" `[cluster]`") == "cluster" and slug(" Order and routing") == "order-and-routing"
+
+
+def test_the_llama_server_path_the_readme_gives_is_where_the_installer_puts_it(llama_server_bin):
+    """The README tells a newcomer where `scripts/install-engines llamacpp` puts the binary; the path
+    the installer prints (the one the tests run) has that shape."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    (shown,) = re.findall(r"`(~/\.cache/harvest/engines/[^`]*/llama-server)`", readme)
+    # From the engines folder on (HARVEST_ENGINES may move the folder itself).
+    tail = shown.split("/engines/", 1)[1]
+    pattern = r".*/" + re.escape(tail).replace(re.escape("python3.X"), r"python3\.\d+")
+    assert re.fullmatch(pattern, llama_server_bin), (shown, llama_server_bin)
+    assert Path(llama_server_bin).is_file() and os.access(llama_server_bin, os.X_OK)

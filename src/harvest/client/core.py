@@ -44,9 +44,11 @@ from pydantic import SecretStr
 
 from harvest.client import protocol
 from harvest.client.autoconc import GAUGE_NAMES, AutoSettings
+from harvest.client.autoconc.readings import GENERATED
 from harvest.client.canary import TOKENS as CANARY_TOKENS
 from harvest.client.canary import canary_body
 from harvest.client.endpoints import Endpoint, EndpointPool, endpoint_url, normalize_url
+from harvest.client.hang import Watchdog
 from harvest.client.engine import EngineLimit, auto_settings
 from harvest.client.health import Health
 from harvest.client.metrics import scrape_metrics
@@ -77,6 +79,10 @@ from harvest.redact import redact_text
 
 log = logging.getLogger("harvest.client")
 
+
+
+class _Abandoned(Exception):
+    """The request's endpoint was given up while the request was on the wire (client-internal)."""
 
 
 class _Verdict(enum.Enum):
@@ -160,6 +166,10 @@ class Client:
         self._health = Health(self._pool, self._transport, self._headers, self.retry,
                               self.config.health_deadline, clock=clock, sleep=sleep, redact=self._redact,
                               closed=lambda: self._closed)
+        self._watchdog = Watchdog(self._pool, self._health, self._scrape_generated,
+                                  deadline_s=self.config.health_deadline, probe_timeout=self.retry.probe_timeout,
+                                  sleep=asyncio.sleep,  # real time: quiet spells are measured on it
+                                  floor_s=self.retry.hang_floor, interval_s=self.retry.hang_interval)
         #: The path of the last request sent: the canary speaks the same dialect (chat or completions).
         self._last_path = protocol.CHAT_PATH
         self._in_flight = self._held = self._completed = self._retries = 0
@@ -217,6 +227,7 @@ class Client:
         self._closed = True
         if self._steer is not None:
             await self._steer.aclose()
+        await self._watchdog.aclose()
         await self._health.aclose()
         await self._transport.aclose()
 
@@ -254,7 +265,7 @@ class Client:
         """A snapshot of in-flight and held requests, retries, errors by kind, and every endpoint."""
         return ClientStats(in_flight=self._in_flight, held=self._held, completed=self._completed,
                            retries=self._retries, errors=dict(self._errors),
-                           endpoints=self._pool.stats(time.monotonic()))
+                           endpoints=self._pool.stats(time.monotonic(), self.retry.hang_floor))
 
     def capacity(self) -> int:
         """Requests the client sends at once now: the fixed concurrency, or the sum of the healthy
@@ -336,6 +347,11 @@ class Client:
     async def _scrape_one(self, url: str, timeout: float) -> dict[str, float]:
         return await scrape_metrics(url, transport=self._transport, headers=self._headers, timeout=timeout)
 
+    async def _scrape_generated(self, url: str, timeout: float) -> dict[str, float]:
+        """Only the generated-token counters the hang watchdog reads, parsed."""
+        return await scrape_metrics(url, transport=self._transport, headers=self._headers, timeout=timeout,
+                                    only=GENERATED)
+
     async def _scrape_gauges(self, url: str, timeout: float) -> dict[str, float]:
         """Only the lines the auto-concurrency controller reads, parsed."""
         return await scrape_metrics(url, transport=self._transport, headers=self._headers, timeout=timeout,
@@ -367,9 +383,11 @@ class Client:
             response: RawResponse | None = None
             kind: FailureKind | None = None
             started = time.perf_counter()
+            abandoned = False
             try:
-                response = await self._transport.request("POST", endpoint_url(endpoint.url, path), body=data,
-                                                         headers=self._headers, timeout=timeout)
+                response = await self._send(endpoint, endpoint_url(endpoint.url, path), data, timeout)
+            except _Abandoned:
+                abandoned = True
             except Unreachable as exc:
                 kind, detail = FailureKind.UNREACHABLE, str(exc)
             except TimedOut as exc:
@@ -381,10 +399,15 @@ class Client:
                 self._in_flight -= 1
                 self._slots.release()
 
+            if abandoned:  # its endpoint was given up while it waited there: held, not charged
+                self._errors[FailureKind.ABANDONED.value] += 1
+                continue
             status = None
             if response is not None:
                 status = response.status
                 endpoint.heard(time.monotonic(), time.perf_counter() - started if status < 400 else None)
+                if endpoint.state is EndpointState.HUNG:  # it answered after all: back in rotation
+                    self._health.revive(endpoint, reset=True)
                 kind = classify_status(status)
                 if kind is None:
                     try:
@@ -429,6 +452,22 @@ class Client:
             log.debug("retry %d of a request to %s in %.2f s: %s", charged, endpoint.url, delay, detail)
             await self._sleep(delay)
 
+    async def _send(self, endpoint: Endpoint, url: str, data: bytes, timeout: float) -> RawResponse:
+        """POST ``data`` to ``url`` on ``endpoint``; raises :class:`_Abandoned` when the endpoint is
+        given up (:meth:`Endpoint.abandon`) while the request is on the wire."""
+        request = asyncio.ensure_future(self._transport.request("POST", url, body=data, headers=self._headers,
+                                                                timeout=timeout))
+        endpoint.wire.add(request)
+        try:
+            await asyncio.wait((request,))  # the caller's own cancellation propagates from here
+        finally:
+            endpoint.wire.discard(request)
+            if not request.done():
+                request.cancel()
+        if request.cancelled():
+            raise _Abandoned
+        return request.result()
+
     async def _send_canary(self, url: str, arrivals: list[float]) -> TimedEvents:
         """One canary to ``url`` (see :mod:`harvest.client.canary`): not an item, never retried."""
         body = canary_body(self._model, CANARY_TOKENS, chat=self._last_path == protocol.CHAT_PATH)
@@ -441,6 +480,7 @@ class Client:
         deadline = None
         if self._steer is not None:
             self._steer.ensure_started()
+        self._watchdog.ensure_started()
         while True:
             await self._slots.acquire()
             endpoint = self._pool.choose(affinity)

@@ -111,7 +111,9 @@ def test_hung_run_ends_quietly(tmp_path, llama_server_bin, tiny_gguf):
                                   health="/health", timeout=60)
     job = write_toml(tmp_path / "job.toml", {
         "data": {"path": str(data(tmp_path)), "id_field": "id"}, "sampling": {"max_tokens": 16},
-        "client": {"endpoints": [server.url], "health_deadline": 4}, "output": {"dir": str(tmp_path / "run")}})
+        # hung for longer than a canary may take (60 s): one that timed out on the hung endpoint is
+        # never read by the steering again, and must not be left for asyncio to report
+        "client": {"endpoints": [server.url], "health_deadline": 45}, "output": {"dir": str(tmp_path / "run")}})
     proc = run(job, tmp_path)
     try:
         out, _ = proc.communicate(timeout=300)

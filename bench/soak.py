@@ -1,7 +1,7 @@
 """Soak: a managed llama-server campaign left alone while faults are injected at random.
 
-    python bench/soak.py                              # 6,000 items, faults over about 10 minutes
-    python bench/soak.py --items 800 --minutes 1.5 --hang-deadline 15   # the suite's short version
+    python bench/soak.py                              # 40,000 items, faults over about 10 minutes
+    python bench/soak.py --items 8000 --minutes 1.5 --stop-seconds 10 --hang-deadline 15   # the suite's
 
 ``harvest run`` launches llama-server (the tiny test model) behind ``tests/hang_engine.py``, a
 loopback proxy that can hold every completion while ``/health`` answers, with the default
@@ -192,10 +192,10 @@ def group_alive(pgid: int) -> bool:
 
 
 def job_text(data: Path, run_dir: Path, llama: str, gguf: Path, flag: Path, port: int,
-             hang_deadline: float | None) -> str:
+             hang_deadline: float | None, max_tokens: int) -> str:
     command = [sys.executable, str(HANG_ENGINE), "--ignore-term-if", str(flag), "--", llama]
     client = f"hang_deadline = {hang_deadline}\n" if hang_deadline else ""
-    return (f'[data]\npath = "{data}"\nid_field = "id"\n[sampling]\nmax_tokens = 8\n'
+    return (f'[data]\npath = "{data}"\nid_field = "id"\n[sampling]\nmax_tokens = {max_tokens}\n'
             f'[output]\ndir = "{run_dir}"\n[run]\nprogress_interval = 1\nmax_relaunches = 50\n'
             f'[server]\nengine = "llamacpp"\nmodel = "{gguf}"\ncommand = {json.dumps(command)}\nport = {port}\n'
             f'max_running_requests = 8\nextra_args = ["-c", "8192"]\nready_timeout = 60\n'
@@ -274,12 +274,15 @@ def table(faults: list[dict[str, object]], figures: dict[str, object]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--items", type=int, default=6000)
+    ap.add_argument("--items", type=int, default=40000, help="unique input items (the tiny model answers about "
+                    "70 a second on 2 cores: enough to outlast the faults)")
+    ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--minutes", type=float, default=10.0, help="the span the faults are injected over")
     ap.add_argument("--faults", default=",".join(KINDS + ("engine_sigkill", "client_sigkill")),
                     help="kinds to inject, comma-separated (a kind named twice is injected twice)")
     ap.add_argument("--stop-seconds", type=float, default=60.0, help="how long SIGSTOP lasts")
     ap.add_argument("--hang-deadline", type=float, default=None, help="[client] hang_deadline (default: harvest's)")
+    ap.add_argument("--gguf", type=Path, default=None, help="the model (default: the tiny test model, built once)")
     ap.add_argument("--seed", type=int, default=51)
     ap.add_argument("--dir", type=Path, default=None, help="work folder (default: a temporary one)")
     ap.add_argument("--end-timeout", type=float, default=1200.0, help="seconds the run may take after the faults")
@@ -292,12 +295,13 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(work / "run", ignore_errors=True)
     llama = os.environ.get("HARVEST_LLAMA_SERVER") or engines.install_engine("llamacpp")
-    python = os.environ.get("HARVEST_VLLM_PYTHON") or engines.install_engine("vllm")
-    gguf = engines.cached_tiny_model(python) / "model.gguf"
+    gguf = args.gguf or engines.cached_tiny_model(os.environ.get("HARVEST_VLLM_PYTHON")
+                                                  or engines.install_engine("vllm")) / "model.gguf"
     data = write_data(work / "in.jsonl", args.items, duplicates=0)
     port = engines.free_port()
     soak = Soak(work, args)
-    soak.job.write_text(job_text(data, soak.run_dir, llama, gguf, soak.flag, port, args.hang_deadline))
+    soak.job.write_text(job_text(data, soak.run_dir, llama, gguf, soak.flag, port, args.hang_deadline,
+                                 args.max_tokens))
     mem_before = psutil.virtual_memory().available
     rng = random.Random(args.seed)
     t0 = time.monotonic()

@@ -53,9 +53,10 @@ def assert_quiet(out: str) -> None:
     assert "Traceback" not in out, out
 
 
-def managed_job(tmp_path: Path, llama: str, gguf: Path, **client: object) -> Path:
+def managed_job(tmp_path: Path, llama: str, gguf: Path, command: list[str] | None = None, **client: object) -> Path:
     return write_toml(tmp_path / "job.toml", {
-        "server": {"engine": "llamacpp", "model": str(gguf), "command": [llama], "port": engines.free_port(),
+        "server": {"engine": "llamacpp", "model": str(gguf), "command": command or [llama],
+                   "port": engines.free_port(),
                    "max_running_requests": 4, "extra_args": ["-c", "8192"], "stop_grace": 2},
         "preflight": PREFLIGHT, "data": {"path": str(data(tmp_path)), "id_field": "id"},
         "sampling": {"max_tokens": 16}, "client": dict(client), "output": {"dir": str(tmp_path / "run")}})
@@ -68,10 +69,19 @@ def test_finished_run_ends_quietly(tmp_path, llama_server_bin, tiny_gguf):
     assert_quiet(out)
 
 
-def test_interrupted_run_ends_quietly(tmp_path, llama_server_bin, tiny_gguf):
-    proc = run(managed_job(tmp_path, llama_server_bin, tiny_gguf), tmp_path)
+@pytest.mark.parametrize("when", ["launching", "generating"])
+def test_interrupted_run_ends_quietly(tmp_path, llama_server_bin, tiny_gguf, when):
+    # launching: llama-server behind a pause standing for a large model's load
+    command = ["sh", "-c", 'sleep 5; exec "$0" "$@"', llama_server_bin] if when == "launching" else None
+    proc = run(managed_job(tmp_path, llama_server_bin, tiny_gguf, command=command), tmp_path)
     try:
-        wait_results(tmp_path / "run", proc, 20)
+        if when == "launching":
+            deadline = time.monotonic() + 60
+            while not (tmp_path / "run" / "server" / "launch.json").exists():
+                assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+                time.sleep(0.05)
+        else:
+            wait_results(tmp_path / "run", proc, 20)
         proc.send_signal(signal.SIGINT)  # Ctrl-C
         out, _ = proc.communicate(timeout=120)
     finally:

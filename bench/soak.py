@@ -18,7 +18,7 @@ injected one at a time, in a random order, at random moments:
 
 Then the run must end by itself (exit 0), with every input id exactly once (the ledger read
 straight from SQLite, and an export counted by id), no engine process left (every group harvest
-launched, measured), every verified stop clean, and host memory back. Prints a table (faults by
+launched, measured), every verified stop clean, and no process of the run holding host memory. Prints a table (faults by
 kind, survived, items lost, duplicated, the longest stall between two committed results) and one
 ``BENCH soak`` JSON line; exit 0 when nothing was wrong. Every process it started is stopped by
 its pid, and every engine group by the pgid of harvest's own record; every wait is bounded.
@@ -95,6 +95,7 @@ class Soak:
 
     def inject(self, kind: str) -> dict[str, object]:
         rec = self.record()
+        t0 = time.monotonic()
         fault: dict[str, object] = {"kind": kind, "at": time.time(), "committed": committed(self.run_dir)}
         if rec is None:
             fault["skipped"] = "no engine running"
@@ -119,14 +120,17 @@ class Soak:
             self.proc.kill()
             self.exits.append(self.proc.wait(timeout=60))
             self.start_session()
-            if kind == "engine_ignores_sigterm":  # the resumed session stops the leftover first
-                new = self.wait_new_engine(pid)
-                fault["leftover_gone"] = new is not None and not group_alive(pgid)
-                self.flag.unlink(missing_ok=True)
-        fault["recovered_s"] = self.wait_progress(int(fault["committed"]))  # type: ignore[call-overload]
+        if kind != "engine_sigstop":  # every other fault ends this engine: the run goes on with a new one
+            new = self.wait_new_engine(pid)
+            fault["replaced"] = new is not None
+            fault["old_engine_gone"] = new is not None and not group_alive(pgid)
+            self.flag.unlink(missing_ok=True)
+        # Recovered: a result committed by the engine that now serves (after SIGCONT, or the new one).
+        progressed = self.wait_progress(committed(self.run_dir))
+        fault["recovered_s"] = None if progressed is None else round(time.monotonic() - t0, 1)
         return fault
 
-    def wait_new_engine(self, old_pid: int, timeout: float = 180.0) -> dict[str, object] | None:
+    def wait_new_engine(self, old_pid: int, timeout: float = 600.0) -> dict[str, object] | None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             rec = self.record(timeout=5)
@@ -139,7 +143,7 @@ class Soak:
         """Seconds until a result is committed beyond ``before`` (the run went on), None if never."""
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
-            if committed(self.run_dir) > before + 1:
+            if committed(self.run_dir) > before:
                 return round(time.monotonic() - t0, 1)
             if not self.running():
                 return round(time.monotonic() - t0, 1) if self.proc and self.proc.returncode == 0 else None
@@ -246,9 +250,13 @@ def check(soak: Soak, unique: int, mem_before: int, port: int) -> tuple[list[str
     dirty = [s for s in stops if s.get("verdict") != "clean"]
     if dirty:
         problems.append(f"{len(dirty)} verified stops not clean: {[s.get('problems') for s in dirty]}")
+    # Host memory: nothing of the run may still hold any (every process it started, measured, gone).
+    # The host's available memory is shown beside it, not judged: others share this machine.
     mem_after = psutil.virtual_memory().available
-    if mem_after < mem_before - 512 * 2**20:
-        problems.append(f"host memory: {(mem_before - mem_after) / 2**20:.0f} MiB less available after the run")
+    held = [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+    if held:
+        rss = sum(p.memory_info().rss for p in held) / 2**20
+        problems.append(f"processes of the run still hold host memory: {[p.pid for p in held]} ({rss:.0f} MiB)")
     if soak.exits[-1:] != [0]:
         problems.append(f"the last session exited {soak.exits[-1:]} (sessions: {soak.exits})")
     figures = {"items": unique, "lost": lost, "duplicated": duplicated, "sessions": soak.sessions,
@@ -263,7 +271,7 @@ def table(faults: list[dict[str, object]], figures: dict[str, object]) -> str:
     lines = ["| fault | injected | survived | longest recovery (s) |", "|---|---|---|---|"]
     for kind in KINDS:
         mine = [f for f in faults if f["kind"] == kind]
-        survived = [f for f in mine if f.get("recovered_s") is not None and f.get("leftover_gone", True)]
+        survived = [f for f in mine if f.get("recovered_s") is not None and f.get("old_engine_gone", True)]
         rec = max((float(f["recovered_s"]) for f in survived), default=0.0)  # type: ignore[arg-type]
         lines.append(f"| {kind} | {len(mine)} | {len(survived)} | {rec:.0f} |")
     lines.append(f"\nitems {figures['items']:,}, lost {figures['lost']}, duplicated {figures['duplicated']}, "
@@ -330,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     more, figures = check(soak, args.items, mem_before, port)
     problems += more
     problems += [f"{f['kind']} at {f['t']} s not survived: {f}" for f in soak.faults
-                 if f.get("recovered_s") is None or f.get("leftover_gone") is False or f.get("skipped")]
+                 if f.get("recovered_s") is None or f.get("old_engine_gone") is False or f.get("skipped")]
     print(table(soak.faults, figures))
     for p in problems:
         print(f"PROBLEM: {p}")

@@ -253,10 +253,16 @@ def check(soak: Soak, unique: int, mem_before: int, port: int) -> tuple[list[str
     # Host memory: nothing of the run may still hold any (every process it started, measured, gone).
     # The host's available memory is shown beside it, not judged: others share this machine.
     mem_after = psutil.virtual_memory().available
-    held = [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+    held: dict[int, int] = {}
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                held[p.pid] = p.memory_info().rss
+        except psutil.Error:
+            continue  # gone meanwhile
     if held:
-        rss = sum(p.memory_info().rss for p in held) / 2**20
-        problems.append(f"processes of the run still hold host memory: {[p.pid for p in held]} ({rss:.0f} MiB)")
+        problems.append(f"processes of the run still hold host memory: {sorted(held)} "
+                        f"({sum(held.values()) / 2**20:.0f} MiB)")
     if soak.exits[-1:] != [0]:
         problems.append(f"the last session exited {soak.exits[-1:]} (sessions: {soak.exits})")
     figures = {"items": unique, "lost": lost, "duplicated": duplicated, "sessions": soak.sessions,

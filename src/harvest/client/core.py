@@ -44,7 +44,6 @@ from pydantic import SecretStr
 
 from harvest.client import protocol
 from harvest.client.autoconc import GAUGE_NAMES, AutoSettings
-from harvest.client.autoconc.readings import GENERATED
 from harvest.client.canary import TOKENS as CANARY_TOKENS
 from harvest.client.canary import canary_body
 from harvest.client.endpoints import Endpoint, EndpointPool, endpoint_url, normalize_url
@@ -166,7 +165,7 @@ class Client:
         self._health = Health(self._pool, self._transport, self._headers, self.retry,
                               self.config.health_deadline, clock=clock, sleep=sleep, redact=self._redact,
                               closed=lambda: self._closed)
-        self._watchdog = Watchdog(self._pool, self._health, self._scrape_generated,
+        self._watchdog = Watchdog(self._pool, self._health, self._transport, self._headers,
                                   deadline_s=self.config.health_deadline, probe_timeout=self.retry.probe_timeout,
                                   sleep=asyncio.sleep,  # real time: quiet spells are measured on it
                                   floor_s=self.retry.hang_floor, interval_s=self.retry.hang_interval)
@@ -347,11 +346,6 @@ class Client:
     async def _scrape_one(self, url: str, timeout: float) -> dict[str, float]:
         return await scrape_metrics(url, transport=self._transport, headers=self._headers, timeout=timeout)
 
-    async def _scrape_generated(self, url: str, timeout: float) -> dict[str, float]:
-        """Only the generated-token counters the hang watchdog reads, parsed."""
-        return await scrape_metrics(url, transport=self._transport, headers=self._headers, timeout=timeout,
-                                    only=GENERATED)
-
     async def _scrape_gauges(self, url: str, timeout: float) -> dict[str, float]:
         """Only the lines the auto-concurrency controller reads, parsed."""
         return await scrape_metrics(url, transport=self._transport, headers=self._headers, timeout=timeout,
@@ -383,11 +377,10 @@ class Client:
             response: RawResponse | None = None
             kind: FailureKind | None = None
             started = time.perf_counter()
-            abandoned = False
             try:
                 response = await self._send(endpoint, endpoint_url(endpoint.url, path), data, timeout)
-            except _Abandoned:
-                abandoned = True
+            except _Abandoned:  # its endpoint was given up while it waited there: held, not charged
+                kind, detail = FailureKind.ABANDONED, "abandoned"
             except Unreachable as exc:
                 kind, detail = FailureKind.UNREACHABLE, str(exc)
             except TimedOut as exc:
@@ -399,15 +392,14 @@ class Client:
                 self._in_flight -= 1
                 self._slots.release()
 
-            if abandoned:  # its endpoint was given up while it waited there: held, not charged
-                self._errors[FailureKind.ABANDONED.value] += 1
+            if kind is FailureKind.ABANDONED:
+                self._errors[kind.value] += 1
                 continue
             status = None
             if response is not None:
                 status = response.status
                 endpoint.heard(time.monotonic(), time.perf_counter() - started if status < 400 else None)
-                if endpoint.state is EndpointState.HUNG:  # it answered after all: back in rotation
-                    self._health.revive(endpoint, reset=True)
+                self._health.heard_from(endpoint)
                 kind = classify_status(status)
                 if kind is None:
                     try:

@@ -26,21 +26,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from harvest.client.autoconc.readings import GENERATED
 from harvest.client.endpoints import HUNG_MIN_S, Endpoint, EndpointPool
 from harvest.client.health import Health
+from harvest.client.metrics import scrape_metrics
 from harvest.client.records import EndpointState
 from harvest.errors import HarvestError
+from harvest.transport import Transport
 
 log = logging.getLogger("harvest.client")
 
 #: Seconds between two looks at the endpoints.
 CHECK_INTERVAL_S = 2.0
-
-Scrape = Callable[[str, float], Awaitable[dict[str, float]]]
-
 
 def hung_line(quiet_s: float) -> str:
     """``hung: no answer for 152 s while /health answered``: what the panel, the log, the timeline
@@ -51,15 +50,16 @@ def hung_line(quiet_s: float) -> str:
 class Watchdog:
     """Finds the client's hung endpoints (see the module docstring) and gives them up at their deadline.
 
-    ``scrape(url, timeout)``: the endpoint's ``/metrics`` (only the counters read here), {} without
-    any. ``floor_s``: the shortest quiet spell judged (tests shorten it)."""
+    ``transport`` / ``headers``: the client's, for ``/metrics``. ``floor_s``: the shortest quiet
+    spell judged (tests shorten it)."""
 
-    def __init__(self, pool: EndpointPool, health: Health, scrape: Scrape, *, deadline_s: float,
+    def __init__(self, pool: EndpointPool, health: Health, transport: Transport, headers: Mapping[str, str], *,
+                 deadline_s: float,
                  probe_timeout: float, sleep: Callable[[float], Awaitable[object]],
                  floor_s: float = HUNG_MIN_S, interval_s: float = CHECK_INTERVAL_S):
         self._pool = pool
         self._health = health
-        self._scrape = scrape
+        self._transport, self._headers = transport, headers
         self._deadline_s = deadline_s
         self._probe_timeout = probe_timeout
         self._sleep = sleep
@@ -143,8 +143,9 @@ class Watchdog:
     async def _tokens(self, endpoint: Endpoint) -> float | None:
         """Its generated-token counter now; None without /metrics or without an answer in time."""
         try:
-            values = await asyncio.wait_for(self._scrape(endpoint.url, self._probe_timeout),
-                                            self._probe_timeout + 1.0)
+            values = await asyncio.wait_for(
+                scrape_metrics(endpoint.url, transport=self._transport, headers=self._headers,
+                               timeout=self._probe_timeout, only=GENERATED), self._probe_timeout + 1.0)
         except (HarvestError, asyncio.TimeoutError):
             return None
         found = [values[name] for name in GENERATED if name in values]

@@ -60,6 +60,12 @@ class Health:
         if self._pool.set_state(endpoint, EndpointState.HEALTHY):
             log.info("endpoint %s is healthy again, dispatch resumed", endpoint.url)
 
+    def heard_from(self, endpoint: Endpoint) -> None:
+        """An answer came from ``endpoint``: a HUNG one (:mod:`harvest.client.hang`) was not hung
+        after all and goes back into rotation."""
+        if endpoint.state is EndpointState.HUNG:
+            self.revive(endpoint, reset=True)
+
     async def recover(self, endpoint: Endpoint) -> None:
         """Poll a sick endpoint's health until it answers (back in rotation) or its deadline passes (DOWN)."""
         interval = self._retry.health_interval

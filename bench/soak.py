@@ -1,12 +1,13 @@
 """Soak: a managed llama-server campaign left alone while faults are injected at random.
 
-    python bench/soak.py                              # 40,000 items, faults over about 10 minutes
-    python bench/soak.py --items 8000 --minutes 1.5 --stop-seconds 10 --hang-deadline 15   # the suite's
+    python bench/soak.py                              # 30,000 items: about 10 minutes with the faults
+    python bench/soak.py --items 6000 --stop-seconds 10 --hang-deadline 15   # the suite's short version
 
 ``harvest run`` launches llama-server (the tiny test model) behind ``tests/hang_engine.py``, a
 loopback proxy that can hold every completion while ``/health`` answers, with the default
-``[client]`` settings (``--hang-deadline`` shortens the hang's). Over ``--minutes`` the faults are
-injected one at a time, in a random order, at random moments:
+``[client]`` settings (``--hang-deadline`` shortens the hang's). The faults are injected one at a
+time, in a random order, each once a random share of the items is committed (between 5 % and
+85 %; the next one only once the run recovered from the last):
 
 - ``engine_sigkill``: SIGKILL of the engine's process group (from harvest's launch record);
 - ``engine_sigstop``: SIGSTOP of that group for ``--stop-seconds`` (60), then SIGCONT;
@@ -208,12 +209,14 @@ def job_text(data: Path, run_dir: Path, llama: str, gguf: Path, flag: Path, port
             f'[client]\n{client}')
 
 
-def schedule(rng: random.Random, kinds: list[str], minutes: float) -> list[tuple[float, str]]:
-    """(seconds from the start, kind): one slot each over ``minutes``, at a random moment in it."""
+def schedule(rng: random.Random, kinds: list[str], items: int) -> list[tuple[int, str]]:
+    """(results committed, kind): the faults in a random order, each once a random share of the
+    items is committed (one slot each between 5 % and 85 %), so that they land inside the run
+    whatever the machine's speed."""
     order = list(kinds)
     rng.shuffle(order)
-    slot = minutes * 60 / (len(order) + 1)
-    return [(slot * (i + 0.5) + rng.uniform(0, slot * 0.8), kind) for i, kind in enumerate(order)]
+    slot = 0.8 / len(order)
+    return [(int(items * (0.05 + slot * i + rng.uniform(0, slot * 0.8))), kind) for i, kind in enumerate(order)]
 
 
 def longest_stall(run_dir: Path) -> float:
@@ -288,10 +291,9 @@ def table(faults: list[dict[str, object]], figures: dict[str, object]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--items", type=int, default=40000, help="unique input items (the tiny model answers about "
-                    "70 a second on 2 cores: enough to outlast the faults)")
+    ap.add_argument("--items", type=int, default=30000, help="unique input items (the tiny model answers up to "
+                    "70 a second on 2 cores: about 10 minutes with the faults)")
     ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--minutes", type=float, default=10.0, help="the span the faults are injected over")
     ap.add_argument("--faults", default=",".join(KINDS + ("engine_sigkill", "client_sigkill")),
                     help="kinds to inject, comma-separated (a kind named twice is injected twice)")
     ap.add_argument("--stop-seconds", type=float, default=60.0, help="how long SIGSTOP lasts")
@@ -322,8 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     problems: list[str] = []
     try:
         soak.start_session()
-        for at, kind in schedule(rng, kinds, args.minutes):
-            while time.monotonic() - t0 < at and soak.running():
+        for at, kind in schedule(rng, kinds, args.items):
+            while committed(soak.run_dir) < at and soak.running():
                 time.sleep(0.2)
             if not soak.running():
                 problems.append(f"the run ended before the {kind} fault (exit {soak.proc and soak.proc.returncode})")

@@ -1,5 +1,5 @@
-"""The soak's short version (``bench/soak.py``, about 2 minutes): a managed llama-server campaign
-left alone while every kind of fault is injected once, at random moments.
+"""The soak's short version (``bench/soak.py``, about 3 minutes): a managed llama-server campaign
+left alone while every kind of fault is injected once, at random shares of the items committed.
 
 SIGKILL of the engine's group, SIGSTOP of it (10 s here, 60 s in the full soak) then SIGCONT, a hang
 (completions held while /health answers; ``hang_deadline`` 15 s here), ``harvest run`` SIGKILLed and
@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.slow]
 def test_short_soak_survives_every_fault_kind_with_nothing_lost_or_duplicated(tmp_path, llama_server_bin,
                                                                             tiny_gguf, monkeypatch):
     monkeypatch.setenv("HARVEST_LLAMA_SERVER", llama_server_bin)
-    code = soak.main(["--items", "8000", "--minutes", "1.5", "--stop-seconds", "10", "--hang-deadline", "15",
+    code = soak.main(["--items", "6000", "--stop-seconds", "10", "--hang-deadline", "15",
                       "--faults", ",".join(soak.KINDS), "--dir", str(tmp_path), "--end-timeout", "600",
                       "--gguf", str(tiny_gguf)])
     summary = json.loads((tmp_path / "soak.json").read_text())

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.engine
 HARVEST = [sys.executable, "-m", "harvest"]
 #: Text that belongs above the panel, never inside its frame.
 OUTSIDE = re.compile(r"preflight: (PASS|FAIL)|^\s*│?\s*(PASS|FAIL|SKIP)\s+[a-z-]+\s{2,}|input: \d+ rows|"
-                     r"stop requested|relaunch|run folder:|WARNING|Traceback|command exited")
+                     r"stop requested|\(relaunch \d+ of \d+\)|run folder:|WARNING|Traceback|command exited")
 
 
 def assert_clean_frames(screens: list[Screen], panels: int = 1) -> None:
@@ -395,3 +396,80 @@ dir = "run"
             term.stop()
     finally:
         _stop_sim(sim)
+
+
+def test_after_a_relaunch_the_panel_shows_it_and_a_running_phase_and_ended_only_at_the_end(
+        tmp_path, llama_server_bin, tiny_gguf):
+    """llama-server SIGKILLed (its whole group, from the launch record) mid-run: harvest relaunches
+    it, and the phase rows say so: the launch row names the relaunch, generating runs again with
+    the reason, the stop row says it came before the relaunch; no row says "ended" before the end."""
+    n = 400
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"Topic {i}."}) + "\n"
+                                                    for i in range(n)))
+    (tmp_path / "job.toml").write_text(f"""
+[server]
+engine = "llamacpp"
+model = {json.dumps(str(tiny_gguf))}
+command = {json.dumps([llama_server_bin])}
+port = {engines.free_port()}
+max_running_requests = 4
+extra_args = ["-c", "8192"]
+stop_grace = 2
+stop_deadline = 30
+
+[preflight]
+min_disk_free_gib = 0.05
+ram_reserve_gib = 0
+
+[data]
+path = "prompts.jsonl"
+id_field = "id"
+
+[sampling]
+max_tokens = 32
+
+[client]
+concurrency = 4
+
+[run]
+progress_interval = 0.5
+
+[output]
+dir = "run"
+""")
+    term = Terminal(tmp_path / "screens")
+    try:
+        term.start([*HARVEST, "run", "job.toml"], env={**os.environ, "HARVEST_STATE_DIR": str(tmp_path / "state")},
+                   cwd=tmp_path)
+
+        def some_done(screen: Screen) -> bool:
+            m = re.search(r"━.*?(\d+) / \d+", screen.text)
+            return m is not None and int(m.group(1)) >= 60
+
+        assert watch(term, time.monotonic() + 180, stop_when=some_done) is None, term.screens[-1].text
+        record = json.loads((tmp_path / "run" / "server" / "launch.json").read_text())["record"]
+        os.killpg(record["pgid"], signal.SIGKILL)  # the group harvest launched, from its own record
+        status = _exited(term, time.monotonic() + 600)
+        screens = term.screens
+        assert status == 0, screens[-1].text
+
+        def row(screen: Screen, name: str) -> str:
+            return next((line for line in screen.inside() if re.search(rf"[▶✓✗]\s+{name}\b", line)), "")
+
+        after = [s for s in screens if "relaunch 1 of" in row(s, "launching") and row(s, "generating")
+                 .lstrip("│ ").startswith("▶")]
+        assert after, "no screen showed the relaunch with generating running:\n" + screens[-1].text
+        shown = after[0]
+        assert "sending requests again after relaunch 1 of" in row(shown, "generating"), shown.text
+        assert "the server exited" in row(shown, "generating"), shown.text
+        assert "before relaunch 1 of" in row(shown, "stopping"), shown.text
+        running = [s for s in screens if "[command exited" not in s.text and s.frames()]
+        for screen in running[:-1]:  # the last panels drawn may be those of the ended run
+            assert not any(re.search(r"\bended\b", line) for line in screen.inside()), screen.text
+        last = screens[-1]
+        assert "finished" in row(last, "generating"), last.text
+        assert re.search(rf"^OK .* = {n} of {n} unique input items", last.text, re.M), last.text
+        assert "server relaunched 1 time(s)" in last.text, last.text
+        assert_clean_frames(screens)
+    finally:
+        term.stop()

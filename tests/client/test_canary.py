@@ -237,3 +237,26 @@ async def test_a_held_start_streams_no_canary_until_its_ceiling_lifts(ceiling_st
     assert (streamed > 0) is streams, (streamed, target)
     if not streams:
         assert target.target == 32 and peak == 32, (target, peak)  # held, every place the items'
+
+
+async def test_a_canary_that_failed_unread_leaves_nothing_for_asyncio_to_report() -> None:
+    """A canary timed out on a hung endpoint the steering no longer reads, then the client closes:
+    its failure must not surface as "Task exception was never retrieved"."""
+    import gc
+
+    from harvest.transport import TimedOut
+
+    reported: list[dict[str, object]] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+
+    async def times_out(url: str, arrivals: list[float]) -> TimedEvents:
+        raise TimedOut("no complete response within 60 s")
+
+    runner = CanaryRunner(times_out)
+    runner.start("http://127.0.0.1:9", time.monotonic(), outstanding=3)
+    await asyncio.sleep(0.05)  # it failed; nobody polls it
+    await runner.aclose()
+    gc.collect()
+    await asyncio.sleep(0)
+    assert not [c for c in reported if "never retrieved" in str(c.get("message"))], reported

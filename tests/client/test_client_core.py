@@ -360,7 +360,8 @@ async def test_sick_endpoint_leaves_rotation_and_returns_when_healthy(fake_serve
 
     fake_server.routes[("POST", CHAT)] = chat
     fake_server.routes[("GET", "/health")] = health
-    async with make_client(fake_server, fake_time, endpoints=(A, B), retries=0) as client:
+    # The fake clock leaps with every health poll: a deadline it cannot pass while B answers.
+    async with make_client(fake_server, fake_time, endpoints=(A, B), retries=0, deadline=3600) as client:
         first = [await client.chat(MSG) for _ in range(6)]
         assert {r.endpoint for r in first} == {B}
         assert client.stats().endpoints[0].state is EndpointState.SICK

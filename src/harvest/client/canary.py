@@ -98,6 +98,9 @@ class CanaryRunner:
         self._arrivals = []
         self._sent = (now, outstanding)
         self._task = asyncio.get_running_loop().create_task(self._send(url, self._arrivals))
+        # Read at the next step, or never (the client closed first, after a hung run): its failure
+        # is retrieved here so that asyncio has nothing to report at exit.
+        self._task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     def _finished(self, task: asyncio.Task[TimedEvents], url: str) -> Canary | None:
         sent_at, held = self._sent

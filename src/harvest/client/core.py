@@ -47,6 +47,7 @@ from harvest.client.autoconc import GAUGE_NAMES, AutoSettings
 from harvest.client.canary import TOKENS as CANARY_TOKENS
 from harvest.client.canary import canary_body
 from harvest.client.endpoints import Endpoint, EndpointPool, endpoint_url, normalize_url
+from harvest.client.hang import Watchdog
 from harvest.client.engine import EngineLimit, auto_settings
 from harvest.client.health import Health
 from harvest.client.metrics import scrape_metrics
@@ -78,6 +79,9 @@ from harvest.redact import redact_text
 log = logging.getLogger("harvest.client")
 
 
+
+class _Abandoned(Exception):
+    """The request's endpoint was given up while the request was on the wire (client-internal)."""
 
 
 def _timed(completion: Completion, timing: protocol.StreamTiming) -> Completion:
@@ -169,6 +173,10 @@ class Client:
         self._health = Health(self._pool, self._transport, self._headers, self.retry,
                               self.config.health_deadline, clock=clock, sleep=sleep, redact=self._redact,
                               closed=lambda: self._closed)
+        self._watchdog = Watchdog(self._pool, self._health, self._transport, self._headers,
+                                  deadline_s=self.config.health_deadline, probe_timeout=self.retry.probe_timeout,
+                                  sleep=asyncio.sleep,  # real time: quiet spells are measured on it
+                                  floor_s=self.retry.hang_floor, interval_s=self.retry.hang_interval)
         #: The path of the last request sent: the canary speaks the same dialect (chat or completions).
         self._last_path = protocol.CHAT_PATH
         self._in_flight = self._held = self._completed = self._retries = 0
@@ -226,6 +234,7 @@ class Client:
         self._closed = True
         if self._steer is not None:
             await self._steer.aclose()
+        await self._watchdog.aclose()
         await self._health.aclose()
         await self._transport.aclose()
 
@@ -263,7 +272,7 @@ class Client:
         """A snapshot of in-flight and held requests, retries, errors by kind, and every endpoint."""
         return ClientStats(in_flight=self._in_flight, held=self._held, completed=self._completed,
                            retries=self._retries, errors=dict(self._errors),
-                           endpoints=self._pool.stats(time.monotonic()))
+                           endpoints=self._pool.stats(time.monotonic(), self.retry.hang_floor))
 
     def capacity(self) -> int:
         """Requests the client sends at once now: the fixed concurrency, or the sum of the healthy
@@ -380,7 +389,9 @@ class Client:
             started = time.perf_counter()
             timing: protocol.StreamTiming | None = None
             try:
-                response, timing = await self._post(endpoint_url(endpoint.url, path), data, timeout)
+                response, timing = await self._send(endpoint, endpoint_url(endpoint.url, path), data, timeout)
+            except _Abandoned:  # its endpoint was given up while it waited there: held, not charged
+                kind, detail = FailureKind.ABANDONED, "abandoned"
             except Unreachable as exc:
                 kind, detail = FailureKind.UNREACHABLE, str(exc)
             except TimedOut as exc:
@@ -392,10 +403,14 @@ class Client:
                 self._in_flight -= 1
                 self._slots.release()
 
+            if kind is FailureKind.ABANDONED:
+                self._errors[kind.value] += 1
+                continue
             status = None
             if response is not None:
                 status = response.status
                 endpoint.heard(time.monotonic(), time.perf_counter() - started if status < 400 else None)
+                self._health.heard_from(endpoint)
                 kind = classify_status(status)
                 if kind is None:
                     try:
@@ -457,6 +472,22 @@ class Client:
             return RawResponse(answer.status, str(exc).encode()), None
         return RawResponse(answer.status, body), timing
 
+    async def _send(self, endpoint: Endpoint, url: str, data: bytes, timeout: float
+                    ) -> tuple[RawResponse, protocol.StreamTiming | None]:
+        """POST ``data`` to ``url`` on ``endpoint``; raises :class:`_Abandoned` when the endpoint is
+        given up (:meth:`Endpoint.abandon`) while the request is on the wire."""
+        request = asyncio.ensure_future(self._post(url, data, timeout))
+        endpoint.wire.add(request)
+        try:
+            await asyncio.wait((request,))  # the caller's own cancellation propagates from here
+        finally:
+            endpoint.wire.discard(request)
+            if not request.done():
+                request.cancel()
+        if request.cancelled():
+            raise _Abandoned
+        return request.result()
+
     async def _send_canary(self, url: str, arrivals: list[float]) -> TimedEvents:
         """One canary to ``url`` (see :mod:`harvest.client.canary`): not an item, never retried."""
         body = canary_body(self._model, CANARY_TOKENS, chat=self._last_path == protocol.CHAT_PATH)
@@ -469,6 +500,7 @@ class Client:
         deadline = None
         if self._steer is not None:
             self._steer.ensure_started()
+        self._watchdog.ensure_started()
         while True:
             await self._slots.acquire()
             endpoint = self._pool.choose(affinity)

@@ -20,6 +20,7 @@ import hashlib
 import math
 from collections import deque
 from collections.abc import Sequence
+from typing import Any
 
 from harvest.client.records import EndpointState, EndpointStats
 from harvest.errors import ConfigError
@@ -62,7 +63,7 @@ class Endpoint:
 
     __slots__ = ("url", "state", "outstanding", "completed", "run", "failing_since", "seen_down",
                  "last_error", "last_status", "recovery", "probe", "limit", "peak", "busy_since", "last_heard",
-                 "latencies")
+                 "latencies", "wire", "hung_s")
 
     def __init__(self, url: str):
         self.url = url
@@ -88,6 +89,10 @@ class Endpoint:
         self.busy_since: float | None = None
         self.last_heard: float | None = None
         self.latencies: deque[float] = deque(maxlen=LATENCY_WINDOW)
+        #: The requests on the wire to it: abandoned (held, uncharged) when it is given up.
+        self.wire: set[asyncio.Future[Any]] = set()  # Any: whatever the transport answers
+        #: Seconds it had sent nothing back when it was found hung; None unless it was.
+        self.hung_s: float | None = None
 
     def took(self, now: float) -> None:
         """One more request went out to it."""
@@ -108,13 +113,22 @@ class Endpoint:
             return None
         return now - max(self.busy_since, self.last_heard or self.busy_since)
 
-    def hung_after_s(self) -> float:
-        """How long a quiet spell may last before it counts as not answering."""
+    def hung_after_s(self, floor_s: float = HUNG_MIN_S) -> float:
+        """How long a quiet spell may last before it counts as not answering: ``HUNG_P90_FACTOR`` x
+        the p90 latency of its recent answers, ``floor_s`` at least."""
         if not self.latencies:
-            return HUNG_MIN_S
+            return floor_s
         ordered = sorted(self.latencies)
         p90 = ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)]
-        return max(HUNG_MIN_S, HUNG_P90_FACTOR * p90)
+        return max(floor_s, HUNG_P90_FACTOR * p90)
+
+    def abandon(self) -> int:
+        """Give up the requests on the wire to it (their callers hold them, uncharged, for another
+        endpoint or a revival); returns how many."""
+        wire = [f for f in self.wire if not f.done()]
+        for request in wire:
+            request.cancel()
+        return len(wire)
 
     def has_room(self) -> bool:
         return self.limit is None or self.outstanding < self.limit
@@ -133,13 +147,13 @@ class Endpoint:
         if status is not None:
             self.last_status = status
 
-    def stats(self, now: float) -> EndpointStats:
+    def stats(self, now: float, floor_s: float = HUNG_MIN_S) -> EndpointStats:
         quiet = self.quiet_s(now)
         return EndpointStats(url=self.url, state=self.state, outstanding=self.outstanding,
                              completed=self.completed, consecutive_failures=self.run,
                              last_error=self.last_error, target=self.limit, failing_since=self.failing_since,
                              quiet_s=None if quiet is None else round(quiet, 1),
-                             hung_after_s=round(self.hung_after_s(), 1))
+                             hung_after_s=round(self.hung_after_s(floor_s), 1), hung_s=self.hung_s)
 
 
 class EndpointPool:
@@ -266,8 +280,8 @@ class EndpointPool:
             return False
         return True
 
-    def stats(self, now: float) -> tuple[EndpointStats, ...]:
-        return tuple(e.stats(now) for e in self.endpoints)
+    def stats(self, now: float, floor_s: float = HUNG_MIN_S) -> tuple[EndpointStats, ...]:
+        return tuple(e.stats(now, floor_s) for e in self.endpoints)
 
 
 def _rank(key: str, url: str) -> int:

@@ -4,7 +4,7 @@ The client's request path says when an endpoint is sick (:mod:`harvest.client.co
 connection, a failure run, a failed health check); :class:`Health` takes it out of the rotation and
 polls ``GET /health`` (``/v1/models`` where there is no ``/health``), each pause twice the one before
 up to ``health_interval_cap``. An endpoint still sick ``health_deadline`` seconds after its failure
-run began is DOWN. A polling task never raises into the client: one that fails marks its endpoint
+run began is DOWN, and the requests on the wire to it are abandoned (held by their callers). A polling task never raises into the client: one that fails marks its endpoint
 DOWN, so no request waits on it forever. It never logs the API key (``redact``).
 """
 
@@ -56,8 +56,15 @@ class Health:
         if reset:
             endpoint.answered()
         endpoint.seen_down = False
+        endpoint.hung_s = None
         if self._pool.set_state(endpoint, EndpointState.HEALTHY):
             log.info("endpoint %s is healthy again, dispatch resumed", endpoint.url)
+
+    def heard_from(self, endpoint: Endpoint) -> None:
+        """An answer came from ``endpoint``: a HUNG one (:mod:`harvest.client.hang`) was not hung
+        after all and goes back into rotation."""
+        if endpoint.state is EndpointState.HUNG:
+            self.revive(endpoint, reset=True)
 
     async def recover(self, endpoint: Endpoint) -> None:
         """Poll a sick endpoint's health until it answers (back in rotation) or its deadline passes (DOWN)."""
@@ -68,8 +75,9 @@ class Health:
                 remaining = since + self._deadline_s - self._clock()
                 if remaining <= 0:
                     self._pool.set_state(endpoint, EndpointState.DOWN)
-                    log.error("endpoint %s down: not healthy within %g s; last error: %s",
-                              endpoint.url, self._deadline_s, endpoint.last_error)
+                    held = endpoint.abandon()  # a frozen server holds them open: no error would come
+                    log.error("endpoint %s down: not healthy within %g s; last error: %s; %d requests on the "
+                              "wire to it held, uncharged", endpoint.url, self._deadline_s, endpoint.last_error, held)
                     return
                 await self._sleep(min(interval, remaining))
                 interval = min(interval * 2, self._retry.health_interval_cap)

@@ -155,11 +155,16 @@ class RetryPolicy:
     #: suspected of crashing the server and fails as a RequestError, so one poison prompt cannot
     #: crash a restarted server forever.
     max_outages: int = 3
+    #: The shortest quiet spell (requests in flight, nothing back) judged as a hang, and the pause
+    #: between two looks for one (:mod:`harvest.client.hang`).
+    hang_floor: float = 30.0
+    hang_interval: float = 2.0
 
     def __post_init__(self) -> None:
         if self.sick_after < 1 or self.max_outages < 1:
             raise ValueError("sick_after and max_outages must be >= 1")
-        for name in ("backoff_base", "backoff_cap", "health_interval", "health_interval_cap", "probe_timeout"):
+        for name in ("backoff_base", "backoff_cap", "health_interval", "health_interval_cap", "probe_timeout",
+                     "hang_floor", "hang_interval"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
 

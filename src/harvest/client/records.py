@@ -19,7 +19,13 @@ class EndpointState(str, enum.Enum):
     #: Out of rotation: it refused a connection, answered a run of 5xx or failed a health check. The
     #: client polls its health and puts it back when it answers; requests wait meanwhile, uncharged.
     SICK = "sick"
-    #: Given up: it stayed sick past ``health_deadline``. Only :meth:`Client.check_health` brings it
+    #: Out of rotation: requests in flight and nothing back past the bound of its own recent answers,
+    #: no generated token counted, while ``/health`` answers (a stuck scheduler or collective). No new
+    #: request goes to it; the requests on the wire stay there, and an answer puts it back in
+    #: rotation. ``health_deadline`` seconds after it was found hung it is DOWN (a server harvest
+    #: launched is relaunched first, after ``hang_deadline``). See :mod:`harvest.client.hang`.
+    HUNG = "hung"
+    #: Given up: it stayed sick (or hung) past ``health_deadline``. Only :meth:`Client.check_health` brings it
     #: back. When every endpoint is down, requests raise :class:`~harvest.errors.ServerSick`.
     DOWN = "down"
 
@@ -41,6 +47,8 @@ class FailureKind(str, enum.Enum):
     BAD_RESPONSE = "bad_response"
     #: Any other 4xx: the item's fault; raised at once as :class:`~harvest.errors.RequestError`.
     REJECTED = "rejected"
+    #: On the wire to an endpoint that was given up (hung, then down): held for another, uncharged.
+    ABANDONED = "abandoned"
 
 
 @dataclass(frozen=True)
@@ -113,6 +121,9 @@ class EndpointStats:
     #: the spell after which that counts as not answering (max(30 s, 3 x its p90 latency)).
     quiet_s: float | None = None
     hung_after_s: float | None = None
+    #: Found hung (state HUNG, or DOWN after it): the seconds it had sent nothing back when found;
+    #: None when it was not hung.
+    hung_s: float | None = None
 
     @property
     def hung(self) -> bool:

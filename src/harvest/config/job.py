@@ -99,6 +99,11 @@ class ClientConfig(StrictModel):
                              "fails; a sick or dead server holds requests instead of charging them")
     endpoints: list[str] = Field(default_factory=list, description="extra base URLs served by the same model")
     health_deadline: float = Field(600.0, gt=0, description="seconds a sick server may take to recover")
+    hang_deadline: float = Field(120.0, gt=0, description="seconds a server harvest launched may stay hung "
+                                 "(requests in flight, nothing back past 3 x the p90 of its recent answers, "
+                                 "30 s at least, and no generated token counted) before it is stopped and "
+                                 "relaunched; an endpoint harvest does not manage gets no more requests while "
+                                 "hung and is given up after health_deadline")
     stream: bool = Field(False, description="stream every answer (`stream: true`, usage included) and record "
                          "per item the time to first token (TTFT) and per output token after it (TPOT), and "
                          "the gaps between tokens (ITL), each from the request's send, apart from the wait in "

@@ -384,6 +384,8 @@ def launches_section(launches: list[dict[str, Any]], *, title: str = "Server lau
             continue
         out.append(f"<h3>Stop of launch {i}: {esc(stop.get('verdict'))} in {esc(seconds(stop.get('total_s')))}"
                    f" (deadline {esc(seconds(stop.get('deadline_s')))})</h3>")
+        if stop.get("why"):  # stopped to be relaunched: the server died, or hung
+            out.append(f'<p class="why-stopped">Stopped because {esc(stop["why"])}.</p>')
         steps = [(s.get("name"), seconds(s.get("duration_s")), "ok" if s.get("ok", True) else "NOT OK",
                   s.get("outcome")) for s in stop.get("steps") or []]
         if steps:

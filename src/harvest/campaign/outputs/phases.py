@@ -129,10 +129,17 @@ def _preflight(info: dict[str, Any], active: bool, ok: bool) -> str:
     return f"FAIL ({failures} of {rules} rules){forced}"
 
 
+def _relaunch(info: dict[str, Any]) -> str:
+    """``relaunch 1 of 3`` when the phase belongs to a relaunch, else ""."""
+    return f"relaunch {info['relaunch']} of {info.get('of', '?')}" if info.get("relaunch") else ""
+
+
 def _launching(info: dict[str, Any], active: bool, ok: bool) -> str:
     # a far or Ray launch names its place; a local one its pid
     where = f"on {info['where']}" if info.get("where") else f"pid {info.get('pid', '?')}"
     who = f"{info.get('engine', 'engine')} {where}"
+    if _relaunch(info):
+        who = f"{_relaunch(info)}: {who}"
     if not active:
         if not ok:
             return f"{who}: did not become ready ({info.get('reason', 'failed')})"
@@ -168,8 +175,13 @@ def _connecting(info: dict[str, Any], active: bool, ok: bool) -> str:
 
 def _generating(info: dict[str, Any], active: bool, ok: bool) -> str:
     if active:
-        return "sending requests"
-    outcome = info.get("outcome") or "ended"
+        return f"sending requests again after {_relaunch(info)} ({info['why']})" if _relaunch(info) \
+            else "sending requests"
+    outcome = info.get("outcome")
+    if outcome == "relaunching":
+        return f"paused for {_relaunch(info)}: {info.get('why')}"
+    if outcome is None:  # ended by the next phase, not by the run: the run goes on
+        return "paused"
     text = {"finished": "finished: nothing left to send",
             "interrupted": "stopped: interrupted (run again to resume)",
             "stopped": "stopped by the circuit breaker",
@@ -182,7 +194,8 @@ def _generating(info: dict[str, Any], active: bool, ok: bool) -> str:
 def _stopping(info: dict[str, Any], active: bool, ok: bool) -> str:
     if not active:
         verdict = str(info.get("verdict", "?")).upper()
-        return f"verified stop: {verdict} in {info.get('seconds', 0):.2f} s"
+        done = f"verified stop: {verdict} in {info.get('seconds', 0):.2f} s"
+        return f"{done}, before {_relaunch(info)}" if _relaunch(info) else done
     step, outcome = info.get("step"), info.get("outcome")
     if step is None:
         return "starting the verified stop"

@@ -409,6 +409,8 @@ def _load(snap: dict[str, Any]) -> str:
 
 def _sick(e: dict[str, Any]) -> str:
     """``http://h:8000 not answering: 35 s waited of the 600 s health_deadline (last: ...)``."""
+    if e.get("state") == "hung":  # last_error: "hung: no answer for 152 s while /health answered"
+        return f"{e['url']} {e.get('last_error') or 'hung'}: no new requests to it for {e['waited_s']:.0f} s"
     deadline = e.get("deadline_s")
     of = f" of the {deadline:g} s health_deadline" if deadline else ""
     last = f" (last: {e['last_error']})" if e.get("last_error") else ""

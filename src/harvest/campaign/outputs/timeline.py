@@ -366,11 +366,15 @@ class Timeline:
         del self.launches[:-MAX_LAUNCHES]
         self.write()
 
-    def stop(self, report: StopReport, *, leftover: bool = False) -> None:
+    def stop(self, report: StopReport, *, leftover: bool = False, why: str | None = None) -> None:
         """A stop finished: its StopReport goes with the launch it stopped (the last one without a
-        stop), or into its own entry for a server an earlier session left running."""
+        stop), or into its own entry for a server an earlier session left running; ``why``: the
+        reason of a stop before a relaunch (``hung: no answer for 152 s while /health answered;
+        relaunched``)."""
         doc = report.to_dict()
         doc["stopped_at"] = self._clock()
+        if why is not None:
+            doc["why"] = why
         target = None if leftover else next((x for x in reversed(self.launches) if x.get("stop") is None), None)
         if target is None:
             target = {"session": self.session, "launched_at": None, "leftover": True, "ready_s": None}

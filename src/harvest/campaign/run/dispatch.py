@@ -5,10 +5,12 @@ first, a little ahead of the client's capacity, and sent from the claimed rows p
 (``campaign/run/order.py``); each result is committed exactly once through the single writer.
 
 Who pays for a failure is decided by type: RequestError fails the item; ServerSick (every endpoint
-down past the client's health deadline) releases in-flight items back to pending uncharged and, for
-a server harvest manages, relaunches it (``campaign/run/supervise.py``). When ``run.breaker_window``
-requests in a row fail with the same class and message (``campaign/run/breaker.py``), dispatch stops and
-those items and the ones in flight go back to pending uncharged. An interrupt releases what is in
+down, or hung, past the client's health deadline) releases in-flight items back to pending uncharged
+and, for a server harvest manages, relaunches it (``campaign/run/supervise.py``); so does a managed
+server that died, or stayed hung past ``[client] hang_deadline`` (``harvest.client.hang``). When
+``run.breaker_window`` requests in a row fail with the same class and message
+(``campaign/run/breaker.py``), dispatch stops and those items and the ones in flight go back to
+pending uncharged. An interrupt releases what is in
 flight; claimed rows never sent go back to pending too. No request outlives the loop.
 """
 
@@ -120,8 +122,10 @@ class DispatchSteps:
     # server supervision's (campaign/run/intake.py, campaign/run/supervise.py).
     _ingesting: Callable[[], bool]
     _wait_ingested: Callable[[float], Awaitable[None]]
-    relaunch: Callable[[], Awaitable[bool]]
+    relaunch: Callable[[str], Awaitable[bool]]
     server_exited: Callable[[], bool]
+    hung_server: Callable[[Client], str | None]
+    down_reason: Callable[[Client], str]
 
     async def dispatch(self, writer: LedgerWriter, client: Client, progress: Progress) -> None:
         tasks: dict[asyncio.Task[Any], Key] = {}
@@ -273,32 +277,41 @@ class DispatchSteps:
             self.outcome, self.note = "stopped", self.breaker.trip.describe()
             return _END
         if d.server_down and not tasks:
-            # Every endpoint stayed down past the client's health deadline.
-            if self.server is not None and await self.relaunch():
+            # Every endpoint stayed down (or hung) past the client's health deadline.
+            why = self.down_reason(client)
+            if self.server is not None and await self.relaunch(f"{why}; relaunched"):
                 await client.check_health()
                 d.server_down, d.exhausted = False, False
                 return _AGAIN
-            self.outcome, self.note = "server_down", "every endpoint stayed down past [client] health_deadline"
+            self.outcome, self.note = "server_down", why
             return _END
         if self.server_exited() and not d.server_down:
             # The managed server died: held requests wait for health; relaunch it now.
-            released = [tasks[t] for t in tasks]
-            for t in list(tasks):
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            tasks.clear()
-            await writer.release(released)
-            if not await self.relaunch():
-                self.outcome, self.note = "server_down", "the managed server exited and relaunches are used up"
-                return _END
-            await client.check_health()
-            d.exhausted = False
-            return _AGAIN
+            code = self.server.returncode()
+            return await self._replace_server(d, writer, client, f"the server exited (code {code}); relaunched",
+                                              "the managed server exited and relaunches are used up")
+        hung = None if d.server_down else self.hung_server(client)
+        if hung is not None:
+            # The managed server is hung past [client] hang_deadline: its requests will never come back.
+            return await self._replace_server(d, writer, client, f"{hung}; relaunched",
+                                              f"the managed server is {hung}, and relaunches are used up")
         if self.stop_requested.is_set() and tasks:
             await self._release_in_flight(writer, tasks)
             self.outcome = "interrupted"
             return _END
         return None
+
+    async def _replace_server(self, d: _Dispatch, writer: LedgerWriter, client: Client, why: str,
+                              used_up: str) -> object:
+        """Release what is in flight (uncharged), then the verified stop and a fresh launch of the
+        managed server: ``_AGAIN``, or ``_END`` when the relaunches are used up."""
+        await self._release_in_flight(writer, d.tasks)
+        if not await self.relaunch(why):
+            self.outcome, self.note = "server_down", used_up
+            return _END
+        await client.check_health()
+        d.exhausted = False
+        return _AGAIN
 
     def _tick(self, d: _Dispatch, client: Client, progress: Progress) -> None:
         """Every ``progress_interval``: a scrape beside dispatch, the targets, the display."""

@@ -4,22 +4,26 @@ Steps mixed into the session (``campaign/run/session.py``). A server a killed ea
 is stopped first, by its record (the ledger's lock proves that session is gone); then the job's
 server is launched (preflight -> launch -> ready) through the placement chosen once for the run;
 before any request, every endpoint's ``/v1/models`` must answer and list the configured model. A
-server that dies is stopped (verified) and launched again, at most ``run.max_relaunches`` times
-for the run, replacements a placement made itself included. This module never kills a process
-itself: the supervisor does, by its record.
+server that dies, or stays hung past ``[client] hang_deadline`` (requests in flight, nothing back,
+``/health`` answering: ``harvest.client.hang``), is stopped (verified) and launched again, at most
+``run.max_relaunches`` times for the run, replacements a placement made itself included. This
+module never kills a process itself: the supervisor does, by its record.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from harvest.campaign.outputs.progress import Progress
 from harvest.campaign.outputs.timeline import Timeline
-from harvest.client import Client
+from harvest.client import Client, EndpointState
+from harvest.client.endpoints import normalize_url
+from harvest.client.hang import hung_line
 from harvest.config import HarvestConfig
 from harvest.errors import ConfigError
 from harvest.events import Event, Listener
@@ -73,7 +77,9 @@ class ServerSteps:
             if self.timeline is not None:
                 self.timeline.stop(report, leftover=True)
 
-    async def stop_server(self) -> None:
+    async def stop_server(self, why: str | None = None) -> None:
+        """The verified stop of the session's servers; ``why``: the reason of a stop before a
+        relaunch (the timeline and the report keep it with the stop)."""
         if self.server is None:
             return
         got = await self.server.stop()
@@ -81,13 +87,14 @@ class ServerSteps:
         for report in got:
             self.stop_reports.append(report)  # one verified report per server, wherever it ran
             if self.timeline is not None:
-                self.timeline.stop(report)
+                self.timeline.stop(report, why=why)
 
     def server_exited(self) -> bool:
         return self.server is not None and self.server.returncode() is not None
 
-    async def relaunch(self) -> bool:
-        """Verified stop of the dead server, then a fresh launch. False when out of relaunches: one
+    async def relaunch(self, why: str) -> bool:
+        """Verified stop of the dead (or hung) server, then a fresh launch; ``why`` is said in the
+        log, on the panel's phase rows and in the timeline. False when out of relaunches: one
         budget for the run, shared with the replacements a placement made itself (Ray's)."""
         if self.server is None:
             return False
@@ -98,11 +105,42 @@ class ServerSteps:
                           self.config.run.max_relaunches, spent - self.relaunches)
             return False
         self.relaunches += 1
-        log.warning("the server exited (code %s); relaunch %d of %d", self.server.returncode(), self.relaunches,
-                    self.config.run.max_relaunches)
-        await self.stop_server()
+        log.warning("%s (relaunch %d of %d)", why, self.relaunches, self.config.run.max_relaunches)
+        relaunch = {"relaunch": self.relaunches, "of": self.config.run.max_relaunches, "why": why}
+        self._phase(Event("generating", "end", {"outcome": "relaunching", **relaunch}, ok=False))
+        await self.stop_server(why)
+        self._phase(Event("stopping", "update", relaunch))
         await self.start_server()
+        self._phase(Event("launching", "update", relaunch))
+        self._phase(Event("generating", "start", relaunch))
         return True
+
+    def _phase(self, event: Event) -> None:
+        if self.on_event is not None:
+            self.on_event(event)
+
+    def hung_server(self, client: Client) -> str | None:
+        """``hung: no answer for N s while /health answered`` when an endpoint of the managed server
+        has been hung (:mod:`harvest.client.hang`) for ``[client] hang_deadline``; else None."""
+        if self.server is None:
+            return None
+        managed = {normalize_url(url) for url in self.server.urls}
+        now = time.monotonic()
+        for e in client.stats().endpoints:
+            if (e.url in managed and e.state is EndpointState.HUNG and e.failing_since is not None
+                    and now - e.failing_since >= self.config.client.hang_deadline):
+                return hung_line(e.quiet_s if e.quiet_s is not None else e.hung_s or 0.0)
+        return None
+
+    @staticmethod
+    def down_reason(client: Client) -> str:
+        """Why every endpoint is given up: the endpoints found hung named, with what to do."""
+        reason = "every endpoint stayed down past [client] health_deadline"
+        hung = [e for e in client.stats().endpoints if e.hung_s is not None]
+        if hung:
+            reason += "; " + "; ".join(f"{e.url} {e.last_error}" for e in hung)
+            reason += " (restart the server, then run again to resume: every unfinished item is pending)"
+        return reason
 
     async def _check_endpoints(self, client: Client, progress: Progress) -> bool:
         """Ask every endpoint what it serves before any item (:mod:`harvest.client.startcheck`),

@@ -42,7 +42,7 @@ from typing import Any  # JSON as sent and received (bodies, messages, overrides
 
 from pydantic import SecretStr
 
-from harvest.client import protocol
+from harvest.client import protocol, streaming
 from harvest.client.autoconc import GAUGE_NAMES, AutoSettings
 from harvest.client.canary import TOKENS as CANARY_TOKENS
 from harvest.client.canary import canary_body
@@ -83,14 +83,6 @@ log = logging.getLogger("harvest.client")
 class _Abandoned(Exception):
     """The request's endpoint was given up while the request was on the wire (client-internal)."""
 
-
-def _timed(completion: Completion, timing: protocol.StreamTiming) -> Completion:
-    """``completion`` with its stream's time to first token, time per output token and gaps."""
-    tokens = completion.completion_tokens
-    tpot = None
-    if timing.first_s is not None and timing.last_s is not None and tokens is not None and tokens > 1:
-        tpot = (timing.last_s - timing.first_s) / (tokens - 1)
-    return dataclasses.replace(completion, ttft_s=timing.first_s, tpot_s=tpot, itl_s=timing.gaps)
 
 class _Verdict(enum.Enum):
     """Who pays for a failed exchange."""
@@ -373,10 +365,8 @@ class Client:
 
     async def _call(self, path: str, body: dict[str, Any], timeout: float | None,
                     parse: Callable[..., Completion], affinity: str | None = None) -> Completion:
-        if self.config.stream:  # the same answer, assembled from its events, with TTFT/TPOT
-            body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-        try:
-            data = protocol.encode(body)
+        try:  # streamed (client/streaming.py): the same answer, assembled from its events, timed
+            data = protocol.encode(streaming.request_body(body, self.config.stream))
         except (TypeError, ValueError) as exc:
             raise RequestError(f"request body cannot be sent: {exc}") from None
         timeout = timeout or self.config.request_timeout
@@ -387,11 +377,11 @@ class Client:
             response: RawResponse | None = None
             kind: FailureKind | None = None
             started = time.perf_counter()
-            timing: protocol.StreamTiming | None = None
             try:
-                response, timing = await self._send(endpoint, endpoint_url(endpoint.url, path), data, timeout)
+                response = await self._send(endpoint, endpoint_url(endpoint.url, path), data, timeout)
             except _Abandoned:  # its endpoint was given up while it waited there: held, not charged
-                kind, detail = FailureKind.ABANDONED, "abandoned"
+                self._errors[FailureKind.ABANDONED.value] += 1
+                continue
             except Unreachable as exc:
                 kind, detail = FailureKind.UNREACHABLE, str(exc)
             except TimedOut as exc:
@@ -403,9 +393,6 @@ class Client:
                 self._in_flight -= 1
                 self._slots.release()
 
-            if kind is FailureKind.ABANDONED:
-                self._errors[kind.value] += 1
-                continue
             status = None
             if response is not None:
                 status = response.status
@@ -414,13 +401,12 @@ class Client:
                 kind = classify_status(status)
                 if kind is None:
                     try:
-                        completion = parse(response.body, endpoint=redact_text(endpoint.url),
-                                           latency_s=time.perf_counter() - started, attempts=charged + 1)
+                        completion = streaming.timed(parse(response.body, endpoint=redact_text(endpoint.url),
+                                                           latency_s=time.perf_counter() - started,
+                                                           attempts=charged + 1), response)
                     except (ValueError, LookupError, TypeError, AttributeError) as exc:
                         kind, detail = FailureKind.BAD_RESPONSE, f"HTTP {status} without a completion: {exc!r}"
                     else:
-                        if timing is not None:
-                            completion = _timed(completion, timing)
                         endpoint.answered()
                         endpoint.completed += 1
                         self._completed += 1
@@ -457,26 +443,11 @@ class Client:
             log.debug("retry %d of a request to %s in %.2f s: %s", charged, endpoint.url, delay, detail)
             await self._sleep(delay)
 
-    async def _post(self, url: str, data: bytes, timeout: float) -> tuple[RawResponse, protocol.StreamTiming | None]:
-        """One request; streamed (``[client] stream``), its answer as the unstreamed body would be and
-        when its tokens came (None unstreamed, or for an error status, whose body is the error text)."""
-        if not self.config.stream:
-            return await self._transport.request("POST", url, body=data, headers=self._headers,
-                                                 timeout=timeout), None
-        answer = await self._transport.stream(url, body=data, headers=self._headers, timeout=timeout)
-        if answer.status != 200:
-            return RawResponse(answer.status, answer.body, answer.retry_after), None
-        try:
-            body, timing = protocol.assemble_stream(answer.events)
-        except ValueError as exc:  # parse() of the raw text names it as a bad response
-            return RawResponse(answer.status, str(exc).encode()), None
-        return RawResponse(answer.status, body), timing
-
-    async def _send(self, endpoint: Endpoint, url: str, data: bytes, timeout: float
-                    ) -> tuple[RawResponse, protocol.StreamTiming | None]:
+    async def _send(self, endpoint: Endpoint, url: str, data: bytes, timeout: float) -> RawResponse:
         """POST ``data`` to ``url`` on ``endpoint``; raises :class:`_Abandoned` when the endpoint is
         given up (:meth:`Endpoint.abandon`) while the request is on the wire."""
-        request = asyncio.ensure_future(self._post(url, data, timeout))
+        request = asyncio.ensure_future(streaming.post(self._transport, url, data, self._headers, timeout,
+                                                       self.config.stream))
         endpoint.wire.add(request)
         try:
             await asyncio.wait((request,))  # the caller's own cancellation propagates from here

@@ -836,3 +836,23 @@ def test_with_a_canary_a_wait_read_twice_does_not_show_a_back_off_that_did_not_h
     again = ctl.step(4.5, None, busy=True, canary=Canary(2.5, 1023, 2.0, ttft=1.0), paced=True)
     assert ctl.target == 1024 and first.phase != "backoff", first
     assert again.phase != "backoff" and again.reason != "queue", again  # nothing backed off
+
+
+def test_with_a_canary_a_start_at_the_batch_limit_settles_there_and_comes_down_where_the_engine_queues():
+    """H100 (2026-12-06): transformers' 1024 made x1.21 the tok/s of 512, and a start at half held 512
+    for the whole of a 2048-request run (x0.81 of fixed 1024). Started at the limit harvest knows
+    (``start_for``), the controller settles there on its first reading, the canary resting within its
+    share of the time; an engine that runs fewer at once (its KV memory full at 560) keeps the
+    canary waiting behind its queue, and the level comes down to about what it runs."""
+    settings = AutoSettings(start=1024, max_concurrency=1024, batch_hint=1024)
+    ctl = AutoConcurrency(settings)
+    going: list[int] = []
+    targets = drive_paced(CanaryEngine(), ctl, 120, going)
+    assert set(targets) == {1024}, targets
+    assert ctl.last.phase == "settled" and ctl.canary_rests(), ctl.last
+    assert len(going) <= 0.1 * len(targets), going  # the canary rested most of the time
+    ctl = AutoConcurrency(settings)
+    targets = drive_paced(CanaryEngine(capacity=560), ctl, 60)
+    down = next(i for i, t in enumerate(targets) if t < 1024)
+    assert down <= 10 and 560 <= targets[down] <= 720, targets  # left within seconds, near what it runs
+    assert max(targets[down:]) <= 720, targets

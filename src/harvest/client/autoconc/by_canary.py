@@ -13,7 +13,9 @@ engine's tok/s at that level (the median of the level's canaries): x2 while that
 (judged on the mean of two canaries; one that shows no gain sends it back at once), else back and
 a ceiling for ``ceiling_steps``; then one look x``probe`` each time the ceiling lifts, against the
 median of three fresh canaries at the level, and each look that does not pay doubles the wait for
-the next (up to 8 x). A start at half a batch limit harvest knows is such a level from the start:
+the next (up to 8 x). A start at the batch limit harvest knows (the default, :func:`start_for`) has
+nothing above it: it settles on its first reading, and comes down only where the canary waits. A
+start below that limit (``auto_start``) is a level from the start:
 the first look up is a probe, ``ceiling_steps`` in (with equal answers a canary reads its level
 +-40 % by where in a wave it runs; judged in the first seconds, a look up cost a wave whichever way
 it went). The canary is not free (transformers serve on the H200 made x0.63-0.65 of fixed 512's
@@ -224,6 +226,12 @@ class CanarySteps(ControllerState):
         else:
             self._accepted, self._level_readings = self.target, [tok_s]
         self._level_tok_s = statistics.median(self._level_readings)
+        top = min(s.max_concurrency, s.batch_hint or s.max_concurrency)
+        if not self._settled and self.target >= top:
+            # At the engine's batch limit (or max_concurrency): nothing above can run at once, so the
+            # level is settled on this reading and the canary rests within its share of the time.
+            self._settled = True
+            return self._hold("hold", "settled", tok_s)
         factor = s.probe if self._settled else s.increase
         up = self.target * factor
         if self._ceiling is not None:

@@ -248,7 +248,7 @@ class CanarySteps(ControllerState):
         return self._move(now, up, "start", "tok/s grew", tok_s)
 
     def _held_start(self) -> None:
-        """A start at half a batch limit harvest knows (:func:`start_for`) is a level, not a guess:
+        """A start below a batch limit harvest knows (``auto_start``) is a level, not a guess:
         it is kept for ``ceiling_steps`` before the first look up, a probe, with the canary at rest.
         On the H200 (BENCHMARKS P7 A1) transformers' 1024 made x0.91-1.22 the tok/s of 512 across
         machines (about x1.03 typical), and with answers of equal length the canaries of one level
@@ -256,10 +256,18 @@ class CanarySteps(ControllerState):
         first seconds was a coin toss, and each that went wrong cost a wave (1024 at 4.6 s held the
         first answers to 17.5 s; kept where it did not pay, p50 x1.9)."""
         s = self.settings
-        if self._accepted is None and not self._settled and s.batch_hint is not None \
-                and self.target < s.batch_hint:
+        if self._accepted is not None or self._settled:
+            return
+        if s.batch_hint is not None and self.target < s.batch_hint:
             self._settled = self._holding = True
             self._ceiling, self._ceiling_left = self.target + 1, s.ceiling_steps
+        elif self.target >= min(s.max_concurrency, s.batch_hint or s.max_concurrency):
+            # At the batch limit (the default start, :func:`start_for`): nothing above to look for, so
+            # the canary reads it only within its share of the time. What it looks for there is a
+            # queue (the engine runs fewer at once); a short run that never reads one loses latency to
+            # it, not tok/s, where a canary read at once costs the whole batch a third of its pace
+            # (on the simulated H100, 2048 x 64: x0.945 of fixed 1024 with it).
+            self._settled = self._holding = True
 
     def canary_rests(self) -> bool:
         """Whether the canary rests: settled on a level it has read (or the held start), with no

@@ -94,10 +94,11 @@ def start_for(limit: int | None, *, metrics: bool, max_concurrency: int, fallbac
     with answers of equal length a run is a train of waves of the level: a start below the best level
     reaches it a wave late at the soonest, and a short run never pays that back. On an H100
     (2026-12-06) transformers' 1024 made x1.21 the tok/s of 512 and the default held 512 (x0.81 of
-    1024); on its simulation a start at 512 made x0.84, a start at 1024 x1.0 (BENCHMARKS.md, P7 A1).
-    Where the engine runs fewer than its limit at once (KV memory, the step's token budget), the
-    canary, which takes a place at the limit, waits behind the queue and the level comes down to
-    what the engine runs (``AutoConcurrency._waited``).
+    1024); on its simulation a start at 512 made x0.84, a start at 1024 x0.994 (2048 x 64) and x0.988
+    (4096 x 64) of fixed 1024 (BENCHMARKS.md, P7 A1). Where the engine runs fewer than its limit at
+    once (KV memory, the step's token budget), the canary, which takes a place at the limit and reads
+    within its share of the time, waits behind the queue and the level comes down
+    (``AutoConcurrency._waited``).
     """
     start = fallback if limit is None else limit
     if limit is not None and metrics and exact:

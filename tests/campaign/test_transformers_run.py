@@ -25,7 +25,7 @@ import psutil
 import pytest
 
 from harvest.ledger import Ledger, Status
-from tests.campaign.ledger_peek import _query, orphan_results, results_count
+from tests.campaign.ledger_peek import orphan_results, result_ids, results_count
 from tests.engines import free_port
 from tests.hf_cache import cache_other_model
 
@@ -107,8 +107,7 @@ def test_managed_transformers_campaign_killed_and_resumed_exactly_once(tmp_path,
     second = launch_record(run_dir)
     assert second != leftover and not alive(*second)
 
-    ids = [row[0] for row in _query(run_dir, "SELECT i.id FROM results r JOIN items i ON i.seq = r.item")]
-    assert sorted(ids) == [f"q{i:04d}" for i in range(ITEMS)]  # every item once, its own id
+    assert sorted(result_ids(run_dir)) == [f"q{i:04d}" for i in range(ITEMS)]  # every item once, its own id
     assert orphan_results(run_dir) == 0
     ledger = Ledger.open_readonly(run_dir)
     try:

@@ -18,7 +18,7 @@ $(VENV)/.harvest-installed: pyproject.toml
 install: $(VENV)/.harvest-installed
 
 engines:
-	scripts/install-engines vllm llamacpp sglang
+	scripts/install-engines vllm llamacpp sglang transformers
 
 # Debian packages the tests use for real (sshd, Chromium, tmux, namespaces, mount, ps); skipped when
 # already present. Under CI=true a real part missing at test time is a failure (tests/realparts.py).
@@ -34,12 +34,13 @@ test: install engines system
 	HARVEST_VLLM_PYTHON="$$(scripts/install-engines vllm)" \
 	HARVEST_LLAMA_SERVER="$$(scripts/install-engines llamacpp)" \
 	HARVEST_SGLANG_PYTHON="$$(scripts/install-engines sglang)" \
+	HARVEST_TRANSFORMERS_PYTHON="$$(scripts/install-engines transformers)" \
 	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "no tests collected: failing" >&2; exit 1; fi; exit $$rc
 
 # The inner loop: unit, contract and fuzz tests - no engine, no Ray, no sshd, no GPU (tests/README.md).
 # Nothing in it may skip; it fails like `make test` when nothing is collected.
-FAST_MARKERS = not vllm and not ray and not sshd and not engine and not gpu and not slow
+FAST_MARKERS = not vllm and not transformers and not ray and not sshd and not engine and not gpu and not slow
 test-fast: install
 	HARVEST_NO_SKIPS=1 $(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "$(FAST_MARKERS)" $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "no tests collected: failing" >&2; exit 1; fi; exit $$rc

@@ -77,6 +77,7 @@ class Tally:
         return {"concurrency": concurrency, "tok_s": self.tokens / window, "window_s": window,
                 "tokens": self.tokens, "tok_s_late": late_rate(self.finished), "finished": self.finished,
                 "failed": self.failed, "p50": _pct(self.latencies, 50), "p90": _pct(self.latencies, 90),
+                "mean": statistics.fmean(self.latencies) if self.latencies else float("nan"),
                 "in_flight": in_flight, "load": load(), **more}
 
 
@@ -242,18 +243,21 @@ def settled(r: dict[str, Any]) -> tuple[dict[str, float], dict[str, float]]:
 
 def summarize(results: dict[str, list[dict[str, Any]]], label: str) -> dict[str, float]:
     """Median tok/s and p50 per setting; auto against the best fixed one and against fixed 64."""
-    med = {k: {"tok_s": statistics.median(r["tok_s"] for r in rs), "p50": statistics.median(r["p50"] for r in rs)}
+    med = {k: {"tok_s": statistics.median(r["tok_s"] for r in rs), "p50": statistics.median(r["p50"] for r in rs),
+               "mean": statistics.median(r.get("mean", float("nan")) for r in rs)}
            for k, rs in results.items()}
     fixed = {k: v for k, v in med.items() if k.isdigit()}  # not auto, a diagnostic arm ("512c") or "own"
     best = max(fixed, key=lambda k: fixed[k]["tok_s"])
     a = med["auto"]
     out = {"auto_tok_s": a["tok_s"], "auto_p50": a["p50"], "best_fixed": float(best),
            "best_tok_s": fixed[best]["tok_s"], "best_p50": fixed[best]["p50"],
-           "ratio_tok_s": a["tok_s"] / fixed[best]["tok_s"], "ratio_p50": a["p50"] / fixed[best]["p50"]}
+           "ratio_tok_s": a["tok_s"] / fixed[best]["tok_s"], "ratio_p50": a["p50"] / fixed[best]["p50"],
+           "auto_mean": a["mean"], "best_mean": fixed[best]["mean"], "ratio_mean": a["mean"] / fixed[best]["mean"]}
     print(f"\n{label}: medians over rounds")
     for k, v in med.items():
-        print(f"  {k:>5}: {v['tok_s']:8.1f} tok/s  p50 {v['p50']:6.2f} s")
-    print(f"  auto / best fixed ({best}): tok/s x{out['ratio_tok_s']:.3f}, p50 x{out['ratio_p50']:.3f}")
+        print(f"  {k:>5}: {v['tok_s']:8.1f} tok/s  p50 {v['p50']:6.2f} s  mean {v['mean']:6.2f} s")
+    print(f"  auto / best fixed ({best}): tok/s x{out['ratio_tok_s']:.3f}, p50 x{out['ratio_p50']:.3f}, "
+          f"mean latency x{out['ratio_mean']:.3f}")
     late = {k: statistics.median(r.get("tok_s_late", float("nan")) for r in rs) for k, rs in results.items()}
     best_late = max((k for k in late if k.isdigit()), key=lambda k: late[k])
     out["ratio_late"] = late["auto"] / late[best_late]

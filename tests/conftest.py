@@ -30,7 +30,8 @@ def pytest_configure(config: pytest.Config) -> None:
 #: Fixtures that start a kind of real part, and the marker their tests get (make test-fast leaves
 #: the marked tests out; tests/README.md).
 _FIXTURE_MARKS = {"vllm_server": "vllm", "compared": "vllm", "vllm_run": "vllm", "ray_cluster": "ray",
-                  "sshd": "sshd", "sshd2": "sshd", "llama_server": "engine", "llama_server_bin": "engine"}
+                  "sshd": "sshd", "sshd2": "sshd", "llama_server": "engine", "llama_server_bin": "engine",
+                  "transformers_python": "transformers"}
 #: Folders whose every test drives Ray (a cluster of the session's or the module's own).
 _RAY_FOLDERS = ("tests/cluster/",)
 
@@ -53,6 +54,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             group = "ray"
         elif item.get_closest_marker("vllm") is not None:
             group = "vllm"
+        elif item.get_closest_marker("transformers") is not None:
+            group = "transformers"
         else:
             group = item.nodeid.split("::", 1)[0]
         item.add_marker(pytest.mark.xdist_group(group))
@@ -97,6 +100,13 @@ def sglang_python() -> str:
     """Python of the virtual environment that holds SGLang's released wheel (its argument parser;
     no GPU stack, so no server)."""
     return os.environ.get("HARVEST_SGLANG_PYTHON") or engines.install_engine("sglang")
+
+
+@pytest.fixture(scope="session")
+def transformers_python() -> str:
+    """Python of the virtual environment that holds ``transformers serve`` on PyTorch's CPU build
+    (the GPU machine's transformers version, its serving extras, accelerate)."""
+    return os.environ.get("HARVEST_TRANSFORMERS_PYTHON") or engines.install_engine("transformers")
 
 
 @pytest.fixture(scope="session")

@@ -27,6 +27,11 @@ def results_count(run_dir: Path) -> int:
     return rows[0][0] if rows else 0
 
 
+def result_ids(run_dir: Path) -> list[str]:
+    """The item id of every committed result (an id twice: a result twice)."""
+    return [r[0] for r in _query(run_dir, "SELECT i.id FROM results r JOIN items i ON i.seq = r.item")]
+
+
 def statuses(run_dir: Path) -> dict[str, int]:
     return dict(_query(run_dir, "SELECT status, COUNT(*) FROM items GROUP BY status"))
 

@@ -204,6 +204,10 @@ class ServerSteps:
                 log.warning("%s", warning)
                 warnings.append(warning)
         listed = next((x.ids for x in listings if x.ids), ())
+        if fallback is not None and listed and fallback not in listed:
+            # A list without the model harvest launched the engine with: transformers serve lists
+            # its Hugging Face cache, not the folder it serves, and refuses any other name (400).
+            listed = (fallback,)
         model = requested or (listed[0] if listed else fallback if warnings else None)
         if model is not None:
             client.use_model(model)

@@ -13,7 +13,9 @@ engine's tok/s at that level (the median of the level's canaries): x2 while that
 (judged on the mean of two canaries; one that shows no gain sends it back at once), else back and
 a ceiling for ``ceiling_steps``; then one look x``probe`` each time the ceiling lifts, against the
 median of three fresh canaries at the level, and each look that does not pay doubles the wait for
-the next (up to 8 x). A start at half a batch limit harvest knows is such a level from the start:
+the next (up to 8 x). A start at the batch limit harvest knows (the default, :func:`start_for`) has
+nothing above it: it settles on its first reading, and comes down only where the canary waits. A
+start below that limit (``auto_start``) is a level from the start:
 the first look up is a probe, ``ceiling_steps`` in (with equal answers a canary reads its level
 +-40 % by where in a wave it runs; judged in the first seconds, a look up cost a wave whichever way
 it went). The canary is not free (transformers serve on the H200 made x0.63-0.65 of fixed 512's
@@ -224,6 +226,12 @@ class CanarySteps(ControllerState):
         else:
             self._accepted, self._level_readings = self.target, [tok_s]
         self._level_tok_s = statistics.median(self._level_readings)
+        top = min(s.max_concurrency, s.batch_hint or s.max_concurrency)
+        if not self._settled and self.target >= top:
+            # At the engine's batch limit (or max_concurrency): nothing above can run at once, so the
+            # level is settled on this reading and the canary rests within its share of the time.
+            self._settled = True
+            return self._hold("hold", "settled", tok_s)
         factor = s.probe if self._settled else s.increase
         up = self.target * factor
         if self._ceiling is not None:
@@ -240,7 +248,7 @@ class CanarySteps(ControllerState):
         return self._move(now, up, "start", "tok/s grew", tok_s)
 
     def _held_start(self) -> None:
-        """A start at half a batch limit harvest knows (:func:`start_for`) is a level, not a guess:
+        """A start below a batch limit harvest knows (``auto_start``) is a level, not a guess:
         it is kept for ``ceiling_steps`` before the first look up, a probe, with the canary at rest.
         On the H200 (BENCHMARKS P7 A1) transformers' 1024 made x0.91-1.22 the tok/s of 512 across
         machines (about x1.03 typical), and with answers of equal length the canaries of one level
@@ -248,10 +256,18 @@ class CanarySteps(ControllerState):
         first seconds was a coin toss, and each that went wrong cost a wave (1024 at 4.6 s held the
         first answers to 17.5 s; kept where it did not pay, p50 x1.9)."""
         s = self.settings
-        if self._accepted is None and not self._settled and s.batch_hint is not None \
-                and self.target < s.batch_hint:
+        if self._accepted is not None or self._settled:
+            return
+        if s.batch_hint is not None and self.target < s.batch_hint:
             self._settled = self._holding = True
             self._ceiling, self._ceiling_left = self.target + 1, s.ceiling_steps
+        elif self.target >= min(s.max_concurrency, s.batch_hint or s.max_concurrency):
+            # At the batch limit (the default start, :func:`start_for`): nothing above to look for, so
+            # the canary reads it only within its share of the time. What it looks for there is a
+            # queue (the engine runs fewer at once); a short run that never reads one loses latency to
+            # it, not tok/s, where a canary read at once costs the whole batch a third of its pace
+            # (on the simulated H100, 2048 x 64: x0.945 of fixed 1024 with it).
+            self._settled = self._holding = True
 
     def canary_rests(self) -> bool:
         """Whether the canary rests: settled on a level it has read (or the held start), with no

@@ -89,13 +89,18 @@ def start_for(limit: int | None, *, metrics: bool, max_concurrency: int, fallbac
     once: the batch plus a short queue (``AutoSettings.queue_slack``), so the batch is full from the
     first answer on (vLLM CPU's 128: 144, one step sooner; a run of 20 s noticed the step).
 
-    An engine without /metrics starts at half its limit: sent its full batch, only latency (an
-    answer later) would say whether that overshot what it really runs at once (the requests per
-    batch are an upper bound; KV memory or the step's token budget may hold fewer), and then half
-    the requests of a short run wait twice as long. Half is held a while, then probed above
-    (``AutoConcurrency._paced``).
+    An engine without /metrics starts at its limit too. It was started at half (sent its full batch,
+    only latency an answer later would say whether that overshot what it really runs at once), but
+    with answers of equal length a run is a train of waves of the level: a start below the best level
+    reaches it a wave late at the soonest, and a short run never pays that back. On an H100
+    (2026-12-06) transformers' 1024 made x1.21 the tok/s of 512 and the default held 512 (x0.81 of
+    1024); on its simulation a start at 512 made x0.84, a start at 1024 x0.994 (2048 x 64) and x0.988
+    (4096 x 64) of fixed 1024 (BENCHMARKS.md, P7 A1). Where the engine runs fewer than its limit at
+    once (KV memory, the step's token budget), the canary, which takes a place at the limit and reads
+    within its share of the time, waits behind the queue and the level comes down
+    (``AutoConcurrency._waited``).
     """
-    start = fallback if limit is None else (limit if metrics else max(1, limit // 2))
+    start = fallback if limit is None else limit
     if limit is not None and metrics and exact:
         start = limit + max(2, math.ceil(AutoSettings.queue_slack * limit))
     return max(1, min(start, max_concurrency))

@@ -48,7 +48,7 @@ def test_status_table_shows_counts_totals_rate_and_errors(run):
     for line in ("done", "truncated", "pending", "unique input"):
         assert line in out
     assert "done 6 + truncated 1 + failed 2 + skipped 1 = 10 of 13 unique input items" in out
-    assert "input: 14 rows, 1 duplicates, 1 skipped" in out
+    assert "input: 14 rows, 1 duplicate, 1 skipped" in out
     assert "items/s" in out and "ETA:" in out and "runner:" in out
     assert "HTTP 400: prompt is too long for the context" in out and "http_422" in out
 

@@ -18,14 +18,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from harvest import api, schemas
 from harvest.campaign.outputs.progress import no_answer
-from harvest import api
 from harvest.campaign.outputs.status import RunStatus
-from harvest import schemas
 from harvest.cli.render import make_console
 from harvest.errors import LedgerError
 from harvest.ledger import Status
 from harvest.redact import escape_controls, redact_doc
+from harvest.words import counted
 
 STATUS_SCHEMA = schemas.STATUS
 
@@ -134,7 +134,8 @@ def print_status(console: Console, st: RunStatus) -> None:
         style = "yellow" if st.remaining or not t.ingest_complete else "bold red"
         console.print(_t(f"totals: {t.describe()}", style=style))
     conflicts = f" ({t.id_conflicts:,} id conflicts: same id, different content)" if t.id_conflicts else ""
-    console.print(_t(f"input: {t.input_rows:,} rows, {t.duplicates:,} duplicates{conflicts}, {st.skipped:,} skipped"))
+    console.print(_t(f"input: {counted(t.input_rows, 'row')}, {counted(t.duplicates, 'duplicate')}{conflicts}, "
+                     f"{st.skipped:,} skipped"))
     if st.skip_reasons:
         from harvest.dataset.skips import describe_skips
 

@@ -213,8 +213,8 @@ class IngestSteps:
                     shown = ", ".join(f"'{escape_controls(i, one_line=True)}'" for i in ids)
                     conflicts = (f" ({n} of them id conflicts: same id, different content; the first row "
                                  f"with the id is kept: {shown}{', ...' if n > len(ids) else ''})")
-        log.info("input: %s, %d unique, %s%s, %d skipped; %s", counted(report.total_rows, "row"), report.unique,
-                 counted(report.duplicates, "duplicate"), conflicts, report.skipped,
+        log.info("input: %s, %s unique, %s%s, %s skipped; %s", counted(report.total_rows, "row"),
+                 f"{report.unique:,}", counted(report.duplicates, "duplicate"), conflicts, f"{report.skipped:,}",
                  describe_ids(self.config.data, report))
         if self._skip_reasons:
             reasons = sorted((SkipReason(c, r, n) for (c, r), n in self._skip_reasons.items()),

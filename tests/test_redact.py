@@ -195,3 +195,46 @@ def test_console_log_records_hide_secrets_by_shape_and_show_controls_escaped():
                                "\x1b]52;c;eA==\x07 Bearer sk-12345678"), None)
     assert ShownFilter().filter(record)
     assert record.getMessage() == "endpoint http://***@h:1 is sick: \\x1b]52;c;eA==\\x07 Bearer ***"
+
+
+@pytest.mark.parametrize(("key", "secret"), [
+    ("authorization", True), ("Proxy-Authorization", True), ("cookie", True), ("x-api-key", True),
+    ("api-key", True), ("apiKey", True), ("access_token", True), ("X-Auth-Token", True), ("client_secret", True),
+    ("db_password", True), ("HF_TOKEN", True), ("auth", True),
+    ("api_key_env", False), ("token_file", False), ("secret_name", False), ("max_tokens", False),
+    ("skip_special_tokens", False), ("stop_token_ids", False), ("tokenizer", False), ("top_k", False), ("note", False),
+])
+def test_header_like_keys_are_secret_and_counts_and_names_are_not(key, secret):
+    from harvest.redact import is_secret_key
+
+    assert is_secret_key(key) is secret
+
+
+def test_header_like_keys_and_values_in_extra_body_are_redacted_and_the_rest_kept():
+    body = {"authorization": "Bearer tok-1234567890", "x-api-key": "k-1", "cookie": "session=c-1",
+            "note": "Authorization: Basic dXNlcjpwdw==", "raw": '{"X-Api-Key": "k-2", "n": 1}',
+            "max_tokens": 5, "skip_special_tokens": False, "chat_template_kwargs": {"enable_thinking": False},
+            "api_key_env": "MY_KEY"}
+    shown = redact_doc({"sampling": {"extra_body": body}})["sampling"]["extra_body"]
+    assert shown == {"authorization": "***", "x-api-key": "***", "cookie": "***",
+                     "note": "Authorization: Basic ***", "raw": '{"X-Api-Key": "***", "n": 1}',
+                     "max_tokens": 5, "skip_special_tokens": False,
+                     "chat_template_kwargs": {"enable_thinking": False}, "api_key_env": "MY_KEY"}
+    assert redact_text("Cookie: a=b; c=d\nnext line") == "Cookie: ***\nnext line"
+    assert redact_text("Proxy-Authorization: Digest u=1, r=2") == "Proxy-Authorization: Digest ***"
+
+
+def test_a_resume_names_a_changed_secret_without_either_value(tmp_path):
+    from harvest.campaign.run.folder import other_job
+    from harvest.ledger import Ledger, hash_settings
+
+    before = {"sampling": {"extra_body": {"authorization": "Bearer old-secret-1"}, "max_tokens": 8}}
+    with Ledger.open(tmp_path, settings_hash=hash_settings(before), meta={"output_settings": redact_doc(before)}):
+        pass
+    assert other_job(tmp_path, before, None) is None  # the same secret: the same job
+    now = {"sampling": {"extra_body": {"authorization": "Bearer new-secret-2"}, "max_tokens": 8}}
+    why = other_job(tmp_path, now, None)
+    assert why is not None and "a value shown as ***" in why
+    assert "old-secret-1" not in why and "new-secret-2" not in why
+    why = other_job(tmp_path, {"sampling": {**now["sampling"], "max_tokens": 9}}, None)
+    assert why is not None and "[sampling] max_tokens: 8 -> 9" in why and "new-secret-2" not in why

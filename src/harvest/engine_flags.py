@@ -28,6 +28,7 @@ no engine is run.
 from __future__ import annotations
 
 import functools
+import ipaddress
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -58,6 +59,9 @@ class Reading:
     #: The candidates that are secret flags (an option is one when any of its spellings has a
     #: secret name: llama.cpp's ``-hft`` is ``--hf-token``).
     secret_candidates: tuple[str, ...] = ()
+    #: The address flags (:data:`BIND_FLAGS`) the candidates are spellings of (an alias of
+    #: ``--host``, a short one included, is ``--host``).
+    bind_candidates: tuple[str, ...] = ()
 
     @property
     def secret(self) -> str | None:
@@ -68,8 +72,8 @@ class Reading:
 
     @property
     def bind(self) -> str | None:
-        """``--host`` or ``--port`` when it is (or may be) read as one, else None."""
-        return next((c for c in self.candidates if c in BIND_FLAGS), None)
+        """``--host`` or ``--port`` when it is (or may be) read as one (any spelling of it), else None."""
+        return next((c for c in (*self.bind_candidates, *self.candidates) if c in BIND_FLAGS), None)
 
 
 @functools.cache
@@ -93,7 +97,9 @@ def secret_options(engine: str) -> frozenset[str]:
 
 def _reading(engine: str, token: str, name: str, candidates: tuple[str, ...], inline: str | None) -> Reading:
     secrets = secret_options(engine)
-    return Reading(token, name, candidates, inline, tuple(c for c in candidates if c in secrets))
+    groups = option_strings(engine)
+    binds = tuple(dict.fromkeys(f for c in candidates for f in groups.get(c, ()) if f in BIND_FLAGS))
+    return Reading(token, name, candidates, inline, tuple(c for c in candidates if c in secrets), binds)
 
 
 def _argparse_candidates(options: Mapping[str, tuple[str, ...]], arg: str) -> tuple[str, ...]:
@@ -167,8 +173,10 @@ def read_conservatively(token: str) -> Reading | None:
     if len(token) < 2 or not token.startswith("-"):
         return None
     name, eq, value = token.partition("=")
-    key = name.partition(".")[0].lower()
-    key = "--" + key[2:].replace("_", "-") if key.startswith("--") else key
+    key = name.partition(".")[0]
+    # A --name in any case and with '_' for '-'; a single-dash option as written (every known
+    # parser tells -H from -h).
+    key = "--" + key[2:].replace("_", "-").lower() if key.startswith("--") else key
     known = any(key in option_strings(engine) for engine in ENGINE_NAMES)
     secrets, sensitive = _sensitive_spellings()
     if key in sensitive or known:
@@ -234,20 +242,73 @@ def argv_problem(engine: str | None, argv: Sequence[str], field: str, *, binds: 
             return _secret_message(field, shown)
         return (f"`{field}` holds {shown}: set [server] {flag[2:]} instead (harvest checks the address "
                 f"there: a non-loopback host needs `api_key_env`)")
-    return None
+    return _unknown_address(engine, argv, field) if binds else None
+
+
+def _value(argv: Sequence[str], i: int, reading: Reading) -> str | None:
+    """The value of the option at ``argv[i]``: after ``=``, else the next token (None: none)."""
+    if reading.inline_value is not None:
+        return reading.inline_value
+    return argv[i + 1] if i + 1 < len(argv) else None
+
+
+def address_literal(value: str) -> str | None:
+    """The IP address ``value`` names, as a listening address is written (``0.0.0.0``, ``::``,
+    ``[::]:8000``, ``10.0.0.1:80``; of a comma-separated list, as llama-server's ``--host`` takes,
+    the first that is not loopback, else the first), or None when it names none."""
+    found = []
+    for part in value.split(","):
+        part = part.strip()
+        for host in (part, part[1:].partition("]")[0] if part.startswith("[") else part.rpartition(":")[0]):
+            try:
+                found.append(ipaddress.ip_address(host))
+                break
+            except ValueError:
+                continue
+    if not found:
+        return None
+    return str(next((a for a in found if not a.is_loopback), found[0]))
 
 
 def host_values(argv: Sequence[str]) -> list[tuple[str, str]]:
-    """Each ``(flag as written, value)`` that a program may read as ``--host VALUE`` (read
-    conservatively): the value after ``=`` or the next token."""
+    """Each ``(flag as written, value)`` that a program may read as the address it listens on (read
+    conservatively): an option read as ``--host`` (its value after ``=`` or the next token), and any
+    other option whose value is an IP address (``-H 0.0.0.0``, ``--bind=::``, ``--listen
+    0.0.0.0:8000``; a host name is only read so after a ``--host`` spelling)."""
     out = []
     for i, reading in readings(None, argv):
+        value = _value(argv, i, reading)
+        if value is None:
+            continue
         if reading.bind == "--host":
-            value = reading.inline_value if reading.inline_value is not None else (
-                argv[i + 1] if i + 1 < len(argv) else None)
-            if value is not None:
-                out.append((reading.name, value))
+            out.append((reading.name, value))
+        elif reading.bind is None and _may_listen(reading.name) and (address := address_literal(value)) is not None:
+            out.append((reading.name, address))
     return out
+
+
+def _may_listen(name: str) -> bool:
+    """Whether an option named ``name`` may take the address a server listens on: any name but one
+    naming a file or a folder (``--hostname-file 0.0.0.0`` is a file's name)."""
+    return name.lower().replace("_", "-").rpartition("-")[2] not in ("file", "path", "dir")
+
+
+def _unknown_address(engine: str | None, argv: Sequence[str], field: str) -> str | None:
+    """Why an option of ``argv`` the engine knows nothing of may not carry a public address
+    (``-H 0.0.0.0``: no pinned engine reads ``-H``, but a build or wrapper that did would listen on
+    every interface without a key), else None."""
+    for i, reading in readings(engine, argv):
+        known = engine in ENGINE_NAMES and bool((read := read_token(str(engine), reading.token)) and read.candidates)
+        if known or reading.candidates:
+            continue
+        value = _value(argv, i, reading)
+        address = address_literal(value) if value is not None and _may_listen(reading.name) else None
+        if address is not None and not ipaddress.ip_address(address).is_loopback:
+            who = ENGINE_NAMES.get(str(engine), "the engine")
+            return (f"`{field}` holds {reading.name} {address}: {who} knows no option {reading.name}, and an "
+                    f"option followed by a non-loopback address may make a server listen on it. Set [server] "
+                    f"host instead (harvest checks the address there: a non-loopback host needs `api_key_env`)")
+    return None
 
 
 def hide_secret_values(engine: str | None, argv: Sequence[str]) -> list[str]:
@@ -264,5 +325,5 @@ def hide_secret_values(engine: str | None, argv: Sequence[str]) -> list[str]:
     return out
 
 
-__all__ = ["BIND_FLAGS", "ENGINE_NAMES", "Reading", "argv_problem", "hide_secret_values", "host_values",
+__all__ = ["BIND_FLAGS", "ENGINE_NAMES", "Reading", "address_literal", "argv_problem", "hide_secret_values", "host_values",
            "option_strings", "read_conservatively", "read_token", "readings", "secret_options"]

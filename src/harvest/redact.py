@@ -57,6 +57,22 @@ AUTH_VALUE = re.compile(r"^\s*(bearer|basic)\s+[\w.~+/=:-]+\s*$", re.IGNORECASE)
 _AUTH_IN_TEXT = re.compile(r"((?i:\bauthorization['\"]?\s*[:=,]\s*['\"]?(?:bearer|basic)\s+)(?!\*\*\*)"
                            r"(?=[^\s'\",)\]}])|\b(?:Bearer|BEARER|bearer(?=\s+\S*\d))\s+(?=[\w.~+/=-]{8}))"
                            r"([^\s'\",)\]}]+)")
+#: ``Authorization: <anything>`` and the other headers that carry a credential (``Proxy-Authorization``,
+#: ``Cookie``, ``Set-Cookie``, ``X-Api-Key``, ``Api-Key``, ``X-Auth-Token``, any ``X-...-Key``/``-Token``/
+#: ``-Secret``) written as a header, a JSON pair or an assignment inside text: the value, up to the end
+#: of the line or the closing quote (an auth scheme before it is kept: ``Authorization: Bearer ***``).
+_HEADER_IN_TEXT = re.compile(r"((?<![\w-])(?:(?:proxy-)?authorization|(?:set-)?cookie|(?:x-)?api[-_]key|"
+                             r"x-[\w-]*(?:key|token|secret))['\"]?\s*[:=]\s*['\"]?(?:(?:bearer|basic|digest|token)\s+)?+)"
+                             r"(?!\*\*\*)([^\s'\"][^\r\n'\"]*)", re.IGNORECASE)
+#: Header names whose value is a credential, compared with ``-`` and ``_`` alike, any case.
+SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key", "api-key",
+                            "x-auth-token", "x-access-token"})
+#: The words of a document key that make its string value a secret wherever they stand in it
+#: (``access_token``, ``X-Auth-Token``, ``client_secret_value``, ``db_password``), and the words
+#: after which such a key names something else (``api_key_env`` names a variable, ``token_file`` a path).
+_SECRET_WORDS = frozenset({"token", "secret", "password", "passwd", "credential", "credentials", "auth",
+                           "authorization", "cookie", "apikey", "bearer"})
+_NAMING_WORDS = frozenset({"env", "file", "path", "dir", "type", "mode", "name", "names", "count", "ids", "url"})
 #: ``NAME=VALUE`` as one argument (``env MY_API_KEY=...``, ``sh -c 'HF_TOKEN=... srv'``): the name.
 _ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.DOTALL)
 #: ``NAME=VALUE`` with a secret name inside text (``sh -c 'A=1 MY_API_KEY=... srv'``): the value.
@@ -73,7 +89,23 @@ def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
     text = URL_USER.sub(lambda m: m.group(1) + REDACTED + m.group(3), text)
     text = QUERY_SECRET.sub(lambda m: m.group(1) + REDACTED, text)
     text = _ASSIGNMENT_IN_TEXT.sub(lambda m: m.group(1) + REDACTED, text)
-    return _AUTH_IN_TEXT.sub(lambda m: m.group(1) + REDACTED, text)
+    text = _AUTH_IN_TEXT.sub(lambda m: m.group(1) + REDACTED, text)
+    return _HEADER_IN_TEXT.sub(lambda m: m.group(1) + REDACTED, text)
+
+
+def is_secret_key(name: str) -> bool:
+    """Whether a document key names a secret (its string value is one): a header that carries a
+    credential (:data:`SECRET_HEADERS`: ``authorization``, ``cookie``, ``x-api-key`` ...), a name
+    ending in ``key``, ``token``, ``secret``, ``password``/``passwd`` or ``credential(s)``
+    (:data:`SECRET_ENV`: ``api_key``, ``HF_TOKEN``), or one holding ``token``, ``secret``,
+    ``password``, ``auth``, ``cookie`` ... as a word (``access_token_value``, ``X-Auth-User``) unless
+    its last word says it names something else (``api_key_env``, ``token_file``, ``secret_name``).
+    Counts are no secrets: ``max_tokens`` ends in ``tokens``, and only string values are redacted."""
+    words = [w for w in re.split(r"[^a-z0-9]+", re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()) if w]
+    if not words or words[-1] in _NAMING_WORDS:
+        return False
+    return ("-".join(words) in SECRET_HEADERS or bool(SECRET_ENV.search(name.strip()))
+            or any(w in _SECRET_WORDS for w in words))
 
 
 def is_secret_variable(name: str, value: str) -> bool:
@@ -144,10 +176,14 @@ def redact_env(env: Mapping[str, str], secrets: Sequence[str] = ()) -> dict[str,
 
 
 def redact_doc(value: Any, secrets: Sequence[str] = ()) -> Any:
-    """A JSON-like document fit to record: URL passwords (and known secrets) in every string, keys
-    included, become ``***``, and so do the values of secret-named keys (``HF_TOKEN``, ``api_key``;
-    ``runtime_env.env_vars`` of a Ray cluster, ``[server.env]``), string values that are HTTP
-    credentials (``Bearer ...``) and ``NAME=VALUE`` strings holding a secret (an argv element)."""
+    """A JSON-like document fit to record or show: URL user parts and query secrets (and known
+    secrets) in every string, keys included, become ``***``, and so do the string values of
+    secret-named keys (:func:`is_secret_key`: ``HF_TOKEN``, ``api_key``, a header such as
+    ``authorization`` or ``x-api-key`` in ``[sampling] extra_body``; ``runtime_env.env_vars`` of a
+    Ray cluster, ``[server.env]``), string values that are HTTP credentials (``Bearer ...``),
+    ``NAME=VALUE`` strings holding a secret (an argv element) and headers inside text
+    (``Authorization: Basic ...``). The one redaction every record, page and console line of harvest
+    passes through (with :func:`redact_text` for a single string)."""
     if isinstance(value, str):
         if AUTH_VALUE.match(value):
             return REDACTED
@@ -155,8 +191,8 @@ def redact_doc(value: Any, secrets: Sequence[str] = ()) -> Any:
         return name + "=" + REDACTED if name is not None else redact_text(value, secrets)
     if isinstance(value, Mapping):
         return {redact_text(str(k), secrets) if isinstance(k, str) else k:
-                (REDACTED if isinstance(k, str) and isinstance(v, str) and v and is_secret_variable(k, v)
-                 else redact_doc(v, secrets))
+                (REDACTED if isinstance(k, str) and isinstance(v, str) and v
+                 and (is_secret_variable(k, v) or is_secret_key(k)) else redact_doc(v, secrets))
                 for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [redact_doc(v, secrets) for v in value]
@@ -209,7 +245,7 @@ def redact_server_settings(server: Mapping[str, Any], secrets: Sequence[str] = (
     return out
 
 
-__all__ = ["AUTH_VALUE", "QUERY_SECRET", "REDACTED", "SECRET_ENV", "SECRET_FLAG", "URL_PASSWORD", "URL_USER",
-           "as_text", "escape_controls", "is_secret_variable", "redact_argv", "redact_doc", "redact_env", "redact_server_settings",
+__all__ = ["AUTH_VALUE", "QUERY_SECRET", "REDACTED", "SECRET_ENV", "SECRET_FLAG", "SECRET_HEADERS", "URL_PASSWORD",
+           "URL_USER", "as_text", "escape_controls", "is_secret_key", "is_secret_variable", "redact_argv", "redact_doc", "redact_env", "redact_server_settings",
            "redact_text", "safe_line", "secret_assignment", "secret_assignment_problem",
            "secret_env_values"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import subprocess
 from pathlib import Path
 
@@ -70,7 +71,7 @@ def ensure_tiny_model(engine_python: str, *, timeout: float = 900.0) -> Path:
     out = tiny_model_dir()
     if (out / "config.json").exists() and (out / "tokenizer.json").exists():
         return out
-    tmp = out.with_name(out.name + f".building-{os.getpid()}")
+    tmp = out.with_name(out.name + f".building-{secrets.token_hex(16)}")  # a name no one can plant first
     tmp.parent.mkdir(parents=True, exist_ok=True)
     try:
         proc = subprocess.run([engine_python, str(MAKE_MODEL), str(tmp)], capture_output=True, text=True,

@@ -24,7 +24,7 @@ from harvest.campaign.outputs.status import RunStatus
 from harvest.cli.render import make_console
 from harvest.errors import LedgerError
 from harvest.ledger import Status
-from harvest.redact import escape_controls, redact_doc
+from harvest.redact import escape_controls, redact_doc, redact_text
 from harvest.words import counted
 
 STATUS_SCHEMA = schemas.STATUS
@@ -102,8 +102,9 @@ def _rate(value: float | None, unit: str) -> str:
 
 
 def _t(text: str, style: str | None = None) -> Text:
-    """One line for the terminal: control characters (ESC, BEL, CR, newlines...) shown escaped."""
-    return Text(escape_controls(text, one_line=True), style=style or "")
+    """One line for the terminal: secrets by shape hidden, control characters (ESC, BEL, CR,
+    newlines...) shown escaped."""
+    return Text(escape_controls(redact_text(text), one_line=True), style=style or "")
 
 
 def print_status(console: Console, st: RunStatus) -> None:

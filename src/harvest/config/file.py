@@ -40,17 +40,15 @@ class HarvestConfig(StrictModel):
     source: str = Field("<memory>", exclude=True)
 
     def recorded(self) -> dict[str, Any]:
-        """The configuration as JSON, fit to write down: secrets in ``[server]``, URL passwords
-        and secret-named variables (``[cluster] runtime_env.env_vars``) redacted."""
+        """The configuration as JSON, fit to write down: secrets in ``[server]``, and in every
+        table secrets by shape (:func:`harvest.redact.redact_doc`: URL user parts and query keys,
+        header-like keys and values in ``[sampling] extra_body``, secret-named variables in
+        ``[cluster] runtime_env.env_vars``) redacted."""
         from harvest.redact import redact_doc
 
         data = self.model_dump(mode="json", exclude={"source"})
-        if self.server is not None:
-            data["server"] = self.server.recorded()
-        for table in ("client", "cluster", "host", "hosts"):  # endpoint URLs, runtime_env env_vars
-            if data.get(table) is not None:
-                data[table] = redact_doc(data[table])
-        return data
+        server = self.server.recorded() if self.server is not None else None
+        return {table: server if table == "server" else redact_doc(value) for table, value in data.items()}
 
     @model_validator(mode="after")
     def _one_credential(self) -> HarvestConfig:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import secrets
 import stat
 from pathlib import Path
 from typing import Self
@@ -13,6 +14,13 @@ from typing import Self
 from harvest.errors import UnsafePathError
 from harvest.safefiles.rules import (DIR_MODE, FILE_MODE, _check_parents, _check_route, _check_stat, _fd_name,
                                      _folder_stat_problem, _NOFOLLOW, _parent_problem, _who)
+
+
+#: Random temporary names drawn before giving up (each is free but by a 2^-128 chance of a plant).
+TEMP_TRIES = 16
+#: The part of a file's name its temporary name keeps: a name of 255 bytes, plus the random part,
+#: would be too long for the system.
+_TEMP_STEM_BYTES = 200
 
 
 class Folder:
@@ -176,17 +184,21 @@ class Folder:
             return fh.read()
 
     def temp(self, name: str) -> tuple[str, int]:
-        """A new 0600 file beside ``name`` (created ``O_EXCL`` in the held folder): its name and
-        descriptor, for :meth:`replace`."""
-        for n in range(100):
-            tmp = f".{name}.{os.getpid()}.{n}.tmp"
+        """A new 0600 file beside ``name``: its name and descriptor, for :meth:`replace`.
+
+        The name carries 128 random bits (``.NAME.<32 hex>.tmp``), so no one can plant it in
+        advance, and it is created ``O_CREAT | O_EXCL | O_NOFOLLOW`` in the held folder: a name that
+        is taken (a file or a link, planted or not) is never opened, another is drawn."""
+        stem = os.fsencode(name)[:_TEMP_STEM_BYTES].decode("utf-8", "surrogateescape")
+        for _ in range(TEMP_TRIES):
+            tmp = f".{stem}.{secrets.token_hex(16)}.tmp"
             try:
                 fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW, FILE_MODE, dir_fd=self.fd)
             except FileExistsError:
                 continue
             os.fchmod(fd, FILE_MODE)
             return tmp, fd
-        raise UnsafePathError(self.path / name, "no free temporary name beside it")
+        raise UnsafePathError(self.path / name, f"no free temporary name beside it in {TEMP_TRIES} random draws")
 
     def replace(self, tmp: str, name: str) -> None:
         """Rename ``tmp`` over ``name`` in the folder; an existing ``name`` must be this user's own

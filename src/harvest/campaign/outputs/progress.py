@@ -298,6 +298,7 @@ class Progress:
         return snap
 
     def line(self, snap: dict[str, Any]) -> str:
+        snap = redact_doc(snap)  # endpoint URLs and errors as shown: no user part, no query key
         final = snap["final_before_session"] + snap["done_this_session"]
         eta = snap["eta_s"]
         server = snap["server"]
@@ -327,6 +328,7 @@ class Progress:
         return self.panel(snap, width)
 
     def panel(self, snap: dict[str, Any], width: int = 0) -> Panel:
+        snap = redact_doc(snap)  # endpoint URLs and errors as shown: no user part, no query key
         # Labels keep their width (never cut); a value longer than its line wraps at a word, so at
         # 80 columns every figure stays on screen (tests/cli/test_live_widths.py).
         body = Table.grid(padding=(0, 1))

@@ -16,6 +16,7 @@ from typing import Any
 
 from harvest.errors import LedgerError
 from harvest.ledger import LEDGER_FILE, Ledger, Status, Totals, hash_settings
+from harvest.redact import redact_doc
 
 
 def resume_line(counts: dict[Status, int], recovered: int, ingest: dict[str, Any], ingesting: bool) -> str:
@@ -93,7 +94,10 @@ def other_job(run_dir: Path, settings: dict[str, Any], data_path: str | None,
     differences = []
     before = meta.get("output_settings")
     if isinstance(before, dict) and meta.get("settings_hash") != hash_settings(settings):
-        differences += settings_diff(before, settings)
+        # The hash is of the values as given; the settings are stored and named as shown (a secret
+        # as ***): two secrets that differ differ in the hash, and are named without their values.
+        differences += settings_diff(redact_doc(before), redact_doc(settings)) or [
+            "a value shown as *** (a secret: only the settings hash, made from the values as given, says it changed)"]
     old_path = ((meta.get("job") or {}).get("data") or {}).get("path")
     new_path = data_path
     if old_path and new_path and Path(old_path).resolve() != Path(new_path).resolve() \

@@ -29,7 +29,7 @@ from harvest.dataset import iter_items
 from harvest.dataset.skips import SkipReason, describe_skips, shape_settings
 from harvest.errors import ConfigError, LedgerError
 from harvest.ledger import IngestBatch, IngestReport, Ledger, LedgerWriter, Status, prepare_ingest
-from harvest.redact import escape_controls, redact_argv
+from harvest.redact import escape_controls, redact_argv, redact_doc
 from harvest.words import counted
 
 log = logging.getLogger("harvest.campaign")
@@ -134,8 +134,10 @@ class IngestSteps:
             foreign = other_job(self.run_dir, output_settings(self.config), data.path, fingerprint)
             if foreign is not None:
                 raise LedgerError(foreign)
+        # The settings are stored as shown (a secret in extra_body as ***); their hash, from the
+        # values as given, is what a resume compares.
         meta = {"job": self.config.recorded(), "job_file": self.config.source,
-                "output_settings": output_settings(self.config)}
+                "output_settings": redact_doc(output_settings(self.config))}
         ledger = Ledger.open(self.run_dir, settings_hash=self.settings_hash, meta=meta,
                              allow_mixed=self.allow_mixed, samples=self.config.sampling.n)
         known = ledger.meta().get("dataset_fingerprint")

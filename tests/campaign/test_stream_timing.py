@@ -15,7 +15,7 @@ import pytest
 
 from tests.engines import sim_engine
 
-PREFILL, STEP, TOKENS, ROWS = 1.0, 0.1, 12, 24
+PREFILL, STEP, TOKENS, ROWS = 2.0, 0.2, 10, 12
 
 
 def harvest(*argv: str) -> subprocess.CompletedProcess[str]:

@@ -224,7 +224,21 @@ def longest_stall(run_dir: Path) -> float:
     return max((b - a for a, b in zip(times, times[1:])), default=0.0)
 
 
-def check(soak: Soak, unique: int, mem_before: int, port: int) -> tuple[list[str], dict[str, object]]:
+def own_children() -> set[tuple[int, float]]:
+    """This process's descendants now, as (pid, create time)."""
+    out = set()
+    for p in psutil.Process().children(recursive=True):
+        try:
+            out.add((p.pid, p.create_time()))
+        except psutil.Error:
+            continue
+    return out
+
+
+def check(soak: Soak, unique: int, mem_before: int, port: int,
+          before: set[tuple[int, float]] | None = None) -> tuple[list[str], dict[str, object]]:
+    """``before``: the descendants that were there before the run (a test session's own servers):
+    not the run's, never judged."""
     problems = final_check(soak.run_dir, unique)
     per_id = query(soak.run_dir, "SELECT i.id, COUNT(*) FROM results r JOIN items i ON i.seq = r.item "
                                  "GROUP BY i.id")
@@ -259,7 +273,7 @@ def check(soak: Soak, unique: int, mem_before: int, port: int) -> tuple[list[str
     held: dict[int, int] = {}
     for p in psutil.Process().children(recursive=True):
         try:
-            if p.status() != psutil.STATUS_ZOMBIE:
+            if p.status() != psutil.STATUS_ZOMBIE and (p.pid, p.create_time()) not in (before or set()):
                 held[p.pid] = p.memory_info().rss
         except psutil.Error:
             continue  # gone meanwhile
@@ -319,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     soak.job.write_text(job_text(data, soak.run_dir, llama, gguf, soak.flag, port, args.hang_deadline,
                                  args.max_tokens))
     mem_before = psutil.virtual_memory().available
+    before = own_children()
     rng = random.Random(args.seed)
     t0 = time.monotonic()
     problems: list[str] = []
@@ -343,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         soak.cleanup()
     took = time.monotonic() - t0
-    more, figures = check(soak, args.items, mem_before, port)
+    more, figures = check(soak, args.items, mem_before, port, before)
     problems += more
     problems += [f"{f['kind']} at {f['t']} s not survived: {f}" for f in soak.faults
                  if f.get("recovered_s") is None or f.get("old_engine_gone") is False or f.get("skipped")]

@@ -454,7 +454,19 @@ dir = "run"
         assert status == 0, screens[-1].text
 
         def row(screen: Screen, name: str) -> str:
-            return next((line for line in screen.inside() if re.search(rf"[▶✓✗]\s+{name}\b", line)), "")
+            """The phase row ``name`` with the lines its text wrapped onto (they start with blanks
+            where the next row's mark would be), joined."""
+            lines = list(screen.inside())
+            for i, line in enumerate(lines):
+                if re.search(rf"[▶✓✗]\s+{name}\b", line):
+                    parts = [line.strip("│ ")]
+                    for more in lines[i + 1:]:
+                        body = more.strip("│")
+                        if not body.strip() or re.match(r"\s*[▶✓✗·]", body) or not body.startswith("   "):
+                            break
+                        parts.append(body.strip())
+                    return " ".join(parts)
+            return ""
 
         after = [s for s in screens if "relaunch 1 of" in row(s, "launching") and row(s, "generating")
                  .lstrip("│ ").startswith("▶")]

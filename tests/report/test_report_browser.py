@@ -103,8 +103,8 @@ def check_page(page: Page, report: Path, doc: dict[str, Any], charts: set[str], 
 
 
 #: The queue panel of the over-time chart as drawn: each legend's texts, and the largest value of
-#: the "sent" series (the first colour of the palette in the second panel, read back through that
-#: panel's y ticks), None when that line or its ticks are not found.
+#: the "sent" series (its path, named by its SVG id, read back through the second panel's y ticks),
+#: None when that line or its ticks are not found.
 QUEUE_PANEL = """(() => {
     const svg = document.querySelector('figure[data-chart="over-time"] svg');
     const legends = [...svg.querySelectorAll('g[id^="legend"]')].map(
@@ -114,8 +114,8 @@ QUEUE_PANEL = """(() => {
         const use = g.querySelector('use'), text = g.querySelector('text');
         return use && text ? [parseFloat(use.getAttribute('y')), parseFloat(text.textContent.replace(/,/g, ''))]
                            : null; }).filter(t => t && isFinite(t[0]) && isFinite(t[1]));
-    const line = [...axes.querySelectorAll('g[id^="line2d"] > path')].find(
-        p => !p.closest('g[id^="legend"]') && (p.getAttribute('style') || '').includes('stroke: #0b5cad'));
+    const line = [...axes.querySelectorAll('g[id="line: sent (on the wire)"] > path')].find(
+        p => !p.closest('g[id^="legend"]'));
     if (!line || ticks.length < 2) return {legends, sent_max: null, points: 0};
     const [[y0, v0], [y1, v1]] = [ticks[0], ticks[ticks.length - 1]];
     const ys = [...line.getAttribute('d').matchAll(/[ML] ([-\\d.]+) ([-\\d.]+)/g)].map(m => parseFloat(m[2]));

@@ -268,12 +268,13 @@ class Progress:
         out["queued"] = max(self.in_flight - stats.in_flight, 0)
         now = time.monotonic()
         for e in stats.endpoints:
-            if e.state.value != "healthy" and e.failing_since is not None:
+            if e.hung and e.state.value in ("healthy", "hung"):
+                # holding requests and sending nothing back (found hung: no new requests to it either)
+                out["no_answer"].append({"url": e.url, "quiet_s": e.quiet_s, "bound_s": e.hung_after_s,
+                                         "outstanding": e.outstanding, "hung": e.state.value == "hung"})
+            elif e.state.value != "healthy" and e.failing_since is not None:
                 out["sick"].append({"url": e.url, "state": e.state.value, "waited_s": round(now - e.failing_since, 1),
                                     "deadline_s": self.health_deadline, "last_error": e.last_error})
-            elif e.hung:  # healthy as far as errors go, but holding requests and sending nothing back
-                out["no_answer"].append({"url": e.url, "quiet_s": e.quiet_s, "bound_s": e.hung_after_s,
-                                         "outstanding": e.outstanding})
         return out
 
     # --- output ----------------------------------------------------------------------------------
@@ -420,9 +421,11 @@ def _sick(e: dict[str, Any]) -> str:
 
 
 def no_answer(e: Mapping[str, Any]) -> str:
-    """``http://h:8000 no answer for 41 s (12 requests in flight; shown past 30 s of nothing back)``."""
+    """``http://h:8000 no answer for 41 s (12 requests in flight; shown past 30 s of nothing back)``;
+    found hung (``/health`` answering): ``...; hung, no new requests to it``."""
+    hung = "; hung while /health answers: no new requests to it" if e.get("hung") else ""
     return (f"{e['url']} no answer for {e['quiet_s']:.0f} s ({e['outstanding']} requests in flight; shown past "
-            f"{e['bound_s']:.0f} s of nothing back)")
+            f"{e['bound_s']:.0f} s of nothing back{hung})")
 
 
 def _targets(snap: dict[str, Any]) -> str:

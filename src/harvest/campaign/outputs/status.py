@@ -228,7 +228,7 @@ def read_progress(run_dir: str | Path) -> tuple[Progress | None, str | None]:
     cache = _of(data, "prefix_cache", dict) or {}
     quiet = _of(data, "no_answer", list) or []
     no_answer = tuple({"url": str(e["url"]), "quiet_s": float(e["quiet_s"]), "bound_s": float(e["bound_s"]),
-                       "outstanding": int(e["outstanding"])} for e in quiet
+                       "outstanding": int(e["outstanding"]), "hung": e.get("hung") is True} for e in quiet
                       if isinstance(e, dict) and all(isinstance(e.get(k), (int, float)) and not isinstance(e.get(k), bool)
                                                      for k in ("quiet_s", "bound_s", "outstanding"))
                       and isinstance(e.get("url"), str))

@@ -221,3 +221,42 @@ async def test_timed_events_count_only_events_that_carry_text():
               b'data: [DONE]\n\n')
     events = await MockTransport(lambda *_: RawResponse(200, stream)).timed_events("http://e/x", body=b"{}", timeout=5)
     assert events.status == 200 and len(events.arrivals) == 2
+
+
+async def test_a_request_cut_by_the_transports_close_opens_no_new_session():
+    """The client closing (Ctrl-C while generating) cuts its requests on the wire; one of them read
+    as hung up on must not open a fresh session after the close: it would be left unclosed
+    ("Unclosed client session" at exit)."""
+    import gc
+    import warnings
+
+    got = asyncio.Event()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            got.set()
+            await asyncio.sleep(30)  # never answers: the close comes first
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        transport = AiohttpTransport(max_connections=2)
+        request = asyncio.ensure_future(transport.request("POST", f"http://127.0.0.1:{port}/x", body=b"{}",
+                                                          timeout=20))
+        await asyncio.wait_for(got.wait(), 10)
+        await transport.aclose()
+        with pytest.raises(Exception):
+            await asyncio.wait_for(request, 20)
+        server.close()
+        await server.wait_closed()
+        del transport, request
+        gc.collect()
+        await asyncio.sleep(0)
+    leaked = [str(w.message) for w in seen if "Unclosed client session" in str(w.message)]
+    assert not leaked, leaked

@@ -166,7 +166,7 @@ class AiohttpTransport:
                 raise
             first = exc
         left = timeout - (time.monotonic() - started)
-        if left <= 0:
+        if left <= 0 or self._closed:  # closed meanwhile (the client ending): no new session to leak
             raise first
         if self._fresh is None:
             # Another pooled connection may be as stale as the first (a client that read its answers

@@ -224,11 +224,13 @@ class Client:
         if self._closed:
             return
         self._closed = True
-        if self._steer is not None:
-            await self._steer.aclose()
-        await self._watchdog.aclose()
-        await self._health.aclose()
-        await self._transport.aclose()
+        try:
+            if self._steer is not None:
+                await self._steer.aclose()
+            await self._watchdog.aclose()
+            await self._health.aclose()
+        finally:  # the session is closed whatever the tasks above did (a second Ctrl-C included)
+            await self._transport.aclose()
 
     # ------------------------------------------------------------------ public requests
 

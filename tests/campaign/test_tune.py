@@ -329,9 +329,10 @@ metrics_interval = 0.1
     t1 = trials[1]["throughput"]
     assert t1["kv_capacity_tokens"] > 0 and t1["gen_tok_s"] > 0 and t1["gen_tok_s_metrics"] > 0
     # a peak is what a scrape saw while the requests ran; none may come back in time from a busy
-    # server (unknown, not 0: tests/quality/test_throughput.py)
+    # server (unknown: tests/quality/test_throughput.py), and on a loaded machine the only one that
+    # did may have come before vLLM scheduled a request (0). Never above the batch limit.
     peak = t1["peak_running"]
-    assert peak is None or 1 <= peak <= 8, trials[1]
+    assert peak is None or 0 <= peak <= 8, trials[1]
     with open(tune_dir / "tune.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
     assert [int(r["trial"]) for r in rows] == [1, 2, 3]

@@ -96,7 +96,12 @@ async def arun(job: str | Path | HarvestConfig | None = None, *, settings: Mappi
     config = load_job(job, settings=settings, **flags)
     report = await run_campaign(config, placement=from_config(config), allow_mixed=allow_mixed, force=force,
                                 live=False, retry=tuple(retry))
-    counts = {s.value: n for s, n in run_status(report.run_dir).counts.items()}
+    held = report.folder  # read through it: a folder swapped in for the name is not this run's
+    try:
+        counts = {s.value: n for s, n in run_status(held.via() if held is not None else report.run_dir).counts.items()}
+    finally:
+        if held is not None:
+            held.close()
     return RunResult(run_dir=Path(report.run_dir), outcome=report.outcome, ok=report.ok, counts=counts,
                      report=report)
 

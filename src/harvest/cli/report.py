@@ -11,17 +11,19 @@ from pathlib import Path
 
 import click
 
+from harvest import safefiles
 from harvest.errors import ConfigError, LedgerError
 from harvest.redact import escape_controls
 
 
-def report_line(folder: str | Path) -> str:
+def report_line(folder: str | Path, held: safefiles.Folder | None = None) -> str:
     """Write the report of ``folder`` and return the line to print; a report that cannot be made
-    says why instead (it never changes the exit code of the command that made the folder)."""
+    says why instead (it never changes the exit code of the command that made the folder).
+    ``held``: the folder as the command still holds it (read and written through it only)."""
     from harvest.report import write_report
 
     try:
-        return f"report: {write_report(folder)}"
+        return f"report: {write_report(folder, held=held)}"
     except Exception as exc:  # noqa: BLE001 - the work is done; a report failure is only reported
         return f"report not written ({type(exc).__name__}: {exc}); make it with harvest report {folder}"
 

@@ -163,7 +163,9 @@ def run(job: str | None, overrides: tuple[Override, ...], allow_mixed: bool, for
     print_report(report, resume_args(job, overrides))
     from harvest.cli.report import report_line
 
-    click.echo(report_line(report.run_dir))
+    click.echo(report_line(report.run_dir, held=report.folder))
+    if report.folder is not None:
+        report.folder.close()
     if report.outcome == "interrupted":
         sys.exit(130)
     sys.exit(0 if report.ok else 1)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 from urllib.parse import urlsplit
 
+from harvest import safefiles
 from harvest.client import Client, EngineLimit
 from harvest.config import HarvestConfig, HostConfig, PreflightConfig, ServerConfig
 from harvest.errors import ConfigError
@@ -306,9 +307,11 @@ class FarFleet(Fleet):
 class FleetFactory(Protocol):
     """What a placement's :meth:`Placement.fleet` returns: one call, one launch's Fleet."""
 
-    def __call__(self, cfg: ServerConfig, *, run_dir: Path, preflight: PreflightConfig | None = None,
+    def __call__(self, cfg: ServerConfig, *, run_dir: Path | safefiles.Folder, preflight: PreflightConfig | None = None,
                  force: bool = False, on_preflight: Callable[[object], None] | None = None,
                  on_event: Listener | None = None) -> Fleet:
+        """``run_dir``: the servers' records folder, by name or held by the caller (a campaign's
+        ``server/``: every record, log and stop report then goes through its descriptor)."""
         ...  # on_preflight is told the launch's preflight report (harvest.gpu's PreflightReport)
 
 
@@ -353,7 +356,7 @@ class Placement(ABC):
         """Refuse, before anything is written, a state dir this machine's launches could not use
         (another user's); nothing to check where the servers' records are kept elsewhere."""
 
-    def check_records(self, server_dir: Path, server: ServerConfig) -> None:
+    def check_records(self, server_dir: Path | safefiles.Folder, server: ServerConfig) -> None:
         """Refuse (:class:`~harvest.errors.UnsafePathError`), before anything is launched, a run's
         server folder whose records a launch of ``server`` would be refused to write once it started
         something: here, the near placement record."""
@@ -388,7 +391,7 @@ class Placement(ABC):
         ``margin_mib`` and ``on_step``, each step as it happens, where the stop runs here)."""
 
     @abstractmethod
-    def leftovers(self, server_dir: Path) -> list[StopReport]:
+    def leftovers(self, server_dir: Path | safefiles.Folder) -> list[StopReport]:
         """Stop what an earlier (killed) session of a run left running, by that run's records."""
 
 

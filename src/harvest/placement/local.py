@@ -189,7 +189,8 @@ class LocalPlacement(Placement):
         return PreflightByPlace(self.kind, WHERE, "host", "", cfg.source, server.engine, (answer,), here=report)
 
     def fleet(self, *, probe: bool = False, all_hosts: bool = False) -> FleetFactory:
-        def make(cfg: ServerConfig, *, run_dir: Path, on_event: Listener | None = None, **kw: Any) -> Fleet:
+        def make(cfg: ServerConfig, *, run_dir: Path | safefiles.Folder, on_event: Listener | None = None,
+                 **kw: Any) -> Fleet:
             return LocalFleet(Server(cfg, run_dir=run_dir, on_event=on_event, **kw), on_event=on_event)
 
         return make
@@ -201,7 +202,7 @@ class LocalPlacement(Placement):
     def hold_state_dir(self) -> None:
         hold_index().close()  # a state dir another user owns: refused before anything is written
 
-    def check_records(self, server_dir: Path, server: ServerConfig) -> None:
+    def check_records(self, server_dir: Path | safefiles.Folder, server: ServerConfig) -> None:
         """The supervisor's files in ``server_dir`` (its launch record, lock, log, stop report, the
         watcher's log, the engine's private files) and the folder itself, as a launch checks them."""
         check_run_dir(server_dir, server)
@@ -269,7 +270,7 @@ class LocalPlacement(Placement):
         folder = record.local_record_dir(run_dir) or Path(run_dir)
         return [stop_run(folder, deadline=deadline, grace=grace, margin_mib=margin_mib, on_step=on_step)]
 
-    def leftovers(self, server_dir: Path) -> list[StopReport]:
+    def leftovers(self, server_dir: Path | safefiles.Folder) -> list[StopReport]:
         state_file = StateFile(server_dir)
         if not state_file.exists():
             return []

@@ -37,14 +37,18 @@ def folder_kind(folder: str | Path) -> str:
                                                   "or a compare folder (compare.json)")])
 
 
-def render_report(folder: str | Path) -> tuple[str, str]:
-    """(HTML text, kind) of the report of ``folder``."""
+def render_report(folder: str | Path, *, shown_as: Path | None = None) -> tuple[str, str]:
+    """(HTML text, kind) of the report of ``folder``; ``shown_as``: the run folder's name on the page
+    when ``folder`` is a path through its held descriptor."""
     from harvest.report.html import page
 
     kind = folder_kind(folder)
     make: Callable[[str | Path], tuple[str, str, list[str]]]
     if kind == "run":
-        from harvest.report.run import run_page as make
+        from harvest.report.run import run_page
+
+        def make(where: str | Path) -> tuple[str, str, list[str]]:
+            return run_page(where, shown_as=shown_as)
     elif kind == "tune":
         from harvest.report.tune import tune_page as make
     else:
@@ -53,9 +57,17 @@ def render_report(folder: str | Path) -> tuple[str, str]:
     return page(title, subtitle, sections, kind=kind, version=__version__), kind
 
 
-def write_report(folder: str | Path, output: str | Path | None = None) -> Path:
+def write_report(folder: str | Path, output: str | Path | None = None, *,
+                 held: safefiles.Folder | None = None) -> Path:
     """Render the report of ``folder`` and write it (atomically, mode 0600) to ``output`` (default
-    ``folder/report.html``); returns the path written."""
+    ``folder/report.html``); returns the path written. ``held``: the run folder as the command that
+    ran it still holds it; the report is then read and written through that descriptor only (a
+    folder swapped in for the name since is neither read nor written), and the path returned is
+    where the held folder is now."""
+    if held is not None and output is None:
+        text, _ = render_report(held.via(), shown_as=Path(folder))
+        held.write_atomic(REPORT_FILE, text)
+        return held.where_now() / REPORT_FILE
     text, _ = render_report(folder)
     out = Path(output) if output is not None else Path(folder) / REPORT_FILE
     # The run folder: this user's own. An --output folder: missing ones made 0700 (whatever the

@@ -404,9 +404,11 @@ def launches_section(launches: list[dict[str, Any]], *, title: str = "Server lau
     return "".join(out)
 
 
-def run_page(run_dir: str | Path) -> tuple[str, str, list[str]]:
-    """(title, subtitle, sections) of the run in ``run_dir``; LedgerError when it holds no ledger."""
+def run_page(run_dir: str | Path, *, shown_as: Path | None = None) -> tuple[str, str, list[str]]:
+    """(title, subtitle, sections) of the run in ``run_dir``; LedgerError when it holds no ledger.
+    ``shown_as``: the folder's name on the page, when ``run_dir`` is a path through its descriptor."""
     run_dir = Path(run_dir)
+    name = shown_as if shown_as is not None else run_dir
     st = run_status(run_dir)
     # Records written by an older harvest may hold what is now redacted (a URL's user part, a query
     # key): the page redacts again what it reads.
@@ -426,9 +428,9 @@ def run_page(run_dir: str | Path) -> tuple[str, str, list[str]]:
     for note in st.notes:
         sections.append(f'<p class="sub">note: {esc(note)}</p>')
     t = st.totals
-    subtitle = (f"{run_dir} - {t.unique:,} unique items, {st.settled:,} settled - "
+    subtitle = (f"{name} - {t.unique:,} unique items, {st.settled:,} settled - "
                 f"{'totals OK' if t.ok else 'totals: ' + t.describe()}")
-    return f"harvest run report: {run_dir.name}", subtitle, sections
+    return f"harvest run report: {name.name}", subtitle, sections
 
 
 __all__ = ["launches_section", "run_page"]

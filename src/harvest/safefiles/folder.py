@@ -91,6 +91,35 @@ class Folder:
             raise
         return Folder(fd, self.path / name)
 
+    def dup(self) -> Folder:
+        """The same folder held by a second descriptor (closed on its own)."""
+        return Folder(os.dup(self.fd), self.path)
+
+    def where_now(self) -> Path:
+        """Where the held folder is now (it may have been renamed since it was held); its name
+        when the system cannot say."""
+        try:
+            now = os.readlink(f"/proc/self/fd/{self.fd}")
+        except OSError:
+            return self.path
+        return Path(now) if now.startswith("/") else self.path
+
+    def moved(self) -> str | None:
+        """None while :attr:`path` still names the held folder; otherwise what it names now (for a
+        run to say why it stopped): a folder swapped in by a rename or a symlink changes nothing
+        harvest writes, which all goes through the descriptor."""
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            return f"{self.path} is gone (the folder held is now at {self.where_now()})"
+        except OSError as exc:
+            return f"{self.path} cannot be examined ({exc.strerror or exc})"
+        held = os.fstat(self.fd)
+        if (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino):
+            return None
+        what = "a symlink" if stat.S_ISLNK(st.st_mode) else "another folder" if stat.S_ISDIR(st.st_mode) else "a file"
+        return f"{self.path} now names {what}, not the folder held (now at {self.where_now()})"
+
     def close(self) -> None:
         fd, self.fd = self.fd, -1
         if fd >= 0:

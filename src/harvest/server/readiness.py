@@ -32,8 +32,11 @@ FATAL_SETTLE_S = 1.0
 class LogWatcher:
     """Reads a growing log file incrementally and keeps its last lines."""
 
-    def __init__(self, path: Path, tail_lines: int = TAIL_LINES, secrets: Sequence[str] = ()):
+    def __init__(self, path: Path, tail_lines: int = TAIL_LINES, secrets: Sequence[str] = (),
+                 via: str | None = None):
         self.path = Path(path)
+        #: What is opened to read it (a path through a held folder's descriptor), when not ``path``.
+        self.via = via if via is not None else str(path)
         #: Values never shown in :meth:`tail` (the API key, secret [server.env] values).
         self.secrets = [s for s in secrets if s]
         self._offset = 0
@@ -46,7 +49,7 @@ class LogWatcher:
     def read_new(self) -> str:
         """Complete lines appended since the last call (a trailing partial line waits)."""
         try:
-            with open(self.path, "rb") as fh:
+            with open(self.via, "rb") as fh:
                 fh.seek(self._offset)
                 data = fh.read(4 * 1024 * 1024)
         except FileNotFoundError:

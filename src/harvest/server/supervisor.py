@@ -129,13 +129,16 @@ def _refuse_live_record(folder: safefiles.Folder) -> None:
                                                f"`harvest stop {run_dir}` or launch into another folder")
 
 
-def check_run_dir(run_dir: Path | str, config: ServerConfig) -> None:
+def check_run_dir(run_dir: Path | str | safefiles.Folder, config: ServerConfig) -> None:
     """Refuse (:class:`UnsafePathError`) a run folder a launch of ``config`` would be refused in
     after its spawn: the folder itself (another user's, writable by others, in parents others can
     rename it out of), or a file the launch writes there (the record, its lock, the log, the stop
     report, the watcher's log, the engine's private files) that harvest refuses to write. An absent
     folder passes (it is created 0700). For callers that check before anything starts; the launch
     checks the same again on the folder it holds, before the spawn."""
+    if isinstance(run_dir, safefiles.Folder):
+        check_run_files(run_dir, private_files(adapter_for(config.engine), config))
+        return
     if not os.path.lexists(run_dir):
         return
     with make_run_dir(run_dir) as folder:
@@ -158,7 +161,7 @@ class Server:
         self,
         config: ServerConfig,
         *,
-        run_dir: Path | str | None = None,
+        run_dir: Path | str | safefiles.Folder | None = None,
         preflight: PreflightConfig | None = None,
         force: bool = False,
         probe: GpuProbe | None = None,
@@ -169,7 +172,12 @@ class Server:
     ):
         self.config = config
         self.adapter: EngineAdapter = adapter_for(config.engine)
-        self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir(config.engine, config.port)
+        #: The run folder as the caller holds it (a campaign's ``server/``), else held at the launch.
+        self._given = run_dir if isinstance(run_dir, safefiles.Folder) else None
+        if isinstance(run_dir, safefiles.Folder):
+            self.run_dir = run_dir.path
+        else:
+            self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir(config.engine, config.port)
         self.preflight_config = preflight or PreflightConfig()
         self.force = force
         self.record_interval = record_interval
@@ -177,7 +185,7 @@ class Server:
         self.on_preflight = on_preflight
         #: Hears the phases (preflight, launching, stopping) as they go; see harvest.events.
         self.on_event = on_event
-        self.state_file = StateFile(self.run_dir)
+        self.state_file = StateFile(self._given or self.run_dir)
         #: The preflight report of the launch (None before it ran, and for endpoints).
         self.preflight_report: object | None = None
         self.ready: Ready | None = None
@@ -314,7 +322,8 @@ class Server:
         self._recorder = DescendantRecorder(self.state_file, self.record_interval)
         self._recorder.start()
 
-        watcher = LogWatcher(run_dir / LOG_FILE, secrets=[*secrets, *secret_env_values(cfg.env)])
+        watcher = LogWatcher(run_dir / LOG_FILE, secrets=[*secrets, *secret_env_values(cfg.env)],
+                             via=folder.via(LOG_FILE))
         ready = self._wait_for_readiness(watcher, shown)
         self._record_ready(ready, watcher)
         return self
@@ -330,8 +339,9 @@ class Server:
 
     def _hold_run_dir(self) -> safefiles.Folder:
         """The run folder, held from here on (the record and the log are written through it);
-        refused when it holds the record of a server still running."""
-        folder = make_run_dir(self.run_dir)
+        refused when it holds the record of a server still running. A folder the caller holds is
+        used as it is, never looked up again by its name."""
+        folder = self._given if self._given is not None else make_run_dir(self.run_dir)
         self._folder = folder
         self.state_file = StateFile(folder)
         _refuse_live_record(folder)

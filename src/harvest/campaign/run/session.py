@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harvest import safefiles
 from harvest.campaign.run.breaker import Breaker, Trip
 from harvest.campaign.run.context import ContextGuard
 from harvest.campaign.run.dispatch import DispatchSteps
@@ -52,13 +53,16 @@ from harvest.client import Client
 from harvest.client.metrics import PrefixCacheMeter
 from harvest.config import HarvestConfig
 from harvest.dataset.skips import SkipReason
-from harvest.errors import ConfigError
+from harvest.errors import ConfigError, LaunchError
 from harvest.events import Event, Listener
 from harvest.ledger import Ledger, LedgerWriter, Status, Totals, hash_settings
 from harvest.placement import Fleet, Placement, engine_limit, from_config
 from harvest.stops import StopReport
 
 log = logging.getLogger("harvest.campaign")
+
+#: How often the session looks whether the run folder's name still names the folder it holds.
+FOLDER_CHECK_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,8 @@ class RunReport:
     skip_problem: str | None = None
     #: What the session found in the run folder when it began (None: a new run).
     resumed: str | None = None
+    #: The run folder, still held (the report is written through it; the caller closes it).
+    folder: safefiles.Folder | None = None
 
     @property
     def ok(self) -> bool:
@@ -146,6 +152,12 @@ class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
         #: The model name sent with every request (checked against /v1/models), once known.
         self.model: str | None = None
         self._space: Any = None  # the logprob disk check of this session (campaign/run/distill.py)
+        #: The run folder and its server folder, held from the ledger's open to the caller's report:
+        #: every file of the run (the server's records and logs too) goes through these descriptors.
+        self.folder: safefiles.Folder | None = None
+        self._server_dir: safefiles.Folder | None = None
+        #: Why the session stopped when the run folder's name stopped naming the folder it holds.
+        self.moved: str | None = None
 
     async def run(self) -> RunReport:
         """Open the ledger, then (under the display) stop what an earlier session left, launch,
@@ -155,6 +167,8 @@ class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
         if server is not None and server.launched:
             self.placement.hold_state_dir()  # e.g. a state dir another user owns: refused before any write
         ledger = self.open_ledger()
+        assert ledger.folder is not None  # opened for writing: the run folder is held
+        self.folder = ledger.folder.dup()
         installed = self._take_signals()
         try:
             self._refuse_unsafe_files(ledger)
@@ -166,6 +180,7 @@ class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
                     self._no_launch_for_skipped_rows()
                 elif counts[Status.PENDING] or counts[Status.RUNNING] or self._records is not None:
                     await self._launch_and_dispatch(ledger, progress)
+                self._say_if_moved()
                 progress.state = self.outcome
                 progress.note = self.note
                 progress.update()
@@ -191,7 +206,40 @@ class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
             ledger.folder.check_file(name)
         server = self.config.server
         if server is not None and server.launched:
-            self.placement.check_records(self.run_dir / SERVER_DIR, server)
+            self.placement.check_records(self.server_dir(), server)
+
+    def server_dir(self) -> safefiles.Folder:
+        """The run folder's ``server/`` folder, held (made 0700 when absent): the fleet's records,
+        logs and stop reports go through it, never through the run folder's name."""
+        if self._server_dir is None:
+            assert self.folder is not None  # held from the ledger's open
+            self._server_dir = self.folder.subfolder(SERVER_DIR)
+        return self._server_dir
+
+    async def _watch_folder(self) -> None:
+        """Stop the session (verified stop of its servers, in-flight items released) once the run
+        folder's name names another folder: what is written still goes to the folder held, but the
+        user's `status`, `export` and next `run` by that name would find another run."""
+        assert self.folder is not None
+        while self.moved is None:
+            await asyncio.sleep(FOLDER_CHECK_S)
+            if (why := self.folder.moved()) is not None:
+                self.moved = why
+                log.error("the run folder was replaced while the run went on: %s; stopping", why)
+                self._request_stop()
+
+    def _say_if_moved(self) -> None:
+        """The outcome and note of a session whose run folder was replaced (during it or at its end)."""
+        why = self.moved if self.moved is not None else self.folder.moved() if self.folder is not None else None
+        if why is None:
+            return
+        self.moved = why
+        if self.outcome in ("finished", "interrupted"):
+            self.outcome = "stopped"
+        put_back = self.folder.where_now() if self.folder is not None else self.run_dir
+        self.note = (f"the run folder was replaced during the run: {why}; everything this run wrote is in "
+                     f"the folder it held, nothing in the other; move {put_back} back to {self.run_dir} "
+                     f"and run again to resume")
 
     def _take_signals(self) -> dict[int, Any]:
         """SIGINT / SIGTERM ask for a clean stop; returns the handler each had (``Any``: whatever
@@ -249,13 +297,29 @@ class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
                     if self._records is not None:
                         progress.ingesting = True
                         self._ingest_task = asyncio.create_task(self._ingest_rest(writer, progress))
-                    await self.start_server()
-                    async with self._client() as client:
-                        await self._generate(writer, client, progress)
+                    watch = asyncio.create_task(self._watch_folder())
+                    try:
+                        if await self._start_unless_moved():
+                            async with self._client() as client:
+                                await self._generate(writer, client, progress)
+                    finally:
+                        watch.cancel()
+                        await asyncio.gather(watch, return_exceptions=True)
                 finally:
                     await self._finish_ingest()
         finally:
             await self.stop_server()
+
+    async def _start_unless_moved(self) -> bool:
+        """The launch; False when it was cancelled because the run folder was replaced (the
+        session's stop: its note says why)."""
+        try:
+            await self.start_server()
+        except LaunchError:
+            if self.moved is None:
+                raise
+            return False
+        return self.moved is None
 
     def _client(self) -> Client:
         """The client of the job's endpoints: the fleet's URLs (far servers: their tunnels) with what
@@ -290,7 +354,8 @@ class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
         return RunReport(self.run_dir, totals, finished, elapsed_s, self.outcome,
                          self.relaunches, tuple(self.stop_reports), recovered, self.note,
                          self.breaker.trip, self.requeued, skip_reasons,
-                         skipped_problem(totals, data.max_skipped_share) if totals.ok else None, self.resumed)
+                         skipped_problem(totals, data.max_skipped_share) if totals.ok else None, self.resumed,
+                         self.folder)
 
     def _request_stop(self) -> None:
         if not self.stop_requested.is_set():

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from harvest import safefiles
 from harvest.campaign.outputs.progress import Progress
 from harvest.campaign.outputs.timeline import Timeline
 from harvest.client import Client, EndpointState
@@ -54,12 +55,13 @@ class ServerSteps:
     note: str | None
     timeline: Timeline | None
     model: str | None
+    server_dir: Callable[[], safefiles.Folder]
 
     async def start_server(self) -> None:
         cfg = self.config.server
         if cfg is None or not cfg.launched:
             return
-        server = self.server_factory(cfg, run_dir=self.run_dir / SERVER_DIR, preflight=self.config.preflight,
+        server = self.server_factory(cfg, run_dir=self.server_dir(), preflight=self.config.preflight,
                                      force=self.force, on_preflight=self.on_preflight, on_event=self.on_event)
         self.server = server
         await server.start()
@@ -72,7 +74,7 @@ class ServerSteps:
         cfg = self.config.server
         if cfg is None or not cfg.launched:
             return
-        for report in self.placement.leftovers(self.run_dir / SERVER_DIR):
+        for report in self.placement.leftovers(self.server_dir()):
             self.stop_reports.append(report)
             if self.timeline is not None:
                 self.timeline.stop(report, leftover=True)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
+from harvest import safefiles
 from harvest.config import ClusterConfig, HarvestConfig, ServerConfig
 from harvest.placement.base import Answer, Fleet, FleetFactory, Placement, Refused
 from harvest.placement.base_results import GpusByPlace, PreflightByPlace
@@ -123,7 +124,7 @@ class RayPlacement(Placement):
                                              on_step=on_step)
         return stop_ray_run(run_dir, deadline=deadline)
 
-    def leftovers(self, server_dir: Path) -> list[StopReport]:
+    def leftovers(self, server_dir: Path | safefiles.Folder) -> list[StopReport]:
         return []  # a Ray run's servers of an earlier session are adopted (or replaced) by its start
 
 

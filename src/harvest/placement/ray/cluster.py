@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harvest import safefiles
 from harvest.config import ClusterConfig
 from harvest.errors import ConfigError
 from harvest.placement import record
@@ -55,8 +56,12 @@ def run_id_of(run_dir: Path) -> str:
     return hashlib.blake2b(str(Path(run_dir).resolve()).encode(), digest_size=6).hexdigest()
 
 
-def read_ray_record(folder: Path) -> dict[str, Any] | None:
-    """The driver's record of a Ray run's servers (``folder`` is the run or its server folder)."""
+def read_ray_record(folder: record.Where) -> dict[str, Any] | None:
+    """The driver's record of a Ray run's servers (``folder`` is the run or its server folder; a
+    held one is read through its descriptor only)."""
+    if isinstance(folder, safefiles.Folder):
+        doc = record.read(folder)
+        return doc if doc is not None and doc["kind"] == KIND else None
     for f in (Path(folder), Path(folder) / record.SERVER_DIR):
         doc = record.read(f)
         if doc is not None and doc["kind"] == KIND:
@@ -64,7 +69,7 @@ def read_ray_record(folder: Path) -> dict[str, Any] | None:
     return None
 
 
-def write_ray_record(folder: Path, doc: dict[str, Any]) -> None:
+def write_ray_record(folder: record.Where, doc: dict[str, Any]) -> None:
     record.write(folder, KIND, doc)
 
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from harvest import safefiles
 from harvest.client import Client
 from harvest.config import HarvestConfig, PreflightConfig, ServerConfig
 from harvest.events import Listener
@@ -57,9 +58,10 @@ def ray_fleet_factory(config: HarvestConfig, *, where: str) -> FleetFactory:
     import_ray(config.source)
     budget: dict[str, Any] = {"relaunches": 0, "next_slot": 0}
 
-    def make(cfg: ServerConfig, *, run_dir: Path, preflight: PreflightConfig | None = None, force: bool = False,
-             on_preflight: Callable[[object], None] | None = None, on_event: Listener | None = None) -> Fleet:
-        group = RayServerGroup(config, cfg, run_dir=Path(run_dir), conn=RayConnection(cluster, config.source),
+    def make(cfg: ServerConfig, *, run_dir: Path | safefiles.Folder, preflight: PreflightConfig | None = None,
+             force: bool = False, on_preflight: Callable[[object], None] | None = None,
+             on_event: Listener | None = None) -> Fleet:
+        group = RayServerGroup(config, cfg, run_dir=run_dir if isinstance(run_dir, safefiles.Folder) else Path(run_dir), conn=RayConnection(cluster, config.source),
                                preflight=preflight, force=force, budget=budget, on_preflight=on_preflight)
         return RayFleet(group, where=where, on_event=on_event)
 

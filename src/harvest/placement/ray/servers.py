@@ -64,6 +64,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harvest import safefiles
 from harvest.version import __version__
 from harvest.client import Client
 from harvest.config import KEYLESS_ENGINES, HarvestConfig, PreflightConfig, ServerConfig, is_loopback
@@ -127,14 +128,17 @@ class Member:
 class RayServerGroup:
     """The servers of one run on a Ray cluster; the same lifecycle as Server / ServerGroup."""
 
-    def __init__(self, config: HarvestConfig, server: ServerConfig, *, run_dir: Path, conn: RayConnection,
+    def __init__(self, config: HarvestConfig, server: ServerConfig, *, run_dir: Path | safefiles.Folder,
+                 conn: RayConnection,
                  preflight: PreflightConfig | None = None, force: bool = False, budget: dict[str, Any] | None = None,
                  on_preflight: Any = None):
         assert config.cluster is not None
         self.config = config
         self.cluster = config.cluster
         self.server_config = server
-        self.run_dir = Path(run_dir)
+        #: The near record's folder, held by the caller (a campaign's), else written by its name.
+        self.folder = run_dir if isinstance(run_dir, safefiles.Folder) else None
+        self.run_dir = run_dir.path if isinstance(run_dir, safefiles.Folder) else Path(run_dir)
         self.conn = conn
         self.preflight_config = preflight
         self.force = force
@@ -246,7 +250,7 @@ class RayServerGroup:
         public = sorted({n["NodeManagerAddress"] for n in nodes if fit[n["NodeID"]]
                          and not is_loopback(n["NodeManagerAddress"])})
         check_node_addresses(self.config.source, self.server_config, public)
-        record = read_ray_record(self.run_dir) or {}
+        record = read_ray_record(self.folder or self.run_dir) or {}
         adopted = self._adopt(record)
         self.budget["next_slot"] = max(int(record.get("next_slot", 0)), self.budget["next_slot"],
                                        *(m.slot + 1 for m in adopted))
@@ -503,7 +507,7 @@ class RayServerGroup:
 
     def _save(self) -> None:
         members = [*self.retired, *self.members]
-        write_ray_record(self.run_dir, {"run_id": self.run_id, "address": self.cluster.address,
+        write_ray_record(self.folder or self.run_dir, {"run_id": self.run_id, "address": self.cluster.address,
                                      "namespace": self.cluster.namespace, "next_slot": self.budget["next_slot"],
                                      "stop_deadline": self.server_config.stop_deadline,
                                      "members": [m.record() for m in members]})

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar
 
+from harvest import safefiles
 from harvest.config import HarvestConfig, HostConfig, ServerConfig
 from harvest.placement import record
 from harvest.placement.base import Answer, Fleet, FleetFactory, Placement, Refused
@@ -106,7 +107,7 @@ class SshPlacement(Placement):
         doc = h.call("stop", args, ok_codes=(0, 1), schema=SCHEMAS["stop"], extra_s=deadline or 60.0)
         return [stop_report_from_dict(d, host=h.label) for d in doc.get("servers", [doc])]
 
-    def leftovers(self, server_dir: Path) -> list[StopReport]:
+    def leftovers(self, server_dir: Path | safefiles.Folder) -> list[StopReport]:
         return stop_far_leftovers(server_dir)
 
 

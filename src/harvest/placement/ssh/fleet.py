@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from harvest import safefiles
 from harvest.config import HostConfig, PreflightConfig, ServerConfig
 from harvest.events import Listener
 from harvest.placement.base import FarFleet, Fleet, FleetFactory
@@ -72,22 +73,31 @@ class SshGroupFleet(FarFleet):
         return await self.group.stop(deadline)
 
 
+def _host_dir(run_dir: Path | safefiles.Folder, i: int, hosts: int) -> Path | safefiles.Folder:
+    """The near records' folder of host ``i``: the server folder itself for one host, else its
+    ``host-i`` (inside the held folder when the caller holds it)."""
+    if hosts == 1:
+        return run_dir
+    return run_dir.subfolder(f"host-{i}") if isinstance(run_dir, safefiles.Folder) else Path(run_dir) / f"host-{i}"
+
+
 def ssh_fleet_factory(hosts: list[HostConfig], *, all_hosts: bool = False) -> FleetFactory:
     """A fleet of far servers, one per host: an SshFleet of one, an SshGroupFleet of several."""
     local_ports: dict[int, int] = {}
     where = ", ".join(h.label for h in hosts)
 
-    def make(cfg: ServerConfig, *, run_dir: Path, preflight: PreflightConfig | None = None, force: bool = False,
-             on_preflight: Callable[[object], None] | None = None, on_event: Listener | None = None) -> Fleet:
+    def make(cfg: ServerConfig, *, run_dir: Path | safefiles.Folder, preflight: PreflightConfig | None = None,
+             force: bool = False, on_preflight: Callable[[object], None] | None = None,
+             on_event: Listener | None = None) -> Fleet:
         # A relaunch reuses each host's local port (port_memo): the client keeps the URLs it was given.
-        members = [RemoteServer(h, cfg, run_dir=Path(run_dir) / (f"host-{i}" if len(hosts) > 1 else ""),
+        members = [RemoteServer(h, cfg, run_dir=_host_dir(run_dir, i, len(hosts)),
                                 preflight=preflight, force=force, on_preflight=on_preflight,
                                 port_memo=local_ports, port_key=i)
                    for i, h in enumerate(hosts)]
         if len(members) == 1:
             return SshFleet(members[0], where=where, on_event=on_event)
-        group = ServerGroup(members, run_dir=Path(run_dir), all_hosts=all_hosts, force=force,
-                            on_preflight=on_preflight)
+        where_dir = run_dir.path if isinstance(run_dir, safefiles.Folder) else Path(run_dir)
+        group = ServerGroup(members, run_dir=where_dir, all_hosts=all_hosts, force=force, on_preflight=on_preflight)
         return SshGroupFleet(group, cfg, where=where, on_event=on_event)
 
     return make

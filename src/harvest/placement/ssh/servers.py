@@ -38,6 +38,7 @@ from typing import Any
 
 import psutil
 
+from harvest import safefiles
 from harvest.config import HostConfig, PreflightConfig, ServerConfig
 from harvest.errors import LaunchError, PreflightFailed, RemoteError
 from harvest.placement import record
@@ -69,7 +70,7 @@ def read_remote_record(folder: Path) -> dict[str, Any] | None:
     return doc if doc is not None and doc["kind"] == KIND else None
 
 
-def _write_record(folder: Path, doc: dict[str, Any]) -> None:
+def _write_record(folder: record.Where, doc: dict[str, Any]) -> None:
     record.write(folder, KIND, doc)
 
 
@@ -147,12 +148,13 @@ def _end_tunnel_client(record: dict[str, Any]) -> bool:
     return False
 
 
-def stop_far_leftovers(folder: Path) -> list[StopReport]:
+def stop_far_leftovers(folder: Path | safefiles.Folder) -> list[StopReport]:
     """Stop, by their near records, far servers an earlier (killed) session of this run left running,
     and end the ssh clients that carried their tunnels."""
-    folder = Path(folder)
+    found: list[tuple[record.Where, dict[str, Any]]] = (
+        list(record.find_held(folder)) if isinstance(folder, safefiles.Folder) else list(record.find(folder)))
     out: list[StopReport] = []
-    for sub, doc in record.find(folder):
+    for sub, doc in found:
         if doc["kind"] != KIND or doc.get("status") not in ("ready", "launching", "unknown"):
             continue
         if _end_tunnel_client(doc):
@@ -174,13 +176,15 @@ def stop_far_leftovers(folder: Path) -> list[StopReport]:
 class RemoteServer:
     """One engine server the far harvest launched and supervises; the same lifecycle as Server."""
 
-    def __init__(self, host: HostConfig, config: ServerConfig, *, run_dir: Path | str,
+    def __init__(self, host: HostConfig, config: ServerConfig, *, run_dir: Path | str | safefiles.Folder,
                  preflight: PreflightConfig | None = None, force: bool = False, on_preflight: Any = None,
                  port_memo: dict[int, int] | None = None, port_key: int = 0, check_preflight: bool = True):
         self.host_config = host
         self.host = FarHost(host)
         self.config = host.server_config(config)
-        self.run_dir = Path(run_dir)
+        #: The near records' folder, held by the caller (a campaign's), else written by its name.
+        self.folder = run_dir if isinstance(run_dir, safefiles.Folder) else None
+        self.run_dir = run_dir.path if isinstance(run_dir, safefiles.Folder) else Path(run_dir)
         self.preflight_config = preflight
         self.force = force
         self.on_preflight = on_preflight
@@ -266,7 +270,7 @@ class RemoteServer:
                        "far_run_dir": None, "engine": self.config.engine,
                        "stop_deadline": self.config.stop_deadline, "started_at": time.time(),
                        "status": "launching"}
-        _write_record(self.run_dir, self.record)
+        _write_record(self.folder or self.run_dir, self.record)
         # The far serve gives up (stopping what it started) about when this side stops waiting.
         give_up = self.host_config.command_timeout + self.config.ready_timeout
         args = ["serve", "--detach", "--json", "--run-name", name, "--give-up-after", f"{give_up:g}", "-"]
@@ -281,14 +285,14 @@ class RemoteServer:
                             "far_pid": int(doc["pid"]), "status": "ready"})
         self.ready = RemoteReady(float(doc.get("ready_s", 0.0)))
         self.kv_capacity_tokens = doc.get("kv_capacity_tokens")
-        _write_record(self.run_dir, self.record)
+        _write_record(self.folder or self.run_dir, self.record)
         with self._lock:
             gave_up = self._finished or self._cancelled
             self._finished = self._finished or gave_up
         if gave_up:  # cancelled (or shut down) while the far launch was in flight: stop it there
             self.stop_report = remote_stop(self.record)
             self.record["status"] = "stopped" if self.stop_report.clean else "dirty"
-            _write_record(self.run_dir, self.record)
+            _write_record(self.folder or self.run_dir, self.record)
             raise LaunchError(f"start-up on {self.label} was cancelled; the far server was stopped",
                               reason="cancelled")
         if self.host.is_ssh:
@@ -301,7 +305,7 @@ class RemoteServer:
                 raise
             self._port_memo[self._port_key] = self.local_port
             self.record["tunnel"] = _tunnel_doc(self.tunnel)
-            _write_record(self.run_dir, self.record)
+            _write_record(self.folder or self.run_dir, self.record)
         return self
 
     def _clear_unfinished(self) -> str:
@@ -324,7 +328,7 @@ class RemoteServer:
             self.record["status"] = "unknown"
             return f"the far side could not be checked ({exc}); `harvest stop {self.run_dir}` stops what is left"
         finally:
-            _write_record(self.run_dir, self.record)
+            _write_record(self.folder or self.run_dir, self.record)
 
     def _found_again(self, tunnel: Tunnel) -> None:
         """After a reopen: find the far server again by its record (far ``ps --json``)."""
@@ -337,7 +341,7 @@ class RemoteServer:
         if not alive:
             self._exit = -1
         self.record["tunnel"] = _tunnel_doc(tunnel)
-        _write_record(self.run_dir, self.record)
+        _write_record(self.folder or self.run_dir, self.record)
 
     def shutdown(self, deadline: float | None = None) -> StopReport | None:
         """The far verified stop, then the tunnel closed; idempotent."""
@@ -350,7 +354,7 @@ class RemoteServer:
                     return self.stop_report  # nothing launched, or what a failed launch left was cleared
                 self.stop_report = remote_stop(self.record, deadline=deadline)
                 self.record["status"] = "stopped" if self.stop_report.clean else "dirty"
-                _write_record(self.run_dir, self.record)
+                _write_record(self.folder or self.run_dir, self.record)
                 return self.stop_report
             finally:
                 if self.tunnel is not None:

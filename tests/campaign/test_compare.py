@@ -23,7 +23,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harvest.campaign.sweep.compare import CompareReport, compare
+from harvest.campaign.sweep.compare import CompareReport
+from tests.placed import compare
 from harvest.config import load_config, parse_config
 from harvest.quality.evaluate import gate
 from harvest.quality.settings import GateSettings, ProbeSettings, QualitySettings

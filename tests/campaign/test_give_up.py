@@ -25,7 +25,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harvest.campaign.run import run_campaign
+from tests.placed import run_campaign
 from harvest.config import parse_config
 from harvest.ledger import Status
 from tests import engines

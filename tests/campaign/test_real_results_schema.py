@@ -12,7 +12,7 @@ import json
 import pytest
 
 from harvest.campaign.outputs.export import check_export, export_run
-from harvest.campaign.run import run_campaign
+from tests.placed import run_campaign
 from harvest.config import parse_config
 from harvest.ledger import Ledger, Status
 from tests.campaign.specforge_rules import check_file

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harvest.campaign.run import run_campaign
+from tests.placed import run_campaign
 from harvest.config import parse_config
 from harvest.ledger import Ledger, Status
 

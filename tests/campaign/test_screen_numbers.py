@@ -76,7 +76,7 @@ def test_latency_runs_from_the_request_being_sent_and_the_queue_wait_is_recorded
     time it spent claimed but not yet sent is recorded as its queue wait, not as latency."""
     import asyncio
 
-    from harvest.campaign.run import run_campaign
+    from tests.placed import run_campaign
     from harvest.campaign.outputs.timeline import histograms, read_timeline
     from harvest.config import parse_config
 

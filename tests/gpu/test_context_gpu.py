@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from harvest.campaign.run import run_campaign
+from tests.placed import run_campaign
 from harvest.config import parse_config
 from harvest.ledger import Ledger, Status
 from tests.engines import free_port

@@ -18,7 +18,7 @@ import psutil
 import pytest
 from click.testing import CliRunner
 
-from harvest.campaign.run import run_campaign
+from tests.placed import run_campaign
 from harvest.placement.ssh.servers import read_remote_record
 from harvest.cli.main import cli
 from harvest.config import load_config

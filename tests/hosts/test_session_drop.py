@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harvest.campaign.run import run_campaign
+from tests.placed import run_campaign
 from harvest.placement.ssh.servers import read_remote_record
 from harvest.config import load_config
 from harvest.ledger import Status

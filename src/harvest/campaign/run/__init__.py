@@ -1,5 +1,5 @@
-"""A campaign: ``run_campaign(config)`` and the report of how its session ended (``session.py``);
-the steps it runs live beside it, one module each."""
+"""A campaign: ``run_campaign(config, placement=...)`` and the report of how its session ended
+(``session.py``); the steps it runs live beside it, one module each."""
 
 from harvest.campaign.run.session import (RunReport, dataset_fingerprint, engine_limit, output_settings,
                                           run_campaign)

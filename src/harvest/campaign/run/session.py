@@ -1,6 +1,6 @@
 """The campaign: dataset -> ledger -> server(s) -> results, lossless and resumable.
 
-    report = await run_campaign(config)
+    report = await run_campaign(config, placement=from_config(config))
 
 Order of work: open the ledger (refusing settings that change outputs unless ``allow_mixed``),
 ingest the dataset's first batch (so that a dataset that cannot be read fails before any launch),
@@ -56,7 +56,7 @@ from harvest.dataset.skips import SkipReason
 from harvest.errors import ConfigError, LaunchError
 from harvest.events import Event, Listener
 from harvest.ledger import Ledger, LedgerWriter, Status, Totals, hash_settings
-from harvest.placement import Fleet, Placement, engine_limit, from_config
+from harvest.placement import Fleet, Placement, engine_limit
 from harvest.stops import StopReport
 
 log = logging.getLogger("harvest.campaign")
@@ -365,14 +365,14 @@ class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
             self.server.cancel()  # still starting: give up the launch (its cleanup stops what started)
 
 
-async def run_campaign(config: HarvestConfig, *, placement: Placement | None = None, all_hosts: bool = False,
+async def run_campaign(config: HarvestConfig, *, placement: Placement, all_hosts: bool = False,
                        allow_mixed: bool = False, force: bool = False, live: bool | None = None,
                        on_preflight: Callable[[Any], None] | None = None, retry: tuple[str, ...] = (),
                        console: Any = None, writes: tuple[str, ...] = ()) -> RunReport:  # console: a rich Console
     """Run (or resume) the campaign described by ``config``; see the module docstring.
 
     ``placement``: where the servers run, as the command chose it (``harvest run``:
-    ``from_config(config)``, once); None: as the config's own tables say. ``all_hosts``: with
+    ``from_config(config)``, once). ``all_hosts``: with
     ``[[hosts]]``, refuse unless every host passes preflight.
     ``on_preflight(report)`` is called with the launch's preflight report before the launch.
     ``retry``: what to put back to pending first (``failed``, ``truncated`` or an error class).
@@ -380,7 +380,7 @@ async def run_campaign(config: HarvestConfig, *, placement: Placement | None = N
     ``writes``: names of files the caller writes in the run folder afterwards (the report): refused
     with the run's own before anything is launched.
     """
-    return await _Campaign(config, placement if placement is not None else from_config(config),
+    return await _Campaign(config, placement,
                            allow_mixed=allow_mixed, force=force, live=live, all_hosts=all_hosts,
                            on_preflight=on_preflight, retry=retry, console=console, writes=writes).run()
 

@@ -1,6 +1,7 @@
 """Compare candidate server settings with a trusted reference on a probe set: ``harvest compare``.
 
-    report = await compare(reference_job, [candidate_job], settings=quality_settings, out_dir=folder)
+    report = await compare(reference_job, [candidate_job], settings=quality_settings, out_dir=folder,
+                           placement=from_config(reference_job))
     report.rows    # the noise floor row (the reference against itself), then one row per candidate
 
 Order of work: the probe set is drawn; the reference is loaded from ``out_dir/reference.jsonl`` when
@@ -474,13 +475,12 @@ class _Comparison:
 
 
 async def compare(reference: HarvestConfig, candidates: Sequence[HarvestConfig], *, settings: QualitySettings,
-                  out_dir: Path, placement: Placement | None = None, force: bool = False,
+                  out_dir: Path, placement: Placement, force: bool = False,
                   on_preflight: Callable[[object], None] | None = None,
                   prompts: Sequence[ProbePrompt] | None = None) -> CompareReport:
     """Compare each candidate's [server] with the reference's on the probe set (module docstring).
 
-    ``placement``: where the reference runs, as the command chose it (None: as the reference job's
-    own tables say). ``prompts`` overrides the probe set (else it is drawn from the reference job's
+    ``placement``: where the reference runs, as the command chose it. ``prompts`` overrides the probe set (else it is drawn from the reference job's
     [data] and ``[probe] file``). Raises ConfigError when the reference cannot be produced.
     """
     out_dir = Path(out_dir)
@@ -491,7 +491,7 @@ async def compare(reference: HarvestConfig, candidates: Sequence[HarvestConfig],
     if prompts is None:
         probe = settings.probe
         prompts = select_prompts(reference.data, n=probe.prompts, seed=probe.seed, extra=probe.file)
-    run = _Comparison(reference, placement if placement is not None else from_config(reference),
+    run = _Comparison(reference, placement,
                       QualityBench(out_dir, ref_cfg, settings, prompts), out_dir, force, on_preflight)
     await run.make_reference()
     await run.floor()

@@ -1,7 +1,7 @@
 """Sweep server settings under a quality gate and pick the fastest that passes: ``harvest tune``.
 
     tune_file = load_tune_file("tune.toml")
-    report = await tune(job, tune_file, out_dir=None)       # default folder: <job output.dir>/tune
+    report = await tune(job, tune_file, placement=from_config(job))  # default folder: <job output.dir>/tune
     report.best                                              # the fastest passing trial, or None
 
 The trials are the cartesian product of each ``[grid]`` table (or of each ``[[grid]]`` table,
@@ -68,7 +68,7 @@ from harvest.campaign.sweep.compare import (
 from harvest.config import HarvestConfig, ServerConfig
 from harvest.errors import ConfigError
 from harvest.events import Listener, emit
-from harvest.placement import Fleet, Placement, from_config
+from harvest.placement import Fleet, Placement
 from harvest.quality.evaluate import GateResult, QualityReport
 from harvest.quality.policy import needs_at_least, violations
 from harvest.quality.probe import select_prompts
@@ -526,13 +526,13 @@ class _Sweep:
         return report
 
 
-async def tune(job: HarvestConfig, tune_file: TuneFile, *, placement: Placement | None = None,
+async def tune(job: HarvestConfig, tune_file: TuneFile, *, placement: Placement,
                out_dir: Path | None = None, force: bool = False,
                on_preflight: Callable[[object], None] | None = None,
                on_trial: Callable[[TrialResult], None] | None = None,
                on_event: Listener | None = None) -> TuneReport:
     """Run the sweep of ``tune_file`` over ``job``'s server (see the module docstring), each trial
-    where ``placement`` puts it (as the command chose it; None: as the job's own tables say)."""
+    where ``placement`` puts it (as the command chose it)."""
     if job.server is None or not job.server.launched:
         raise ConfigError(job.source, [(f"{job.source} [server]",
                                         "`harvest tune` needs a [server] it launches")])
@@ -542,7 +542,7 @@ async def tune(job: HarvestConfig, tune_file: TuneFile, *, placement: Placement 
     safefiles.hold(out, create=True).close()
     hold_index().close()
     return await _Sweep(job, tune_file, out, force, on_preflight, on_trial, on_event,
-                        placement if placement is not None else from_config(job)).run()
+                        placement).run()
 
 
 def job_with_server(job: HarvestConfig, server: ServerConfig) -> HarvestConfig:

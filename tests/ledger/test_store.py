@@ -252,3 +252,31 @@ def test_skip_marks_a_claimed_item_skipped_with_its_reason_never_twice(run_dir):
         assert row.last_error.startswith("prompt of 9000 tokens")
         assert ledger.get("a").status is Status.DONE
         assert ledger.check_totals().ok
+
+
+def test_a_wal_sqlite_opened_outside_the_held_folder_is_refused_before_any_write(tmp_path):
+    """SQLite opens ``-wal`` and ``-shm`` by the folder's name: when that name led elsewhere at the
+    instant they were opened (a rename of the run folder while the ledger opened), the open is
+    refused, naming the file, before a row is written; the files in the held folder pass."""
+    from pathlib import Path
+
+    from harvest import safefiles
+    from harvest.ledger.schema import connect
+    from harvest.ledger.store import _check_sqlite_files
+
+    held_dir, elsewhere = tmp_path / "held", tmp_path / "elsewhere"
+    for d in (held_dir, elsewhere):
+        d.mkdir(mode=0o700)
+        sqlite3.connect(d / LEDGER_FILE).execute("PRAGMA journal_mode=WAL").fetchone()
+    with safefiles.hold(held_dir) as held:
+        conn = connect(elsewhere / LEDGER_FILE)  # as if the name had led there
+        try:
+            with pytest.raises(LedgerError, match=r"held/ledger\.sqlite-wal: SQLite did not open the one in the run"):
+                _check_sqlite_files(conn, held, held_dir / LEDGER_FILE)
+        finally:
+            conn.close()
+        conn = connect(Path(held.via(LEDGER_FILE)))
+        try:
+            _check_sqlite_files(conn, held, held_dir / LEDGER_FILE)  # its own: passes
+        finally:
+            conn.close()

@@ -38,6 +38,7 @@ files of ``logprobs.py``.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import sqlite3
@@ -54,6 +55,27 @@ from harvest.ledger.migrate import prepare, readable_version
 from harvest.ledger.results import Results
 from harvest.ledger.schema import LEDGER_FILE, LOCK_FILE, connect
 from harvest.ledger.shards import committed_lengths
+
+
+def _check_sqlite_files(conn: sqlite3.Connection, folder: safefiles.Folder, path: Path) -> None:
+    """Refuse a ledger whose ``-wal`` or ``-shm`` SQLite opened anywhere but in the held folder.
+
+    SQLite opens them by the folder's name, resolved from the descriptor's path at connect: a
+    rename of the run folder in the instant between the two would have them opened in whatever
+    folder then has that name. Measured before any row is written: a first read opens both, and
+    each must be a file this process has open (SQLite's descriptors) that is also the one the held
+    folder has under that name."""
+    conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # opens the -wal and the -shm
+    ours: set[tuple[int, int]] = set()
+    for entry in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError, ValueError):
+            st = os.fstat(int(entry))
+            ours.add((st.st_dev, st.st_ino))
+    for suffix in ("-wal", "-shm"):
+        held = folder.lstat(LEDGER_FILE + suffix)
+        if held is None or (held.st_dev, held.st_ino) not in ours:
+            raise LedgerError(f"{path}{suffix}: SQLite did not open the one in the run folder held (the folder was "
+                              f"renamed while the ledger opened); nothing was written; run again")
 
 
 class Ledger(Ingest, Claims, Results):
@@ -110,6 +132,7 @@ class Ledger(Ingest, Claims, Results):
             # name once, at connect; the parents' rule above keeps that name the held folder's).
             conn = connect(Path(folder.via(LEDGER_FILE)))
             try:
+                _check_sqlite_files(conn, folder, path)
                 recovered = prepare(conn, path, settings_hash, meta, allow_mixed, samples)
                 committed = committed_lengths(conn)
             except sqlite3.Error as exc:

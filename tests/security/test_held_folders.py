@@ -247,9 +247,10 @@ def test_a_run_folder_reached_through_another_users_symlink_is_refused_at_start(
 def test_a_run_folder_swapped_mid_run_by_a_trusted_hand_changes_nothing_outside(tmp_path, env):
     """The parents' rule leaves no other user a way to rename the run folder (its parent is root's
     0700 folder here), so the swap is made by the test itself, as root, mid-run: the run folder is
-    renamed away and a symlink to another run folder of root's takes its name. The run must go on in
-    the folder it holds: progress.json and timeline.json, and the stop at the end, which must read
-    its own server's record (its engine stopped), not the live record the link points at."""
+    renamed away and a symlink to another run folder of root's takes its name. The run must keep to
+    the folder it holds: progress.json and timeline.json, and the stop it makes once it sees the
+    swap, which must read its own server's record (its engine stopped), not the live record the link
+    points at; it says the folder was replaced and where its own is now."""
     victim, other, other_ct = victim_run(tmp_path / "victim")
     before = snap(victim)
     wrapper, _ = marker_engine(tmp_path)
@@ -270,13 +271,14 @@ def test_a_run_folder_swapped_mid_run_by_a_trusted_hand_changes_nothing_outside(
         os.rename(run_dir, moved)
         run_dir.symlink_to(victim)
         out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, out + err
+        assert proc.returncode == 1, out + err
+        assert f"the run folder was replaced during the run: {run_dir} now names a symlink" in out, out + err
         assert snap(victim) == before  # nothing in the other run's folder changed, its record included
         assert alive(other.pid, other_ct)  # its server was not signalled
         mine = own_engine(moved)
         assert mine is not None and not alive(*mine), out + err  # this run's own engine was stopped
         progress = json.loads((moved / "progress.json").read_text())
-        assert progress["state"] == "finished" and (moved / "timeline.json").is_file(), progress
+        assert progress["state"] == "stopped" and (moved / "timeline.json").is_file(), progress
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -446,7 +448,8 @@ def test_runs_beside_thirty_seconds_of_renames_and_links_change_nothing_outside(
     at start. Beside them, where the parents' rule leaves nobody a way in, the test itself swaps a
     third run's folder for a link to the victim and back as fast as it can for the same 30 s, as
     root, from the moment that run holds its folder: every swap lands, and the run still writes only
-    in the folder it holds. Nothing outside the run folders changes, the live server another record
+    in the folder it holds (and stops, saying so, when it sees its folder's name lead elsewhere; it
+    looks once a second, so it may also see only its own folder and finish). Nothing outside the run folders changes, the live server another record
     names is not signalled, and each run's own engine is stopped."""
     victim, other, other_ct = victim_run(tmp_path / "victim")
     before = snap(victim)
@@ -509,13 +512,14 @@ def test_runs_beside_thirty_seconds_of_renames_and_links_change_nothing_outside(
         assert procs[0].returncode == 0, out + err
         assert procs[1].returncode == 2, open_out + open_err
         assert f"{open_shared}: is writable by group and others without the sticky bit" in open_err, open_err
-        assert procs[2].returncode == 0, own_out + own_err
+        caught = "the run folder was replaced during the run" in own_out
+        assert procs[2].returncode == (1 if caught else 0), own_out + own_err
         assert swaps[0] > 100, swaps  # the swaps landed, beside the run, many times over
         assert snap(victim) == before and alive(other.pid, other_ct)
         for d in (run_dir, own_dir):
             mine = own_engine(d)
             assert mine is not None and not alive(*mine), d
-        assert json.loads((own_dir / "progress.json").read_text())["state"] == "finished"
+        assert json.loads((own_dir / "progress.json").read_text())["state"] == ("stopped" if caught else "finished")
         owners = {p.lstat().st_uid for p in [run_dir, *run_dir.rglob("*")]}
         assert owners == {0}, owners  # nothing of nobody's got into the run folder
     finally:

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import psutil
 
 from harvest import safefiles
-from harvest.config import HarvestConfig, ServerConfig
+from harvest.config import HarvestConfig, PreflightConfig, ServerConfig
 from harvest.errors import StopError
 from harvest.events import Listener
 from harvest.gpu import NoGpuProbe, host_state, open_probe, run_preflight, wait_for_preflight
@@ -31,6 +31,7 @@ from harvest.placement.base import (
     Fleet,
     FleetFactory,
     NothingToStop,
+    OnPreflight,
     Placement,
     Readiness,
     Refused,
@@ -178,9 +179,11 @@ class LocalPlacement(Placement):
         return PreflightByPlace(self.kind, WHERE, "host", "", cfg.source, server.engine, (answer,), here=report)
 
     def fleet(self, *, probe: bool = False, all_hosts: bool = False) -> FleetFactory:
-        def make(cfg: ServerConfig, *, run_dir: Path | safefiles.Folder, on_event: Listener | None = None,
-                 **kw: Any) -> Fleet:
-            return LocalFleet(Server(cfg, run_dir=run_dir, on_event=on_event, **kw), on_event=on_event)
+        def make(cfg: ServerConfig, *, run_dir: Path | safefiles.Folder, preflight: PreflightConfig | None = None,
+                 force: bool = False, on_preflight: OnPreflight | None = None,
+                 on_event: Listener | None = None) -> Fleet:
+            return LocalFleet(Server(cfg, run_dir=run_dir, preflight=preflight, force=force, on_preflight=on_preflight,
+                                     on_event=on_event), on_event=on_event)
 
         return make
 

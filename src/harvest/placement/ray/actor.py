@@ -21,7 +21,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harvest.checks import PreflightReport
 from harvest.config import PreflightConfig, ServerConfig
 from harvest.errors import LaunchError, PreflightFailed
 from harvest.version import __version__
@@ -113,7 +112,7 @@ class ServerActor:
                          "kv_capacity_tokens": server.kv_capacity_tokens, "name": self.name,
                          "engine": cfg.engine, "started_at": server.state().record.started_at}
             report = server.preflight_report  # the node's own, shown by the driver as a local one would be
-            return {**self.info, "preflight": asdict(report) if isinstance(report, PreflightReport) else None}
+            return {**self.info, "preflight": asdict(report) if report is not None else None}
         raise LaunchError(f"{self.name}: no free port from {port0} ({PORT_TRIES} tried): {last}",
                           reason="port_in_use")
 

@@ -7,9 +7,11 @@ never measures, probes or exits.
 
 from __future__ import annotations
 
+import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from rich.console import Console
@@ -94,12 +96,52 @@ def rule_line(result: RuleResult) -> Text:
     return line
 
 
+def gpu_ranges(indices: Iterable[int]) -> str:
+    """``[0, 1, 2, 3, 6]`` -> ``"0-3,6"``."""
+    runs: list[list[int]] = []
+    for i in sorted(set(indices)):
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+
+def grouped(results: Sequence[RuleResult]) -> list[RuleResult]:
+    """The results to print: those of GPU rules that say the same thing (same verdict, same text but
+    for the GPU's index) become one result naming every GPU and rule, in order of first appearance."""
+    groups: dict[tuple[str, str], list[RuleResult]] = {}
+    order: list[tuple[str, str] | RuleResult] = []
+    for r in results:
+        if r.gpu is None or not re.search(rf"\bGPU {r.gpu}\b", r.detail):
+            order.append(r)
+            continue
+        key = (verdict(r), re.sub(rf"\bGPU {r.gpu}\b", "GPU {}", r.detail, count=1))
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+        groups[key].append(r)
+    out: list[RuleResult] = []
+    for entry in order:
+        if isinstance(entry, RuleResult):
+            out.append(entry)
+            continue
+        members = groups[entry]
+        if len(members) == 1:
+            out.append(members[0])
+            continue
+        gpus = sorted({m.gpu for m in members if m.gpu is not None})
+        rules = list(dict.fromkeys(m.rule for m in members))
+        where = f"GPUs {gpu_ranges(gpus)}" if len(gpus) > 1 else f"GPU {gpus[0]}"
+        out.append(replace(members[0], rule=", ".join(rules), gpu=None,
+                           detail=entry[1].replace("GPU {}", where, 1)))
+    return out
+
+
 def show_preflight(report: PreflightReport, console: Console | None = None) -> None:
     """Print every preflight rule of a launch, one line each, GPU rules that say the same grouped
     (through ``console`` when given: the one a live display draws on, so the rules land above its
     panel; else stderr)."""
-    from harvest.cli.preflight import grouped  # it prints with this module's lines
-
     console = console or Console(stderr=True, soft_wrap=True)
     console.print(f"preflight: {'PASS' if report.passed else 'FAIL'}", markup=False)
     for result in grouped(report.results):
@@ -287,7 +329,7 @@ def print_ps(console: Console, rows: list[dict[str, Any]], where: str, show_all:
 
 
 __all__ = [
-    "GPUS_SCHEMA", "PREFLIGHT_SCHEMA", "gpu_table", "gpus_by_table", "gpus_payload", "host_line", "host_ram_line",
+    "GPUS_SCHEMA", "PREFLIGHT_SCHEMA", "gpu_ranges", "gpu_table", "grouped", "gpus_by_table", "gpus_payload", "host_line", "host_ram_line",
     "make_console", "now_iso", "preflight_payload", "preflight_refusal", "print_places_gpus", "print_places_preflight",
     "print_gpus", "print_gpus_result", "print_ps", "print_refusal", "print_stop_report", "print_stop_reports",
     "ps_payload", "rule_line", "show_preflight", "shown", "step_line", "stop_payload", "verdict",

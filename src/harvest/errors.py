@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from harvest.checks import RuleResult
+
 
 class HarvestError(Exception):
     """Base class of every error harvest raises on purpose."""
@@ -33,14 +35,16 @@ class ConfigError(HarvestError):
     """A configuration file or value is invalid.
 
     ``problems`` lists each problem as ``(location, message)`` where location reads like
-    ``job.toml [server] mem_fraction_static``.
+    ``job.toml [server] mem_fraction_static``. ``message``: the whole text, where a subclass says
+    its one problem in one line (a placement's refusal); else one line per problem under a heading.
     """
 
-    def __init__(self, source: str, problems: Sequence[tuple[str, str]]):
+    def __init__(self, source: str, problems: Sequence[tuple[str, str]], *, message: str | None = None):
         self.source = source
         self.problems = list(problems)
         lines = [f"{loc}: {msg}" for loc, msg in self.problems]
-        super().__init__(f"invalid configuration in {source}:\n  " + "\n  ".join(lines))
+        super().__init__(message if message is not None
+                         else f"invalid configuration in {source}:\n  " + "\n  ".join(lines))
 
 
 class InputError(HarvestError):
@@ -72,11 +76,23 @@ class NoDriverError(ProbeError):
 class PreflightFailed(HarvestError):
     """Launching the server here is unsafe; ``results`` holds every rule, failures included."""
 
-    def __init__(self, results: Sequence[object]):
+    def __init__(self, results: Sequence[RuleResult]):
         self.results = list(results)
-        failed = [r for r in self.results if not getattr(r, "passed", True)]
-        text = "; ".join(f"{getattr(r, 'rule', '?')}: {getattr(r, 'detail', '')}" for r in failed)
-        super().__init__(f"preflight failed: {text}")
+        super().__init__("preflight failed: " + "; ".join(f"{r.rule}: {r.detail}" for r in self.failures))
+
+    @property
+    def failures(self) -> list[RuleResult]:
+        """The rules that failed, in order."""
+        return [r for r in self.results if not r.passed]
+
+    @property
+    def failed_rules(self) -> list[str]:
+        """The names of the rules that failed, in order (``["port"]``: only the port was taken)."""
+        return [r.rule for r in self.failures]
+
+    def __reduce__(self) -> tuple[type[PreflightFailed], tuple[list[RuleResult]]]:
+        # Raised in a Ray actor, it reaches the driver pickled: rebuilt from its results, not its text.
+        return type(self), (self.results,)
 
 
 class ServerError(HarvestError):

@@ -241,7 +241,7 @@ def test_findings_that_differ_keep_their_own_lines(tmp_path, port, monkeypatch):
 
 
 def test_gpu_ranges():
-    from harvest.cli.preflight import gpu_ranges
+    from harvest.cli.render import gpu_ranges
 
     assert gpu_ranges([0, 1, 2, 3, 4, 5, 6, 7]) == "0-7"
     assert gpu_ranges([6, 0, 1, 2, 3]) == "0-3,6"

@@ -11,9 +11,6 @@ This command never launches, stops or signals anything.
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Iterable, Sequence
-from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -21,53 +18,11 @@ import click
 from harvest.cli.options import host_options, job_flags, load_config_arg
 from rich.console import Console
 
-from harvest.cli.render import make_console, print_places_preflight, rule_line, verdict
+from harvest.cli.render import grouped, make_console, print_places_preflight, rule_line
 from harvest.config import HostConfig, Override, ServerConfig
-from harvest.gpu.preflight import PreflightReport, RuleResult
+from harvest.gpu.preflight import PreflightReport
 from harvest.redact import redact_text
 from harvest.placement import Flags, from_config
-
-
-def gpu_ranges(indices: Iterable[int]) -> str:
-    """``[0, 1, 2, 3, 6]`` -> ``"0-3,6"``."""
-    runs: list[list[int]] = []
-    for i in sorted(set(indices)):
-        if runs and i == runs[-1][-1] + 1:
-            runs[-1].append(i)
-        else:
-            runs.append([i])
-    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
-
-
-def grouped(results: Sequence[RuleResult]) -> list[RuleResult]:
-    """The results to print: those of GPU rules that say the same thing (same verdict, same text but
-    for the GPU's index) become one result naming every GPU and rule, in order of first appearance."""
-    groups: dict[tuple[str, str], list[RuleResult]] = {}
-    order: list[tuple[str, str] | RuleResult] = []
-    for r in results:
-        if r.gpu is None or not re.search(rf"\bGPU {r.gpu}\b", r.detail):
-            order.append(r)
-            continue
-        key = (verdict(r), re.sub(rf"\bGPU {r.gpu}\b", "GPU {}", r.detail, count=1))
-        if key not in groups:
-            groups[key] = []
-            order.append(key)
-        groups[key].append(r)
-    out: list[RuleResult] = []
-    for entry in order:
-        if isinstance(entry, RuleResult):
-            out.append(entry)
-            continue
-        members = groups[entry]
-        if len(members) == 1:
-            out.append(members[0])
-            continue
-        gpus = sorted({m.gpu for m in members if m.gpu is not None})
-        rules = list(dict.fromkeys(m.rule for m in members))
-        where = f"GPUs {gpu_ranges(gpus)}" if len(gpus) > 1 else f"GPU {gpus[0]}"
-        out.append(replace(members[0], rule=", ".join(rules), gpu=None,
-                           detail=entry[1].replace("GPU {}", where, 1)))
-    return out
 
 
 @click.command("preflight")

@@ -7,8 +7,11 @@ never measures, probes or exits.
 
 from __future__ import annotations
 
+import re
 import sys
 import time
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from rich.console import Console
@@ -16,6 +19,8 @@ from rich.table import Table
 from rich.text import Text
 
 from harvest import schemas
+from harvest.checks import PreflightReport
+from harvest.errors import PreflightFailed
 from harvest.gpu.payload import GPUS_SCHEMA, PREFLIGHT_SCHEMA, gpus_payload, now_iso, preflight_payload
 from harvest.gpu.preflight import RuleResult, describe_process
 from harvest.gpu.records import GpuSnapshot, HostState
@@ -89,6 +94,79 @@ def rule_line(result: RuleResult) -> Text:
     line.append(f"{word:<5}", style=_STYLE[word])
     line.append(shown(f" {result.rule:<14} {result.detail}"))
     return line
+
+
+def gpu_ranges(indices: Iterable[int]) -> str:
+    """``[0, 1, 2, 3, 6]`` -> ``"0-3,6"``."""
+    runs: list[list[int]] = []
+    for i in sorted(set(indices)):
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+
+def grouped(results: Sequence[RuleResult]) -> list[RuleResult]:
+    """The results to print: those of GPU rules that say the same thing (same verdict, same text but
+    for the GPU's index) become one result naming every GPU and rule, in order of first appearance."""
+    groups: dict[tuple[str, str], list[RuleResult]] = {}
+    order: list[tuple[str, str] | RuleResult] = []
+    for r in results:
+        if r.gpu is None or not re.search(rf"\bGPU {r.gpu}\b", r.detail):
+            order.append(r)
+            continue
+        key = (verdict(r), re.sub(rf"\bGPU {r.gpu}\b", "GPU {}", r.detail, count=1))
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+        groups[key].append(r)
+    out: list[RuleResult] = []
+    for entry in order:
+        if isinstance(entry, RuleResult):
+            out.append(entry)
+            continue
+        members = groups[entry]
+        if len(members) == 1:
+            out.append(members[0])
+            continue
+        gpus = sorted({m.gpu for m in members if m.gpu is not None})
+        rules = list(dict.fromkeys(m.rule for m in members))
+        where = f"GPUs {gpu_ranges(gpus)}" if len(gpus) > 1 else f"GPU {gpus[0]}"
+        out.append(replace(members[0], rule=", ".join(rules), gpu=None,
+                           detail=entry[1].replace("GPU {}", where, 1)))
+    return out
+
+
+def show_preflight(report: PreflightReport, console: Console | None = None) -> None:
+    """Print every preflight rule of a launch, one line each, GPU rules that say the same grouped
+    (through ``console`` when given: the one a live display draws on, so the rules land above its
+    panel; else stderr)."""
+    console = console or Console(stderr=True, soft_wrap=True)
+    console.print(f"preflight: {'PASS' if report.passed else 'FAIL'}", markup=False)
+    for result in grouped(report.results):
+        console.print(rule_line(result))
+
+
+def preflight_refusal(failures: Sequence[RuleResult], where: str = "") -> str:
+    """The line that ends a launch refused by preflight, with what to do. ``--force`` is offered only
+    when every failed rule is a margin a user may choose to overrun (GPU memory, GPU processes, host
+    RAM, swap, disk): launching does not get a port that something else holds."""
+    port = next((r for r in failures if r.rule == "port"), None)
+    if port is not None:
+        number = port.numbers.get("port", "")
+        return (f"refused to launch{where}: port {number} is taken; stop what holds it, or set another "
+                f"[server] port")
+    return f"refused to launch{where}: preflight failed (--force launches anyway)"
+
+
+def print_refusal(console: Console, exc: PreflightFailed, where: str = "", *, rules_shown: bool = False) -> None:
+    """A launch refused by preflight (``harvest run``, ``harvest serve``): each failed rule, unless
+    the launch's report was on screen already (``rules_shown``), then the line saying what to do."""
+    if not rules_shown:
+        for r in exc.failures:
+            console.print(rule_line(r))
+    console.print(preflight_refusal(exc.failures, where), markup=False)
 
 
 # -- far answers: SSH hosts and Ray nodes (one table, a column naming the place) -------------------
@@ -178,18 +256,6 @@ def stop_payload(reports: list[StopReport]) -> dict[str, Any]:
             "servers": [r.to_dict() for r in reports]}
 
 
-def preflight_refusal(failures: list[Any], where: str = "") -> str:
-    """The line that ends a launch refused by preflight, with what to do. ``--force`` is offered only
-    when every failed rule is a margin a user may choose to overrun (GPU memory, GPU processes, host
-    RAM, swap, disk): launching does not get a port that something else holds."""
-    port = next((r for r in failures if r.rule == "port"), None)
-    if port is not None:
-        number = port.numbers.get("port", "")
-        return (f"refused to launch{where}: port {number} is taken; stop what holds it, or set another "
-                f"[server] port")
-    return f"refused to launch{where}: preflight failed (--force launches anyway)"
-
-
 def stopped_name(report: StopReport) -> str:
     """What a stop report is about: ``vllm pid 4242 in runs/a/server`` (engine and pid when known)."""
     who = " ".join(p for p in (report.engine, f"pid {report.pid}" if report.pid is not None else "") if p)
@@ -263,8 +329,8 @@ def print_ps(console: Console, rows: list[dict[str, Any]], where: str, show_all:
 
 
 __all__ = [
-    "GPUS_SCHEMA", "PREFLIGHT_SCHEMA", "gpu_table", "gpus_by_table", "gpus_payload", "host_line", "host_ram_line",
-    "make_console", "now_iso", "preflight_payload", "print_places_gpus", "print_places_preflight", "print_gpus", "print_gpus_result",
-    "print_ps", "print_stop_report", "print_stop_reports", "ps_payload", "rule_line", "shown", "step_line",
-    "stop_payload", "verdict",
+    "GPUS_SCHEMA", "PREFLIGHT_SCHEMA", "gpu_ranges", "gpu_table", "grouped", "gpus_by_table", "gpus_payload", "host_line", "host_ram_line",
+    "make_console", "now_iso", "preflight_payload", "preflight_refusal", "print_places_gpus", "print_places_preflight",
+    "print_gpus", "print_gpus_result", "print_ps", "print_refusal", "print_stop_report", "print_stop_reports",
+    "ps_payload", "rule_line", "show_preflight", "shown", "step_line", "stop_payload", "verdict",
 ]

@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 import re
 import sys
-from typing import Any
 
 import click
 
 from harvest import aio
 from harvest.campaign.run import RunReport, run_campaign
+from harvest.checks import PreflightReport
 from harvest.cli.options import job_flags, load_config_arg
+from harvest.cli.render import make_console, print_refusal, show_preflight
 from harvest.config import Override
 from harvest.errors import LaunchError, LedgerError, PreflightFailed
 from harvest.ledger import Status
@@ -30,20 +31,6 @@ def setup_logging() -> None:
         handler.addFilter(ShownFilter())
     logging.getLogger("aiohttp").setLevel(logging.WARNING)
     logging.getLogger("matplotlib").setLevel(logging.WARNING)  # "generated new fontManager": not harvest's news
-
-
-def show_preflight(report: Any, console: Any = None) -> None:
-    """Print every preflight rule of a launch, one line each (through ``console`` when given: the
-    one a live display draws on, so the rules land above its panel)."""
-    from rich.console import Console
-
-    from harvest.cli.preflight import grouped
-    from harvest.cli.render import rule_line
-
-    console = console or Console(stderr=True, soft_wrap=True)
-    console.print(f"preflight: {'PASS' if report.passed else 'FAIL'}", markup=False)
-    for result in grouped(report.results):
-        console.print(rule_line(result))
 
 
 def print_report(report: RunReport, job: str | None = None) -> None:
@@ -133,9 +120,9 @@ def run(job: str | None, overrides: tuple[Override, ...], allow_mixed: bool, for
     console = live_console()  # the panel, the log lines and the preflight rules share it
     setup_console_logging(console)
     config = load_config_arg(job, overrides)
-    shown: list[Any] = []  # preflight reports already on screen
+    shown: list[PreflightReport] = []  # preflight reports already on screen
 
-    def on_preflight(report: Any) -> None:
+    def on_preflight(report: PreflightReport) -> None:
         shown.append(report)
         show_preflight(report, console)
 
@@ -145,14 +132,7 @@ def run(job: str | None, overrides: tuple[Override, ...], allow_mixed: bool, for
                                       on_preflight=on_preflight, retry=retry, console=console,
                                       writes=(REPORT_FILE,)))
     except PreflightFailed as exc:
-        from harvest.cli.render import preflight_refusal, rule_line
-        from harvest.gpu.preflight import RuleResult
-
-        failures = [r for r in exc.results if not getattr(r, "passed", True)]
-        if not shown:  # else its rules were on screen already, each once
-            for r in failures:
-                click.echo(rule_line(r) if isinstance(r, RuleResult) else str(r), err=True)
-        click.echo(preflight_refusal(failures), err=True)
+        print_refusal(make_console(stderr=True), exc, rules_shown=bool(shown))  # its rules on screen once
         sys.exit(1)
     except LedgerError as exc:
         click.echo(f"error: {exc}", err=True)

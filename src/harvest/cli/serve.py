@@ -23,11 +23,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -35,12 +38,13 @@ import click
 from rich.console import Console
 
 from harvest import schemas
+from harvest.checks import PreflightReport
 from harvest.cli.live import PhaseDisplay, setup_console_logging
 from harvest.cli.options import host_options, job_flags, load_config_arg
 from harvest.cli.render import (
     make_console,
-    preflight_refusal,
     print_ps,
+    print_refusal,
     print_stop_report,
     print_stop_reports,
     ps_payload,
@@ -52,7 +56,8 @@ from harvest.cli.render import (
 from harvest.config import HostConfig, Override, ServerConfig, load_config
 from harvest.errors import LaunchError, PreflightFailed
 from harvest.events import Event
-from harvest.placement import Flags, Fleet, NothingToStop, Placement, ServeWords, from_config, from_record
+from harvest.placement import Flags, Fleet, NothingToStop, OnPreflight, Placement, Refused, from_config, from_record
+from harvest.server import StateFile, default_run_dir, state_dir
 from harvest.stops import DEFAULT_MARGIN_MIB, StopReport, StopStep
 
 SERVE_SCHEMA = schemas.SERVE
@@ -90,8 +95,8 @@ def serve(config: Path | None, run_dir: Path | None, detach: bool, force: bool, 
     if run_name is not None:
         _check_run_name(run_name, run_dir, err)
     placement = from_config(cfg)
-    run_dir = placement.serve_dir(server_cfg, run_dir, run_name=run_name, give_up_after=give_up_after)
-    words = placement.serve_words(server_cfg)
+    run_dir = serve_dir(placement, server_cfg, run_dir, run_name=run_name, give_up_after=give_up_after)
+    words = serve_words(placement, server_cfg)
     setup_console_logging(err)  # log records print above the live panel, never into it
     display = PhaseDisplay(err, f"harvest serve: {server_cfg.engine} on {words.target}")
     fleet = placement.server(server_cfg, run_dir=run_dir, preflight=cfg.preflight, force=force,
@@ -100,6 +105,49 @@ def serve(config: Path | None, run_dir: Path | None, detach: bool, force: bool, 
     with _signals(served.stop_requested, fleet), _give_up_timer(give_up_after, served.gave_up, fleet) as timer:
         err.print(f"launching {server_cfg.engine} on {words.target} ({words.folder} {run_dir})", markup=False)
         sys.exit(asyncio.run(served.run(timer, detach, as_json, give_up_after)))
+
+
+@dataclass(frozen=True)
+class ServeWords:
+    """How ``harvest serve`` names a launch of a placement in its lines."""
+
+    #: What it launches on: the server's URL on this machine, the host(s) or the cluster elsewhere.
+    target: str
+    #: What the launch's folder is: the ``run dir`` here, the ``near record`` of far servers.
+    folder: str
+    #: Appended to "refused to launch" (nothing here, `` on HOST`` elsewhere).
+    refused_on: str
+    #: Said when the servers exit or go away by themselves (``{code}``: their return code).
+    gone: str
+
+
+def serve_words(placement: Placement, server: ServerConfig) -> ServeWords:
+    """The words of a launch on ``placement``: supervised here, or by a far harvest / a node's actor."""
+    if placement.here:
+        return ServeWords(server.url, "run dir", "", "the engine exited on its own with code {code}; verifying cleanup")
+    where = placement.where()
+    return ServeWords(where, "near record", f" on {where}", "the far server or its tunnel is gone; stopping")
+
+
+def serve_dir(placement: Placement, server: ServerConfig, run_dir: Path | None, *, run_name: str | None = None,
+              give_up_after: float | None = None) -> Path:
+    """The folder of a launch: ``run_dir``, else a new one under the state dir. Here, ``--run-name
+    NAME`` is ``<state dir>/servers/NAME``, which must not hold a launch already; ``--run-name`` and
+    ``--give-up-after`` are what a near harvest passes to a far serve, so elsewhere they are refused
+    (the placement chooses both itself)."""
+    if not placement.here:
+        if run_name is not None or give_up_after is not None:
+            raise Refused("--run-name and --give-up-after are what harvest passes to a far serve",
+                          f"on {placement.where()} it chooses both itself")
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        return run_dir if run_dir is not None else \
+            state_dir() / "placed" / f"{stamp}-{server.engine}-{server.port}-{os.getpid()}"
+    if run_name is None:
+        return run_dir if run_dir is not None else default_run_dir(server.engine, server.port)
+    folder = state_dir() / "servers" / run_name
+    if StateFile(folder).exists():
+        raise Refused(f"--run-name {run_name!r}", f"{folder} already holds a launch")
+    return folder
 
 
 def _usage(err: Console, message: str) -> NoReturn:
@@ -119,8 +167,8 @@ def _check_run_name(name: str, run_dir: Path | None, err: Console) -> None:
         _usage(err, f"--run-name {name!r}: one folder name of letters, digits, '.', '_' and '-'")
 
 
-def _show_forced_preflight(err: Console, force: bool) -> Callable[[Any], None]:  # Any: a PreflightReport
-    def show(report: Any) -> None:
+def _show_forced_preflight(err: Console, force: bool) -> OnPreflight:
+    def show(report: PreflightReport) -> None:
         if not report.passed and force:
             err.print("preflight FAILED, launching anyway (--force):", markup=False)
             for r in report.failures:
@@ -195,7 +243,8 @@ class _Served:
             with self.display:  # the launch phases, live; a failed start-up's stop shows there too
                 await self.fleet.start()
         except PreflightFailed as exc:
-            _refused_by_preflight(self.err, exc, self.words.refused_on)
+            print_refusal(self.err, exc, self.words.refused_on)
+            sys.exit(1)
         except LaunchError as exc:
             if self.gave_up.is_set() and not self.stop_requested.is_set():
                 self.err.print(f"launch failed: not ready within --give-up-after {give_up_after:g} s; gave up "
@@ -237,14 +286,6 @@ class _Served:
             reports = await self.fleet.stop()
         print_stop_reports(reports, self.where)
         return reports
-
-
-def _refused_by_preflight(err: Console, exc: PreflightFailed, where: str) -> NoReturn:
-    failures = [r for r in exc.results if not getattr(r, "passed", True)]
-    for r in failures:
-        err.print(rule_line(r))  # type: ignore[arg-type]
-    err.print(preflight_refusal(failures, where), markup=False)
-    sys.exit(1)
 
 
 def _serve_doc(fleet: Fleet, server_cfg: ServerConfig, run_dir: Path) -> dict[str, Any]:

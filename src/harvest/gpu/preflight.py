@@ -1,7 +1,8 @@
 """Preflight: is it safe to launch this server config on this machine now, and if not, why not.
 
-One :class:`RuleResult` per rule (per chosen GPU for the GPU rules), each with the measured numbers
-in its detail text and in ``numbers``:
+One :class:`~harvest.checks.RuleResult` per rule (per chosen GPU for the GPU rules), each with the
+measured numbers in its detail text and in ``numbers`` (the records live in :mod:`harvest.checks`,
+re-exported here and by :mod:`harvest.gpu`):
 
     gpu-memory      free MiB >= what the engine will claim (fraction x total, plus SGLang's
                     activations on top) + margin
@@ -22,12 +23,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Union
 
 import psutil
 
+from harvest.checks import Number, PreflightReport, RuleResult
 from harvest.config import PreflightConfig, ServerConfig
 from harvest.errors import ProbeError
 from harvest.gpu.host import disk_state, host_state
@@ -58,41 +59,6 @@ _GIB = 1024**3
 _MIB = 1024**2
 #: The slowest poll interval wait_for_preflight accepts: 0.2 s, i.e. at least 5 Hz.
 MAX_INTERVAL_S = 0.2
-
-Number = Union[int, float, str, None]
-
-
-@dataclass(frozen=True)
-class RuleResult:
-    """The verdict of one rule (for one GPU when ``gpu`` is set), with the numbers it compared."""
-
-    rule: str
-    passed: bool
-    detail: str
-    gpu: int | None = None
-    numbers: dict[str, Number] = field(default_factory=dict)
-    #: True when the rule does not apply to this config (it then counts as passed).
-    skipped: bool = False
-
-
-@dataclass(frozen=True)
-class PreflightReport:
-    """Every rule's result. ``attempts``/``waited_s`` say how long wait_for_preflight polled."""
-
-    results: tuple[RuleResult, ...]
-    #: Probe warnings (e.g. "v1 memory query: used includes driver-reserved memory").
-    warnings: tuple[str, ...] = ()
-    attempts: int = 1
-    waited_s: float = 0.0
-
-    @property
-    def passed(self) -> bool:
-        return all(r.passed for r in self.results)
-
-    @property
-    def failures(self) -> tuple[RuleResult, ...]:
-        return tuple(r for r in self.results if not r.passed)
-
 
 def sglang_runtime_mib(tp: int) -> float:
     """What SGLang 0.5.23 uses beyond ``mem_fraction_static`` (weights + KV) on each GPU, at least:
@@ -401,6 +367,6 @@ def wait_for_preflight(server: ServerConfig, settings: PreflightConfig, *, probe
 
 __all__ = [
     "DISK", "GPUS_BY_RAY", "GPU_MEMORY", "GPU_PROCESSES", "HOST_RAM", "NO_GPUS_LISTED", "PORT", "RULES", "SWAP",
-    "PreflightReport", "RuleResult", "claim_fraction", "describe_process", "run_preflight",
+    "Number", "PreflightReport", "RuleResult", "claim_fraction", "describe_process", "run_preflight",
     "sglang_default_fraction", "sglang_rank_budget_bytes", "sglang_runtime_mib", "wait_for_preflight",
 ]

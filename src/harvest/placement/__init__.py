@@ -32,9 +32,9 @@ from harvest.placement.base import (
     FleetFactory,
     NothingToStop,
     Placement,
+    OnPreflight,
     Readiness,
     Refused,
-    ServeWords,
     engine_limit,
 )
 
@@ -98,5 +98,5 @@ def from_record(run_dir: Path | str) -> Placement:
                                       f"no launch.json there, in {record.SERVER_DIR}/ or in host-*/)")
 
 
-__all__ = ["Answer", "Flags", "Fleet", "FleetFactory", "KINDS", "NothingToStop", "Placement", "Readiness", "Refused",
-           "ServeWords", "engine_limit", "from_config", "from_record"]
+__all__ = ["Answer", "Flags", "Fleet", "FleetFactory", "KINDS", "NothingToStop", "OnPreflight", "Placement",
+           "Readiness", "Refused", "engine_limit", "from_config", "from_record"]

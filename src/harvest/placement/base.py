@@ -18,8 +18,6 @@ server (a list, always). This module imports no kind: kinds import it.
 from __future__ import annotations
 
 import contextlib
-import os
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,6 +26,7 @@ from typing import Any, ClassVar, Protocol
 from urllib.parse import urlsplit
 
 from harvest import safefiles
+from harvest.checks import PreflightReport
 from harvest.client import Client, EngineLimit
 from harvest.config import HarvestConfig, HostConfig, PreflightConfig, ServerConfig
 from harvest.errors import ConfigError
@@ -41,18 +40,16 @@ from harvest.server import (
     batch_limit,
     batch_limit_exact,
     has_metrics,
-    state_dir,
 )
 from harvest.stops import DEFAULT_MARGIN_MIB, StopReport, StopStep
 
 
 class Refused(ConfigError):
-    """A command cannot work on this placement: one line, exit 2 (never a silent fallback here)."""
+    """A command cannot work on this placement: one line, exit 2 (never a silent fallback here).
+    Its one problem is ``(where, message)``; its text ``where: message``."""
 
     def __init__(self, where: str, message: str):
-        self.source = where
-        self.problems = [(where, message)]
-        Exception.__init__(self, f"{where}: {message}")
+        super().__init__(where, [(where, message)], message=f"{where}: {message}")
 
 
 class NothingToStop(Refused):
@@ -78,18 +75,22 @@ class Readiness:
     seconds: float
 
 
-@dataclass(frozen=True)
-class ServeWords:
-    """How ``harvest serve`` names a launch of this placement in its lines."""
+#: What a launch tells of its preflight, before it launches: the report of every rule (a far
+#: host's or a node's read back into the same record), for the command to show.
+OnPreflight = Callable[[PreflightReport], None]
 
-    #: What it launches on: the server's URL on this machine, the host(s) or the cluster elsewhere.
-    target: str
-    #: What the launch's folder is: the ``run dir`` here, the ``near record`` of far servers.
-    folder: str
-    #: Appended to "refused to launch" (nothing here, `` on HOST`` elsewhere).
-    refused_on: str
-    #: Said when the servers exit or go away by themselves (``{code}``: their return code).
-    gone: str
+
+class OneServer(Protocol):
+    """What a fleet of one server launches and stops: a supervised Server here, a far server
+    (:class:`~harvest.placement.ssh.servers.RemoteServer`) elsewhere."""
+
+    @property
+    def stop_report(self) -> StopReport | None:
+        """The verified stop of what the launch started, once there was one (a failed launch's too)."""
+
+    async def start(self) -> object: ...
+
+    async def stop(self, deadline: float | None = None) -> StopReport | None: ...
 
 
 def engine_limit(server: ServerConfig) -> EngineLimit:
@@ -101,9 +102,10 @@ def engine_limit(server: ServerConfig) -> EngineLimit:
 class Fleet(ABC):
     """The servers of one launch, wherever they run; the one shape run / tune / compare / serve use.
 
-    A kind implements the launch (``_start``) and the verified stop (``_stop``) of what it wraps and
-    the live questions (``urls``, ``ready``, ``kv_capacity_tokens``, ``returncode``, ``cancel``);
-    :meth:`start` and :meth:`stop` here report the phases around them (``emits``) and keep one
+    A kind answers the live questions (``urls``, ``ready``, ``kv_capacity_tokens``, ``returncode``,
+    ``cancel``) of what it wraps. The launch (``_start``) and the verified stop (``_stop``) are
+    here for a fleet of one server (``server``: a :class:`OneServer`); a fleet of several overrides
+    both. :meth:`start` and :meth:`stop` report the phases around them (``emits``) and keep one
     StopReport per server. Everything else has a default a kind overrides where it knows better.
     """
 
@@ -111,12 +113,16 @@ class Fleet(ABC):
     #: phases happen out of reach of ``on_event``); a local Server reports its own.
     emits: ClassVar[bool] = True
 
-    def __init__(self, config: ServerConfig, *, run_dir: Path, where: str, on_event: Listener | None = None):
+    def __init__(self, config: ServerConfig, *, run_dir: Path, where: str, on_event: Listener | None = None,
+                 server: OneServer | None = None):
         self.config = config
         self.run_dir = Path(run_dir)
         self.where = where
         self.on_event = on_event
         self.stop_reports: list[StopReport] = []
+        #: The one server this fleet launches and stops (None: a fleet of several, with its own
+        #: ``_start`` and ``_stop``).
+        self._one = server
 
     # --- what a kind implements ------------------------------------------------------------------
 
@@ -143,13 +149,26 @@ class Fleet(ABC):
     def cancel(self) -> None:
         """Ask a launch in progress to give up (its cleanup stops what it started). Signal-handler safe."""
 
-    @abstractmethod
+    # --- the launch and the stop of one server (a fleet of several overrides both) ---------------
+
+    def _server(self) -> OneServer:
+        if self._one is None:
+            raise NotImplementedError(f"{type(self).__name__} launches several servers: it implements "
+                                      "_start and _stop itself")
+        return self._one
+
     async def _start(self) -> None:
         """Launch every server until ready; on failure, what was stopped is in ``stop_reports``."""
+        server = self._server()
+        try:
+            await server.start()
+        except BaseException:
+            self.collect([server.stop_report])
+            raise
 
-    @abstractmethod
     async def _stop(self, deadline: float | None) -> Sequence[StopReport | None]:
         """Every server's verified stop (idempotent)."""
+        return [await self._server().stop(deadline)]
 
     # --- what every fleet answers ----------------------------------------------------------------
 
@@ -278,8 +297,8 @@ class FarFleet(Fleet):
     (``servers``); a kind adds its launch and its stop, and what it alone can do."""
 
     def __init__(self, servers: FarServers, config: ServerConfig, *, run_dir: Path, where: str,
-                 on_event: Listener | None = None):
-        super().__init__(config, run_dir=run_dir, where=where, on_event=on_event)
+                 on_event: Listener | None = None, server: OneServer | None = None):
+        super().__init__(config, run_dir=run_dir, where=where, on_event=on_event, server=server)
         self.servers = servers
 
     @property
@@ -308,11 +327,12 @@ class FleetFactory(Protocol):
     """What a placement's :meth:`Placement.fleet` returns: one call, one launch's Fleet."""
 
     def __call__(self, cfg: ServerConfig, *, run_dir: Path | safefiles.Folder, preflight: PreflightConfig | None = None,
-                 force: bool = False, on_preflight: Callable[[object], None] | None = None,
+                 force: bool = False, on_preflight: OnPreflight | None = None,
                  on_event: Listener | None = None) -> Fleet:
         """``run_dir``: the servers' records folder, by name or held by the caller (a campaign's
-        ``server/``: every record, log and stop report then goes through its descriptor)."""
-        ...  # on_preflight is told the launch's preflight report (harvest.gpu's PreflightReport)
+        ``server/``: every record, log and stop report then goes through its descriptor);
+        ``on_preflight`` is told each launch's preflight report."""
+        ...
 
 
 class Placement(ABC):
@@ -320,6 +340,9 @@ class Placement(ABC):
     ``ray`` subclass it (``KINDS`` in :mod:`harvest.placement`), each with the whole verb set."""
 
     kind: ClassVar[str]
+    #: The servers run on this machine, supervised by this process (their records are its own);
+    #: False where a far harvest or a node's actor supervises them.
+    here: ClassVar[bool] = False
 
     @abstractmethod
     def where(self) -> str:
@@ -344,9 +367,12 @@ class Placement(ABC):
     def fleet(self, *, probe: bool = False, all_hosts: bool = False) -> FleetFactory:
         """A factory of Fleets; ``probe``: one server (tune / compare measure one)."""
 
-    @abstractmethod
-    def server(self, cfg: ServerConfig, *, run_dir: Path, **kw: Any) -> Fleet:  # kw: FleetFactory's keywords
-        """One server (``harvest serve``) placed here, as a Fleet."""
+    def server(self, cfg: ServerConfig, *, run_dir: Path, preflight: PreflightConfig | None = None,
+               force: bool = False, on_preflight: OnPreflight | None = None,
+               on_event: Listener | None = None) -> Fleet:
+        """The servers of one ``harvest serve`` placed here, as a Fleet (the factory's keywords)."""
+        return self.fleet()(cfg, run_dir=run_dir, preflight=preflight, force=force, on_preflight=on_preflight,
+                            on_event=on_event)
 
     def note(self, probe: bool) -> str | None:
         """Why a probe (tune, compare) uses fewer servers than the job would, if it does."""
@@ -361,23 +387,6 @@ class Placement(ABC):
         server folder whose records a launch of ``server`` would be refused to write once it started
         something: here, the near placement record."""
         record.check(server_dir)
-
-    def serve_dir(self, server: ServerConfig, run_dir: Path | None, *, run_name: str | None = None,
-                  give_up_after: float | None = None) -> Path:
-        """The folder of a ``harvest serve`` launch: ``run_dir``, else a new one under the state dir.
-        ``run_name`` / ``give_up_after`` are what a near harvest passes to a far serve; here the
-        placement chooses both itself."""
-        if run_name is not None or give_up_after is not None:
-            raise Refused("--run-name and --give-up-after are what harvest passes to a far serve",
-                          f"on {self.where()} it chooses both itself")
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        return run_dir if run_dir is not None else \
-            state_dir() / "placed" / f"{stamp}-{server.engine}-{server.port}-{os.getpid()}"
-
-    def serve_words(self, server: ServerConfig) -> ServeWords:
-        """How ``harvest serve`` names a launch here."""
-        return ServeWords(self.where(), "near record", f" on {self.where()}",
-                          "the far server or its tunnel is gone; stopping")
 
     @abstractmethod
     def ps(self, show_all: bool) -> list[dict[str, Any]]:
@@ -395,5 +404,5 @@ class Placement(ABC):
         """Stop what an earlier (killed) session of a run left running, by that run's records."""
 
 
-__all__ = ["Answer", "FarFleet", "FarServers", "Flags", "Fleet", "FleetFactory", "NothingToStop", "Placement",
-           "Readiness", "Refused", "ServeWords", "engine_limit"]
+__all__ = ["Answer", "FarFleet", "FarServers", "Flags", "Fleet", "FleetFactory", "NothingToStop", "OnPreflight",
+           "OneServer", "Placement", "Readiness", "Refused", "engine_limit"]

@@ -11,14 +11,14 @@ import contextlib
 import logging
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
 import psutil
 
 from harvest import safefiles
-from harvest.config import HarvestConfig, ServerConfig
+from harvest.config import HarvestConfig, PreflightConfig, ServerConfig
 from harvest.errors import StopError
 from harvest.events import Listener
 from harvest.gpu import NoGpuProbe, host_state, open_probe, run_preflight, wait_for_preflight
@@ -31,16 +31,17 @@ from harvest.placement.base import (
     Fleet,
     FleetFactory,
     NothingToStop,
+    OnPreflight,
     Placement,
     Readiness,
     Refused,
-    ServeWords,
 )
 from harvest.placement.base_results import GpusByPlace, PreflightByPlace
 from harvest.server import (
     DEFAULT_MARGIN_MIB,
     LaunchRecord,
     ProcessRef,
+    RunState,
     RunStatus,
     Server,
     StateFile,
@@ -49,11 +50,9 @@ from harvest.server import (
     WATCH_LOG,
     alive,
     check_run_dir,
-    default_run_dir,
     group_findings,
     hold_index,
     list_runs,
-    state_dir,
     stop_run,
 )
 
@@ -80,7 +79,7 @@ class LocalFleet(Fleet):
     emits = False
 
     def __init__(self, server: Server, *, on_event: Listener | None = None):
-        super().__init__(server.config, run_dir=server.run_dir, where=WHERE, on_event=on_event)
+        super().__init__(server.config, run_dir=server.run_dir, where=WHERE, on_event=on_event, server=server)
         self.server = server
 
     @property
@@ -131,21 +130,12 @@ class LocalFleet(Fleet):
         self.server.record_watcher(spawn_watcher(self.run_dir))
         self.server.detach()
 
-    async def _start(self) -> None:
-        try:
-            await self.server.start()
-        except BaseException:
-            self.collect([self.server.stop_report])
-            raise
-
-    async def _stop(self, deadline: float | None) -> Sequence[StopReport | None]:
-        return [await self.server.stop(deadline)]
-
 
 class LocalPlacement(Placement):
     """Servers on this machine."""
 
     kind: ClassVar[str] = "local"
+    here: ClassVar[bool] = True
 
     def where(self) -> str:
         return WHERE
@@ -189,15 +179,13 @@ class LocalPlacement(Placement):
         return PreflightByPlace(self.kind, WHERE, "host", "", cfg.source, server.engine, (answer,), here=report)
 
     def fleet(self, *, probe: bool = False, all_hosts: bool = False) -> FleetFactory:
-        def make(cfg: ServerConfig, *, run_dir: Path | safefiles.Folder, on_event: Listener | None = None,
-                 **kw: Any) -> Fleet:
-            return LocalFleet(Server(cfg, run_dir=run_dir, on_event=on_event, **kw), on_event=on_event)
+        def make(cfg: ServerConfig, *, run_dir: Path | safefiles.Folder, preflight: PreflightConfig | None = None,
+                 force: bool = False, on_preflight: OnPreflight | None = None,
+                 on_event: Listener | None = None) -> Fleet:
+            return LocalFleet(Server(cfg, run_dir=run_dir, preflight=preflight, force=force, on_preflight=on_preflight,
+                                     on_event=on_event), on_event=on_event)
 
         return make
-
-    def server(self, cfg: ServerConfig, *, run_dir: Path, **kw: Any) -> Fleet:
-        """One supervised server (``harvest serve``), as a Fleet."""
-        return self.fleet()(cfg, run_dir=run_dir, **kw)
 
     def hold_state_dir(self) -> None:
         hold_index().close()  # a state dir another user owns: refused before anything is written
@@ -206,20 +194,6 @@ class LocalPlacement(Placement):
         """The supervisor's files in ``server_dir`` (its launch record, lock, log, stop report, the
         watcher's log, the engine's private files) and the folder itself, as a launch checks them."""
         check_run_dir(server_dir, server)
-
-    def serve_dir(self, server: ServerConfig, run_dir: Path | None, *, run_name: str | None = None,
-                  give_up_after: float | None = None) -> Path:
-        """``run_dir``; ``run_name``: ``<state dir>/servers/NAME``, which must not hold a launch
-        already; else a new folder under the state dir."""
-        if run_name is None:
-            return run_dir if run_dir is not None else default_run_dir(server.engine, server.port)
-        folder = state_dir() / "servers" / run_name
-        if StateFile(folder).exists():
-            raise Refused(f"--run-name {run_name!r}", f"{folder} already holds a launch")
-        return folder
-
-    def serve_words(self, server: ServerConfig) -> ServeWords:
-        return ServeWords(server.url, "run dir", "", "the engine exited on its own with code {code}; verifying cleanup")
 
     def ps(self, show_all: bool) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []
@@ -242,8 +216,8 @@ class LocalPlacement(Placement):
             })
         return rows
 
-    def running(self) -> list[tuple[Any, Any]]:
-        """(index entry, state) of every server harvest started here whose processes are alive."""
+    def running(self) -> list[tuple[str, RunState]]:
+        """(run folder, state) of every server harvest started here whose processes are alive."""
         out = []
         for e in list_runs():
             try:
@@ -251,7 +225,7 @@ class LocalPlacement(Placement):
             except StopError:
                 continue
             if alive(state.processes()):
-                out.append((e, state))
+                out.append((e.run_dir, state))
         return out
 
     def stop(self, run_dir: Path | None, *, deadline: float | None = None, grace: float | None = None,
@@ -264,9 +238,9 @@ class LocalPlacement(Placement):
             if not running:
                 raise NothingToStop("harvest stop", "nothing to stop: no server harvest started is running")
             if len(running) > 1:
-                names = "; ".join(f"{e.run_dir} ({st.record.engine} pid {st.record.pid})" for e, st in running)
+                names = "; ".join(f"{folder} ({st.record.engine} pid {st.record.pid})" for folder, st in running)
                 raise Refused("harvest stop", f"several servers are running, name the run folder: {names}")
-            run_dir = Path(running[0][0].run_dir)
+            run_dir = Path(running[0][0])
         folder = record.local_record_dir(run_dir) or Path(run_dir)
         return [stop_run(folder, deadline=deadline, grace=grace, margin_mib=margin_mib, on_step=on_step)]
 

@@ -31,6 +31,7 @@ from types import TracebackType
 import psutil
 
 from harvest import safefiles
+from harvest.checks import PreflightReport
 from harvest.config import PreflightConfig, ServerConfig, is_loopback
 from harvest.engine_pins import version_warning
 from harvest.errors import ConfigError, LaunchError, PreflightFailed, StopError, UnsafePathError
@@ -167,7 +168,7 @@ class Server:
         probe: GpuProbe | None = None,
         record_interval: float = RECORD_INTERVAL,
         stop_margin_mib: int = DEFAULT_MARGIN_MIB,
-        on_preflight: Callable[[object], None] | None = None,
+        on_preflight: Callable[[PreflightReport], None] | None = None,
         on_event: Listener | None = None,
     ):
         self.config = config
@@ -187,7 +188,7 @@ class Server:
         self.on_event = on_event
         self.state_file = StateFile(self._given or self.run_dir)
         #: The preflight report of the launch (None before it ran, and for endpoints).
-        self.preflight_report: object | None = None
+        self.preflight_report: PreflightReport | None = None
         self.ready: Ready | None = None
         self.kv_capacity_tokens: int | None = None
         #: The report of the stop, once one ran (also after a failed start-up).

@@ -39,7 +39,7 @@ from harvest.config import HarvestConfig, PreflightConfig, ServerConfig
 from harvest.errors import ConfigError, LaunchError, PreflightFailed, RequestError, ServerSick
 from harvest.events import Listener
 from harvest.gpu.preflight import GPU_MEMORY, HOST_RAM
-from harvest.placement import Fleet, FleetFactory, Placement, from_config
+from harvest.placement import Fleet, FleetFactory, OnPreflight, Placement, from_config
 from harvest.quality.evaluate import GateResult, QualityReport, gate, quality_report, task_records
 from harvest.quality.policy import violations
 from harvest.quality.probe import ProbePrompt, select_prompts
@@ -112,7 +112,7 @@ class Launch:
 async def launch_and_run(label: str, config: ServerConfig, run_dir: Path,
                          work: Callable[[Fleet], Awaitable[T]], *,
                          preflight: PreflightConfig | None = None, force: bool = False,
-                         on_preflight: Callable[[object], None] | None = None,
+                         on_preflight: OnPreflight | None = None,
                          on_event: Listener | None = None,
                          server_factory: FleetFactory) -> tuple[T | None, Launch]:
     """Launch ``config``, run ``work(server)``, then the verified stop -- always, whatever failed.
@@ -129,7 +129,7 @@ async def launch_and_run(label: str, config: ServerConfig, run_dir: Path,
     try:
         await server.start()
     except PreflightFailed as exc:
-        failed = {getattr(r, "rule", None) for r in exc.results if not getattr(r, "passed", True)}
+        failed = set(exc.failed_rules)
         return None, Launch(label, str(server.run_dir), error=str(exc), reason="preflight",
                             stop=server.stop_report,
                             memory_bound=bool(failed & MEMORY_RULES))
@@ -383,7 +383,7 @@ class _Comparison:
     """One ``harvest compare``: its launches in order, the rows and notes they give. Not reusable."""
 
     def __init__(self, reference: HarvestConfig, placement: Placement, bench: QualityBench, out_dir: Path,
-                 force: bool, on_preflight: Callable[[object], None] | None):
+                 force: bool, on_preflight: OnPreflight | None):
         self.reference, self.placement, self.bench, self.out_dir = reference, placement, bench, out_dir
         self.ref_cfg = reference.require_server()
         self.force, self.on_preflight = force, on_preflight
@@ -476,7 +476,7 @@ class _Comparison:
 
 async def compare(reference: HarvestConfig, candidates: Sequence[HarvestConfig], *, settings: QualitySettings,
                   out_dir: Path, placement: Placement, force: bool = False,
-                  on_preflight: Callable[[object], None] | None = None,
+                  on_preflight: OnPreflight | None = None,
                   prompts: Sequence[ProbePrompt] | None = None) -> CompareReport:
     """Compare each candidate's [server] with the reference's on the probe set (module docstring).
 

@@ -68,7 +68,7 @@ from harvest.campaign.sweep.compare import (
 from harvest.config import HarvestConfig, ServerConfig
 from harvest.errors import ConfigError
 from harvest.events import Listener, emit
-from harvest.placement import Fleet, Placement
+from harvest.placement import Fleet, OnPreflight, Placement
 from harvest.quality.evaluate import GateResult, QualityReport
 from harvest.quality.policy import needs_at_least, violations
 from harvest.quality.probe import select_prompts
@@ -355,7 +355,7 @@ class _Sweep:
     """One sweep. Not reusable."""
 
     def __init__(self, job: HarvestConfig, tune_file: TuneFile, out_dir: Path, force: bool,
-                 on_preflight: Callable[[object], None] | None,
+                 on_preflight: OnPreflight | None,
                  on_trial: Callable[[TrialResult], None] | None, on_event: Listener | None,
                  placement: Placement):
         self.job, self.tf, self.out_dir, self.force = job, tune_file, out_dir, force
@@ -528,7 +528,7 @@ class _Sweep:
 
 async def tune(job: HarvestConfig, tune_file: TuneFile, *, placement: Placement,
                out_dir: Path | None = None, force: bool = False,
-               on_preflight: Callable[[object], None] | None = None,
+               on_preflight: OnPreflight | None = None,
                on_trial: Callable[[TrialResult], None] | None = None,
                on_event: Listener | None = None) -> TuneReport:
     """Run the sweep of ``tune_file`` over ``job``'s server (see the module docstring), each trial

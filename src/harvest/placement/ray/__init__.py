@@ -9,19 +9,22 @@ server's actor). Nothing here starts or stops Ray itself.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from harvest import safefiles
-from harvest.config import ClusterConfig, HarvestConfig, ServerConfig
-from harvest.placement.base import Answer, Fleet, FleetFactory, Placement, Refused
+from harvest.config import ClusterConfig, HarvestConfig
+from harvest.placement.base import Answer, FleetFactory, Placement, Refused
 from harvest.placement.base_results import GpusByPlace, PreflightByPlace
 from harvest.placement.ray.cluster import KIND, read_ray_record
 from harvest.server import DEFAULT_MARGIN_MIB, StopReport, StopStep
 
+if TYPE_CHECKING:  # the probes are imported when a verb runs
+    from harvest.placement.ray.probe import NodeAnswer
 
-def _answers(nodes: Any) -> tuple[Answer, ...]:
+
+def _answers(nodes: Sequence[NodeAnswer]) -> tuple[Answer, ...]:
     """The nodes' answers (:class:`~harvest.placement.ray.probe.NodeAnswer`) as places, each with
     its node id, Ray resources and the time its answer took."""
     return tuple(Answer(a.label, a.doc, None if a.doc is not None else f"{a.error} (waited {a.waited_s:.1f} s)",
@@ -97,10 +100,6 @@ class RayPlacement(Placement):
         if probe and self.cluster.servers != 1:
             return f"each launch places one server on {self.where()}: tune and compare measure one server"
         return None
-
-    def server(self, cfg: ServerConfig, *, run_dir: Path, **kw: Any) -> Fleet:
-        """The job's servers on the cluster (``harvest serve``)."""
-        return self.fleet()(cfg, run_dir=run_dir, **kw)
 
     def ps(self, show_all: bool) -> list[dict[str, Any]]:
         from harvest.placement.ray.commands import ray_ps

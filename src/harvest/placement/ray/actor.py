@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from harvest.version import __version__
 from harvest.config import PreflightConfig, ServerConfig
 from harvest.errors import LaunchError, PreflightFailed
+from harvest.version import __version__
+
+if TYPE_CHECKING:  # imported by the actor's launch, on its node
+    from harvest.server import Server
 
 #: Ports tried per launch (``port + offset + k``) when the engine reports "address in use".
 PORT_TRIES = 16
@@ -50,7 +53,7 @@ class ServerActor:
         self.name: str = doc["name"]
         self.run_id: str = doc["run_id"]
         self.port_offset = int(doc.get("port_offset", 0))
-        self.server: Any = None
+        self.server: Server | None = None
         self.info: dict[str, Any] | None = None
         self.last_error: str | None = None
         self._lock = threading.Lock()
@@ -95,7 +98,7 @@ class ServerActor:
                 last = exc
                 continue
             except PreflightFailed as exc:
-                if [getattr(r, "rule", None) for r in exc.results if not getattr(r, "passed", True)] != ["port"]:
+                if exc.failed_rules != ["port"]:
                     self.last_error = str(exc)
                     raise
                 last = exc
@@ -108,9 +111,8 @@ class ServerActor:
                          "ready_s": server.ready.seconds if server.ready is not None else None,
                          "kv_capacity_tokens": server.kv_capacity_tokens, "name": self.name,
                          "engine": cfg.engine, "started_at": server.state().record.started_at}
-            report = server.preflight_report
-            return {**self.info,
-                    "preflight": asdict(report) if is_dataclass(report) and not isinstance(report, type) else None}
+            report = server.preflight_report  # the node's own, shown by the driver as a local one would be
+            return {**self.info, "preflight": asdict(report) if report is not None else None}
         raise LaunchError(f"{self.name}: no free port from {port0} ({PORT_TRIES} tried): {last}",
                           reason="port_in_use")
 

@@ -37,9 +37,7 @@ class ClusterError(ConfigError):
     """The cluster cannot take the job as configured (no Ray, no room, an unreachable address): one line."""
 
     def __init__(self, source: str, where: str, message: str):
-        self.source = source
-        self.problems = [(where, message)]
-        Exception.__init__(self, f"{where}: {message}")
+        super().__init__(source, [(where, message)], message=f"{where}: {message}")
 
 
 def import_ray(source: str = "[cluster]") -> Any:

@@ -12,7 +12,7 @@ groups of one factory share that budget and the client. Nothing here signals a p
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from harvest import safefiles
 from harvest.client import Client
 from harvest.config import HarvestConfig, PreflightConfig, ServerConfig
 from harvest.events import Listener
-from harvest.placement.base import FarFleet, Fleet, FleetFactory
+from harvest.placement.base import FarFleet, Fleet, FleetFactory, OnPreflight
 from harvest.placement.ray.cluster import RayConnection, import_ray
 from harvest.placement.ray.servers import RayServerGroup
 from harvest.server import StopReport
@@ -59,7 +59,7 @@ def ray_fleet_factory(config: HarvestConfig, *, where: str) -> FleetFactory:
     budget: dict[str, Any] = {"relaunches": 0, "next_slot": 0}
 
     def make(cfg: ServerConfig, *, run_dir: Path | safefiles.Folder, preflight: PreflightConfig | None = None,
-             force: bool = False, on_preflight: Callable[[object], None] | None = None,
+             force: bool = False, on_preflight: OnPreflight | None = None,
              on_event: Listener | None = None) -> Fleet:
         group = RayServerGroup(config, cfg, run_dir=run_dir if isinstance(run_dir, safefiles.Folder) else Path(run_dir), conn=RayConnection(cluster, config.source),
                                preflight=preflight, force=force, budget=budget, on_preflight=on_preflight)

@@ -86,6 +86,7 @@ from harvest.placement.ray.cluster import (
     short_error,
     write_ray_record,
 )
+from harvest.placement.base import OnPreflight
 from harvest.placement.base import Readiness as RemoteReady
 from harvest.server import StopReport
 
@@ -131,7 +132,7 @@ class RayServerGroup:
     def __init__(self, config: HarvestConfig, server: ServerConfig, *, run_dir: Path | safefiles.Folder,
                  conn: RayConnection,
                  preflight: PreflightConfig | None = None, force: bool = False, budget: dict[str, Any] | None = None,
-                 on_preflight: Any = None):
+                 on_preflight: OnPreflight | None = None):
         assert config.cluster is not None
         self.config = config
         self.cluster = config.cluster

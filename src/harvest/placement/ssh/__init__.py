@@ -12,12 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from harvest import safefiles
-from harvest.config import HarvestConfig, HostConfig, ServerConfig
+from harvest.config import HarvestConfig, HostConfig, PreflightConfig, ServerConfig
+from harvest.events import Listener
 from harvest.placement import record
-from harvest.placement.base import Answer, Fleet, FleetFactory, Placement, Refused
+from harvest.placement.base import Answer, Fleet, FleetFactory, OnPreflight, Placement, Refused
 from harvest.placement.base_results import GpusByPlace, PreflightByPlace, one_answer
 from harvest.placement.far_records import stop_report_from_dict
 from harvest.placement.ssh.fleet import SshFleet, SshGroupFleet, ssh_fleet_factory
@@ -25,8 +26,10 @@ from harvest.placement.ssh.remote import SCHEMAS, FarHost
 from harvest.placement.ssh.servers import KIND, RemoteServer, far_preflight, remote_stop, stop_far_leftovers
 from harvest.server import StopReport
 
+T = TypeVar("T")
 
-def _each(hosts: list[HostConfig], work: Any) -> list[Any]:
+
+def _each(hosts: list[HostConfig], work: Callable[[FarHost], T]) -> list[T]:
     """``work(FarHost)`` for every host at once; the first RemoteError (in host order) is raised."""
     with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
         futures = [pool.submit(work, FarHost(h)) for h in hosts]
@@ -80,12 +83,15 @@ class SshPlacement(Placement):
                     "tune and compare measure one server")
         return None
 
-    def server(self, cfg: ServerConfig, *, run_dir: Path, **kw: Any) -> Fleet:
+    def server(self, cfg: ServerConfig, *, run_dir: Path, preflight: PreflightConfig | None = None,
+               force: bool = False, on_preflight: OnPreflight | None = None,
+               on_event: Listener | None = None) -> Fleet:
         """One far server (``harvest serve``); several hosts are refused (``harvest run`` drives them)."""
         if len(self.hosts) != 1:
             raise Refused(f"{self.source} [[hosts]]", "harvest serve launches on one host; use [host] "
                                                       "(harvest run drives [[hosts]])")
-        return self.fleet()(cfg, run_dir=run_dir, **kw)
+        return super().server(cfg, run_dir=run_dir, preflight=preflight, force=force, on_preflight=on_preflight,
+                              on_event=on_event)
 
     def ps(self, show_all: bool) -> list[dict[str, Any]]:
         args = ["ps", "--json"] + (["--all"] if show_all else [])

@@ -11,13 +11,13 @@ URLs are the tunnels' local ends, the settings each host's own. Nothing here sig
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from harvest import safefiles
 from harvest.config import HostConfig, PreflightConfig, ServerConfig
 from harvest.events import Listener
-from harvest.placement.base import FarFleet, Fleet, FleetFactory
+from harvest.placement.base import FarFleet, Fleet, FleetFactory, OnPreflight
 from harvest.placement.ssh.servers import RemoteServer, ServerGroup
 from harvest.server import StopReport
 
@@ -26,7 +26,8 @@ class SshFleet(FarFleet):
     """One far server, reached through its tunnel and stopped by the far harvest."""
 
     def __init__(self, server: RemoteServer, *, where: str, on_event: Listener | None = None):
-        super().__init__(server, server.config, run_dir=server.run_dir, where=where, on_event=on_event)
+        super().__init__(server, server.config, run_dir=server.run_dir, where=where, on_event=on_event,
+                         server=server)
         self.server = server
 
     @property
@@ -39,16 +40,6 @@ class SshFleet(FarFleet):
 
     def detach(self) -> None:
         self.server.detach()
-
-    async def _start(self) -> None:
-        try:
-            await self.server.start()
-        except BaseException:
-            self.collect([self.server.stop_report])
-            raise
-
-    async def _stop(self, deadline: float | None) -> Sequence[StopReport | None]:
-        return [await self.server.stop(deadline)]
 
 
 class SshGroupFleet(FarFleet):
@@ -87,7 +78,7 @@ def ssh_fleet_factory(hosts: list[HostConfig], *, all_hosts: bool = False) -> Fl
     where = ", ".join(h.label for h in hosts)
 
     def make(cfg: ServerConfig, *, run_dir: Path | safefiles.Folder, preflight: PreflightConfig | None = None,
-             force: bool = False, on_preflight: Callable[[object], None] | None = None,
+             force: bool = False, on_preflight: OnPreflight | None = None,
              on_event: Listener | None = None) -> Fleet:
         # A relaunch reuses each host's local port (port_memo): the client keeps the URLs it was given.
         members = [RemoteServer(h, cfg, run_dir=_host_dir(run_dir, i, len(hosts)),
@@ -97,7 +88,7 @@ def ssh_fleet_factory(hosts: list[HostConfig], *, all_hosts: bool = False) -> Fl
         if len(members) == 1:
             return SshFleet(members[0], where=where, on_event=on_event)
         where_dir = run_dir.path if isinstance(run_dir, safefiles.Folder) else Path(run_dir)
-        group = ServerGroup(members, run_dir=where_dir, all_hosts=all_hosts, force=force, on_preflight=on_preflight)
+        group = ServerGroup(members, run_dir=where_dir, all_hosts=all_hosts, force=force)  # members tell on_preflight
         return SshGroupFleet(group, cfg, where=where, on_event=on_event)
 
     return make

@@ -39,15 +39,17 @@ from typing import Any
 import psutil
 
 from harvest import safefiles
+from harvest.checks import PreflightReport
 from harvest.config import HostConfig, PreflightConfig, ServerConfig
 from harvest.errors import LaunchError, PreflightFailed, RemoteError
 from harvest.placement import record
+from harvest.placement.base import OnPreflight
 from harvest.placement.base import Readiness as RemoteReady
 from harvest.placement.base_results import one_answer
 from harvest.placement.far_records import preflight_report_from_dict, stop_report_from_dict
 from harvest.placement.ssh.remote import SCHEMAS, FarHost
 from harvest.placement.ssh.tunnel import Tunnel
-from harvest.server import ProcessRef, StopReport, adapter_for, signal_verified, verified
+from harvest.server import ProcessRef, StopReport, signal_verified, verified
 
 log = logging.getLogger("harvest.hosts")
 
@@ -74,7 +76,7 @@ def _write_record(folder: record.Where, doc: dict[str, Any]) -> None:
     record.write(folder, KIND, doc)
 
 
-def far_preflight(host: FarHost, server: ServerConfig, preflight: PreflightConfig | None) -> Any:
+def far_preflight(host: FarHost, server: ServerConfig, preflight: PreflightConfig | None) -> PreflightReport:
     """Run the far ``preflight --json -``; returns a PreflightReport (its details name the host)."""
     doc = host.call("preflight", ["preflight", "--json", "-"], stdin=far_config_doc(server, preflight),
                     ok_codes=(0, 1), schema=SCHEMAS["preflight"])
@@ -177,8 +179,8 @@ class RemoteServer:
     """One engine server the far harvest launched and supervises; the same lifecycle as Server."""
 
     def __init__(self, host: HostConfig, config: ServerConfig, *, run_dir: Path | str | safefiles.Folder,
-                 preflight: PreflightConfig | None = None, force: bool = False, on_preflight: Any = None,
-                 port_memo: dict[int, int] | None = None, port_key: int = 0, check_preflight: bool = True):
+                 preflight: PreflightConfig | None = None, force: bool = False,
+                 on_preflight: OnPreflight | None = None, port_memo: dict[int, int] | None = None, port_key: int = 0, check_preflight: bool = True):
         self.host_config = host
         self.host = FarHost(host)
         self.config = host.server_config(config)
@@ -193,7 +195,7 @@ class RemoteServer:
         self._port_key = port_key
         self.local_port: int | None = self._port_memo.get(port_key)
         self.tunnel: Tunnel | None = None
-        self.preflight_report: Any = None
+        self.preflight_report: PreflightReport | None = None
         self.ready: RemoteReady | None = None
         self.kv_capacity_tokens: int | None = None
         self.stop_report: StopReport | None = None
@@ -227,11 +229,6 @@ class RemoteServer:
         return self.config.model_copy(update={"host": "127.0.0.1", "port": self.local_port})
 
     @property
-    def adapter(self) -> Any:
-        """The engine adapter of the far server's kind (its metric names, for probes from here)."""
-        return adapter_for(self.config.engine)
-
-    @property
     def pid(self) -> int | None:
         """The far leader's pid as the far side sees it (informative: never signalled from here)."""
         return self.record["far_pid"] if self.record else None
@@ -248,7 +245,8 @@ class RemoteServer:
         timeouts; once it returns, what it started is stopped by the far harvest."""
         self._cancelled = True
 
-    def preflight(self) -> Any:
+    def preflight(self) -> PreflightReport:
+        """The far preflight of this server (its details name the host), told to ``on_preflight``."""
         report = far_preflight(self.host, self.config, self.preflight_config)
         self.preflight_report = report
         if self.on_preflight is not None:
@@ -383,14 +381,12 @@ class ServerGroup:
     """One RemoteServer per ``[[hosts]]`` entry: preflight each (a failing host is named and left out,
     or the launch refused with ``all_hosts``), launch the rest together, stop them all."""
 
-    def __init__(self, members: list[RemoteServer], *, run_dir: Path, all_hosts: bool = False, force: bool = False,
-                 on_preflight: Any = None):
+    def __init__(self, members: list[RemoteServer], *, run_dir: Path, all_hosts: bool = False, force: bool = False):
         self.members = members
         self.run_dir = Path(run_dir)
         self.kv_capacity_tokens: int | None = None
         self.all_hosts = all_hosts
         self.force = force
-        self.on_preflight = on_preflight
         self.running: list[RemoteServer] = []
         self.left_out: list[tuple[str, str]] = []
         self.ready: RemoteReady | None = None

@@ -24,7 +24,13 @@ from rich.text import Text
 from harvest.campaign.sweep.compare import CompareReport, compare
 from harvest.campaign.sweep.tune_file import load_tune_file
 from harvest.cli.run import setup_logging, show_preflight
-from harvest.cli.sweep_render import QUALITY_COLUMNS, VERDICT_STYLE, quality_cells, settings_text, wide_console
+from harvest.cli.sweep_render import (
+    QUALITY_COLUMNS,
+    VERDICT_STYLE,
+    quality_cells,
+    settings_text,
+    wide_console,
+)
 from harvest.config import load_config
 from harvest.placement import from_config
 from harvest.quality.settings import QualitySettings

@@ -27,7 +27,13 @@ from harvest.campaign.sweep.tune import TrialResult, TuneReport, job_with_server
 from harvest.campaign.sweep.tune_file import load_tune_file
 from harvest.cli.run import print_report, show_preflight
 from harvest.cli.options import job_flags
-from harvest.cli.sweep_render import QUALITY_COLUMNS, VERDICT_STYLE, quality_cells, settings_text, wide_console
+from harvest.cli.sweep_render import (
+    QUALITY_COLUMNS,
+    VERDICT_STYLE,
+    quality_cells,
+    settings_text,
+    wide_console,
+)
 from harvest.config import Override, load_config
 from harvest.placement import from_config
 from harvest.redact import as_text

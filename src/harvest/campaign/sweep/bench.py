@@ -61,8 +61,8 @@ class QualityBench:
     :meth:`load` reuses a stored reference made with the same settings, or :meth:`make_reference`
     (work for a launched reference server) produces one; :meth:`take_reference` and
     :meth:`take_second_launch` record what the reference's launches gave; :meth:`set_floor` records
-    the reference against itself; :meth:`outputs` probes any server; :meth:`evaluate` turns outputs into a report
-    and a gate result. Launching and stopping are the caller's
+    the reference against itself; :meth:`outputs` probes any server; :meth:`evaluate` turns outputs
+    into a report and a gate result. Launching and stopping are the caller's
     (:func:`harvest.campaign.sweep.launch.launch_and_run`).
     """
 

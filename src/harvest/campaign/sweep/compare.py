@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from harvest import safefiles
-from harvest.campaign.sweep.bench import SAME_LAUNCH, QualityBench
+from harvest.campaign.sweep.bench import QualityBench
 from harvest.campaign.sweep.launch import Launch, Launches, dirty_problems, judge
 from harvest.campaign.sweep.report import SweepReport
 from harvest.config import HarvestConfig, PreflightConfig, ServerConfig
@@ -110,7 +110,7 @@ class _Comparison:
         self.reference, self.placement, self.bench, self.out_dir = reference, placement, bench, out_dir
         self.ref_cfg = reference.require_server()
         self.launches = launches
-        self.notes = launches.notes
+        self.notes = launches.notes  # the placement's note first, then the comparison's
         self.rows: list[CompareRow] = []
         self.dirty = False  # a stop was not clean: nothing further is launched
         self._counter = iter(range(1000))
@@ -175,9 +175,10 @@ class _Comparison:
     def report(self) -> CompareReport:
         """The report, also written to ``compare.json`` in the compare folder."""
         bench = self.bench
-        report = CompareReport(out_dir=self.out_dir, reference=server_settings(self.ref_cfg), prompts=bench.probed,
-                               floor_source=bench.floor_source, reused_reference=bench.reused,
-                               launches=tuple(self.launches.done), notes=tuple(self.notes), rows=tuple(self.rows))
+        report = CompareReport(out_dir=self.out_dir, reference=server_settings(self.ref_cfg),
+                               prompts=bench.probed, floor_source=bench.floor_source,
+                               reused_reference=bench.reused, launches=tuple(self.launches.done),
+                               notes=tuple(self.notes), rows=tuple(self.rows))
         with safefiles.hold(self.out_dir, create=True) as folder:
             folder.write_atomic("compare.json", json.dumps(report.to_dict(), indent=2) + "\n")
         return report
@@ -190,7 +191,8 @@ async def compare(reference: HarvestConfig, candidates: Sequence[HarvestConfig],
     """Compare each candidate's [server] with the reference's on the probe set (module docstring).
 
     ``placement``: where the reference runs, as the command chose it. ``prompts`` overrides the probe
-    set (else it is drawn from the reference job's [data] and ``[probe] file``). Raises ConfigError when the reference cannot be produced.
+    set (else it is drawn from the reference job's [data] and ``[probe] file``). Raises ConfigError
+    when the reference cannot be produced.
     """
     out_dir = Path(out_dir)
     ref_cfg = reference.require_server()

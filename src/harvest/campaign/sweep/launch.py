@@ -134,13 +134,14 @@ class Launches:
         if note is not None:
             self.notes.append(note)
 
-    async def run(self, label: str, config: ServerConfig, folder: Path, work: Callable[[Fleet], Awaitable[T]], *,
-                  preflight: PreflightConfig | None, factory: FleetFactory | None = None) -> tuple[T | None, Launch]:
+    async def run(self, label: str, config: ServerConfig, folder: Path, work: Callable[[Fleet], Awaitable[T]],
+                  *, preflight: PreflightConfig | None,
+                  factory: FleetFactory | None = None) -> tuple[T | None, Launch]:
         """:func:`launch_and_run` in ``folder`` (its server records in ``folder/server``), recorded.
         ``factory``: another placement's fleets (a compare candidate that names its own)."""
-        result, launch = await launch_and_run(label, config, folder, work, preflight=preflight, force=self.force,
-                                              on_preflight=self.on_preflight, on_event=self.on_event,
-                                              server_factory=factory or self.factory)
+        result, launch = await launch_and_run(label, config, folder, work, preflight=preflight,
+                                              force=self.force, on_preflight=self.on_preflight,
+                                              on_event=self.on_event, server_factory=factory or self.factory)
         self.done.append(launch)
         return result, launch
 

@@ -8,8 +8,8 @@ The trials are the cartesian product of each ``[grid]`` table (or of each ``[[gr
 joined), applied on top of the job's ``[server]``. The reference is the job's ``[server]`` with the
 ``[reference]`` overrides. The reference, its noise floor and the probe set are prepared as for
 ``harvest compare`` (:mod:`harvest.campaign.sweep.bench`) and stored in the tune folder, so a later
-sweep with the same reference settings reuses them. When the reference settings are also a trial, the reference launch
-measures that trial's throughput too (one launch less).
+sweep with the same reference settings reuses them. When the reference settings are also a trial,
+the reference launch measures that trial's throughput too (one launch less).
 
 Each trial, in order:
 
@@ -251,8 +251,7 @@ class _Sweep:
                  on_trial: Callable[[TrialResult], None] | None, on_event: Listener | None):
         self.job, self.tf, self.out_dir, self.launches = job, tune_file, out_dir, launches
         self.on_trial, self.on_event = on_trial, on_event
-        self.launch_count = 0  # launches of the sweep so far, and how many it plans (for the display)
-        self.launch_total = 0
+        self.launch_total = 0  # the launches the sweep plans (for the display)
         self.ref_cfg = reference_config(job, tune_file)
         probe = tune_file.probe
         self.prompts = select_prompts(job.data, n=probe.prompts, seed=probe.seed, extra=probe.file)
@@ -260,7 +259,7 @@ class _Sweep:
         self.load_prompts = select_prompts(job.data, n=tp.prompts, seed=tp.seed)
         self.bench = QualityBench(out_dir, self.ref_cfg, tune_file.quality, self.prompts)
         self.results: list[TrialResult] = []
-        self.notes = launches.notes
+        self.notes = launches.notes  # the placement's note first, then the sweep's
         self.aborted = False
         self._pending: tuple[Trial, Launch, list[ProbeOutput], ThroughputResult | None] | None = None
 
@@ -271,9 +270,8 @@ class _Sweep:
 
     async def _launch(self, folder: Path, label: str, cfg: ServerConfig,
                       work: Callable[[Fleet], Awaitable[T]]) -> tuple[T | None, Launch]:
-        self.launch_count += 1
-        emit(self.on_event, "trial", "start", index=self.launch_count,
-             of=max(self.launch_total, self.launch_count), label=label)
+        index = len(self.launches.done) + 1
+        emit(self.on_event, "trial", "start", index=index, of=max(self.launch_total, index), label=label)
 
         async def reported(server: Fleet) -> T:
             emit(self.on_event, "trial", "update", step="probing quality and throughput")
@@ -332,8 +330,8 @@ class _Sweep:
         quality, against_floor = self.bench.evaluate(outputs)
         checked = self.bench.floor_check()
         judged = judge(launch, (quality, checked[1] if checked else against_floor))
-        self._record(TrialResult(trial.index, trial.label, trial.overrides, judged.verdict, judged.reasons, True,
-                                 launch, judged.quality, judged.gate, load, trial.config))
+        self._record(TrialResult(trial.index, trial.label, trial.overrides, judged.verdict, judged.reasons,
+                                 True, launch, judged.quality, judged.gate, load, trial.config))
 
     async def floor(self) -> None:
         if self.aborted or not self.bench.needs_floor_launch:
@@ -397,10 +395,11 @@ class _Sweep:
             await self.trial(trial)
         self.results.sort(key=lambda r: r.index)
         bench = self.bench
-        report = TuneReport(out_dir=self.out_dir, reference=server_settings(self.ref_cfg), prompts=bench.probed,
-                            floor_source=bench.floor_source, reused_reference=bench.reused,
-                            launches=tuple(self.launches.done), notes=tuple(self.notes),
-                            trials=tuple(self.results), aborted=self.aborted, floor=bench.floor)
+        report = TuneReport(out_dir=self.out_dir, reference=server_settings(self.ref_cfg),
+                            prompts=bench.probed, floor_source=bench.floor_source,
+                            reused_reference=bench.reused, launches=tuple(self.launches.done),
+                            notes=tuple(self.notes), trials=tuple(self.results), aborted=self.aborted,
+                            floor=bench.floor)
         write_results(report)
         return report
 

@@ -57,8 +57,9 @@ class CompareRow:
 
     label: str
     settings: dict[str, Any]
-    #: "pass", "fail", "rejected" (policy; never launched), "failed" (launch, probe or stop
-    #: failed), or "not run" (an earlier dirty stop ended the comparison).
+    #: "pass", "fail", "rejected" (policy; never launched), "unsupported" (this machine cannot run
+    #: the setting), "failed" (launch, probe or stop failed), or "not run" (an earlier dirty stop
+    #: ended the comparison).
     verdict: str
     launch: Launch | None = None
     quality: QualityReport | None = None

@@ -247,9 +247,10 @@ def reference_config(job: HarvestConfig, tune_file: TuneFile) -> ServerConfig:
 class _Sweep:
     """One sweep. Not reusable."""
 
-    def __init__(self, job: HarvestConfig, tune_file: TuneFile, out_dir: Path, launches: Launches,
+    def __init__(self, job: HarvestConfig, tune_file: TuneFile, out_dir: Path, placement: Placement, *,
+                 force: bool, on_preflight: Callable[[object], None] | None,
                  on_trial: Callable[[TrialResult], None] | None, on_event: Listener | None):
-        self.job, self.tf, self.out_dir, self.launches = job, tune_file, out_dir, launches
+        self.job, self.tf, self.out_dir = job, tune_file, out_dir
         self.on_trial, self.on_event = on_trial, on_event
         self.launch_total = 0  # the launches the sweep plans (for the display)
         self.ref_cfg = reference_config(job, tune_file)
@@ -258,8 +259,9 @@ class _Sweep:
         tp = tune_file.throughput
         self.load_prompts = select_prompts(job.data, n=tp.prompts, seed=tp.seed)
         self.bench = QualityBench(out_dir, self.ref_cfg, tune_file.quality, self.prompts)
+        self.launches = Launches(placement, force=force, on_preflight=on_preflight, on_event=on_event)
         self.results: list[TrialResult] = []
-        self.notes = launches.notes  # the placement's note first, then the sweep's
+        self.notes = self.launches.notes  # the placement's note first, then the sweep's
         self.aborted = False
         self._pending: tuple[Trial, Launch, list[ProbeOutput], ThroughputResult | None] | None = None
 
@@ -419,8 +421,8 @@ async def tune(job: HarvestConfig, tune_file: TuneFile, *, placement: Placement,
     # Refused before any launch: a tune folder another user owns or can rename, a foreign state dir.
     safefiles.hold(out, create=True).close()
     hold_index().close()
-    launches = Launches(placement, force=force, on_preflight=on_preflight, on_event=on_event)
-    return await _Sweep(job, tune_file, out, launches, on_trial, on_event).run()
+    return await _Sweep(job, tune_file, out, placement, force=force, on_preflight=on_preflight, on_trial=on_trial,
+                        on_event=on_event).run()
 
 
 def job_with_server(job: HarvestConfig, server: ServerConfig) -> HarvestConfig:

@@ -10,7 +10,8 @@ from harvest.campaign.run import RunReport
 from harvest.campaign.run import run_campaign as _run_campaign
 from harvest.campaign.sweep.compare import CompareReport
 from harvest.campaign.sweep.compare import compare as _compare
-from harvest.campaign.sweep.tune import TuneFile, TuneReport
+from harvest.campaign.sweep.tune import TuneReport
+from harvest.campaign.sweep.tune_file import TuneFile
 from harvest.campaign.sweep.tune import tune as _tune
 from harvest.config import HarvestConfig
 from harvest.placement import from_config

@@ -23,7 +23,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harvest.campaign.sweep.tune import expand_grid, parse_tune_file
+from harvest.campaign.sweep.tune import expand_grid
+from harvest.campaign.sweep.tune_file import parse_tune_file
 from tests.placed import tune
 from harvest.config import ServerConfig, parse_config
 from harvest.errors import ConfigError

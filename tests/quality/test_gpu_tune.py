@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from harvest.campaign.sweep.tune import parse_tune_file
+from harvest.campaign.sweep.tune_file import parse_tune_file
 from tests.placed import tune
 from harvest.cli.tune import tune_table
 from harvest.config import parse_config

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harvest.campaign.sweep.tune import parse_tune_file
+from harvest.campaign.sweep.tune_file import parse_tune_file
 from tests.placed import tune
 from harvest.config import parse_config
 from tests.engines import free_port

@@ -182,7 +182,8 @@ def test_command_reads_a_prefix_of_any_engines_secret_flag_as_that_flag(token):
 
 
 def test_a_tune_grid_with_a_prefixed_key_is_refused_before_any_launch_without_echoing_it():
-    from harvest.campaign.sweep.tune import expand_grid, parse_tune_file
+    from harvest.campaign.sweep.tune import expand_grid
+    from harvest.campaign.sweep.tune_file import parse_tune_file
     from harvest.config import ServerConfig
 
     secret = "sk-" + secrets.token_hex(10)

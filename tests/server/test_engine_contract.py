@@ -242,7 +242,8 @@ def test_sglang_host_pool_budget_is_sglangs_own_arithmetic(sglang_python, tmp_pa
 ])
 def test_a_tune_grid_with_a_value_the_engine_refuses_is_refused_before_any_launch(engine, grid, message):
     # Before: the trial launched and showed up as "the engine exited" (SGLang's parser exits with 2).
-    from harvest.campaign.sweep.tune import expand_grid, parse_tune_file
+    from harvest.campaign.sweep.tune import expand_grid
+    from harvest.campaign.sweep.tune_file import parse_tune_file
 
     base = ServerConfig(engine=engine, model="m")
     with pytest.raises(ConfigError) as info:

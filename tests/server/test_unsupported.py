@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from harvest.campaign.sweep.compare import Launch, row_from
+from harvest.campaign.sweep.compare import row_from
+from harvest.campaign.sweep.launch import Launch, judge
 from harvest.server import adapter_for
 from harvest.server.readiness import first_fatal
 
@@ -41,10 +42,12 @@ def test_unsupported_wins_over_the_traceback_and_engine_core_lines_around_it():
     assert first_fatal(crash, adapter_for("vllm").fatal_patterns)[0].reason == "fatal_log"
 
 
-def test_compare_row_of_an_unsupported_launch():
+def test_an_unsupported_launch_is_judged_unsupported_for_compare_and_tune():
     error = "vLLM does not support this setting on this machine during start-up: NotImplementedError: ..."
     launch = Launch("candidate-1", "/x", error=error, reason="unsupported")
+    judged = judge(launch, None)  # the one judgement both sweeps use
+    assert judged.verdict == "unsupported" and judged.reasons == (f"not supported on this machine: {error}",)
     row = row_from("candidate-1", {"kv_cache_dtype": "fp8"}, launch, None)
-    assert row.verdict == "unsupported" and row.reasons == (f"not supported on this machine: {error}",)
+    assert row.verdict == "unsupported" and row.reasons == judged.reasons
     crashed = row_from("candidate-2", {}, Launch("candidate-2", "/y", error="boom", reason="fatal_log"), None)
     assert crashed.verdict == "failed"

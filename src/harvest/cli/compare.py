@@ -13,53 +13,28 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from harvest.campaign.sweep.compare import CompareReport, compare
-from harvest.cli.render import make_console
+from harvest.campaign.sweep.tune_file import load_tune_file
 from harvest.cli.run import setup_logging, show_preflight
+from harvest.cli.sweep_render import (
+    QUALITY_COLUMNS,
+    VERDICT_STYLE,
+    quality_cells,
+    settings_text,
+    wide_console,
+)
 from harvest.config import load_config
 from harvest.placement import from_config
-from harvest.quality.evaluate import QualityReport
-from harvest.quality.metrics import Estimate
 from harvest.quality.settings import QualitySettings
 from harvest.redact import as_text
-
-VERDICT_STYLE = {"pass": "green", "fail": "bold red", "rejected": "yellow", "failed": "bold red",
-                 "skipped": "dim", "not run": "dim",
-                 "unsupported": "yellow"}
-
-
-def fmt(e: Estimate | None, digits: int = 3) -> str:
-    """``0.981 [0.97, 0.99]``, or ``-`` when not measured."""
-    if e is None or e.value is None or math.isnan(e.value):
-        return "-"
-    return f"{e.value:.{digits}g} [{e.low:.{digits}g}, {e.high:.{digits}g}]"
-
-
-def quality_cells(q: QualityReport | None) -> list[str]:
-    m = q.metrics() if q is not None else {}
-    return [fmt(m.get("top1_agreement")), fmt(m.get("mean_kl")), fmt(m.get("mean_abs_delta_logprob")),
-            fmt(m.get("p99_abs_delta_logprob")), fmt(m.get("exact_match")),
-            fmt(m.get("mean_first_divergence")),
-            fmt(m.get("task_score"))]
-
-
-QUALITY_COLUMNS = ("top-1 agree", "KL", "|dlogp|", "p99 |dlogp|", "exact", "1st div", "task")
-
-
-def settings_text(settings: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={' '.join(map(str, v)) if isinstance(v, list) else v}"
-                     for k, v in settings.items()) or "-"
-
 
 def compare_table(report: CompareReport) -> Table:
     floor = report.floor_source or "?"
@@ -74,14 +49,6 @@ def compare_table(report: CompareReport) -> Table:
                       *quality_cells(row.quality), stop,
                       Text(row.verdict, style=VERDICT_STYLE.get(row.verdict, "")))
     return table
-
-
-def wide_console() -> Console:
-    """stdout console; when it is not a terminal, wide enough that table cells are not folded."""
-    console = make_console()
-    if not console.is_terminal:
-        console.width = max(console.width, 240)
-    return console
 
 
 def print_compare(report: CompareReport) -> None:
@@ -120,8 +87,6 @@ def compare_cmd(reference: Path, candidates: tuple[Path, ...], probe_n: int | No
                 settings_file: Path | None, no_floor: bool, out_dir: Path | None, as_json: bool,
                 force: bool) -> None:
     """Compare the quality of CANDIDATE servers with the REFERENCE on the same probe prompts."""
-    from harvest.campaign.sweep.tune import load_tune_file
-
     setup_logging()
     ref_job = load_config(reference)
     cand_jobs = [load_config(c) for c in candidates]
@@ -147,5 +112,4 @@ def compare_cmd(reference: Path, candidates: tuple[Path, ...], probe_n: int | No
         print_compare(report)
     sys.exit(0 if report.passed else 1)
 
-__all__ = ["QUALITY_COLUMNS", "compare_cmd", "compare_table", "fmt", "print_compare", "quality_cells",
-           "settings_text", "wide_console"]
+__all__ = ["compare_cmd", "compare_table", "print_compare"]

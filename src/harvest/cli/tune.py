@@ -23,10 +23,17 @@ from rich.table import Table
 from rich.text import Text
 
 from harvest.campaign.run import run_campaign
-from harvest.campaign.sweep.tune import TrialResult, TuneReport, job_with_server, load_tune_file, tune
-from harvest.cli.compare import QUALITY_COLUMNS, VERDICT_STYLE, quality_cells, settings_text, wide_console
+from harvest.campaign.sweep.tune import TrialResult, TuneReport, job_with_server, tune
+from harvest.campaign.sweep.tune_file import load_tune_file
 from harvest.cli.run import print_report, show_preflight
 from harvest.cli.options import job_flags
+from harvest.cli.sweep_render import (
+    QUALITY_COLUMNS,
+    VERDICT_STYLE,
+    quality_cells,
+    settings_text,
+    wide_console,
+)
 from harvest.config import Override, load_config
 from harvest.placement import from_config
 from harvest.redact import as_text

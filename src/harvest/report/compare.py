@@ -1,8 +1,10 @@
 """The page of a compare folder: each quality metric with its interval against the floor's, per candidate.
 
 Source: ``compare.json`` (the ``harvest.compare/1`` document :func:`harvest.campaign.sweep.compare.compare`
-writes and ``harvest compare --json`` prints), and each launch's ``stop.json`` (the full StopReport
-the supervisor wrote) for the stop details. Only reads.
+writes and ``harvest compare --json`` prints; the fields it shares with ``tune.json``, from ``out_dir``
+to ``floor_source`` and ``launches``, ``notes``, are :class:`harvest.campaign.sweep.report.SweepReport`'s),
+and each launch's ``stop.json`` (the full StopReport the supervisor wrote) for the stop details.
+:func:`read_doc`, :func:`launch_entries` and :data:`METRICS` serve the tune page too. Only reads.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """The page of a tune folder: what each setting bought in tok/s against what it cost in quality.
 
 Source: ``tune.json`` (the ``harvest.tune/1`` document :func:`harvest.campaign.sweep.tune.write_results`
-writes and ``harvest tune --json`` prints), plus each launch's ``stop.json`` for the stop details.
+writes and ``harvest tune --json`` prints; the fields it shares with ``compare.json`` are
+:class:`harvest.campaign.sweep.report.SweepReport`'s, read with :mod:`harvest.report.compare`'s helpers),
+plus each launch's ``stop.json`` for the stop details.
 Every verdict class is shown: pass, fail (quality gate), rejected (policy; never launched), skipped
 (memory order; never launched), failed (launch, probe or stop), not run. Only reads.
 """

@@ -6,10 +6,10 @@
 
 The trials are the cartesian product of each ``[grid]`` table (or of each ``[[grid]]`` table,
 joined), applied on top of the job's ``[server]``. The reference is the job's ``[server]`` with the
-``[reference]`` overrides. The reference, its noise floor and the probe set are prepared as in
-:mod:`harvest.campaign.sweep.compare` and stored in the tune folder, so a later sweep with the same
-reference settings reuses them. When the reference settings are also a trial, the reference launch
-measures that trial's throughput too (one launch less).
+``[reference]`` overrides. The reference, its noise floor and the probe set are prepared as for
+``harvest compare`` (:mod:`harvest.campaign.sweep.bench`) and stored in the tune folder, so a later
+sweep with the same reference settings reuses them. When the reference settings are also a trial,
+the reference launch measures that trial's throughput too (one launch less).
 
 Each trial, in order:
 
@@ -40,31 +40,24 @@ launches and stops go through the fleets of the placement the command chose
 from __future__ import annotations
 
 import csv
-import io
 import functools
+import io
 import itertools
 import json
 import random
 import re
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ValidationError
 
 from harvest import safefiles
-from harvest.campaign.sweep.compare import (
-    SAME_LAUNCH,
-    SECOND_LAUNCH,
-    Launch,
-    QualityBench,
-    dirty_problems,
-    launch_and_run,
-    row_from,
-    settings_diff,
-)
+from harvest.campaign.sweep.bench import QualityBench
+from harvest.campaign.sweep.launch import Launch, Launches, dirty_problems, judge
+from harvest.campaign.sweep.report import SweepReport
+from harvest.campaign.sweep.tune_file import TuneFile
 from harvest.config import HarvestConfig, ServerConfig
 from harvest.errors import ConfigError
 from harvest.events import Listener, emit
@@ -73,104 +66,13 @@ from harvest.quality.evaluate import GateResult, QualityReport
 from harvest.quality.policy import needs_at_least, violations
 from harvest.quality.probe import select_prompts
 from harvest.quality.reference import ProbeOutput, save_outputs, server_settings
-from harvest.quality.settings import (
-    GateSettings,
-    PolicySettings,
-    ProbeSettings,
-    QualitySettings,
-    TaskSettings,
-)
-from harvest.quality.throughput import ThroughputResult, ThroughputSettings, throughput_probe
+from harvest.quality.throughput import ThroughputResult, throughput_probe
 from harvest.redact import redact_server_settings
 from harvest.server.state import hold_index
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
-
 TUNE_SCHEMA = "harvest.tune/1"
 TUNE_DIR = "tune"
-
-
-class SweepSettings(BaseModel):
-    """``[sweep]``: how the sweep treats a dirty stop, and sampling of a large grid."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    #: After a dirty stop: end the sweep ("abort") or launch the next trial anyway ("continue").
-    on_dirty_stop: Literal["abort", "continue"] = "abort"
-    #: Run at most this many trials, drawn from the grid by a seeded sample (order kept).
-    max_trials: int | None = Field(None, ge=1)
-    sample_seed: int = 0
-
-
-class TuneFile(BaseModel):
-    """A tune file: the grid, the reference, the probes, the gate and the policy."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    grid: list[dict[str, list[Any]]] = Field(default_factory=list)
-    #: Overrides on the job's [server] that make the reference (default: the job's server as is).
-    reference: dict[str, Any] = Field(default_factory=dict)
-    probe: ProbeSettings = Field(default_factory=ProbeSettings)
-    gate: GateSettings = Field(default_factory=GateSettings)
-    task: TaskSettings = Field(default_factory=TaskSettings)
-    policy: PolicySettings = Field(default_factory=PolicySettings)
-    throughput: ThroughputSettings = Field(default_factory=ThroughputSettings)
-    sweep: SweepSettings = Field(default_factory=SweepSettings)
-    source: str = Field("<memory>", exclude=True)
-
-    @field_validator("grid", mode="before")
-    @classmethod
-    def _tables(cls, value: Any) -> Any:
-        tables = [value] if isinstance(value, dict) else value
-        if not isinstance(tables, list):
-            raise ValueError("[grid] must be a table or an array of tables")
-        for table in tables:
-            if not isinstance(table, dict):
-                raise ValueError("[grid] must be a table or an array of tables")
-            for key, values in table.items():
-                if key not in ServerConfig.model_fields:
-                    raise ValueError(f"{key!r} is not a [server] field")
-                if not isinstance(values, list) or not values:
-                    raise ValueError(f"{key} must list its values (a non-empty array)")
-        return tables
-
-    @property
-    def quality(self) -> QualitySettings:
-        return QualitySettings(probe=self.probe, gate=self.gate, task=self.task, policy=self.policy)
-
-
-def parse_tune_file(data: dict[str, Any], source: str = "<memory>", base: Path | None = None) -> TuneFile:
-    """Validate a parsed tune file. Raises ConfigError naming the table and field."""
-    data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
-    probe = data.get("probe")
-    if base is not None and isinstance(probe, dict) and isinstance(probe.get("file"), str):
-        path = Path(probe["file"]).expanduser()
-        probe["file"] = str(path if path.is_absolute() else base / path)
-    try:
-        return TuneFile.model_validate({**data, "source": source})
-    except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            loc = [str(p) for p in err["loc"]]
-            where = source
-            if loc:
-                where = f"{source} [{loc[0]}]" + (" " + ".".join(loc[1:]) if len(loc) > 1 else "")
-            problems.append((where, "unknown field" if err["type"] == "extra_forbidden" else err["msg"]))
-        raise ConfigError(source, problems) from None
-
-
-def load_tune_file(path: str | Path) -> TuneFile:
-    path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(str(path), [(str(path), f"cannot read: {exc.strerror or exc}")]) from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(str(path), [(str(path), f"TOML syntax: {exc}")]) from None
-    return parse_tune_file(data, source=str(path), base=path.resolve().parent)
+T = TypeVar("T")
 
 
 # --- trials ------------------------------------------------------------------------------------------
@@ -294,18 +196,13 @@ class TrialResult:
                 "server": server_settings(self.config) if self.config is not None else None}
 
 
-@dataclass(frozen=True)
-class TuneReport:
-    out_dir: Path
-    reference: dict[str, Any]
-    prompts: int
-    floor_source: str | None
-    reused_reference: bool
+@dataclass(frozen=True, kw_only=True)
+class TuneReport(SweepReport):
+    """A sweep: its facts, each trial's result (in grid order), and whether a dirty stop ended it."""
+
     trials: tuple[TrialResult, ...]
-    #: Every launch of the sweep in order (reference and floor included), with its stop.
-    launches: tuple[Launch, ...] = ()
     aborted: bool = False
-    notes: tuple[str, ...] = ()
+    #: The floor the gate used (None when none was measured).
     floor: QualityReport | None = None
 
     @property
@@ -316,14 +213,10 @@ class TuneReport:
 
     def to_dict(self) -> dict[str, Any]:
         best = self.best
-        return {"schema": TUNE_SCHEMA, "out_dir": str(self.out_dir), "reference": self.reference,
-                "prompts": self.prompts, "floor_source": self.floor_source,
-                "floor": self.floor.to_dict() if self.floor else None,
-                "reused_reference": self.reused_reference,
-                "aborted": self.aborted, "best": best.index if best else None,
-                "trials": [t.to_dict() for t in self.trials],
-                "launches": [x.to_dict() for x in self.launches],
-                "notes": list(self.notes)}
+        return {**self.head(TUNE_SCHEMA), "floor": self.floor.to_dict() if self.floor else None,
+                "reused_reference": self.reused_reference, "aborted": self.aborted,
+                "best": best.index if best else None, "trials": [t.to_dict() for t in self.trials],
+                **self.tail()}
 
 
 def write_results(report: TuneReport) -> tuple[Path, Path]:
@@ -354,28 +247,22 @@ def reference_config(job: HarvestConfig, tune_file: TuneFile) -> ServerConfig:
 class _Sweep:
     """One sweep. Not reusable."""
 
-    def __init__(self, job: HarvestConfig, tune_file: TuneFile, out_dir: Path, force: bool,
-                 on_preflight: OnPreflight | None,
-                 on_trial: Callable[[TrialResult], None] | None, on_event: Listener | None,
-                 placement: Placement):
-        self.job, self.tf, self.out_dir, self.force = job, tune_file, out_dir, force
-        self.on_preflight, self.on_trial, self.on_event = on_preflight, on_trial, on_event
-        self.launch_count = 0  # launches of the sweep so far, and how many it plans (for the display)
-        self.launch_total = 0
+    def __init__(self, job: HarvestConfig, tune_file: TuneFile, out_dir: Path, placement: Placement, *,
+                 force: bool, on_preflight: OnPreflight | None,
+                 on_trial: Callable[[TrialResult], None] | None, on_event: Listener | None):
+        self.job, self.tf, self.out_dir = job, tune_file, out_dir
+        self.on_trial, self.on_event = on_trial, on_event
+        self.launch_total = 0  # the launches the sweep plans (for the display)
         self.ref_cfg = reference_config(job, tune_file)
         probe = tune_file.probe
         self.prompts = select_prompts(job.data, n=probe.prompts, seed=probe.seed, extra=probe.file)
         tp = tune_file.throughput
         self.load_prompts = select_prompts(job.data, n=tp.prompts, seed=tp.seed)
         self.bench = QualityBench(out_dir, self.ref_cfg, tune_file.quality, self.prompts)
-        self.launches: list[Launch] = []
+        self.launches = Launches(placement, force=force, on_preflight=on_preflight, on_event=on_event)
         self.results: list[TrialResult] = []
-        self.notes: list[str] = []
+        self.notes = self.launches.notes  # the placement's note first, then the sweep's
         self.aborted = False
-        self.server_factory = placement.fleet(probe=True)
-        note = placement.note(True)
-        if note is not None:
-            self.notes.append(note)
         self._pending: tuple[Trial, Launch, list[ProbeOutput], ThroughputResult | None] | None = None
 
     async def _throughput(self, server: Fleet) -> ThroughputResult:
@@ -383,20 +270,17 @@ class _Sweep:
                                       sampling=self.job.sampling, metrics=server.adapter.metrics,
                                       kv_capacity=server.kv_capacity_tokens)
 
-    async def _launch(self, folder: Path, label: str, cfg: ServerConfig, work: Any) -> tuple[Any, Launch]:
-        self.launch_count += 1
-        emit(self.on_event, "trial", "start", index=self.launch_count,
-             of=max(self.launch_total, self.launch_count), label=label)
+    async def _launch(self, folder: Path, label: str, cfg: ServerConfig,
+                      work: Callable[[Fleet], Awaitable[T]]) -> tuple[T | None, Launch]:
+        index = len(self.launches.done) + 1
+        emit(self.on_event, "trial", "start", index=index, of=max(self.launch_total, index), label=label)
 
-        async def reported(server: Fleet) -> Any:
+        async def reported(server: Fleet) -> T:
             emit(self.on_event, "trial", "update", step="probing quality and throughput")
             return await work(server)
 
-        result, launch = await launch_and_run(label, cfg, folder, reported, preflight=self.job.preflight,
-                                              force=self.force, on_preflight=self.on_preflight,
-                                              on_event=self.on_event, server_factory=self.server_factory)
+        result, launch = await self.launches.run(label, cfg, folder, reported, preflight=self.job.preflight)
         emit(self.on_event, "trial", "update", step="done" if result is not None else f"failed: {launch.reason}")
-        self.launches.append(launch)
         return result, launch
 
     def _record(self, result: TrialResult) -> None:
@@ -425,11 +309,8 @@ class _Sweep:
 
         folder = self.out_dir / "trials" / ref_trial.label if ref_trial else self.out_dir / "reference"
         result, launch = await self._launch(folder, "reference", self.ref_cfg, work)
-        if result is None:
-            raise ConfigError(self.job.source, [(f"{self.job.source} [server]",
-                                                 f"the reference did not run: {launch.error}")])
-        outputs, load = result
-        self.bench.set_floor(outputs, SAME_LAUNCH)
+        got, load = result if result is not None else (None, None)
+        outputs = self.bench.take_reference(got, launch.error, self.job.source)
         if ref_trial is not None:
             self._pending = (ref_trial, launch, outputs, load)
         if self._dirty(launch):
@@ -450,20 +331,18 @@ class _Sweep:
         trial, launch, outputs, load = self._pending
         quality, against_floor = self.bench.evaluate(outputs)
         checked = self.bench.floor_check()
-        row = row_from(trial.label, {}, launch, (quality, checked[1] if checked else against_floor))
-        self._record(TrialResult(trial.index, trial.label, trial.overrides, row.verdict, row.reasons, True,
-                                 launch, row.quality, row.gate, load, trial.config))
+        judged = judge(launch, (quality, checked[1] if checked else against_floor))
+        self._record(TrialResult(trial.index, trial.label, trial.overrides, judged.verdict, judged.reasons,
+                                 True, launch, judged.quality, judged.gate, load, trial.config))
 
     async def floor(self) -> None:
         if self.aborted or not self.bench.needs_floor_launch:
             return
         outputs, launch = await self._launch(self.out_dir / "floor", "floor", self.ref_cfg,
                                              self.bench.outputs)
-        if outputs is not None:
-            self.bench.set_floor(outputs, SECOND_LAUNCH)
-        else:
-            self.notes.append(f"the second launch of the reference failed ({launch.error}); "
-                              "the floor comes from the reference's own launch")
+        failed = self.bench.take_second_launch(outputs, launch.error)
+        if failed is not None:
+            self.notes.append(failed)
         if self._dirty(launch):
             self.aborted = True
 
@@ -493,14 +372,14 @@ class _Sweep:
         folder = self.out_dir / "trials" / trial.label
         got, launch = await self._launch(folder, trial.label, trial.config, work)
         if got is None:
-            row = row_from(trial.label, {}, launch, None)
-            self._record(result_of(verdict=row.verdict, reasons=row.reasons, launch=launch))
+            judged = judge(launch, None)
+            self._record(result_of(verdict=judged.verdict, reasons=judged.reasons, launch=launch))
         else:
             outputs, load = got
             save_outputs(folder / "outputs.jsonl", outputs)
-            row = row_from(trial.label, {}, launch, self.bench.evaluate(outputs))
-            self._record(result_of(verdict=row.verdict, reasons=row.reasons, launch=launch,
-                                     quality=row.quality, gate=row.gate, throughput=load))
+            judged = judge(launch, self.bench.evaluate(outputs))
+            self._record(result_of(verdict=judged.verdict, reasons=judged.reasons, launch=launch,
+                                     quality=judged.quality, gate=judged.gate, throughput=load))
         if self._dirty(launch):
             self.aborted = True
 
@@ -518,10 +397,11 @@ class _Sweep:
             await self.trial(trial)
         self.results.sort(key=lambda r: r.index)
         bench = self.bench
-        report = TuneReport(self.out_dir, server_settings(self.ref_cfg),
-                            len(bench.reference.entries) if bench.reference else 0, bench.floor_source,
-                            bench.reused, tuple(self.results), tuple(self.launches), self.aborted,
-                            tuple(self.notes), bench.floor)
+        report = TuneReport(out_dir=self.out_dir, reference=server_settings(self.ref_cfg),
+                            prompts=bench.probed, floor_source=bench.floor_source,
+                            reused_reference=bench.reused, launches=tuple(self.launches.done),
+                            notes=tuple(self.notes), trials=tuple(self.results), aborted=self.aborted,
+                            floor=bench.floor)
         write_results(report)
         return report
 
@@ -541,8 +421,8 @@ async def tune(job: HarvestConfig, tune_file: TuneFile, *, placement: Placement,
     # Refused before any launch: a tune folder another user owns or can rename, a foreign state dir.
     safefiles.hold(out, create=True).close()
     hold_index().close()
-    return await _Sweep(job, tune_file, out, force, on_preflight, on_trial, on_event,
-                        placement).run()
+    return await _Sweep(job, tune_file, out, placement, force=force, on_preflight=on_preflight, on_trial=on_trial,
+                        on_event=on_event).run()
 
 
 def job_with_server(job: HarvestConfig, server: ServerConfig) -> HarvestConfig:
@@ -552,18 +432,13 @@ def job_with_server(job: HarvestConfig, server: ServerConfig) -> HarvestConfig:
 
 __all__ = [
     "TUNE_SCHEMA",
-    "SweepSettings",
     "Trial",
     "TrialResult",
-    "TuneFile",
     "TuneReport",
     "default_out_dir",
     "expand_grid",
     "job_with_server",
-    "load_tune_file",
-    "parse_tune_file",
     "reference_config",
-    "settings_diff",
     "tune",
     "write_results",
 ]

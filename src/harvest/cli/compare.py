@@ -31,7 +31,7 @@ from harvest.placement import from_config
 from harvest.quality.evaluate import QualityReport
 from harvest.quality.metrics import Estimate
 from harvest.quality.settings import QualitySettings
-from harvest.redact import as_text
+from harvest.cli.text import as_text
 
 VERDICT_STYLE = {"pass": "green", "fail": "bold red", "rejected": "yellow", "failed": "bold red",
                  "skipped": "dim", "not run": "dim",

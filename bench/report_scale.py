@@ -24,13 +24,21 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TextIO
 
 from benchutil import exit_on_sigterm, load
 from ledger_scale import rss_mib, synthetic
+from rich.console import Console
 
 from harvest.campaign.outputs.progress import Progress
 from harvest.campaign.outputs.timeline import Timeline
+from harvest.cli.panel import RunPanel
 from harvest.ledger import Completion, Failure, Ledger, LedgerWriter, Status
+
+
+def lines_to(stream: TextIO) -> RunPanel:
+    """The run's display off a terminal (its periodic lines), printed to ``stream``, as a log gets it."""
+    return RunPanel(Console(file=stream), live=False)
 
 
 async def drive(ledger: Ledger, progress: Progress, interval: float, workers: int = 8, claim: int = 1024) -> float:
@@ -77,7 +85,7 @@ def one_round(base: Path, items: int, record: bool, interval: float) -> tuple[fl
     with Ledger.open(run, settings_hash="bench") as ledger:
         ledger.ingest(synthetic(items))
     with Ledger.open(run, settings_hash="bench") as ledger, open(os.devnull, "w") as null:
-        progress = Progress(run, total=items, already_final=0, stream=null, live=False)
+        progress = Progress(run, total=items, already_final=0, watch=lines_to(null))
         if record:
             progress.timeline = Timeline.open(run)
         cpu0 = time.process_time()
@@ -96,7 +104,7 @@ def record_cost(base: Path, n: int = 300_000) -> tuple[float, float]:
     with open(os.devnull, "w") as null:
         for _ in range(3):
             for with_timeline in (False, True):
-                progress = Progress(base, total=n, already_final=0, stream=null, live=False)
+                progress = Progress(base, total=n, already_final=0, watch=lines_to(null))
                 if with_timeline:
                     progress.timeline = Timeline.open(base)
                 t0 = time.process_time()
@@ -165,7 +173,7 @@ def main() -> int:
             with Ledger.open(run, settings_hash="bench") as ledger:
                 ledger.ingest(synthetic(args.report_items))
             with Ledger.open(run, settings_hash="bench") as ledger, open(os.devnull, "w") as null:
-                progress = Progress(run, total=args.report_items, already_final=0, stream=null, live=False)
+                progress = Progress(run, total=args.report_items, already_final=0, watch=lines_to(null))
                 progress.timeline = Timeline.open(run)
                 asyncio.run(drive(ledger, progress, args.interval))
                 progress.timeline.close("finished")

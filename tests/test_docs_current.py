@@ -10,7 +10,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from harvest.campaign.outputs.progress import PANEL_WIDTH
+from harvest.cli.live import PANEL_WIDTH
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Raw outputs keep what they recorded, dates and all.

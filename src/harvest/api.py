@@ -95,7 +95,7 @@ async def arun(job: str | Path | HarvestConfig | None = None, *, settings: Mappi
 
     config = load_job(job, settings=settings, **flags)
     report = await run_campaign(config, placement=from_config(config), allow_mixed=allow_mixed, force=force,
-                                live=False, retry=tuple(retry))
+                                retry=tuple(retry))
     held = report.folder  # read through it: a folder swapped in for the name is not this run's
     try:
         counts = {s.value: n for s, n in run_status(held.via() if held is not None else report.run_dir).counts.items()}

@@ -16,18 +16,15 @@ launch use the values as given.
 
 What harvest shows that it did not write itself (an engine's error, an item id, a path, a URL, a
 config value, a note built from them) is shown as it is: control characters escaped
-(:func:`escape_controls`), and through rich only as a :func:`as_text` (rich reads ``[bold]``,
-``[/]`` or ``[client]`` in a plain string as markup and drops it from the screen).
+(:func:`escape_controls`); the command line hands it to rich only as text, never as markup
+(``harvest.cli.text.as_text``). This module imports nothing of the display.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from rich.text import Text
+from typing import Any
 
 REDACTED = "***"
 
@@ -211,16 +208,6 @@ def escape_controls(text: str, *, one_line: bool = False) -> str:
     return pattern.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
-def as_text(text: object, style: str = "", *, one_line: bool = False) -> Text:
-    """``text`` for rich as it is: a :class:`rich.text.Text`, whose content rich never reads as
-    markup (an engine error's ``[bold]`` or a note's ``[client]`` stays on screen), with control
-    characters escaped (``one_line``: newlines and tabs too). Where text harvest did not write
-    itself enters rich (a printed line, a table cell, a panel or table title), it enters as this."""
-    from rich.text import Text  # imported where something is shown, not by every user of this module
-
-    return Text(escape_controls(str(text), one_line=one_line), style=style)
-
-
 #: A secret flag and its value inside free text (an engine echoing its argv, as a list or a line):
 #: ``--api-key xyz``, ``--hf-token=xyz``, ``'--api-key', 'xyz'``, ``api_key='xyz'`` (the value hidden).
 _FLAG_IN_TEXT = re.compile(r"((?<![\w-])-{0,2}[\w-]*(?:key|token|secret|passw(?:or)?d)['\"]?(?:[\s=:,]|, ')+['\"]?)"
@@ -246,6 +233,6 @@ def redact_server_settings(server: Mapping[str, Any], secrets: Sequence[str] = (
 
 
 __all__ = ["AUTH_VALUE", "QUERY_SECRET", "REDACTED", "SECRET_ENV", "SECRET_FLAG", "SECRET_HEADERS", "URL_PASSWORD",
-           "URL_USER", "as_text", "escape_controls", "is_secret_key", "is_secret_variable", "redact_argv", "redact_doc", "redact_env", "redact_server_settings",
+           "URL_USER", "escape_controls", "is_secret_key", "is_secret_variable", "redact_argv", "redact_doc", "redact_env", "redact_server_settings",
            "redact_text", "safe_line", "secret_assignment", "secret_assignment_problem",
            "secret_env_values"]

@@ -143,7 +143,7 @@ def test_server_down_managed_server_with_no_relaunch_left(tmp_path, llama_server
 
     async def scenario():
         nonlocal pgid
-        task = asyncio.create_task(run_campaign(config, live=False))
+        task = asyncio.create_task(run_campaign(config))
         deadline = time.monotonic() + 120
         while results_count(run_dir) < 20:
             assert not task.done(), "the run ended before the fault"

@@ -71,12 +71,13 @@ def test_the_hit_rate_shown_is_the_engines_own_over_the_run(tmp_path, vllm_serve
 
     from rich.console import Console
 
-    from harvest.campaign.outputs.progress import PROGRESS_FILE, Progress
+    from harvest.campaign.outputs.progress import PROGRESS_FILE, ProgressView
+    from harvest.cli.panel import run_panel
+    from harvest.cli.phases import PhaseBoard
 
     snap = json.loads((tmp_path / "run" / PROGRESS_FILE).read_text())
     panel = io.StringIO()
-    Console(file=panel, width=120).print(Progress(tmp_path / "panel", total=ITEMS, already_final=0,
-                                                  stream=io.StringIO(), live=False).panel(snap, 110))
+    Console(file=panel, width=120).print(run_panel(ProgressView(tmp_path / "run", snap), PhaseBoard(), 110))
     found = re.search(r"cache\s+prefix cache hits (\d+)%", panel.getvalue())
     assert found and abs(int(found.group(1)) / 100 - engine_rate) <= 0.015, (panel.getvalue(), engine_rate)
 

@@ -5,12 +5,21 @@ from __future__ import annotations
 import io
 import json
 
+from rich.console import Console
+
 from harvest.campaign.outputs.progress import PROGRESS_FILE, Progress
+from harvest.cli.panel import RunPanel, run_panel
+from harvest.cli.phases import PhaseBoard
+
+
+def _lines(tmp_path, stream):
+    """A progress watched off a terminal: its lines go to ``stream``."""
+    return Progress(tmp_path, total=10, already_final=0, watch=RunPanel(Console(file=stream), live=False))
 
 
 def test_progress_line_and_file_show_the_auto_targets(tmp_path):
     stream = io.StringIO()
-    progress = Progress(tmp_path, total=10, already_final=0, stream=stream, live=False)
+    progress = _lines(tmp_path, stream)
     progress.update()
     assert "auto target" not in stream.getvalue()  # fixed concurrency: nothing to show
     progress.concurrency = {"http://127.0.0.1:8000": 48}
@@ -24,19 +33,17 @@ def test_progress_line_and_file_show_the_auto_targets(tmp_path):
 
 
 def test_prefix_cache_hit_rate_in_the_line_the_panel_the_file_and_status(tmp_path):
-    from rich.console import Console
-
     from harvest.campaign.outputs.status import read_progress
 
     stream = io.StringIO()
-    progress = Progress(tmp_path, total=10, already_final=0, stream=stream, live=False)
+    progress = _lines(tmp_path, stream)
     progress.update()
     assert "prefix cache" not in stream.getvalue()  # no engine reported one
     progress.prefix_cache = {"hit_rate": 0.634, "hit_tokens": 634.0, "query_tokens": 1000.0}
     snap = progress.update()
     assert "prefix cache hits 63%" in stream.getvalue().splitlines()[-1]
     panel = io.StringIO()
-    Console(file=panel, width=120).print(progress.panel(snap, 110))
+    Console(file=panel, width=120).print(run_panel(progress.view(snap), PhaseBoard(), 110))
     assert "prefix cache hits 63%" in panel.getvalue()
     assert json.loads((tmp_path / PROGRESS_FILE).read_text())["prefix_cache"]["hit_rate"] == 0.634
     recorded, problem = read_progress(tmp_path)

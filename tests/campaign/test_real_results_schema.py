@@ -44,7 +44,7 @@ def test_a_real_runs_results_follow_the_documented_schema(tmp_path, llama_server
         "data": {"path": str(data), "id_field": "id"}, "sampling": {"max_tokens": 12},
         "client": {"endpoints": [llama_server.url], "concurrency": 4, "health_deadline": 60},
         "run": {"history": "regenerated"}, "output": {"dir": str(run_dir)}})
-    report = asyncio.run(run_campaign(config, live=False))
+    report = asyncio.run(run_campaign(config))
     assert report.outcome == "finished" and report.totals.ok, report.totals.describe()
     answered = report.totals.counts[Status.DONE] + report.totals.counts[Status.TRUNCATED]
     assert answered == len(rows())

@@ -53,7 +53,7 @@ def test_bad_rows_are_skipped_with_line_and_the_rest_completes(tmp_path, vllm_se
     ]
     huge = json.dumps({"id": "huge", "prompt": "word " * 200_000}).encode()  # ~1 MB prompt: too long for the model
     data = write_lines(tmp_path / "in.jsonl", good + bad + [huge])
-    report = asyncio.run(run_campaign(job(tmp_path, data, [vllm_server.url]), live=False))
+    report = asyncio.run(run_campaign(job(tmp_path, data, [vllm_server.url])))
 
     assert report.outcome == "finished"
     assert report.totals.ok, report.totals.describe()
@@ -80,20 +80,20 @@ def test_truncation_policies(tmp_path, vllm_server):
     data = write_lines(tmp_path / "in.jsonl", [json.dumps({"id": f"t{i}", "prompt": f"Tell me about {i}."}).encode()
                                                for i in range(6)])
     # The random model never emits EOS: every answer runs to max_tokens.
-    keep = asyncio.run(run_campaign(job(tmp_path / "keep", data, [vllm_server.url], run={"truncated": "keep"}),
-                                    live=False))
+    keep = asyncio.run(run_campaign(job(tmp_path / "keep", data, [vllm_server.url],
+                                        run={"truncated": "keep"})))
     assert keep.totals.counts[Status.TRUNCATED] == 6
     out = next(iter(results(tmp_path / "keep" / "run").values())).output
     assert out["turns"][0]["finish_reason"] == "length" and out["turns"][0]["completion_tokens"] == 16
 
     retry = asyncio.run(run_campaign(job(tmp_path / "retry", data, [vllm_server.url],
-                                         run={"truncated": "retry", "retry_max_tokens": 24}), live=False))
+                                         run={"truncated": "retry", "retry_max_tokens": 24})))
     assert retry.totals.counts[Status.TRUNCATED] == 6
     out = next(iter(results(tmp_path / "retry" / "run").values())).output
     assert out["turns"][0]["completion_tokens"] == 24  # the retry's answer is the one kept
 
-    drop = asyncio.run(run_campaign(job(tmp_path / "drop", data, [vllm_server.url], run={"truncated": "drop"}),
-                                    live=False))
+    drop = asyncio.run(run_campaign(job(tmp_path / "drop", data, [vllm_server.url],
+                                        run={"truncated": "drop"})))
     assert drop.totals.ok and drop.totals.counts[Status.FAILED] == 6
     rows = results(tmp_path / "drop" / "run")
     assert {r.error_class for r in rows.values()} == {"truncated"}
@@ -107,7 +107,7 @@ def test_multi_turn_regenerates_each_turn_on_the_regenerated_history(tmp_path, v
         {"from": "human", "value": "Second question?"}, {"from": "gpt", "value": "ORIGINAL TWO"},
         {"from": "human", "value": "Third question?"}]}
     data = write_lines(tmp_path / "in.jsonl", [json.dumps(conv).encode()])
-    report = asyncio.run(run_campaign(job(tmp_path, data, [vllm_server.url]), live=False))
+    report = asyncio.run(run_campaign(job(tmp_path, data, [vllm_server.url])))
     assert report.totals.ok
     out = results(tmp_path / "run")["c1"].output
     roles = [m["role"] for m in out["messages"]]
@@ -128,8 +128,7 @@ def test_original_history_mode_sends_the_input_turns(tmp_path, vllm_server):
         {"role": "user", "content": "Hello?"}, {"role": "assistant", "content": "short"},
         {"role": "user", "content": "Again?"}]}
     data = write_lines(tmp_path / "in.jsonl", [json.dumps(conv).encode()])
-    report = asyncio.run(run_campaign(job(tmp_path, data, [vllm_server.url], run={"history": "original"}),
-                                      live=False))
+    report = asyncio.run(run_campaign(job(tmp_path, data, [vllm_server.url], run={"history": "original"})))
     assert report.totals.ok
     turns = results(tmp_path / "run")["c2"].output["turns"]
     # Turn 1 was sent on top of the one-word original answer, not on the 16-token regenerated one.
@@ -139,7 +138,7 @@ def test_original_history_mode_sends_the_input_turns(tmp_path, vllm_server):
 def test_two_endpoints_both_receive_traffic(tmp_path, vllm_server, llama_server):
     data = write_lines(tmp_path / "in.jsonl", [json.dumps({"id": f"e{i}", "prompt": f"Item {i}"}).encode()
                                                for i in range(60)])
-    report = asyncio.run(run_campaign(job(tmp_path, data, [vllm_server.url, llama_server.url]), live=False))
+    report = asyncio.run(run_campaign(job(tmp_path, data, [vllm_server.url, llama_server.url])))
     assert report.totals.ok
     endpoints = {r.output["turns"][0]["endpoint"] for r in results(tmp_path / "run").values()}
     assert endpoints == {vllm_server.url, llama_server.url}
@@ -149,10 +148,10 @@ def test_resume_with_changed_sampling_is_refused_unless_allowed(tmp_path, vllm_s
     from harvest.errors import LedgerError
 
     data = write_lines(tmp_path / "in.jsonl", [json.dumps({"id": "a", "prompt": "x"}).encode()])
-    asyncio.run(run_campaign(job(tmp_path, data, [vllm_server.url]), live=False))
+    asyncio.run(run_campaign(job(tmp_path, data, [vllm_server.url])))
     changed = job(tmp_path, data, [vllm_server.url], sampling={"max_tokens": 8})
     with pytest.raises(LedgerError) as err:
-        asyncio.run(run_campaign(changed, live=False))
+        asyncio.run(run_campaign(changed))
     assert "allow" in str(err.value).lower() or "hash" in str(err.value).lower()
-    report = asyncio.run(run_campaign(changed, allow_mixed=True, live=False))
+    report = asyncio.run(run_campaign(changed, allow_mixed=True))
     assert report.totals.ok

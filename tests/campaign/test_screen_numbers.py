@@ -92,7 +92,7 @@ def test_latency_runs_from_the_request_being_sent_and_the_queue_wait_is_recorded
                                "data": {"path": str(tmp_path / "in.jsonl")}, "sampling": {"max_tokens": 4},
                                "client": {"concurrency": 2}, "run": {"progress_interval": 0.5},
                                "output": {"dir": str(tmp_path / "run")}}, source=str(tmp_path / "job.toml"))
-        report = asyncio.run(run_campaign(config, live=False))
+        report = asyncio.run(run_campaign(config))
     finally:
         os.killpg(sim.pid, signal.SIGTERM)  # the engine this test started
         sim.wait(timeout=15)

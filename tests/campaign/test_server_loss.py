@@ -55,7 +55,7 @@ def test_unmanaged_endpoint_killed_and_restarted(tmp_path, llama_server_bin, tin
 
     async def scenario():
         nonlocal second
-        task = asyncio.create_task(run_campaign(config, live=False))
+        task = asyncio.create_task(run_campaign(config))
         await _wait_committed(run_dir, 40, task)
         first.stop(grace=0)  # SIGKILL of the server's own process group (grace 0)
         await asyncio.sleep(2.0)
@@ -89,7 +89,7 @@ def test_managed_server_killed_is_relaunched(tmp_path, llama_server_bin, tiny_gg
         "output": {"dir": str(run_dir)}, "run": {"progress_interval": 0.5}})
 
     async def scenario():
-        task = asyncio.create_task(run_campaign(config, live=False))
+        task = asyncio.create_task(run_campaign(config))
         await _wait_committed(run_dir, 40, task)
         record = json.loads((run_dir / "server" / "launch.json").read_text())
         os.killpg(record["record"]["pgid"], signal.SIGKILL)

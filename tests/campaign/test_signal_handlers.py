@@ -26,7 +26,7 @@ def test_a_run_in_process_gives_back_the_signal_handlers_it_found(tmp_path):
 
     before = {s: signal.signal(s, mine) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        report = asyncio.run(run_campaign(config, live=False))
+        report = asyncio.run(run_campaign(config))
         assert report.outcome == "finished", report  # every row skipped (no prompt): nothing to send
         assert signal.getsignal(signal.SIGINT) is mine and signal.getsignal(signal.SIGTERM) is mine
     finally:

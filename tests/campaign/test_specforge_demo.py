@@ -28,7 +28,7 @@ def test_demo_specforge_export_passes_specforge_validation(tmp_path, vllm_server
                         "sampling": {"max_tokens": 24, "temperature": 0.0},
                         "client": {"endpoints": [vllm_server.url], "concurrency": 16, "health_deadline": 60},
                         "output": {"dir": str(tmp_path / "run")}}, source=str(tmp_path / "job.toml"))
-    report = asyncio.run(run_campaign(job, live=False))
+    report = asyncio.run(run_campaign(job))
     assert report.outcome == "finished" and report.totals.ok, report.totals.describe()
     answered = report.totals.counts[Status.DONE] + report.totals.counts[Status.TRUNCATED]
     assert answered == len(ids)

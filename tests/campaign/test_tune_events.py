@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from harvest.campaign.outputs.phases import PhaseBoard
+from harvest.cli.phases import PhaseBoard
 from harvest.campaign.sweep.tune_file import parse_tune_file
 from tests.placed import tune
 from harvest.config import parse_config

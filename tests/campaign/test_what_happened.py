@@ -241,7 +241,7 @@ def test_a_first_batch_all_skipped_stops_before_anything_is_sent(tmp_path, monke
                              "data": {"path": str(tmp_path / "in.jsonl"), **data},
                              "output": {"dir": str(tmp_path / "run")}}, source=str(tmp_path / "job.toml"))
 
-    report = asyncio.run(run_campaign(config(), live=False))
+    report = asyncio.run(run_campaign(config()))
     assert report.outcome == "stopped" and "rows read first were all skipped" in (report.note or ""), report
     assert not report.ok and report.totals.counts[Status.SKIPPED] == 10
     assert report.skip_reasons and report.skip_reasons[0].error_class == "shape"

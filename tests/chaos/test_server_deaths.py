@@ -86,7 +86,7 @@ def test_managed_server_group_killed_five_times_is_relaunched_each_time(tmp_path
     killed: list[int] = []
 
     async def scenario():
-        task = asyncio.create_task(run_campaign(config, live=False))
+        task = asyncio.create_task(run_campaign(config))
         for i in range(DEATHS):
             goal = (i + 1) * BETWEEN
             await _wait(lambda goal=goal: committed(run_dir) >= goal, task, f"{goal} results")
@@ -132,7 +132,7 @@ def test_unmanaged_endpoint_killed_five_times_and_restarted_is_waited_for(tmp_pa
                                     health="/health", timeout=60)]
 
     async def scenario():
-        task = asyncio.create_task(run_campaign(config, live=False))
+        task = asyncio.create_task(run_campaign(config))
         for i in range(DEATHS):
             goal = (i + 1) * BETWEEN
             await _wait(lambda goal=goal: committed(run_dir) >= goal, task, f"{goal} results")

@@ -22,6 +22,8 @@ import pytest
 from rich.console import Console
 
 from harvest.campaign.outputs.progress import Progress
+from harvest.cli.panel import run_panel
+from harvest.cli.phases import PhaseBoard
 from harvest.safefiles import hold
 from tests import engines
 
@@ -92,11 +94,11 @@ def test_engine_errors_ids_and_paths_with_markup_are_shown_as_text(tmp_path, lla
 def test_the_panel_note_keeps_its_bracketed_setting_names(tmp_path):
     """The note a run that lost its endpoints ends with names ``[client] health_deadline``."""
     folder = hold(tmp_path, create=True)
-    progress = Progress(folder, total=3, already_final=0, live=False, console=Console(file=io.StringIO()))
+    progress = Progress(folder, total=3, already_final=0)
     progress.note = "every endpoint stayed down past [client] health_deadline"
     progress.state = "server_down"
     console = Console(file=io.StringIO(), width=130, record=True)
-    console.print(progress.panel(progress.snapshot(), 120))
+    console.print(run_panel(progress.view(), PhaseBoard(), 120))
     drawn = console.export_text()
     assert "every endpoint stayed down past [client] health_deadline" in drawn, drawn
     assert f"harvest run: {tmp_path}" in drawn

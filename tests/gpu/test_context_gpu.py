@@ -52,7 +52,7 @@ def test_managed_transformers_serve_skips_the_prompt_larger_than_the_context(tmp
     }, source=str(tmp_path / "job.toml"))
 
     t = time.monotonic()
-    report = asyncio.run(run_campaign(job, live=False))
+    report = asyncio.run(run_campaign(job))
     wall_s = time.monotonic() - t
 
     assert report.outcome == "finished", report.note

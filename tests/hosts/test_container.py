@@ -139,7 +139,7 @@ def test_serve_run_stop_inside_a_container(tmp_path, sshd, container, llama_serv
         "data": {"path": str(data), "id_field": "id"}, "sampling": {"max_tokens": 8},
         "client": {"concurrency": 4, "max_retries": 0, "health_deadline": 60},
         "output": {"dir": str(tmp_path / "run")}, "host": sshd.host_table()})
-    report = asyncio.run(run_campaign(load_config(job), live=False))
+    report = asyncio.run(run_campaign(load_config(job)))
     assert report.outcome == "finished" and report.totals.ok, report.totals.describe()
     assert report.stop_reports and all(r.clean for r in report.stop_reports)
     assert set(attempts(tmp_path / "run")) == {1}

@@ -83,7 +83,7 @@ def test_dropped_session_mid_run(tmp_path, sshd, llama_server_bin, tiny_gguf, vi
     config = load_config(job(tmp_path, sshd, llama_server_bin, tiny_gguf))
 
     async def scenario():
-        task = asyncio.create_task(run_campaign(config, live=False))
+        task = asyncio.create_task(run_campaign(config))
         await wait_committed(run_dir, 30, task)
         pid = tunnel_pid(run_dir, task)
         client = psutil.Process(pid)

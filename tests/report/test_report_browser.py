@@ -129,7 +129,7 @@ QUEUE_PANEL = """(() => {
 
 def _kill_mid_run(config: Any, run_dir: Path, after: int) -> Any:
     async def scenario() -> Any:
-        task = asyncio.create_task(run_campaign(config, live=False))
+        task = asyncio.create_task(run_campaign(config))
         deadline = time.monotonic() + 600
         while results_count(run_dir) < after:
             assert not task.done(), "the run ended before the server could be killed"

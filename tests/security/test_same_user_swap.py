@@ -199,7 +199,7 @@ def test_a_swap_between_the_run_and_its_report(tmp_path, llama_server_bin, tiny_
     config = load_job(write_job(tmp_path, run, llama_server_bin, tiny_gguf, engines.free_port(), 6))
     os.environ["HARVEST_STATE_DIR"] = str(tmp_path / "state")
     try:
-        report = asyncio.run(run_campaign(config, placement=from_config(config), live=False,
+        report = asyncio.run(run_campaign(config, placement=from_config(config),
                                           writes=(REPORT_FILE,)))
     finally:
         del os.environ["HARVEST_STATE_DIR"]

@@ -34,7 +34,7 @@ from harvest.cli.sweep_render import (
 from harvest.config import load_config
 from harvest.placement import from_config
 from harvest.quality.settings import QualitySettings
-from harvest.redact import as_text
+from harvest.cli.text import as_text
 
 def compare_table(report: CompareReport) -> Table:
     floor = report.floor_source or "?"

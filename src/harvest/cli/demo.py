@@ -11,6 +11,8 @@ import click
 
 from harvest.campaign.demo import check_engine_python, ensure_tiny_model, write_demo_job
 from harvest.campaign.run import run_campaign
+from harvest.cli.live import live_console
+from harvest.cli.panel import RunPanel
 from harvest.cli.run import print_report, setup_logging, show_preflight
 from harvest.config import load_config
 from harvest.placement import from_config
@@ -40,7 +42,8 @@ def demo(engine_python: str | None, workdir: str, port: int, max_tokens: int, co
                          concurrency=concurrency)
     click.echo(f"[demo] job file: {job}")
     config = load_config(job)
-    report = asyncio.run(run_campaign(config, placement=from_config(config), live=False,
+    shown = RunPanel(live_console(), live=False)  # plain lines: a demo's output reads as a log
+    report = asyncio.run(run_campaign(config, placement=from_config(config), watch=shown,
                                       on_preflight=show_preflight))
     print_report(report)
     if not report.ok:

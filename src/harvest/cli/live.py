@@ -9,8 +9,9 @@
 On a terminal, a rich Live panel shows the phases (``harvest.events``) with their elapsed time,
 redrawn a few times a second; everything else (log records, preflight rules, stop steps) is
 printed through the same console, so it lands above the panel and never inside it. Off a
-terminal, one plain line per phase change. ``harvest run`` draws its own panel
-(``campaign/outputs/progress.py``) on the console made here. This module only renders.
+terminal, one plain line per phase change (``cli/phases.py``'s :func:`phase_line`). ``harvest run``
+draws its own panel (``cli/panel.py``, a :class:`PhaseDisplay` with the run's figures below its
+phases) on the console made here. This module only renders.
 """
 
 from __future__ import annotations
@@ -25,13 +26,16 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.text import Text
 
-from harvest.campaign.outputs.phases import PhaseBoard
-from harvest.campaign.outputs.progress import PANEL_WIDTH, phase_table
+from harvest.cli.phases import PhaseBoard, phase_line, phase_table
+from harvest.cli.text import as_text
 from harvest.events import Event
-from harvest.redact import as_text, escape_controls, redact_text
+from harvest.redact import escape_controls, redact_text
 
 #: Redraws a second of a live panel (elapsed times tick even when nothing is reported).
 REFRESH_PER_SECOND = 4
+#: Widest a live panel is drawn (narrower terminals get their width): a fixed frame, not one
+#: that jumps with the length of its longest line.
+PANEL_WIDTH = 120
 
 
 def live_console() -> Console:
@@ -98,10 +102,8 @@ class PhaseDisplay:
 
     def on_event(self, event: Event) -> None:
         self.board.on_event(event)
-        if self.phase_lines and not self.live_enabled and (event.kind != "update" or event.phase == "launching"):
-            row = next((r for r in self.board.rows() if r.name == event.phase), None)
-            if row is not None:
-                self.console.print(f"[harvest] {row.name} ({row.elapsed_s:.1f} s): {row.text}", markup=False)
+        if self.phase_lines and not self.live_enabled and (line := phase_line(self.board, event)) is not None:
+            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     def print(self, *objects: Any, **kwargs: Any) -> None:
         self.console.print(*objects, **kwargs)
@@ -116,6 +118,11 @@ class PhaseDisplay:
             self._live.__enter__()
         return self
 
+    def refresh(self) -> None:
+        """Redraw the panel now (nothing off a terminal or once closed)."""
+        if self._live is not None:
+            self._live.refresh()
+
     def close(self) -> None:
         """Stop redrawing; the panel's last state stays on the screen."""
         if self._live is not None:
@@ -127,5 +134,5 @@ class PhaseDisplay:
         self.close()
 
 
-__all__ = ["ConsoleLogHandler", "PhaseDisplay", "REFRESH_PER_SECOND", "ShownFilter", "live_console",
+__all__ = ["ConsoleLogHandler", "PANEL_WIDTH", "PhaseDisplay", "REFRESH_PER_SECOND", "ShownFilter", "live_console",
            "setup_console_logging"]

@@ -24,7 +24,8 @@ from harvest.errors import PreflightFailed
 from harvest.gpu.payload import GPUS_SCHEMA, PREFLIGHT_SCHEMA, gpus_payload, now_iso, preflight_payload
 from harvest.gpu.preflight import RuleResult, describe_process
 from harvest.gpu.records import GpuSnapshot, HostState
-from harvest.redact import as_text, escape_controls
+from harvest.cli.text import as_text
+from harvest.redact import escape_controls
 from harvest.placement.base_results import GpusByPlace, PreflightByPlace
 from harvest.stops import StopReport, StopStep
 

@@ -111,6 +111,7 @@ def run(job: str | None, overrides: tuple[Override, ...], allow_mixed: bool, for
     """Run or resume a campaign (JOB.toml, flags, or both): dataset -> ledger -> server -> results.
     The same command again resumes it."""
     from harvest.cli.live import live_console, setup_console_logging
+    from harvest.cli.panel import RunPanel
     from harvest.placement import from_config
     from harvest.report import REPORT_FILE
 
@@ -119,6 +120,7 @@ def run(job: str | None, overrides: tuple[Override, ...], allow_mixed: bool, for
                                "(`harvest init` writes a job file to start from)")
     console = live_console()  # the panel, the log lines and the preflight rules share it
     setup_console_logging(console)
+    panel = RunPanel(console, live=live)  # the run's display: a panel on a terminal, lines off it
     config = load_config_arg(job, overrides)
     shown: list[PreflightReport] = []  # preflight reports already on screen
 
@@ -128,8 +130,8 @@ def run(job: str | None, overrides: tuple[Override, ...], allow_mixed: bool, for
 
     try:
         report = aio.run(run_campaign(config, placement=from_config(config), all_hosts=all_hosts,
-                                      allow_mixed=allow_mixed, force=force, live=live,
-                                      on_preflight=on_preflight, retry=retry, console=console,
+                                      allow_mixed=allow_mixed, force=force, watch=panel,
+                                      on_preflight=on_preflight, retry=retry,
                                       writes=(REPORT_FILE,)))
     except PreflightFailed as exc:
         print_refusal(make_console(stderr=True), exc, rules_shown=bool(shown))  # its rules on screen once

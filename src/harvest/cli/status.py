@@ -19,8 +19,8 @@ from rich.table import Table
 from rich.text import Text
 
 from harvest import api, schemas
-from harvest.campaign.outputs.progress import no_answer
 from harvest.campaign.outputs.status import RunStatus
+from harvest.cli.panel import no_answer
 from harvest.cli.render import make_console
 from harvest.errors import LedgerError
 from harvest.ledger import Status

@@ -36,7 +36,7 @@ from harvest.cli.sweep_render import (
 )
 from harvest.config import Override, load_config
 from harvest.placement import from_config
-from harvest.redact import as_text
+from harvest.cli.text import as_text
 
 
 def _num(x: float | int | None, digits: int = 1) -> str:
@@ -129,8 +129,10 @@ def tune_cmd(job: Path, grid: Path, out_dir: Path | None, then_run: bool, as_jso
     if not then_run:
         sys.exit(0)
     click.echo(f"running the campaign with trial {best.index}: {settings_text(best.overrides)}", err=True)
+    from harvest.cli.panel import RunPanel
+
     run_report = asyncio.run(run_campaign(job_with_server(job_cfg, best.config), placement=placement,
-                                          console=console,
+                                          watch=RunPanel(console),
                                           on_preflight=lambda r: show_preflight(r, console)))
     if as_json:
         click.echo(f"campaign: {run_report.outcome}; {run_report.totals.describe()}", err=True)

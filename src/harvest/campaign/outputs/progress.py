@@ -1,44 +1,63 @@
 """Progress of a running campaign: phases, rates, ETA, the server's queue, errors by class.
 
 One :class:`Progress` per run. The runner feeds it counts and the supervisor its phases (through
-:attr:`Progress.on_event`); it renders a rich live panel on a terminal (the phases with their
-elapsed time, a progress bar, the rates; redrawn a few times a second, so elapsed times grow while
-nothing else moves), plain periodic log lines elsewhere, and writes ``progress.json`` (atomically)
-for ``harvest status`` in another shell. Anything else printed while the panel is up must go
-through :attr:`Progress.console` (it lands above the panel). It never reads the ledger and never
-blocks the event loop on anything slower than a small file write.
+:attr:`Progress.on_event`); it writes ``progress.json`` (atomically) for ``harvest status`` in
+another shell, feeds the timeline, and tells whoever watches the run (a :class:`RunWatch`: the
+command line's panel) each event and each snapshot, so the display is drawn from these alone. It
+renders nothing, never reads the ledger and never blocks the event loop on anything slower than a
+small file write.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
-
-from rich.console import Console, ConsoleOptions, Group, RenderResult
-from rich.live import Live
-from rich.panel import Panel
-from rich.progress_bar import ProgressBar
-from rich.table import Table
-from rich.text import Text
+from typing import Any, Protocol
 
 from harvest import safefiles
-from harvest.campaign.outputs.phases import PhaseBoard
-from harvest.events import Event
-from harvest.redact import as_text, redact_doc
+from harvest.events import Event, Phases
+from harvest.redact import redact_doc
 
 PROGRESS_FILE = "progress.json"
-#: Widest the live panel is drawn (narrower terminals get their width): a fixed frame, not one
-#: that jumps with the length of its longest line.
-PANEL_WIDTH = 120
-#: The panel's label column: its longest label ("endpoint").
-LABEL_WIDTH = 8
+
+
+@dataclass(frozen=True)
+class ProgressView:
+    """What a display may show of a run at one moment: ``snap`` is progress.json's document
+    (:meth:`Progress.snapshot`); the rest is what the file leaves out."""
+
+    run_dir: Path
+    snap: dict[str, Any]
+    #: Final items by status before this session's work (the file has their sum only).
+    before: Mapping[str, int] = field(default_factory=dict)
+    #: The dataset being read, for a display that shows how far the ingest is into it.
+    data_path: str | None = None
+    #: Seconds the rates are measured over.
+    window_s: float = 60.0
+
+
+class RunWatch(Protocol):
+    """Who shows a run while it goes (``harvest run``'s panel): fed by the session's phase events
+    and the progress snapshots only, from the session's threads."""
+
+    def opened(self, look: Callable[[], ProgressView]) -> None:
+        """The session's display begins; ``look()`` gives a fresh view whenever it redraws (any thread)."""
+
+    def on_event(self, event: Event) -> None:
+        """A phase started, changed or ended (any thread)."""
+
+    def updated(self, view: ProgressView) -> None:
+        """progress.json was written with ``view.snap`` (every ``[run] progress_interval``, and at
+        the end)."""
+
+    def closed(self) -> None:
+        """The session's display ends (its last state may stay on screen)."""
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -47,12 +66,11 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 
 class Progress:
-    """Counts and rates of one run, with a live display and progress.json."""
+    """Counts and rates of one run, with progress.json and whoever watches it."""
 
     def __init__(self, run_dir: Path | safefiles.Folder, *, total: int, already_final: int,
-                 stream: TextIO | None = None, live: bool | None = None, window_s: float = 60.0,
-                 console: Console | None = None, data_path: str | None = None,
-                 before: Mapping[str, int] | None = None):
+                 window_s: float = 60.0, data_path: str | None = None,
+                 before: Mapping[str, int] | None = None, watch: RunWatch | None = None):
         #: The held run folder progress.json is written in (a path: by name, for a status view).
         self.folder = run_dir if isinstance(run_dir, safefiles.Folder) else None
         self.run_dir = run_dir.path if isinstance(run_dir, safefiles.Folder) else run_dir
@@ -63,7 +81,9 @@ class Progress:
         self.data_path = data_path
         self._data_size = _file_size(data_path)
         #: The phases (ingest, preflight, launching, generating, stopping) as reported.
-        self.phases = PhaseBoard()
+        self.phases = Phases()
+        #: The display told of every event and snapshot (None: nothing is shown).
+        self.watch = watch
         self._lock = threading.RLock()
         self.started_at = time.time()
         self._t0 = time.monotonic()
@@ -87,14 +107,6 @@ class Progress:
         self._rows_read: int | None = None
         self._window: deque[tuple[float, int, int, int]] = deque()
         self._window_s = window_s
-        if console is None:
-            stream = stream or sys.stderr
-            console = Console(file=stream, stderr=stream is sys.stderr, soft_wrap=True)
-        #: Print through this while the panel is up: the lines go above it, never into it.
-        self.console = console
-        self._console = console
-        self._live_enabled = self._console.is_terminal if live is None else live
-        self._live: Live | None = None
         #: The run's timeline recorder (harvest.campaign.outputs.timeline), fed beside the counts; optional.
         self.timeline: Any = None
         #: The client's ``stats`` (a callable returning ClientStats) while requests go out: what is
@@ -123,11 +135,8 @@ class Progress:
                 self._window.append((self._t0, self.done, self.prompt_tokens, self.completion_tokens))
         elif event.kind == "start" and event.phase == "stopping":
             self.server, self.server_endpoints = {"running": None, "waiting": None}, {}
-        if not self._live_enabled and (event.kind != "update" or event.phase == "launching"):
-            row = next((r for r in self.phases.rows() if r.name == event.phase), None)
-            if row is not None:  # off a terminal: a line per phase change, as a log would have it
-                self._console.print(f"[harvest] {row.name} ({row.elapsed_s:.1f} s): {row.text}",
-                                    markup=False, highlight=False)
+        if self.watch is not None:
+            self.watch.on_event(event)
 
     def begin(self, phase: str, **info: Any) -> None:
         self.on_event(Event(phase, "start", info))
@@ -165,7 +174,7 @@ class Progress:
     @rows_read.setter
     def rows_read(self, value: int) -> None:
         self._rows_read = value
-        self.phases.on_event(Event("ingest", "update", {"rows": value}))
+        self.on_event(Event("ingest", "update", {"rows": value}))
 
     @property
     def already_final(self) -> int:
@@ -249,7 +258,7 @@ class Progress:
             "server_endpoints": dict(self.server_endpoints),
             "prefix_cache": dict(self.prefix_cache),
             "stream": stream_view(self.ttft_recent, self.tpot_recent),
-            "phases": [r.name for r in self.phases.rows() if r.active],
+            "phases": self.phases.active(),
             **{k: round(v, 3) for k, v in rates.items()},
         }
 
@@ -279,8 +288,14 @@ class Progress:
 
     # --- output ----------------------------------------------------------------------------------
 
+    def view(self, snap: dict[str, Any] | None = None) -> ProgressView:
+        """``snap`` (a fresh snapshot when None) with what a display needs beside it."""
+        with self._lock:
+            return ProgressView(self.run_dir, self.snapshot() if snap is None else snap, dict(self.before),
+                                self.data_path, self._window_s)
+
     def update(self) -> dict[str, Any]:
-        """Write progress.json and refresh the display; returns the snapshot."""
+        """Write progress.json, feed the timeline, tell the watch; returns the snapshot."""
         snap = self.snapshot()
         try:
             if self.folder is not None:
@@ -292,152 +307,21 @@ class Progress:
             snap["note"] = f"progress.json not written: {exc}"
         if self.timeline is not None:
             self.timeline.interval(snap)
-        if self._live is not None:
-            self._live.refresh()
-        elif not self._live_enabled:
-            self._console.print(self.line(snap), highlight=False, markup=False)
+        if self.watch is not None:
+            self.watch.updated(self.view(snap))
         return snap
 
-    def line(self, snap: dict[str, Any]) -> str:
-        snap = redact_doc(snap)  # endpoint URLs and errors as shown: no user part, no query key
-        final = snap["final_before_session"] + snap["done_this_session"]
-        eta = snap["eta_s"]
-        server = snap["server"]
-        queue = ""
-        if server.get("running") is not None:
-            queue = f", server running {server['running']:.0f} waiting {server.get('waiting') or 0:.0f}"
-        errors = " errors " + ",".join(f"{k}={v}" for k, v in sorted(snap["errors_by_class"].items())) \
-            if snap["errors_by_class"] else ""
-        more = "+ (ingesting)" if snap.get("ingesting") else ""
-        sick = "".join(f", {_sick(e)}" for e in snap.get("sick") or []) + \
-            "".join(f", {no_answer(e)}" for e in snap.get("no_answer") or [])
-        return (f"[harvest] {final}/{snap['total']}{more} items, {snap['items_per_s']:.1f} items/s, "
-                f"gen {snap['gen_tokens_per_s']:.0f} tok/s, prompt {snap['prompt_tokens_per_s']:.0f} tok/s, "
-                f"{_load(snap)}{queue}{sick}{_cache(snap)}, ETA {_duration(eta)}{errors}")
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        """The live panel, built from the current state at every refresh."""
-        yield self._fresh_panel(min(options.max_width, PANEL_WIDTH))
-
-    def _fresh_panel(self, width: int) -> Panel:
-        with self._lock:
-            snap = self.snapshot()
-        if self._ingesting and self.data_path is not None:
-            position = file_position(self.data_path)
-            if position is not None:
-                self.phases.on_event(Event("ingest", "update", {"position": position}))
-        return self.panel(snap, width)
-
-    def panel(self, snap: dict[str, Any], width: int = 0) -> Panel:
-        snap = redact_doc(snap)  # endpoint URLs and errors as shown: no user part, no query key
-        # Labels keep their width (never cut); a value longer than its line wraps at a word, so at
-        # 80 columns every figure stays on screen (tests/cli/test_live_widths.py).
-        body = Table.grid(padding=(0, 1))
-        body.add_column(style="bold", no_wrap=True, min_width=LABEL_WIDTH)
-        body.add_column(overflow="fold")
-        phases = phase_table(self.phases)
-        final = snap["final_before_session"] + snap["done_this_session"]
-        total = snap["total"]
-        more = "+" if snap.get("ingesting") else ""
-        bar = Table.grid(padding=(0, 1))
-        bar.add_row(ProgressBar(total=max(total, 1), completed=min(final, max(total, 1)), width=40),
-                    Text(f"{final:,} / {total:,}{more}  {final / total:.0%}" if total else f"{final:,} / -"))
-        body.add_row("items", bar)
-        body.add_row("", status_counts(self.before, snap["statuses_this_session"]))
-        body.add_row("rate", f"{snap['items_per_s']:.1f} items/s   gen {snap['gen_tokens_per_s']:,.0f} tok/s   "
-                             f"prompt {snap['prompt_tokens_per_s']:,.0f} tok/s")
-        load = _load(snap)
-        server = snap["server"]
-        endpoints = snap.get("server_endpoints") or {}
-        if len(endpoints) > 1:
-            body.add_row("load", load)
-            for url, q in sorted(endpoints.items()):
-                body.add_row("", as_text(f"{url}  running {_count(q.get('running'))}   "
-                                         f"waiting {_count(q.get('waiting'))}"))
-        else:
-            if server.get("running") is not None:
-                load += f"   server running {server['running']:.0f}   waiting {server.get('waiting') or 0:.0f}"
-            body.add_row("load", load)
-        for e in snap.get("sick") or []:
-            body.add_row("endpoint", Text(_sick(e), style="yellow"))
-        for e in snap.get("no_answer") or []:
-            body.add_row("endpoint", Text(no_answer(e), style="yellow"))
-        cache = _cache(snap)
-        if cache:
-            body.add_row("cache", cache.strip(", "))
-        if snap.get("stream"):
-            body.add_row("tokens", stream_line(snap["stream"]))
-        if snap["errors_by_class"]:
-            body.add_row("errors", Text(", ".join(f"{k} {v}" for k, v in sorted(snap["errors_by_class"].items())),
-                                        style="red"))
-        if snap["state"] != "running":
-            body.add_row("result", Text(str(snap["state"]), style="green" if snap["state"] == "finished" else "yellow"))
-        else:
-            eta = _duration(snap["eta_s"])
-            body.add_row("ETA", eta + (f"  (rate over the last {self._window_s:.0f} s)" if snap["eta_s"] else ""))
-        if snap.get("note"):
-            body.add_row("note", as_text(snap["note"]))
-        return Panel(Group(phases, Text(""), body), title=as_text(f"harvest run: {self.run_dir}"), title_align="left",
-                     expand=bool(width), width=width or None)
-
     def __enter__(self) -> Progress:
-        if self._live_enabled:
-            self._live = Live(self, console=self._console, refresh_per_second=4)
-            self._live.__enter__()
+        if self.watch is not None:
+            self.watch.opened(self.view)
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._ingesting:  # the session ends before the ingest did: it resumes next time
             self._ingesting = False
             self.on_event(Event("ingest", "end", {"rows": self._rows_read}, ok=False))
-        if self._live is not None:
-            self._live.__exit__(None, None, None)
-            self._live = None
-
-
-def _load(snap: dict[str, Any]) -> str:
-    """``sent 32 (concurrency 32), 32 more claimed ahead in harvest's queue``: what is on the wire
-    and what waits in harvest, apart; ``claimed 64`` before any request went out."""
-    sent, queued = snap.get("sent"), snap.get("queued")
-    if sent is None:
-        return f"claimed {snap['in_flight']}" + _targets(snap)
-    text = f"sent {sent}"
-    if snap.get("concurrency"):
-        text += f" (concurrency {snap['concurrency']})"
-    text += _targets(snap)
-    if queued:
-        text += f", {queued} more claimed ahead in harvest's queue"
-    return text
-
-
-def _sick(e: dict[str, Any]) -> str:
-    """``http://h:8000 not answering: 35 s waited of the 600 s health_deadline (last: ...)``."""
-    if e.get("state") == "hung":  # last_error: "hung: no answer for 152 s while /health answered"
-        return f"{e['url']} {e.get('last_error') or 'hung'}: no new requests to it for {e['waited_s']:.0f} s"
-    deadline = e.get("deadline_s")
-    of = f" of the {deadline:g} s health_deadline" if deadline else ""
-    last = f" (last: {e['last_error']})" if e.get("last_error") else ""
-    return f"{e['url']} {e.get('state', 'sick')}, not answering: {e['waited_s']:.0f} s waited{of}{last}"
-
-
-def no_answer(e: Mapping[str, Any]) -> str:
-    """``http://h:8000 no answer for 41 s (12 requests in flight; shown past 30 s of nothing back)``;
-    found hung (``/health`` answering): ``...; hung, no new requests to it``."""
-    hung = "; hung while /health answers: no new requests to it" if e.get("hung") else ""
-    return (f"{e['url']} no answer for {e['quiet_s']:.0f} s ({e['outstanding']} requests in flight; shown past "
-            f"{e['bound_s']:.0f} s of nothing back{hung})")
-
-
-def _targets(snap: dict[str, Any]) -> str:
-    """`` (auto target 48)``, or ``(auto targets 8+40)`` over several endpoints; "" when fixed."""
-    targets = snap.get("concurrency_targets") or {}
-    if not targets:
-        return ""
-    values = list(targets.values())
-    if len(values) == 1:
-        return f" (auto target {values[0]})"
-    return f" (auto targets {'+'.join(str(v) for v in values)})"
-
+        if self.watch is not None:
+            self.watch.closed()
 
 
 #: Streamed items whose TTFT and TPOT the panel and progress.json summarize (the latest ones).
@@ -460,77 +344,6 @@ def stream_view(ttft: Sequence[float], tpot: Sequence[float]) -> dict[str, Any] 
     return {"ttft_s": _quantiles(list(ttft)), "tpot_s": _quantiles(list(tpot))}
 
 
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
-
-
-def stream_line(view: Mapping[str, Any]) -> str:
-    """``TTFT p50 210 ms  p90 350 ms   TPOT p50 12 ms  p90 15 ms`` (the panel's "tokens" row)."""
-    parts = []
-    for name, key in (("TTFT", "ttft_s"), ("TPOT", "tpot_s")):
-        q = view.get(key)
-        if q:
-            parts.append(f"{name} p50 {_ms(q['p50'])}  p90 {_ms(q['p90'])}")
-    return "   ".join(parts)
-
-
-def _cache(snap: dict[str, Any]) -> str:
-    """``, prefix cache hits 63%`` (the engines' counters over this session); "" when none reports it."""
-    rate = (snap.get("prefix_cache") or {}).get("hit_rate")
-    return "" if rate is None else f", prefix cache hits {rate:.0%}"
-
-
-def phase_table(board: PhaseBoard) -> Table:
-    """The phases, one row each: a mark (running / done / failed), name, elapsed, what it does."""
-    table = Table.grid(padding=(0, 1), expand=True)
-    table.add_column(no_wrap=True, width=1)
-    table.add_column(style="bold", no_wrap=True, width=10)
-    table.add_column(justify="right", no_wrap=True, width=7)
-    table.add_column(overflow="fold", ratio=1)  # what the phase does wraps, never cut
-    for row in board.rows():
-        mark = Text("▶", style="cyan") if row.active else (Text("✓", style="green") if row.ok
-                                                            else Text("✗", style="bold red"))
-        table.add_row(mark, row.name, _elapsed(row.elapsed_s), Text(row.text, style="" if row.active else "dim"))
-    return table
-
-
-_STATUS_STYLE = (("done", "green"), ("truncated", "yellow"), ("failed", "red"), ("skipped", "magenta"))
-
-
-def status_counts(before: Mapping[str, int], session: Mapping[str, int]) -> Text:
-    """``done 1,200  truncated 30  failed 4  skipped 0``, each in its colour (all sessions)."""
-    text = Text()
-    for status, style in _STATUS_STYLE:
-        if text:
-            text.append("   ")
-        text.append(f"{status} ", style=style)
-        text.append(f"{before.get(status, 0) + session.get(status, 0):,}", style=f"bold {style}")
-    return text
-
-
-def file_position(path: str) -> int | None:
-    """How far this process has read into ``path``: the offset of an open descriptor on it, from
-    /proc/self/fdinfo (Linux); None when none is open or it cannot be seen."""
-    try:
-        target = os.path.realpath(path)
-        fds = os.listdir("/proc/self/fd")
-    except OSError:
-        return None
-    best: int | None = None
-    for fd in fds:
-        try:
-            if os.readlink(f"/proc/self/fd/{fd}") != target:
-                continue
-            with open(f"/proc/self/fdinfo/{fd}") as fh:
-                for line in fh:
-                    if line.startswith("pos:"):
-                        pos = int(line.split()[1])
-                        best = pos if best is None else max(best, pos)
-        except (OSError, ValueError):
-            continue
-    return best
-
-
 def _file_size(path: str | None) -> int | None:
     if path is None:
         return None
@@ -541,22 +354,5 @@ def _file_size(path: str | None) -> int | None:
         return None
 
 
-def _count(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0f}"
-
-
-def _elapsed(seconds: float) -> str:
-    return f"{seconds:.1f} s" if seconds < 60 else _duration(seconds)
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(seconds)
-    h, rest = divmod(seconds, 3600)
-    m, s = divmod(rest, 60)
-    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
-
-
-__all__ = ["PROGRESS_FILE", "Progress", "file_position", "no_answer", "phase_table", "status_counts",
+__all__ = ["PROGRESS_FILE", "Progress", "ProgressView", "RunWatch", "STREAM_RECENT", "stream_view",
            "write_json_atomic"]

@@ -46,7 +46,7 @@ from harvest.campaign.run.context import ContextGuard
 from harvest.campaign.run.dispatch import DispatchSteps
 from harvest.campaign.run.folder import resume_line, skipped_problem
 from harvest.campaign.run.intake import IngestSteps, dataset_fingerprint, output_settings
-from harvest.campaign.outputs.progress import PROGRESS_FILE, Progress
+from harvest.campaign.outputs.progress import PROGRESS_FILE, Progress, RunWatch
 from harvest.campaign.run.supervise import SERVER_DIR, ServerSteps
 from harvest.campaign.outputs.timeline import TIMELINE_FILE, Timeline
 from harvest.client import Client
@@ -103,9 +103,8 @@ class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
     """One session of a run. Not reusable."""
 
     def __init__(self, config: HarvestConfig, placement: Placement, *, allow_mixed: bool, force: bool,
-                 live: bool | None, all_hosts: bool = False, on_preflight: Callable[[Any], None] | None = None,
-                 retry: tuple[str, ...] = (), console: Any = None,  # console: a rich Console (the display's)
-                 writes: tuple[str, ...] = ()):
+                 watch: RunWatch | None, all_hosts: bool = False,
+                 on_preflight: Callable[[Any], None] | None = None, retry: tuple[str, ...] = (), writes: tuple[str, ...] = ()):
         if config.data is None:
             raise ConfigError(config.source, [(f"{config.source} [data]", "`harvest run` needs a [data] table")])
         if config.server is None and not config.client.endpoints:
@@ -115,12 +114,11 @@ class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
         self.run_dir = Path(config.output.dir)
         self.allow_mixed = allow_mixed
         self.force = force
-        self.live = live
+        self.watch = watch  # the display (the command line's panel), fed by events and snapshots
         #: Where the servers run (harvest.placement), chosen once by the command; it makes them.
         self.placement = placement
         self.server_factory = placement.fleet(all_hosts=all_hosts)
         self.on_preflight = on_preflight
-        self.console = console  # the display's console (lines printed through it go above the panel)
         self.on_event: Listener | None = None  # the display's phase listener, once it exists
         self.settings_hash = hash_settings(output_settings(config))
         self.context = ContextGuard(config)  # learns the model's context on its first check
@@ -264,7 +262,8 @@ class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
                     signal.signal(taken, before)
 
     def _open_progress(self, ledger: Ledger, counts: dict[Status, int], t0: float) -> Progress:
-        """The display of the session (and its timeline), told what the ledger held at the start."""
+        """The progress of the session (told to its watch) and its timeline, from what the ledger
+        held at the start."""
         total = sum(counts.values())
         if not ledger.created:
             self.resumed = resume_line(counts, ledger.recovered, ledger.ingest_state(), self._records is not None)
@@ -272,9 +271,8 @@ class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
         final = (Status.DONE, Status.TRUNCATED, Status.FAILED, Status.SKIPPED)
         assert ledger.folder is not None  # opened for writing: the run folder is held
         progress = Progress(ledger.folder, total=total, already_final=sum(counts[s] for s in final),
-                            live=self.live, console=self.console,
                             data_path=self.config.data.path if self.config.data else None,
-                            before={s.value: counts[s] for s in final})
+                            before={s.value: counts[s] for s in final}, watch=self.watch)
         self.on_event = progress.on_event
         progress.ingest_began(t0, self._first_rows, ongoing=self._records is not None)
         progress.timeline = self.timeline = Timeline.open(ledger.folder)
@@ -366,9 +364,9 @@ class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
 
 
 async def run_campaign(config: HarvestConfig, *, placement: Placement, all_hosts: bool = False,
-                       allow_mixed: bool = False, force: bool = False, live: bool | None = None,
+                       allow_mixed: bool = False, force: bool = False, watch: RunWatch | None = None,
                        on_preflight: Callable[[Any], None] | None = None, retry: tuple[str, ...] = (),
-                       console: Any = None, writes: tuple[str, ...] = ()) -> RunReport:  # console: a rich Console
+                       writes: tuple[str, ...] = ()) -> RunReport:
     """Run (or resume) the campaign described by ``config``; see the module docstring.
 
     ``placement``: where the servers run, as the command chose it (``harvest run``:
@@ -376,13 +374,14 @@ async def run_campaign(config: HarvestConfig, *, placement: Placement, all_hosts
     ``[[hosts]]``, refuse unless every host passes preflight.
     ``on_preflight(report)`` is called with the launch's preflight report before the launch.
     ``retry``: what to put back to pending first (``failed``, ``truncated`` or an error class).
-    ``console`` (a rich Console) is the one the live display draws on; print through it meanwhile.
+    ``watch``: who shows the run (``harvest run``'s panel), fed by its events and progress
+    snapshots; None shows nothing.
     ``writes``: names of files the caller writes in the run folder afterwards (the report): refused
     with the run's own before anything is launched.
     """
     return await _Campaign(config, placement,
-                           allow_mixed=allow_mixed, force=force, live=live, all_hosts=all_hosts,
-                           on_preflight=on_preflight, retry=retry, console=console, writes=writes).run()
+                           allow_mixed=allow_mixed, force=force, watch=watch, all_hosts=all_hosts,
+                           on_preflight=on_preflight, retry=retry, writes=writes).run()
 
 
 __all__ = ["RunReport", "dataset_fingerprint", "engine_limit", "output_settings", "run_campaign"]

@@ -1,39 +1,28 @@
-"""The phases of a run (or a serve, a stop, a sweep) as a display shows them: which is running,
-for how long, and one line of what it is doing.
+"""The phases of a run (or a serve, a stop, a sweep) as the command line shows them: which is
+running, for how long, and one line of what it is doing; as rows of a rich panel on a terminal, or
+one plain line per change off it.
 
     board = PhaseBoard()
     server = Server(cfg, on_event=board.on_event)     # the supervisor reports through it
     for row in board.rows(): ...                      # PhaseRow(name, elapsed_s, active, ok, text)
+    line = phase_line(board, event)                   # off a terminal: the line for this event, or None
 
-Fed by :class:`harvest.events.Event` from any thread; read by the display's refresh thread. It
-keeps only the latest state of each phase (a relaunch restarts ``launching``), formats text, and
-never measures, renders or writes anything.
+The state of each phase is :class:`harvest.events.Phases` (fed by events from any thread); this
+module puts words on it. It never measures or writes anything.
 """
 
 from __future__ import annotations
 
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from harvest.events import Event
+from rich.table import Table
+from rich.text import Text
+
+from harvest.events import Event, Phases
 from harvest.redact import escape_controls, redact_text
 from harvest.words import counted
-
-#: Display order; ``trial`` (a sweep's trial k of n) comes first.
-ORDER = ("trial", "ingest", "preflight", "launching", "connecting", "generating", "stopping")
-#: Phases that follow one another: one starting ends the one before.
-SEQUENTIAL = ("preflight", "launching", "connecting", "generating", "stopping")
-
-
-@dataclass
-class _Phase:
-    name: str
-    started: float
-    ended: float | None = None
-    ok: bool = True
-    info: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -47,54 +36,57 @@ class PhaseRow:
     text: str
 
 
-class PhaseBoard:
-    """The latest state of each phase, from events. Thread-safe."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._phases: dict[str, _Phase] = {}
-
-    def on_event(self, event: Event) -> None:
-        with self._lock:
-            phase = self._phases.get(event.phase)
-            if event.kind == "start":
-                if event.phase == "trial":  # a sweep's next launch: its phases start afresh
-                    self._phases.clear()
-                if event.phase in SEQUENTIAL:
-                    for other in self._phases.values():
-                        if other.name in SEQUENTIAL and other.ended is None:
-                            other.ended = event.at
-                self._phases[event.phase] = _Phase(event.phase, event.at, info=dict(event.info))
-                return
-            if phase is None:  # an update or end without a start: the phase began unseen
-                phase = self._phases[event.phase] = _Phase(event.phase, event.at)
-            phase.info.update(event.info)
-            if event.kind == "end":
-                phase.ended = event.at
-                phase.ok = event.ok
-
-    def active(self) -> list[str]:
-        with self._lock:
-            return [p.name for p in self._phases.values() if p.ended is None]
-
-    def info(self, name: str) -> dict[str, Any]:
-        with self._lock:
-            phase = self._phases.get(name)
-            return dict(phase.info) if phase is not None else {}
+class PhaseBoard(Phases):
+    """The latest state of each phase, from events, with a line of words for each. Thread-safe."""
 
     def rows(self, now: float | None = None) -> list[PhaseRow]:
         now = time.monotonic() if now is None else now
-        with self._lock:
-            phases = sorted(self._phases.values(), key=lambda p: (ORDER.index(p.name) if p.name in ORDER
-                                                                   else len(ORDER), p.started))
-            rows = []
-            for p in phases:
-                elapsed = (p.ended if p.ended is not None else now) - p.started
-                text = describe(p.name, {**p.info, "elapsed_s": elapsed}, p.ended is None, p.ok)
-                # shown on a terminal: a URL's secrets hidden, an engine's or a file's controls escaped
-                rows.append(PhaseRow(p.name, elapsed, p.ended is None, p.ok,
-                                     escape_controls(redact_text(text), one_line=True)))
-            return rows
+        rows = []
+        for p in self.states():
+            seconds = (p.ended if p.ended is not None else now) - p.started
+            text = describe(p.name, {**p.info, "elapsed_s": seconds}, p.active, p.ok)
+            # shown on a terminal: a URL's secrets hidden, an engine's or a file's controls escaped
+            shown = escape_controls(redact_text(text), one_line=True)
+            rows.append(PhaseRow(p.name, seconds, p.active, p.ok, shown))
+        return rows
+
+
+def phase_line(board: PhaseBoard, event: Event) -> str | None:
+    """The plain line a display prints off a terminal once ``event`` is on ``board``: one per phase
+    start or end, and a launch's updates (its log line, what it waits on); None for other updates."""
+    if event.kind == "update" and event.phase != "launching":
+        return None
+    row = next((r for r in board.rows() if r.name == event.phase), None)
+    return None if row is None else f"[harvest] {row.name} ({row.elapsed_s:.1f} s): {row.text}"
+
+
+def phase_table(board: PhaseBoard) -> Table:
+    """The phases, one row each: a mark (running / done / failed), name, elapsed, what it does."""
+    table = Table.grid(padding=(0, 1), expand=True)
+    table.add_column(no_wrap=True, width=1)
+    table.add_column(style="bold", no_wrap=True, width=10)
+    table.add_column(justify="right", no_wrap=True, width=7)
+    table.add_column(overflow="fold", ratio=1)  # what the phase does wraps, never cut
+    for row in board.rows():
+        mark = Text("▶", style="cyan") if row.active else (Text("✓", style="green") if row.ok
+                                                            else Text("✗", style="bold red"))
+        table.add_row(mark, row.name, elapsed(row.elapsed_s), Text(row.text, style="" if row.active else "dim"))
+    return table
+
+
+def elapsed(seconds: float) -> str:
+    """``12.3 s`` under a minute, else ``4m05s`` (``1h02m`` past an hour)."""
+    return f"{seconds:.1f} s" if seconds < 60 else duration(seconds)
+
+
+def duration(seconds: float | None) -> str:
+    """``4m05s``, ``1h02m``; ``-`` when unknown."""
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
 
 
 def describe(name: str, info: dict[str, Any], active: bool, ok: bool) -> str:
@@ -225,4 +217,5 @@ def human_bytes(n: int) -> str:
     return f"{n} B"
 
 
-__all__ = ["ORDER", "PhaseBoard", "PhaseRow", "SEQUENTIAL", "describe", "human_bytes"]
+__all__ = ["PhaseBoard", "PhaseRow", "describe", "duration", "elapsed", "human_bytes", "phase_line",
+           "phase_table"]

@@ -4,7 +4,6 @@ console while the panel is live land above its frame; off a terminal, one plain 
 
 from __future__ import annotations
 
-import asyncio
 import io
 import re
 import time
@@ -135,41 +134,6 @@ def test_a_sweeps_next_trial_starts_its_phases_afresh():
     rows = board.rows()
     assert [r.name for r in rows] == ["trial"]
     assert rows[0].text == "trial 2 of 3 (kv_cache_dtype=fp8): probing quality and throughput"
-
-
-async def test_the_display_shows_an_engine_whose_metrics_did_not_come_as_unknown_not_its_last_reading(tmp_path):
-    """A scrape that does not come back (the server hangs on /metrics) must not leave the last
-    reading on the screen as if it were current: running and waiting read "-" until one comes."""
-    import types
-
-    from harvest.campaign.run.dispatch import DispatchSteps
-    from harvest.client import Client, MockTransport, RawResponse
-    from harvest.client.metrics import PrefixCacheMeter
-
-    url, hang = "http://127.0.0.1:9001", False
-
-    async def handler(method, path, body, headers):
-        if hang:
-            await asyncio.sleep(30)
-        return RawResponse(200, b"vllm:num_requests_running 7\nvllm:num_requests_waiting 3\n")
-
-    console = Console(file=io.StringIO(), width=120, force_terminal=True, record=True)
-    progress, _ = _progress(tmp_path, console)
-    steps = types.SimpleNamespace(timeline=None, prefix_cache=PrefixCacheMeter())
-    async with Client([url], model="m", transport=MockTransport(handler)) as client:
-        await DispatchSteps._scrape(steps, client, progress)
-        assert progress.server == {"running": 7, "waiting": 3}
-        assert progress.server_endpoints == {url: {"running": 7, "waiting": 3}}
-        console.print(progress)
-        assert "server running 7   waiting 3" in console.export_text()
-        line = progress.line(progress.snapshot())  # the --no-live line: a comma before each part
-        assert ", server running 7 waiting 3" in line and "  server" not in line, line
-        hang = True
-        await DispatchSteps._scrape(steps, client, progress)
-    assert progress.server == {"running": None, "waiting": None}
-    assert progress.server_endpoints == {url: {"running": None, "waiting": None}}
-    console.print(progress)
-    assert "server running" not in console.export_text()
 
 
 def test_a_hung_endpoint_has_its_own_yellow_row(tmp_path):

@@ -246,6 +246,7 @@ class Intake:
             self._skip_reasons[key] = self._skip_reasons.get(key, 0) + n
 
     def close_records(self) -> None:
+        """Stop reading the dataset: what is not committed is read again next session."""
         if self.records is not None:
             with contextlib.suppress(ValueError):  # still being read by a batch left to finish
                 self.records.close()

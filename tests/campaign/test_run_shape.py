@@ -103,3 +103,60 @@ def test_the_shape_check_sees_a_class_of_two_own_bases(tmp_path):
         "run/steps.py:6: Mixed(Intake, Sup)",
         "run/steps.py:10: Also(dispatch.Dispatch, Intake)",
     ]
+
+
+#: The run state's fields (``campaign/run/state.py``) and the one module of ``campaign/run`` that
+#: changes each: the outcome and the rest the steps share through RunState's own methods. A change
+#: is a write through a name ``state`` or an attribute ``.state`` (``self.state.fleet = ...``).
+WRITERS = {"outcome": "state.py", "note": "state.py", "trip": "state.py", "moved": "state.py",
+           "stop_reports": "state.py", "stop_requested": "state.py", "fleet": "supervise.py",
+           "relaunches": "supervise.py", "requeued": "intake.py", "model": "connect.py",
+           "resumed": "session.py", "timeline": "session.py", "on_event": "session.py",
+           "folder": "session.py"}
+def _targets(node: ast.AST) -> list[ast.expr]:
+    if isinstance(node, ast.Assign):
+        out: list[ast.expr] = []
+        for t in node.targets:
+            out.extend(t.elts if isinstance(t, ast.Tuple) else [t])
+        return out
+    if isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+        return [node.target]
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)  # state.stop_reports.append(...)
+            and node.func.attr in ("append", "extend", "clear", "set")):
+        return [node.func.value]
+    return []
+
+
+def stray_writes(root: Path) -> list[str]:
+    """``file:line: field`` of every change of a run-state field outside the module that owns it."""
+    found: list[tuple[Path, int, int, str]] = []
+    for f in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"), filename=str(f))):
+            for target in _targets(node):
+                if not isinstance(target, ast.Attribute) or target.attr not in WRITERS:
+                    continue
+                owner = target.value
+                if not ((isinstance(owner, ast.Name) and owner.id == "state")
+                        or (isinstance(owner, ast.Attribute) and owner.attr == "state")):
+                    continue  # another object's field of the same name (the breaker's trip, the display's note)
+                if f.name != WRITERS[target.attr]:
+                    found.append((f.relative_to(root), node.lineno, target.col_offset, target.attr))
+    return [f"{f}:{line}: {attr}" for f, line, _, attr in sorted(found)]
+
+
+def test_each_change_of_the_run_state_is_made_in_one_module():
+    assert stray_writes(CAMPAIGN / "run") == []
+
+
+def test_the_state_check_sees_a_stray_write(tmp_path):
+    """A step that sets the outcome or the note itself, appends a stop report or sets the fleet
+    outside supervise.py is named; the display's own ``progress.note`` and the owner's writes are not."""
+    (tmp_path / "dispatch.py").write_text(
+        "def react(state, progress):\n"
+        "    state.outcome, state.note = 'stopped', 'why'\n"
+        "    progress.note = state.note\n"
+        "    state.stop_reports.append(1)\n"
+        "    self.state.fleet = None\n")
+    (tmp_path / "supervise.py").write_text("def stop(state):\n    state.fleet = None\n    state.relaunches += 1\n")
+    assert stray_writes(tmp_path) == ["dispatch.py:2: outcome", "dispatch.py:2: note",
+                                      "dispatch.py:4: stop_reports", "dispatch.py:5: fleet"]

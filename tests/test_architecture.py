@@ -194,7 +194,7 @@ MAX_FUNCTION_LINES = 80
 def oversized(root: Path) -> list[str]:
     """``file:line`` of every module under ``root`` over MAX_MODULE_LINES lines and of every function
     (``def`` or ``async def``: methods and nested functions too) over MAX_FUNCTION_LINES, counted from
-    its ``def`` line to its last line; methods named with their class (``_Campaign.run``)."""
+    its ``def`` line to its last line; methods named with their class (``Session.run``)."""
     found = []
     for f in sorted(root.rglob("*.py")):
         rel = f.relative_to(root)

@@ -41,9 +41,7 @@ def test_progress_json_lists_the_phases_running_in_their_order(tmp_path):
 async def test_the_display_shows_an_engine_whose_metrics_did_not_come_as_unknown_not_its_last_reading(tmp_path):
     """A scrape that does not come back (the server hangs on /metrics) must not leave the last
     reading on the screen as if it were current: running and waiting read "-" until one comes."""
-    import types
-
-    from harvest.campaign.run.dispatch import DispatchSteps
+    from harvest.campaign.run.dispatch import scrape
     from harvest.client import Client, MockTransport, RawResponse
     from harvest.client.metrics import PrefixCacheMeter
 
@@ -58,9 +56,9 @@ async def test_the_display_shows_an_engine_whose_metrics_did_not_come_as_unknown
     panel = RunPanel(console, live=False)
     progress = Progress(tmp_path, total=300, already_final=0, watch=panel)
     panel.opened(progress.view)
-    steps = types.SimpleNamespace(timeline=None, prefix_cache=PrefixCacheMeter())
+    meter = PrefixCacheMeter()
     async with Client([url], model="m", transport=MockTransport(handler)) as client:
-        await DispatchSteps._scrape(steps, client, progress)
+        await scrape(client, progress, meter, None)
         assert progress.server == {"running": 7, "waiting": 3}
         assert progress.server_endpoints == {url: {"running": 7, "waiting": 3}}
         console.print(panel)
@@ -68,7 +66,7 @@ async def test_the_display_shows_an_engine_whose_metrics_did_not_come_as_unknown
         line = progress_line(progress.snapshot())  # the --no-live line: a comma before each part
         assert ", server running 7 waiting 3" in line and "  server" not in line, line
         hang = True
-        await DispatchSteps._scrape(steps, client, progress)
+        await scrape(client, progress, meter, None)
     assert progress.server == {"running": None, "waiting": None}
     assert progress.server_endpoints == {url: {"running": None, "waiting": None}}
     console.print(panel)

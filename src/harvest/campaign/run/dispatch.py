@@ -1,8 +1,9 @@
 """The dispatch loop: claim, send, collect, react; until nothing is left or the run must end.
 
-Steps mixed into the session (``campaign/run/session.py``). Pending items are claimed from the ledger oldest
-first, a little ahead of the client's capacity, and sent from the claimed rows prefix-aware
-(``campaign/run/order.py``); each result is committed exactly once through the single writer.
+:class:`Dispatch`, one per session (``campaign/run/session.py``), given the run's state, the intake
+and the supervision. Pending items are claimed from the ledger oldest first, a little ahead of the
+client's capacity, and sent from the claimed rows prefix-aware (``campaign/run/order.py``); each
+result is committed exactly once through the single writer.
 
 Who pays for a failure is decided by type: RequestError fails the item; ServerSick (every endpoint
 down, or hung, past the client's health deadline) releases in-flight items back to pending uncharged
@@ -10,8 +11,8 @@ and, for a server harvest manages, relaunches it (``campaign/run/supervise.py``)
 server that died, or stayed hung past ``[client] hang_deadline`` (``harvest.client.hang``). When
 ``run.breaker_window`` requests in a row fail with the same class and message
 (``campaign/run/breaker.py``), dispatch stops and those items and the ones in flight go back to
-pending uncharged. An interrupt releases what is in
-flight; claimed rows never sent go back to pending too. No request outlives the loop.
+pending uncharged. An interrupt releases what is in flight; claimed rows never sent go back to
+pending too. No request outlives the loop.
 """
 
 from __future__ import annotations
@@ -21,19 +22,21 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from harvest.campaign.run.breaker import Breaker
 from harvest.campaign.run.context import ContextGuard
 from harvest.campaign.run.generate import generate_samples, logprobs_to_ask
+from harvest.campaign.run.intake import Intake
 from harvest.campaign.run.order import PrefixOrder, prefix_key
+from harvest.campaign.run.state import RunState
+from harvest.campaign.run.supervise import Supervision
 from harvest.campaign.outputs.progress import Progress
 from harvest.campaign.outputs.timeline import RUNNING, WAITING, Timeline
 from harvest.client import Client
 from harvest.client.metrics import PrefixCacheMeter
-from harvest.config import HarvestConfig
 from harvest.errors import RequestError, ServerSick
 from harvest.ledger import Completion, Failure, LedgerWriter, Status
 from harvest.ledger.records import Key
@@ -50,7 +53,7 @@ _END, _AGAIN = object(), object()
 
 
 @dataclass
-class _Dispatch:
+class _Loop:
     """The state of one dispatch loop: the requests in flight (task -> item id), the claimed rows
     not sent yet, the finished requests' queue, and what the loop learnt."""
 
@@ -103,35 +106,32 @@ def _by_item(rows: Sequence[Any]) -> list[list[Any]]:
     return list(groups.values())
 
 
-class DispatchSteps:
-    """The dispatch steps of a session (``_Campaign`` in ``campaign/run/session.py`` sets the state; the
-    server steps it calls, ``relaunch`` and ``server_exited``, are ``campaign/run/supervise.py``'s)."""
+class Dispatch:
+    """The dispatch loop of one session, given the run's state, the intake (is more coming?) and
+    the supervision (relaunch a dead or hung server), with the writer, client and display of the
+    session. It owns what only dispatch uses: the breaker, the context guard, the prefix-cache
+    meter and the scrape beside the loop."""
 
-    config: HarvestConfig
-    settings_hash: str
-    context: ContextGuard
-    stop_requested: asyncio.Event
-    server: Any
-    outcome: str
-    note: str | None
-    breaker: Breaker
-    prefix_cache: PrefixCacheMeter
-    timeline: Timeline | None
-    _scrape_task: asyncio.Task[None] | None
-    # The other steps' methods this one calls (``_Campaign`` mixes them in): the intake's, and the
-    # server supervision's (campaign/run/intake.py, campaign/run/supervise.py).
-    _ingesting: Callable[[], bool]
-    _wait_ingested: Callable[[float], Awaitable[None]]
-    relaunch: Callable[[str], Awaitable[bool]]
-    server_exited: Callable[[], bool]
-    hung_server: Callable[[Client], str | None]
-    down_reason: Callable[[Client], str]
-
-    async def dispatch(self, writer: LedgerWriter, client: Client, progress: Progress) -> None:
-        tasks: dict[asyncio.Task[Any], Key] = {}
+    def __init__(self, state: RunState, intake: Intake, supervision: Supervision, *, writer: LedgerWriter,
+                 client: Client, progress: Progress):
+        self.state = state
+        self.config = state.config
+        self.intake = intake
+        self.supervision = supervision
+        self.writer = writer
+        self.client = client
+        self.progress = progress
+        self.breaker = Breaker(self.config.run.breaker_window)
+        self.context = ContextGuard(self.config)  # learns the model's context on its first check
+        #: The engines' prefix-cache hit rate over this session, from the progress scrapes.
+        self.prefix_cache = PrefixCacheMeter()
         self._scrape_task: asyncio.Task[None] | None = None
+
+    async def run(self) -> None:
+        """Dispatch until nothing is left or the run must end; no request outlives it."""
+        tasks: dict[asyncio.Task[Any], Key] = {}
         try:
-            await self._dispatch(writer, client, progress, tasks)
+            await self._dispatch(tasks)
         finally:
             if tasks:  # an error (e.g. a full disk) ended dispatch: no request may outlive it
                 for t in tasks:
@@ -142,54 +142,55 @@ class DispatchSteps:
                 scrape.cancel()
                 await asyncio.gather(scrape, return_exceptions=True)
             # Dispatch is over: the server's last gauges no longer describe this run.
-            progress.server, progress.server_endpoints = {"running": None, "waiting": None}, {}
+            self.progress.server, self.progress.server_endpoints = {"running": None, "waiting": None}, {}
 
-    async def _dispatch(self, writer: LedgerWriter, client: Client, progress: Progress,
-                        tasks: dict[asyncio.Task[Any], Key]) -> None:
+    async def _dispatch(self, tasks: dict[asyncio.Task[Any], Key]) -> None:
         """Claim, send, collect, react; until nothing is left or the run must end. Each turn of the
         loop is one of each named step below; a step that ends the run says so with ``_END``."""
-        d = _Dispatch(tasks, PrefixOrder(enabled=self.config.run.prefix_order))
-        cfg = self.config
+        d = _Loop(tasks, PrefixOrder(enabled=self.config.run.prefix_order))
+        cfg, state, progress = self.config, self.state, self.progress
         d.one_request = cfg.sampling.one_request(cfg.server.engine if cfg.server else None)
         while True:
-            await self._refill(d, writer, client, progress)
+            await self._refill(d)
             if not tasks:
-                if not d.exhausted and not d.server_down and not self.stop_requested.is_set() and self._ingesting():
-                    await self._wait_ingested(0.5)  # everything ingested so far is done: wait for more
+                if (not d.exhausted and not d.server_down and not state.stop_requested.is_set()
+                        and self.intake.ingesting()):
+                    await self.intake.wait_ingested(0.5)  # everything ingested so far is done: wait for more
                     continue
                 break
             progress.in_flight = len(tasks) + len(d.order)  # claimed: sent, or waiting in harvest's queue
-            d.server_down = await self._collect(d, writer, progress) or d.server_down
-            verdict = await self._react(d, writer, client)
+            d.server_down = await self._collect(d) or d.server_down
+            verdict = await self._react(d)
             if verdict is _END:
                 break
             if verdict is _AGAIN:
                 continue
-            self._tick(d, client, progress)
-        if self.stop_requested.is_set() and self.outcome == "finished":
-            self.outcome = "interrupted"
+            self._tick(d)
+        if state.stop_requested.is_set():
+            state.end("interrupted")  # unless the run ended otherwise first
         held = d.order.drain()
         d.claimed_at.clear()
         if held:  # claimed, never sent: back to pending, uncharged
-            await writer.release(held)
-        self._commit_failures(writer, progress, self.breaker.finish())
+            await self.writer.release(held)
+        self._commit_failures(self.breaker.finish())
         progress.in_flight = 0
 
     # The named steps of one dispatch turn.
 
-    async def _refill(self, d: _Dispatch, writer: LedgerWriter, client: Client, progress: Progress) -> None:
+    async def _refill(self, d: _Loop) -> None:
         """Claim up to ``CLAIM_FACTOR`` x the client's capacity (it moves with ``concurrency =
         "auto"``; deeper while the claimed rows share prefixes: ``PrefixOrder.depth``), then send
         from the claimed rows, prefix-aware (campaign/run/order.py), while the client has room for them
         plus a little headroom, so its own queue stays short and in our order."""
+        client = self.client
         capacity = client.capacity()
-        if self.stop_requested.is_set() or d.server_down:
+        if self.state.stop_requested.is_set() or d.server_down:
             return
         want = d.order.depth(capacity * CLAIM_FACTOR) - len(d.tasks) - len(d.order)
         if not d.exhausted and want > 0:
             # Asked before the claim: an ingest that ended before it committed before it.
-            ingesting = self._ingesting()
-            rows = await writer.claim(want)
+            ingesting = self.intake.ingesting()
+            rows = await self.writer.claim(want)
             if not rows and not ingesting:
                 d.exhausted = True
             now = time.monotonic()
@@ -206,20 +207,19 @@ class DispatchSteps:
             affinity = prefix_key(item) if cfg.client.prefix_affinity else None
             samples = _Samples(functools.partial(
                 generate_samples, client, item, [r.sample for r in group], run=cfg.run, sampling=cfg.sampling,
-                settings_hash=self.settings_hash, one_request=d.one_request, affinity=affinity,
+                settings_hash=self.state.settings_hash, one_request=d.one_request, affinity=affinity,
                 logprobs_ask=logprobs_to_ask(cfg)))
             for index, row in enumerate(group):
-                task = asyncio.create_task(self._one(client, writer, progress, row, samples, index,
-                                                     d.claimed_at.pop(row.key, None)))
+                task = asyncio.create_task(self._one(row, samples, index, d.claimed_at.pop(row.key, None)))
                 task.add_done_callback(d.finished.put_nowait)
                 d.tasks[task] = row.key
 
-    async def _one(self, client: Client, writer: LedgerWriter, progress: Progress, row: Any, samples: _Samples,
-                   index: int, claimed_at: float | None = None) -> None:
+    async def _one(self, row: Any, samples: _Samples, index: int, claimed_at: float | None = None) -> None:
         """Generate one sample of an item and commit its outcome (the writer keeps it exactly once).
         ``claimed_at``: when the ledger handed it out (its wait in the send order counts as queued)."""
+        writer, progress = self.writer, self.progress
         row_id = row.key  # (id, sample): one ledger row per sample
-        if await self.context.skipped(client, writer, progress, row_id, row.item):
+        if await self.context.skipped(self.client, writer, progress, row_id, row.item):
             return  # its prompt cannot fit the model's context: never sent
         t0 = claimed_at or time.monotonic()  # claimed; the request waits for a slot in the client
         try:
@@ -227,11 +227,11 @@ class DispatchSteps:
         except RequestError as exc:
             failure = Failure(row.id, str(exc), f"http_{exc.status}" if exc.status else "request", row.sample)
             if self.breaker.holds(failure.error_class):  # committed once the streak ends
-                self._commit_failures(writer, progress, self.breaker.failed(failure))
+                self._commit_failures(self.breaker.failed(failure))
             else:
-                self._commit_failures(writer, progress, [*self.breaker.succeeded(), failure])
+                self._commit_failures([*self.breaker.succeeded(), failure])
             return
-        self._commit_failures(writer, progress, self.breaker.succeeded())
+        self._commit_failures(self.breaker.succeeded())
         for _ in range(gen.attempts):
             writer.charge_attempt(row_id)
         # Latency from each request being sent; the rest of the time since the claim is the
@@ -249,7 +249,7 @@ class DispatchSteps:
         if gen.ttft_s is not None or gen.itl_s:
             progress.stream_times(gen.ttft_s, gen.tpot_s, gen.itl_s)
 
-    async def _collect(self, d: _Dispatch, writer: LedgerWriter, progress: Progress) -> bool:
+    async def _collect(self, d: _Loop) -> bool:
         """Take the requests that finished; release the items whose server stayed sick (True then)."""
         done = await self._finished(d.finished, 0.5)
         sick: list[Key] = []
@@ -260,60 +260,59 @@ class DispatchSteps:
             exc = task.exception()
             if isinstance(exc, ServerSick):
                 sick.append(row_id)
-                progress.error("server_sick")
+                self.progress.error("server_sick")
             elif exc is not None:
                 raise exc
         if sick:
-            await writer.release(sick)
+            await self.writer.release(sick)
         return bool(sick)
 
-    async def _react(self, d: _Dispatch, writer: LedgerWriter, client: Client) -> object:
+    async def _react(self, d: _Loop) -> object:
         """What the turn's outcome asks for: ``_END`` the run (breaker, server down, interrupt),
         ``_AGAIN`` after a relaunch, else None."""
-        tasks = d.tasks
+        tasks, state, supervision, client = d.tasks, self.state, self.supervision, self.client
         if self.breaker.trip is not None:
             # Every recent request failed the same way: the job, not the items, is wrong.
-            await self._release_in_flight(writer, tasks, [(f.item_id, f.sample) for _, f in self.breaker.held])
-            self.outcome, self.note = "stopped", self.breaker.trip.describe()
+            await self._release_in_flight(tasks, [(f.item_id, f.sample) for _, f in self.breaker.held])
+            state.tripped(self.breaker.trip)
             return _END
         if d.server_down and not tasks:
             # Every endpoint stayed down (or hung) past the client's health deadline.
-            why = self.down_reason(client)
-            if self.server is not None and await self.relaunch(f"{why}; relaunched"):
+            why = supervision.down_reason(client)
+            if state.fleet is not None and await supervision.relaunch(f"{why}; relaunched"):
                 await client.check_health()
                 d.server_down, d.exhausted = False, False
                 return _AGAIN
-            self.outcome, self.note = "server_down", why
+            state.end("server_down", why)
             return _END
-        if self.server_exited() and not d.server_down:
+        if supervision.exited() and not d.server_down:
             # The managed server died: held requests wait for health; relaunch it now.
-            code = self.server.returncode()
-            return await self._replace_server(d, writer, client, f"the server exited (code {code}); relaunched",
+            code = state.fleet.returncode() if state.fleet is not None else None
+            return await self._replace_server(d, f"the server exited (code {code}); relaunched",
                                               "the managed server exited and relaunches are used up")
-        hung = None if d.server_down else self.hung_server(client)
+        hung = None if d.server_down else supervision.hung(client)
         if hung is not None:
             # The managed server is hung past [client] hang_deadline: its requests will never come back.
-            return await self._replace_server(d, writer, client, f"{hung}; relaunched",
+            return await self._replace_server(d, f"{hung}; relaunched",
                                               f"the managed server is {hung}, and relaunches are used up")
-        if self.stop_requested.is_set() and tasks:
-            await self._release_in_flight(writer, tasks)
-            self.outcome = "interrupted"
+        if state.stop_requested.is_set() and tasks:
+            await self._release_in_flight(tasks)
+            state.end("interrupted")
             return _END
         return None
 
-    async def _replace_server(self, d: _Dispatch, writer: LedgerWriter, client: Client, why: str,
-                              used_up: str) -> object:
+    async def _replace_server(self, d: _Loop, why: str, used_up: str) -> object:
         """Release what is in flight (uncharged), then the verified stop and a fresh launch of the
         managed server: ``_AGAIN``, or ``_END`` when the relaunches are used up."""
-        await self._release_in_flight(writer, d.tasks)
-        if not await self.relaunch(why):
-            self.outcome, self.note = "server_down", used_up
+        await self._release_in_flight(d.tasks)
+        if not await self.supervision.relaunch(why):
+            self.state.end("server_down", used_up)
             return _END
-        await client.check_health()
+        await self.client.check_health()
         d.exhausted = False
         return _AGAIN
 
-    def _tick(self, d: _Dispatch, client: Client, progress: Progress) -> None:
+    def _tick(self, d: _Loop) -> None:
         """Every ``progress_interval``: a scrape beside dispatch, the targets, the display."""
         now = time.monotonic()
         if now - d.last_update < self.config.run.progress_interval:
@@ -323,9 +322,10 @@ class DispatchSteps:
         # generates must not hold up the refill of its own queue. The display shows the
         # last scrape that finished.
         if self._scrape_task is None or self._scrape_task.done():
-            self._scrape_task = asyncio.create_task(self._scrape(client, progress))
-        progress.concurrency = {t.url: t.target for t in client.concurrency_targets()}
-        progress.update()
+            self._scrape_task = asyncio.create_task(
+                scrape(self.client, self.progress, self.prefix_cache, self.state.timeline))
+        self.progress.concurrency = {t.url: t.target for t in self.client.concurrency_targets()}
+        self.progress.update()
 
     @staticmethod
     async def _finished(queue: asyncio.Queue[asyncio.Task[Any]], timeout: float) -> list[asyncio.Task[Any]]:
@@ -338,64 +338,63 @@ class DispatchSteps:
             done.append(queue.get_nowait())
         return done
 
-    @staticmethod
-    def _commit_failures(writer: LedgerWriter, progress: Progress, failures: list[Failure]) -> None:
+    def _commit_failures(self, failures: list[Failure]) -> None:
         """Commit item failures (each charged one attempt), e.g. those the breaker held and let go."""
         for failure in failures:
-            writer.charge_attempt((failure.item_id, failure.sample))
-            writer.fail(failure)
-            progress.error(failure.error_class)
-            progress.record(Status.FAILED.value)
+            self.writer.charge_attempt((failure.item_id, failure.sample))
+            self.writer.fail(failure)
+            self.progress.error(failure.error_class)
+            self.progress.record(Status.FAILED.value)
 
-    @staticmethod
-    async def _release_in_flight(writer: LedgerWriter, tasks: dict[asyncio.Task[Any], Key],
-                                 also: Sequence[Key] = ()) -> None:
+    async def _release_in_flight(self, tasks: dict[asyncio.Task[Any], Key], also: Sequence[Key] = ()) -> None:
         """Cancel the requests in flight and put their items (and ``also``) back to pending, uncharged."""
         ids = [*tasks.values(), *also]
         for t in list(tasks):
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         tasks.clear()
-        await writer.release(ids)
+        await self.writer.release(ids)
 
-    async def _scrape(self, client: Client, progress: Progress) -> None:
-        """The engines' running and waiting requests for the display, and the prefix cache's counters.
-        An endpoint that did not answer within 2 s shows as unknown ("-"), not as its last reading."""
-        try:
-            metrics = await asyncio.wait_for(client.scrape_metrics(timeout=2.0), timeout=5.0)
-        except Exception:  # noqa: BLE001 - metrics are informative only; what was read is now unknown
-            log.debug("metrics not read for the display", exc_info=True)
-            metrics = {url: {} for url in client.endpoints}
-        if self.timeline is not None:
-            self.timeline.observe_metrics(metrics)
-        running = waiting = None
-        per_endpoint: dict[str, dict[str, float | None]] = {}
-        for url, values in metrics.items():
-            mine: dict[str, float | None] = {
-                key: sum(values[n] for n in names if n in values) if any(n in values for n in names) else None
-                for key, names in (("running", RUNNING), ("waiting", WAITING))}
-            if mine["running"] is not None:
-                running = (running or 0) + mine["running"]
-            if mine["waiting"] is not None:
-                waiting = (waiting or 0) + mine["waiting"]
-            per_endpoint[url] = mine
-        progress.server = {"running": running, "waiting": waiting}
-        progress.server_endpoints = per_endpoint
-        self.prefix_cache.observe(metrics)
-        progress.prefix_cache = self.prefix_cache.snapshot()
-
-
-    async def read_cache_counters(self, client: Client, progress: Progress, timeout: float = 10.0) -> None:
+    async def read_cache_counters(self, timeout: float = 10.0) -> None:
         """The engines' prefix-cache counters read while nothing runs: before the first request (the
         baseline the run's hit rate counts from) and after the last (what the run added). A busy
         engine may answer no /metrics scrape while it generates (vLLM's CPU build answered only once
         the run drained), so without these two the rate could rest on no reading at all."""
         try:
-            metrics = await asyncio.wait_for(client.scrape_metrics(timeout=timeout), timeout=timeout + 5.0)
+            metrics = await asyncio.wait_for(self.client.scrape_metrics(timeout=timeout), timeout=timeout + 5.0)
         except Exception:  # noqa: BLE001 - informative only: the scrapes during the run may still speak
             log.debug("prefix-cache counters not read", exc_info=True)
             return
         self.prefix_cache.observe(metrics)
-        progress.prefix_cache = self.prefix_cache.snapshot()
+        self.progress.prefix_cache = self.prefix_cache.snapshot()
 
-__all__ = ["CLAIM_FACTOR", "SEND_HEADROOM", "DispatchSteps"]
+
+async def scrape(client: Client, progress: Progress, meter: PrefixCacheMeter, timeline: Timeline | None) -> None:
+    """The engines' running and waiting requests for the display, and the prefix cache's counters
+    (into ``meter``; the timeline keeps the readings). An endpoint that did not answer within 2 s
+    shows as unknown ("-"), not as its last reading."""
+    try:
+        metrics = await asyncio.wait_for(client.scrape_metrics(timeout=2.0), timeout=5.0)
+    except Exception:  # noqa: BLE001 - metrics are informative only; what was read is now unknown
+        log.debug("metrics not read for the display", exc_info=True)
+        metrics = {url: {} for url in client.endpoints}
+    if timeline is not None:
+        timeline.observe_metrics(metrics)
+    running = waiting = None
+    per_endpoint: dict[str, dict[str, float | None]] = {}
+    for url, values in metrics.items():
+        mine: dict[str, float | None] = {
+            key: sum(values[n] for n in names if n in values) if any(n in values for n in names) else None
+            for key, names in (("running", RUNNING), ("waiting", WAITING))}
+        if mine["running"] is not None:
+            running = (running or 0) + mine["running"]
+        if mine["waiting"] is not None:
+            waiting = (waiting or 0) + mine["waiting"]
+        per_endpoint[url] = mine
+    progress.server = {"running": running, "waiting": waiting}
+    progress.server_endpoints = per_endpoint
+    meter.observe(metrics)
+    progress.prefix_cache = meter.snapshot()
+
+
+__all__ = ["CLAIM_FACTOR", "SEND_HEADROOM", "Dispatch", "scrape"]

@@ -1,10 +1,10 @@
 """The run's input: the ledger opened under the resume rules, and the dataset ingested into it.
 
-Steps of a session's start and of its background ingest (mixed into the session, ``campaign/run/session.py``):
-open the ledger, refusing settings that change outputs (``output_settings``, hashed) or a dataset
-that changed (``dataset_fingerprint``) unless ``allow_mixed``; read again the rows skipped under
-other ``[data]`` settings; apply ``--retry``; ingest the dataset's first batch before any launch (so
-that a dataset that cannot be read fails before a server starts), then the rest batch by batch beside
+:class:`Intake`, one per session (``campaign/run/session.py``), given the run's state: open the
+ledger, refusing settings that change outputs (``output_settings``, hashed) or a dataset that
+changed (``dataset_fingerprint``) unless ``allow_mixed``; read again the rows skipped under other
+``[data]`` settings; apply ``--retry``; ingest the dataset's first batch before any launch (so that
+a dataset that cannot be read fails before a server starts), then the rest batch by batch beside
 the launch and the dispatch, one transaction per batch through the single writer. An interrupted
 ingest resumes by position, passing over what it committed without normalizing it. Nothing here
 sends a request or touches a server.
@@ -23,6 +23,7 @@ from typing import Any
 
 from harvest.campaign.run.distill import check_logprob_space, describe_samples
 from harvest.campaign.run.folder import other_job
+from harvest.campaign.run.state import RunState
 from harvest.campaign.outputs.progress import Progress
 from harvest.config import HarvestConfig
 from harvest.dataset import iter_items
@@ -100,27 +101,36 @@ def describe_ids(data: Any, report: IngestReport) -> str:
             f"({usable - report.own_ids})")
 
 
-class IngestSteps:
-    """The ledger and dataset steps of a session (``_Campaign`` in ``campaign/run/session.py`` sets the state)."""
+class Intake:
+    """The ledger and the dataset's ingest of one session: the ledger opened under the resume rules
+    with the first batch ingested (:meth:`open_ledger`), then the rest beside the launch and the
+    dispatch (:meth:`ingest_rest`), which dispatch asks about (:meth:`ingesting`,
+    :meth:`wait_ingested`) and the session ends (:meth:`finish`)."""
 
-    config: HarvestConfig
-    run_dir: Path
-    allow_mixed: bool
-    force: bool
-    settings_hash: str
-    retry: tuple[str, ...]
-    requeued: int
-    # The background ingest: its records, task, a wake-up per committed batch, and its stop.
-    _records: Any
-    _ingest_task: asyncio.Task[None] | None
-    _ingested: asyncio.Event
-    _ingest_stop: bool
-    _first_rows: int | None
-    _first_batch: tuple[int, int]
-    _skip_reasons: dict[tuple[str, str], int]
-    _space: Any
+    def __init__(self, state: RunState, *, allow_mixed: bool, force: bool, retry: tuple[str, ...] = ()):
+        self.state = state
+        self.config = state.config
+        self.run_dir = state.run_dir
+        self.allow_mixed = allow_mixed
+        self.force = force
+        self.retry = retry
+        #: The dataset's records still to read, None once the ingest is complete or ended (``Any``:
+        #: iter_items' generator, closed early when the session ends before the dataset does).
+        self.records: Any = None
+        #: Input rows read before the display started (this session), once the first batch is in.
+        self.first_rows: int | None = None
+        #: Rows of this session's first ingest batch, and how many of them were skipped.
+        self.first_batch = (0, 0)
+        # The background ingest: its task, a wake-up per committed batch, and its stop.
+        self._task: asyncio.Task[None] | None = None
+        self._ingested = asyncio.Event()
+        self._stop = False
+        #: (error class, reason) -> rows skipped by this session's ingest, for the input line.
+        self._skip_reasons: dict[tuple[str, str], int] = {}
 
     def open_ledger(self) -> Ledger:
+        """The run's ledger, opened under the resume rules (module docstring), with ``--retry``
+        applied and the dataset's first batch ingested (the rest: :meth:`ingest_rest`)."""
         data = self.config.data
         assert data is not None
         try:  # a dataset that cannot be read stops the run before a run folder or a ledger is made
@@ -138,7 +148,7 @@ class IngestSteps:
         # values as given, is what a resume compares.
         meta = {"job": self.config.recorded(), "job_file": self.config.source,
                 "output_settings": redact_doc(output_settings(self.config))}
-        ledger = Ledger.open(self.run_dir, settings_hash=self.settings_hash, meta=meta,
+        ledger = Ledger.open(self.run_dir, settings_hash=self.state.settings_hash, meta=meta,
                              allow_mixed=self.allow_mixed, samples=self.config.sampling.n)
         known = ledger.meta().get("dataset_fingerprint")
         if known is not None and known != fingerprint and not self.allow_mixed:
@@ -153,26 +163,26 @@ class IngestSteps:
         for what in self.retry:  # after open: settings that change outputs were checked there
             count = ledger.requeue(what, reason=f"harvest run --retry {what}")
             log.info("--retry %s: %d items back to pending", what, count)
-            self.requeued += count
-        state = ledger.ingest_state()
-        if not state["complete"]:
+            self.state.requeued += count
+        ingested = ledger.ingest_state()
+        if not ingested["complete"]:
             # The first batch now, before any launch: a dataset that cannot be read fails here.
-            self._records = iter_items(data, skip=state["rows"])
+            self.records = iter_items(data, skip=ingested["rows"])
             try:
-                first = prepare_ingest(self._records, INGEST_BATCH, self.config.sampling.n)
+                first = prepare_ingest(self.records, INGEST_BATCH, self.config.sampling.n)
                 self._count_skips(first)
-                self._first_batch = (first.rows, first.skipped)
-                report = ledger.commit_ingest(first, resumed_from=state["rows"])
-                self._first_rows = report.total_rows
-                self._space = check_logprob_space(self.config, ledger, first, report, force=self.force)
+                self.first_batch = (first.rows, first.skipped)
+                report = ledger.commit_ingest(first, resumed_from=ingested["rows"])
+                self.first_rows = report.total_rows
+                check_logprob_space(self.config, ledger, first, report, force=self.force)
             except BaseException:
-                self._close_records()
+                self.close_records()
                 ledger.close()
                 raise
-            if state["rows"]:
-                log.info("ingest resumed after row %d", state["rows"])
+            if ingested["rows"]:
+                log.info("ingest resumed after row %d", ingested["rows"])
             if report.complete:
-                self._close_records()
+                self.close_records()
                 self._log_input(report)
         return ledger
 
@@ -198,7 +208,7 @@ class IngestSteps:
                     records.close()  # type: ignore[attr-defined]
             log.info("skipped rows read again (%s): %d are now items to generate, %d still skipped",
                      why, recovered, still)
-            self.requeued += recovered
+            self.state.requeued += recovered
         ledger.set_meta("data_shape", shape)
 
     def _log_input(self, report: IngestReport) -> None:
@@ -224,32 +234,40 @@ class IngestSteps:
             for line in describe_skips(reasons):
                 log.warning("  %s", line)
 
-    def _first_batch_all_skipped(self, counts: dict[Status, int]) -> bool:
+    def first_batch_all_skipped(self, counts: dict[Status, int]) -> bool:
         """True when this session's first ingest batch was a whole batch, every row of it skipped,
         the dataset goes on, and nothing in the ledger waits to be generated."""
-        rows, skipped = self._first_batch
-        return (self._records is not None and rows >= INGEST_BATCH and skipped == rows
+        rows, skipped = self.first_batch
+        return (self.records is not None and rows >= INGEST_BATCH and skipped == rows
                 and not counts[Status.PENDING] and not counts[Status.RUNNING])
 
     def _count_skips(self, batch: IngestBatch) -> None:
         for key, n in batch.skip_reasons.items():
             self._skip_reasons[key] = self._skip_reasons.get(key, 0) + n
 
-    def _close_records(self) -> None:
-        if self._records is not None:
+    def close_records(self) -> None:
+        """Stop reading the dataset: what is not committed is read again next session."""
+        if self.records is not None:
             with contextlib.suppress(ValueError):  # still being read by a batch left to finish
-                self._records.close()
-            self._records = None
+                self.records.close()
+            self.records = None
+
+    def ingest_rest(self, writer: LedgerWriter, progress: Progress) -> None:
+        """Start the ingest of the rest of the dataset (when the first batch did not hold it all)
+        beside the launch and the dispatch; :meth:`finish` ends it."""
+        if self.records is not None:
+            progress.ingesting = True
+            self._task = asyncio.create_task(self._ingest_rest(writer, progress))
 
     async def _ingest_rest(self, writer: LedgerWriter, progress: Progress) -> None:
-        """Ingest the rest of the dataset beside the launch and the dispatch, one batch per
-        transaction through the writer; records are read and normalized on a worker thread."""
-        records = self._records
+        """Ingest the rest of the dataset, one batch per transaction through the writer; records
+        are read and normalized on a worker thread."""
+        records = self.records
         try:
-            while not self._ingest_stop:
+            while not self._stop:
                 batch: IngestBatch = await asyncio.to_thread(prepare_ingest, records, INGEST_BATCH,
                                                              self.config.sampling.n)
-                if self._ingest_stop:
+                if self._stop:
                     return  # not committed: the next session reads it again
                 self._count_skips(batch)
                 report = await writer.ingest(batch)
@@ -262,12 +280,12 @@ class IngestSteps:
                     progress.ingesting = False
                     return
         finally:
-            self._close_records()
+            self.close_records()
             self._ingested.set()
 
-    def _ingesting(self) -> bool:
+    def ingesting(self) -> bool:
         """True while the background ingest may still add items; raises what ended it, if anything did."""
-        task = self._ingest_task
+        task = self._task
         if task is None:
             return False
         if not task.done():
@@ -276,18 +294,18 @@ class IngestSteps:
             raise task.exception()  # type: ignore[misc]
         return False
 
-    async def _wait_ingested(self, timeout: float) -> None:
+    async def wait_ingested(self, timeout: float) -> None:
         """Wait up to ``timeout`` for the next committed ingest batch (or the ingest's end)."""
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._ingested.wait(), timeout)
         self._ingested.clear()
 
-    async def _finish_ingest(self) -> None:
+    async def finish(self) -> None:
         """Let the background ingest finish its current batch and stop (it resumes next session)."""
-        task = self._ingest_task
+        task = self._task
         if task is None:
             return
-        self._ingest_stop = True
+        self._stop = True
         try:
             await asyncio.wait_for(asyncio.shield(task), INGEST_STOP_TIMEOUT)
         except asyncio.TimeoutError:
@@ -297,4 +315,4 @@ class IngestSteps:
             log.warning("the ingest stopped: %s", exc)
 
 
-__all__ = ["INGEST_BATCH", "IngestSteps", "dataset_fingerprint", "describe_ids", "output_settings"]
+__all__ = ["INGEST_BATCH", "Intake", "dataset_fingerprint", "describe_ids", "output_settings"]

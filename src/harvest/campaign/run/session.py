@@ -22,10 +22,13 @@ first (recorded in the ledger), under the same settings-hash rule as any resume.
 stops dispatch, releases what is in flight, commits what finished and stops the server: the run
 resumes where it was. This module never kills a process itself: the supervisor does, by its record.
 
-The steps live beside this module, one file per named part of the session: ``campaign/run/intake.py``
-(the ledger and the dataset's ingest), ``campaign/run/supervise.py`` (launch, verified stop, relaunch,
-the endpoints' check), ``campaign/run/dispatch.py`` (the dispatch loop); here, the session that runs
-them in order and the report of how it ended.
+The session's mutable state is one :class:`RunState` (``campaign/run/state.py``: the outcome and its
+note, the fleet, the stop reports, the held run folder, ...); its steps live beside this module,
+one file each, and are handed the state and what else they use: ``campaign/run/intake.py`` (the
+ledger and the dataset's ingest), ``campaign/run/supervise.py`` (launch, verified stop, relaunch),
+``campaign/run/connect.py`` (the endpoints' check), ``campaign/run/dispatch.py`` (the dispatch loop).
+Here, the session that makes them, runs them in order, holds the signals, the display and the run
+folder's watch, and reports how it ended.
 """
 
 from __future__ import annotations
@@ -35,28 +38,27 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from harvest import safefiles
-from harvest.campaign.run.breaker import Breaker, Trip
-from harvest.campaign.run.context import ContextGuard
-from harvest.campaign.run.dispatch import DispatchSteps
+from harvest.campaign.run.breaker import Trip
+from harvest.campaign.run.connect import check_endpoints
+from harvest.campaign.run.dispatch import Dispatch
 from harvest.campaign.run.folder import resume_line, skipped_problem
-from harvest.campaign.run.intake import IngestSteps, dataset_fingerprint, output_settings
+from harvest.campaign.run.intake import Intake, dataset_fingerprint, output_settings
 from harvest.campaign.outputs.progress import PROGRESS_FILE, Progress, RunWatch
-from harvest.campaign.run.supervise import SERVER_DIR, ServerSteps
+from harvest.campaign.run.state import RunState
+from harvest.campaign.run.supervise import Supervision
 from harvest.campaign.outputs.timeline import TIMELINE_FILE, Timeline
 from harvest.client import Client
-from harvest.client.metrics import PrefixCacheMeter
 from harvest.config import HarvestConfig
 from harvest.dataset.skips import SkipReason
 from harvest.errors import ConfigError, LaunchError
 from harvest.events import Event, Listener
 from harvest.ledger import Ledger, LedgerWriter, Status, Totals, hash_settings
-from harvest.placement import Fleet, Placement, engine_limit
+from harvest.placement import OnPreflight, Placement, engine_limit
 from harvest.stops import StopReport
 
 log = logging.getLogger("harvest.campaign")
@@ -99,12 +101,13 @@ class RunReport:
         return self.outcome == "finished" and self.totals.ok and self.skip_problem is None
 
 
-class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
-    """One session of a run. Not reusable."""
+class Session:
+    """One session of a run: makes the run's state and its steps (intake, supervision, dispatch),
+    runs them in order and reports how it ended. Not reusable."""
 
     def __init__(self, config: HarvestConfig, placement: Placement, *, allow_mixed: bool, force: bool,
                  watch: RunWatch | None, all_hosts: bool = False,
-                 on_preflight: Callable[[Any], None] | None = None, retry: tuple[str, ...] = (), writes: tuple[str, ...] = ()):
+                 on_preflight: OnPreflight | None = None, retry: tuple[str, ...] = (), writes: tuple[str, ...] = ()):
         if config.data is None:
             raise ConfigError(config.source, [(f"{config.source} [data]", "`harvest run` needs a [data] table")])
         if config.server is None and not config.client.endpoints:
@@ -112,85 +115,52 @@ class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
                                                "`harvest run` needs a [server] table or [client] endpoints")])
         self.config = config
         self.run_dir = Path(config.output.dir)
-        self.allow_mixed = allow_mixed
-        self.force = force
         self.watch = watch  # the display (the command line's panel), fed by events and snapshots
         #: Where the servers run (harvest.placement), chosen once by the command; it makes them.
         self.placement = placement
-        self.server_factory = placement.fleet(all_hosts=all_hosts)
-        self.on_preflight = on_preflight
-        self.on_event: Listener | None = None  # the display's phase listener, once it exists
-        self.settings_hash = hash_settings(output_settings(config))
-        self.context = ContextGuard(config)  # learns the model's context on its first check
-        self.stop_requested = asyncio.Event()
-        self.server: Fleet | None = None
-        self.stop_reports: list[StopReport] = []
-        self.relaunches = 0
-        self.outcome = "finished"
-        self.note: str | None = None
-        self.breaker = Breaker(config.run.breaker_window)
-        #: The engines' prefix-cache hit rate over this session, from the progress scrapes.
-        self.prefix_cache = PrefixCacheMeter()
-        self.retry = retry
         #: Files the caller writes in the run folder after the session (the report), checked with ours.
         self.writes = writes
-        self.requeued = 0
-        # The background ingest: its records, task, a wake-up per committed batch, and its stop.
-        self._records: Any = None
-        self._ingest_task: asyncio.Task[None] | None = None
-        self._ingested = asyncio.Event()
-        self._ingest_stop = False
-        #: The report's record of this session (timeline.json): intervals, histograms, launches.
-        self.timeline: Timeline | None = None
-        self._first_rows: int | None = None  # input rows read before the display started (this session)
-        self._first_batch = (0, 0)  # rows of this session's first ingest batch, and how many were skipped
-        #: (error class, reason) -> rows skipped by this session's ingest, for the input line.
-        self._skip_reasons: dict[tuple[str, str], int] = {}
-        self.resumed: str | None = None
-        #: The model name sent with every request (checked against /v1/models), once known.
-        self.model: str | None = None
-        self._space: Any = None  # the logprob disk check of this session (campaign/run/distill.py)
-        #: The run folder and its server folder, held from the ledger's open to the caller's report:
-        #: every file of the run (the server's records and logs too) goes through these descriptors.
-        self.folder: safefiles.Folder | None = None
-        self._server_dir: safefiles.Folder | None = None
-        #: Why the session stopped when the run folder's name stopped naming the folder it holds.
-        self.moved: str | None = None
+        #: What changes while the session runs; the steps below are handed it.
+        self.state = RunState(config, self.run_dir, hash_settings(output_settings(config)))
+        self.intake = Intake(self.state, allow_mixed=allow_mixed, force=force, retry=retry)
+        self.supervision = Supervision(self.state, placement, placement.fleet(all_hosts=all_hosts), force=force,
+                                       on_preflight=on_preflight)
 
     async def run(self) -> RunReport:
         """Open the ledger, then (under the display) stop what an earlier session left, launch,
         dispatch, stop; then the totals check. Signals taken for the session are given back."""
         t0 = time.monotonic()
+        state, intake = self.state, self.intake
         server = self.config.server
         if server is not None and server.launched:
             self.placement.hold_state_dir()  # e.g. a state dir another user owns: refused before any write
-        ledger = self.open_ledger()
+        ledger = intake.open_ledger()
         assert ledger.folder is not None  # opened for writing: the run folder is held
-        self.folder = ledger.folder.dup()
+        state.folder = ledger.folder.dup()
         installed = self._take_signals()
         try:
             self._refuse_unsafe_files(ledger)
             counts = ledger.counts()
             progress = self._open_progress(ledger, counts, t0)
             with progress:
-                await asyncio.to_thread(self.stop_leftover)  # also when nothing is left to generate
-                if self._first_batch_all_skipped(counts):
+                await asyncio.to_thread(self.supervision.stop_leftover)  # also when nothing is left to generate
+                if intake.first_batch_all_skipped(counts):
                     self._no_launch_for_skipped_rows()
-                elif counts[Status.PENDING] or counts[Status.RUNNING] or self._records is not None:
+                elif counts[Status.PENDING] or counts[Status.RUNNING] or intake.records is not None:
                     await self._launch_and_dispatch(ledger, progress)
                 self._say_if_moved()
-                progress.state = self.outcome
-                progress.note = self.note
+                progress.state = state.outcome
+                progress.note = state.note
                 progress.update()
-            if self.model is not None:
-                ledger.set_meta("model_used", self.model)
+            if state.model is not None:
+                ledger.set_meta("model_used", state.model)
             totals = ledger.check_totals()
             skip_reasons = tuple(ledger.skip_reasons())
         finally:
-            if self.timeline is not None:
-                self.timeline.close(self.outcome)
+            if state.timeline is not None:
+                state.timeline.close(state.outcome)
             self._give_back_signals(installed)
-            self._close_records()
+            intake.close_records()
             ledger.close()
         return self._report(totals, progress.done, time.monotonic() - t0, skip_reasons, ledger.recovered)
 
@@ -204,40 +174,29 @@ class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
             ledger.folder.check_file(name)
         server = self.config.server
         if server is not None and server.launched:
-            self.placement.check_records(self.server_dir(), server)
-
-    def server_dir(self) -> safefiles.Folder:
-        """The run folder's ``server/`` folder, held (made 0700 when absent): the fleet's records,
-        logs and stop reports go through it, never through the run folder's name."""
-        if self._server_dir is None:
-            assert self.folder is not None  # held from the ledger's open
-            self._server_dir = self.folder.subfolder(SERVER_DIR)
-        return self._server_dir
+            self.placement.check_records(self.state.server_dir(), server)
 
     async def _watch_folder(self) -> None:
         """Stop the session (verified stop of its servers, in-flight items released) once the run
         folder's name names another folder: what is written still goes to the folder held, but the
         user's `status`, `export` and next `run` by that name would find another run."""
-        assert self.folder is not None
-        while self.moved is None:
+        while True:
             await asyncio.sleep(FOLDER_CHECK_S)
-            if (why := self.folder.moved()) is not None:
-                self.moved = why
+            if (why := self.state.folder_moved()) is not None:
                 log.error("the run folder was replaced while the run went on: %s; stopping", why)
-                self._request_stop()
+                self.state.request_stop()
+                return
 
     def _say_if_moved(self) -> None:
         """The outcome and note of a session whose run folder was replaced (during it or at its end)."""
-        why = self.moved if self.moved is not None else self.folder.moved() if self.folder is not None else None
+        state = self.state
+        why = state.folder_moved()
         if why is None:
             return
-        self.moved = why
-        if self.outcome in ("finished", "interrupted"):
-            self.outcome = "stopped"
-        put_back = self.folder.where_now() if self.folder is not None else self.run_dir
-        self.note = (f"the run folder was replaced during the run: {why}; everything this run wrote is in "
-                     f"the folder it held, nothing in the other; move {put_back} back to {self.run_dir} "
-                     f"and run again to resume")
+        put_back = state.folder.where_now() if state.folder is not None else self.run_dir
+        state.end("stopped", f"the run folder was replaced during the run: {why}; everything this run wrote is "
+                             f"in the folder it held, nothing in the other; move {put_back} back to "
+                             f"{self.run_dir} and run again to resume")
 
     def _take_signals(self) -> dict[int, Any]:
         """SIGINT / SIGTERM ask for a clean stop; returns the handler each had (``Any``: whatever
@@ -248,7 +207,7 @@ class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 before = signal.getsignal(sig)
-                loop.add_signal_handler(sig, self._request_stop)
+                loop.add_signal_handler(sig, self.state.request_stop)
                 installed[sig] = before
         return installed
 
@@ -265,26 +224,26 @@ class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
         """The progress of the session (told to its watch) and its timeline, from what the ledger
         held at the start."""
         total = sum(counts.values())
+        ongoing = self.intake.records is not None
         if not ledger.created:
-            self.resumed = resume_line(counts, ledger.recovered, ledger.ingest_state(), self._records is not None)
-            log.info("%s", self.resumed)
+            self.state.resumed = resume_line(counts, ledger.recovered, ledger.ingest_state(), ongoing)
+            log.info("%s", self.state.resumed)
         final = (Status.DONE, Status.TRUNCATED, Status.FAILED, Status.SKIPPED)
         assert ledger.folder is not None  # opened for writing: the run folder is held
         progress = Progress(ledger.folder, total=total, already_final=sum(counts[s] for s in final),
                             data_path=self.config.data.path if self.config.data else None,
                             before={s.value: counts[s] for s in final}, watch=self.watch)
-        self.on_event = progress.on_event
-        progress.ingest_began(t0, self._first_rows, ongoing=self._records is not None)
-        progress.timeline = self.timeline = Timeline.open(ledger.folder)
+        self.state.on_event = progress.on_event
+        progress.ingest_began(t0, self.intake.first_rows, ongoing=ongoing)
+        progress.timeline = self.state.timeline = Timeline.open(ledger.folder)
         return progress
 
     def _no_launch_for_skipped_rows(self) -> None:
         """A whole first batch of rows that do not fit [data] is the job's mistake: no launch for
         it; the rest of the dataset is read next time, under fixed settings."""
-        self._close_records()
-        self.outcome = "stopped"
-        self.note = (f"the {self._first_batch[0]:,} rows read first were all skipped: fix [data] "
-                     f"and run again (the skipped rows are read again)")
+        self.intake.close_records()
+        self.state.end("stopped", f"the {self.intake.first_batch[0]:,} rows read first were all skipped: fix "
+                                  f"[data] and run again (the skipped rows are read again)")
 
     async def _launch_and_dispatch(self, ledger: Ledger, progress: Progress) -> None:
         """The rest of the ingest beside the launch and the dispatch; the server's verified stop
@@ -292,9 +251,7 @@ class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
         try:
             async with LedgerWriter(ledger) as writer:
                 try:
-                    if self._records is not None:
-                        progress.ingesting = True
-                        self._ingest_task = asyncio.create_task(self._ingest_rest(writer, progress))
+                    self.intake.ingest_rest(writer, progress)
                     watch = asyncio.create_task(self._watch_folder())
                     try:
                         if await self._start_unless_moved():
@@ -304,25 +261,25 @@ class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
                         watch.cancel()
                         await asyncio.gather(watch, return_exceptions=True)
                 finally:
-                    await self._finish_ingest()
+                    await self.intake.finish()
         finally:
-            await self.stop_server()
+            await self.supervision.stop()
 
     async def _start_unless_moved(self) -> bool:
         """The launch; False when it was cancelled because the run folder was replaced (the
         session's stop: its note says why)."""
         try:
-            await self.start_server()
+            await self.supervision.start()
         except LaunchError:
-            if self.moved is None:
+            if self.state.moved is None:
                 raise
             return False
-        return self.moved is None
+        return self.state.moved is None
 
     def _client(self) -> Client:
         """The client of the job's endpoints: the fleet's URLs (far servers: their tunnels) with what
         is known of each server's engine (a ``[[hosts]]`` entry's own batch limit)."""
-        server, fleet = self.config.server, self.server
+        server, fleet = self.config.server, self.state.fleet
         return Client.from_config(self.config, fleet.urls if fleet is not None else None,
                                   fleet.engine_limits() if fleet is not None else None,
                                   engine=None if server is None else engine_limit(server))
@@ -330,42 +287,38 @@ class _Campaign(IngestSteps, ServerSteps, DispatchSteps):
     async def _generate(self, writer: LedgerWriter, client: Client, progress: Progress) -> None:
         """Check the endpoints, then dispatch until the run ends (with the prefix-cache counters
         read before and after)."""
-        if self.server is not None:
-            self.server.attach(client)  # Ray: the endpoints follow replacement servers
+        state = self.state
+        if state.fleet is not None:
+            state.fleet.attach(client)  # Ray: the endpoints follow replacement servers
         progress.client_stats = client.stats
         progress.health_deadline = self.config.client.health_deadline
         if not self.config.client.auto:
             progress.concurrency_limit = int(self.config.client.concurrency)
-        if await self._check_endpoints(client, progress):
-            await self.read_cache_counters(client, progress)
+        if await check_endpoints(state, client, progress):
+            dispatch = Dispatch(state, self.intake, self.supervision, writer=writer, client=client,
+                                progress=progress)
+            await dispatch.read_cache_counters()
             progress.begin("generating", concurrency=client.capacity())
-            await self.dispatch(writer, client, progress)
-            if self.outcome not in ("interrupted", "server_down"):
-                await self.read_cache_counters(client, progress)
-        progress.on_event(Event("generating", "end", {"outcome": self.outcome, "note": self.note},
-                                ok=self.outcome == "finished"))
+            await dispatch.run()
+            if state.outcome not in ("interrupted", "server_down"):
+                await dispatch.read_cache_counters()
+        progress.on_event(Event("generating", "end", {"outcome": state.outcome, "note": state.note},
+                                ok=state.outcome == "finished"))
 
     def _report(self, totals: Totals, finished: int, elapsed_s: float, skip_reasons: tuple[SkipReason, ...],
                 recovered: int) -> RunReport:
-        data = self.config.data
+        data, state = self.config.data, self.state
         assert data is not None
-        return RunReport(self.run_dir, totals, finished, elapsed_s, self.outcome,
-                         self.relaunches, tuple(self.stop_reports), recovered, self.note,
-                         self.breaker.trip, self.requeued, skip_reasons,
-                         skipped_problem(totals, data.max_skipped_share) if totals.ok else None, self.resumed,
-                         self.folder)
-
-    def _request_stop(self) -> None:
-        if not self.stop_requested.is_set():
-            log.warning("stop requested: finishing committed work, releasing in-flight items")
-        self.stop_requested.set()
-        if self.server is not None and self.server.ready is None:
-            self.server.cancel()  # still starting: give up the launch (its cleanup stops what started)
+        return RunReport(self.run_dir, totals, finished, elapsed_s, state.outcome,
+                         state.relaunches, tuple(state.stop_reports), recovered, state.note,
+                         state.trip, state.requeued, skip_reasons,
+                         skipped_problem(totals, data.max_skipped_share) if totals.ok else None, state.resumed,
+                         state.folder)
 
 
 async def run_campaign(config: HarvestConfig, *, placement: Placement, all_hosts: bool = False,
                        allow_mixed: bool = False, force: bool = False, watch: RunWatch | None = None,
-                       on_preflight: Callable[[Any], None] | None = None, retry: tuple[str, ...] = (),
+                       on_preflight: OnPreflight | None = None, retry: tuple[str, ...] = (),
                        writes: tuple[str, ...] = ()) -> RunReport:
     """Run (or resume) the campaign described by ``config``; see the module docstring.
 
@@ -379,9 +332,8 @@ async def run_campaign(config: HarvestConfig, *, placement: Placement, all_hosts
     ``writes``: names of files the caller writes in the run folder afterwards (the report): refused
     with the run's own before anything is launched.
     """
-    return await _Campaign(config, placement,
-                           allow_mixed=allow_mixed, force=force, watch=watch, all_hosts=all_hosts,
-                           on_preflight=on_preflight, retry=retry, writes=writes).run()
+    return await Session(config, placement, allow_mixed=allow_mixed, force=force, watch=watch, all_hosts=all_hosts,
+                         on_preflight=on_preflight, retry=retry, writes=writes).run()
 
 
 __all__ = ["RunReport", "dataset_fingerprint", "engine_limit", "output_settings", "run_campaign"]

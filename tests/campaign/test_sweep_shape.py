@@ -135,3 +135,15 @@ def test_tune_json_keeps_its_fields_and_order_and_harvest_report_reads_it(tmp_pa
     _, subtitle, sections = tune_page(tmp_path)
     page = "".join(sections)
     assert "2 trials" in subtitle and "skipped" in page and "the stop of candidate-1 was dirty" in page
+
+
+def test_the_tune_page_counts_every_verdict_a_trial_can_get(tmp_path: Path):
+    """One trial of each verdict (an "unsupported" one included: a setting this machine cannot run):
+    the page's count line names each once."""
+    from harvest.campaign.sweep.report import TRIAL_VERDICTS
+
+    trials = tuple(TrialResult(i + 1, f"{i + 1:02d}-t", {}, verdict) for i, verdict in enumerate(TRIAL_VERDICTS))
+    write_results(TuneReport(trials=trials, aborted=False, **_shared(tmp_path)))
+    page = "".join(tune_page(tmp_path)[2])
+    for verdict in TRIAL_VERDICTS:
+        assert f"1 {verdict}" in page, verdict

@@ -1,7 +1,7 @@
 """The user's settings of a quality comparison: the probe set, the gate, the task check, the policy.
 
 These are the ``[probe]``, ``[gate]``, ``[task]`` and ``[policy]`` tables of a tune file (see
-:mod:`harvest.campaign.sweep.tune`), also read by ``harvest compare --settings``. Pydantic models, frozen,
+:mod:`harvest.campaign.sweep.tune_file`), also read by ``harvest compare --settings``. Pydantic models, frozen,
 unknown fields refused; this module only describes settings and never touches the machine.
 
 Gate rules, all relative to the noise floor (the reference against a second launch of itself, or

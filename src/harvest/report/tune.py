@@ -14,12 +14,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from harvest.campaign.sweep.report import TRIAL_VERDICTS
 from harvest.report import charts
 from harvest.report.compare import METRICS, gate_limit, launch_entries, metric, read_doc
 from harvest.report.html import Cell, esc, figure, table, val
 from harvest.report.run import launches_section
 
-VERDICTS = ("pass", "fail", "rejected", "skipped", "failed", "not run")
 
 
 def _settings(overrides: dict[str, Any]) -> str:
@@ -59,7 +59,7 @@ def _sweep(doc: dict[str, Any], trials: list[dict[str, Any]], best: Any) -> list
                         doc.get("floor_source"), "yes" if doc.get("reused_reference") else "no",
                         "yes" if doc.get("aborted") else "no",
                         Cell(f'<b data-json="best">{esc(best)}</b>' if best is not None else "none passed"))])]
-    counts = {v: sum(1 for t in trials if t.get("verdict") == v) for v in VERDICTS}
+    counts = {v: sum(1 for t in trials if t.get("verdict") == v) for v in TRIAL_VERDICTS}
     sections.append("<p>" + ", ".join(f"{n} {esc(v)}" for v, n in counts.items() if n) + ".</p>")
     return sections
 

@@ -16,6 +16,10 @@ from typing import Any
 
 from harvest.campaign.sweep.launch import Launch
 
+#: Every verdict a tune trial can get (``harvest.campaign.sweep.tune``'s docstring), in the order its
+#: report counts them.
+TRIAL_VERDICTS = ("pass", "fail", "rejected", "skipped", "unsupported", "failed", "not run")
+
 
 @dataclass(frozen=True, kw_only=True)
 class SweepReport:
@@ -48,4 +52,4 @@ class SweepReport:
         return {"launches": [x.to_dict() for x in self.launches], "notes": list(self.notes)}
 
 
-__all__ = ["SweepReport"]
+__all__ = ["SweepReport", "TRIAL_VERDICTS"]

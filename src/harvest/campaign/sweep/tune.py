@@ -145,7 +145,7 @@ class TrialResult:
     index: int
     label: str
     overrides: dict[str, Any]
-    #: "pass", "fail", "rejected", "skipped", "unsupported", "failed" or "not run" (module docstring).
+    #: One of :data:`~harvest.campaign.sweep.report.TRIAL_VERDICTS`.
     verdict: str
     reasons: tuple[str, ...] = ()
     is_reference: bool = False

@@ -75,6 +75,12 @@ def build_tiny_model(python: str, out: Path, gguf: bool = True) -> Path:
     return out
 
 
+def served_model(url: str) -> str:
+    """The first model an OpenAI-compatible server lists at ``url`` (``/v1/models``)."""
+    with SyncHttp(max_connections=1) as http:
+        return str(http.get(url + "/v1/models", timeout=10).json()["data"][0]["id"])
+
+
 def free_port() -> int:
     """A port that was free a moment ago. Callers let the server bind it and retry on 'in use'."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -11,20 +11,15 @@ import asyncio
 import json
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 import harvest
 import harvest.api
+from tests.engines import served_model
 
 ROWS = 8
-
-
-def served_model(url: str) -> str:
-    with urllib.request.urlopen(url + "/v1/models", timeout=10) as r:
-        return str(json.loads(r.read())["data"][0]["id"])
 
 
 def write_data(folder: Path) -> Path:

@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import pytest
+
+from tests.engines import served_model
 
 ROWS = 12
 
@@ -20,11 +21,6 @@ ROWS = 12
 def harvest(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "harvest", *argv], cwd=cwd, capture_output=True, text=True,
                           timeout=300, stdin=subprocess.DEVNULL)
-
-
-def served_model(url: str) -> str:
-    with urllib.request.urlopen(url + "/v1/models", timeout=10) as r:
-        return str(json.loads(r.read())["data"][0]["id"])
 
 
 def rows(folder: Path) -> Path:

@@ -10,10 +10,10 @@ import json
 import re
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 from harvest.report import charts
+from tests.engines import served_model
 
 
 def test_one_length_is_a_bar_on_a_decade():
@@ -26,11 +26,6 @@ def test_one_length_is_a_bar_on_a_decade():
     lo, hi = fig.axes[0].get_xlim()
     assert hi / lo >= charts.MIN_SPAN * 0.999, (lo, hi)
     assert lo < 46.2 and hi > 55.0
-
-
-def served_model(url: str) -> str:
-    with urllib.request.urlopen(url + "/v1/models", timeout=10) as r:
-        return str(json.loads(r.read())["data"][0]["id"])
 
 
 def test_the_run_page_says_units_and_keeps_sent_visible(tmp_path: Path, llama_server):

@@ -29,6 +29,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 
 from harvest.client.autoconc.readings import GENERATED
+from harvest.client.every import Every
 from harvest.client.endpoints import HUNG_MIN_S, Endpoint, EndpointPool
 from harvest.client.health import Health
 from harvest.client.metrics import scrape_metrics
@@ -62,32 +63,17 @@ class Watchdog:
         self._transport, self._headers = transport, headers
         self._deadline_s = deadline_s
         self._probe_timeout = probe_timeout
-        self._sleep = sleep
         self.floor_s = floor_s
-        self._interval_s = interval_s
         #: endpoint URL -> (the quiet spell's start, the token counter read in it, or None).
         self._readings: dict[str, tuple[float, float | None]] = {}
-        self._task: asyncio.Task[None] | None = None
+        self._loop = Every(lambda: self.step(time.monotonic()), interval_s=interval_s, sleep=sleep,
+                           failed="hang check failed")
 
     def ensure_started(self) -> None:
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._run())
+        self._loop.ensure_started()
 
     async def aclose(self) -> None:
-        task, self._task = self._task, None
-        if task is not None and not task.done():
-            task.cancel()
-            await asyncio.wait([task], timeout=5.0)
-
-    async def _run(self) -> None:
-        while True:
-            await self._sleep(self._interval_s)
-            try:
-                await self.step(time.monotonic())
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # noqa: BLE001 - the watchdog must outlive one bad reading
-                log.exception("hang check failed; the next one runs in %g s", self._interval_s)
+        await self._loop.aclose()
 
     async def step(self, now: float) -> None:
         """One look at every endpoint (``now``: the request path's monotonic clock)."""

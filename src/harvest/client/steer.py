@@ -25,6 +25,7 @@ from harvest.client.autoconc import AutoConcurrency, AutoSettings, Canary, Decis
 from harvest.client.canary import MIN_TARGET as CANARY_MIN_TARGET
 from harvest.client.canary import CanaryRunner, Send
 from harvest.client.endpoints import Endpoint, EndpointPool
+from harvest.client.every import Every
 from harvest.client.records import EndpointState
 
 log = logging.getLogger("harvest.client")
@@ -64,7 +65,7 @@ class Steering:
         self._pool = pool
         self.settings = settings
         self._scrape = scrape
-        self._clock, self._sleep = clock, sleep
+        self._clock = clock
         self._rescrape_every = rescrape_every
         own = per_endpoint or {}
         self._controllers = {e.url: AutoConcurrency(own.get(e.url, settings)) for e in pool.endpoints}
@@ -73,7 +74,9 @@ class Steering:
         self._quiet: dict[str, tuple[int, int]] = {}
         self._canary = canary
         self._canaries: dict[str, CanaryRunner] = {}
-        self._task: asyncio.Task[None] | None = None
+        # Steering is an optimisation: a step that fails leaves the targets as they are, never the client.
+        self._loop = Every(self.step, interval_s=settings.interval_s, sleep=sleep,
+                           failed="auto concurrency step failed; targets unchanged")
         for endpoint in pool.endpoints:
             pool.set_limit(endpoint, self._controllers[endpoint.url].target)
 
@@ -103,26 +106,12 @@ class Steering:
 
     def ensure_started(self) -> None:
         """Start the steering task (from inside the event loop); a no-op once it runs."""
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._run())
+        self._loop.ensure_started()
 
     async def aclose(self) -> None:
-        task, self._task = self._task, None
-        if task is not None and not task.done():
-            task.cancel()
-            await asyncio.wait([task], timeout=5.0)
+        await self._loop.aclose()
         canaries, self._canaries = list(self._canaries.values()), {}
         await asyncio.gather(*(c.aclose() for c in canaries))
-
-    async def _run(self) -> None:
-        while True:
-            await self._sleep(self.settings.interval_s)
-            try:
-                await self.step()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # steering is an optimisation: never let it end the client
-                log.exception("auto concurrency step failed; targets unchanged")
 
     async def step(self) -> None:
         """One round: scrape every healthy endpoint, step its controller, apply its target."""

@@ -20,6 +20,7 @@ import dataclasses
 import pickle
 import socket
 import typing
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -52,57 +53,60 @@ def _files(root: Path) -> list[Path]:
     return sorted(root.rglob("*.py"))
 
 
+def _nodes(root: Path) -> Iterator[tuple[Path, ast.AST]]:
+    """Every syntax node of every module under ``root``, with its file."""
+    for f in _files(root):
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            yield f, node
+
+
 def result_probes(root: Path) -> list[str]:
     """``getattr(x, "passed", ...)`` / ``hasattr(x, "rule")``: a probe of a preflight result's field."""
     found = []
-    for f in _files(root):
-        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                    and node.func.id in ("getattr", "hasattr") and len(node.args) >= 2
-                    and isinstance(node.args[1], ast.Constant) and node.args[1].value in RESULT_NAMES):
-                found.append(f"{f.relative_to(root)}:{node.lineno} {ast.unparse(node)}")
+    for f, node in _nodes(root):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "hasattr") and len(node.args) >= 2
+                and isinstance(node.args[1], ast.Constant) and node.args[1].value in RESULT_NAMES):
+            found.append(f"{f.relative_to(root)}:{node.lineno} {ast.unparse(node)}")
     return found
 
 
 def serve_wording(root: Path) -> list[str]:
     """Every definition or use of harvest serve's words under ``root``."""
     found = []
-    for f in _files(root):
-        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
-            name = (node.name if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                    else node.id if isinstance(node, ast.Name)
-                    else node.attr if isinstance(node, ast.Attribute)
-                    else node.name if isinstance(node, ast.alias) else None)
-            if name in SERVE_WORDING:
-                found.append(f"{f.relative_to(root)}:{getattr(node, 'lineno', '?')} {name}")
+    for f, node in _nodes(root):
+        name = (node.name if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                else node.id if isinstance(node, ast.Name)
+                else node.attr if isinstance(node, ast.Attribute)
+                else node.name if isinstance(node, ast.alias) else None)
+        if name in SERVE_WORDING:
+            found.append(f"{f.relative_to(root)}:{getattr(node, 'lineno', '?')} {name}")
     return found
 
 
 def skipped_inits(root: Path) -> list[str]:
     """``SomeClass.__init__(self, ...)``: an ``__init__`` that names a class instead of ``super()``."""
     found = []
-    for f in _files(root):
-        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "__init__"
-                    and isinstance(node.func.value, ast.Name)):
-                found.append(f"{f.relative_to(root)}:{node.lineno} {ast.unparse(node)}")
+    for f, node in _nodes(root):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "__init__"
+                and isinstance(node.func.value, ast.Name)):
+            found.append(f"{f.relative_to(root)}:{node.lineno} {ast.unparse(node)}")
     return found
 
 
 def untyped_on_preflight(root: Path) -> list[str]:
     """A parameter or attribute ``on_preflight`` annotated other than ``OnPreflight | None``."""
     found = []
-    for f in _files(root):
-        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.arg) and node.arg == "on_preflight":
-                hint = ast.unparse(node.annotation) if node.annotation is not None else "(none)"
-            elif (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Attribute)
-                  and node.target.attr == "on_preflight"):
-                hint = ast.unparse(node.annotation)
-            else:
-                continue
-            if hint not in ("OnPreflight | None", "Callable[[PreflightReport], None] | None"):
-                found.append(f"{f.relative_to(root)}:{node.lineno} on_preflight: {hint}")
+    for f, node in _nodes(root):
+        if isinstance(node, ast.arg) and node.arg == "on_preflight":
+            hint = ast.unparse(node.annotation) if node.annotation is not None else "(none)"
+        elif (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Attribute)
+              and node.target.attr == "on_preflight"):
+            hint = ast.unparse(node.annotation)
+        else:
+            continue
+        if hint not in ("OnPreflight | None", "Callable[[PreflightReport], None] | None"):
+            found.append(f"{f.relative_to(root)}:{node.lineno} on_preflight: {hint}")
     return found
 
 

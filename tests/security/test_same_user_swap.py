@@ -16,6 +16,7 @@ import asyncio
 import hashlib
 import json
 import os
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from harvest.api import load_job
 from harvest.campaign.outputs.status import run_status
 from harvest.campaign.run import run_campaign
 from harvest.cli.report import report_line
+from harvest.errors import LedgerError
 from harvest.placement import from_config
 from harvest.report import REPORT_FILE
 from tests import engines
@@ -151,7 +153,7 @@ def test_a_swap_mid_run(tmp_path, llama_server_bin, tiny_gguf, victim):
     while time.monotonic() < deadline and proc.poll() is None:
         try:
             settled = run_status(run).settled
-        except Exception:  # noqa: BLE001 - the ledger is not there yet
+        except (LedgerError, sqlite3.Error, OSError):  # the ledger is not there (or not whole) yet
             settled = 0
         if settled >= 10:
             break
@@ -191,18 +193,14 @@ def test_a_swap_while_the_engine_is_stopped(tmp_path, llama_server_bin, tiny_ggu
     assert run_status(held).settled == 6
 
 
-def test_a_swap_between_the_run_and_its_report(tmp_path, llama_server_bin, tiny_gguf, victim):
+def test_a_swap_between_the_run_and_its_report(tmp_path, llama_server_bin, tiny_gguf, victim, monkeypatch):
     """The report of `harvest run` is read and written through the folder the run held: the other
     folder's report keeps its bytes, and the line printed names where the report is."""
     other, before = victim
     run = tmp_path / "run"
     config = load_job(write_job(tmp_path, run, llama_server_bin, tiny_gguf, engines.free_port(), 6))
-    os.environ["HARVEST_STATE_DIR"] = str(tmp_path / "state")
-    try:
-        report = asyncio.run(run_campaign(config, placement=from_config(config),
-                                          writes=(REPORT_FILE,)))
-    finally:
-        del os.environ["HARVEST_STATE_DIR"]
+    monkeypatch.setenv("HARVEST_STATE_DIR", str(tmp_path / "state"))
+    report = asyncio.run(run_campaign(config, placement=from_config(config), writes=(REPORT_FILE,)))
     assert report.outcome == "finished" and report.folder is not None
     subprocess.run(["sh", "-c", swap_script(run, other)], check=True, timeout=30)
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from harvest.config.base import field_path
+from harvest.config.base import LAUNCHED_ENGINES, field_path
 from harvest.config.file import HarvestConfig
 from harvest.config.hosts import ClusterConfig, HostConfig
 from harvest.config.job import (
@@ -40,7 +40,9 @@ else:  # pragma: no cover - exercised on 3.10 only
 COMMAND_LINE = "command line"
 
 #: The keys whose values are file paths (relative ones: to the file's folder, or to the current
-#: folder when typed as a flag).
+#: folder when typed as a flag). ``[server] model`` is one only where harvest launches the engine
+#: (which then reads it as a path when a file or folder of that name exists); to an endpoint it
+#: is the name every request asks for, sent as typed.
 _PATH_KEYS = (("server", "model"), ("server", "python"), ("data", "path"), ("output", "dir"))
 
 
@@ -69,7 +71,18 @@ def parse_set(text: str, flag: str = "--set") -> Override:
     return Override(f"{flag} {name.strip()}", path, typed)
 
 
-def _apply(data: dict[str, Any], overrides: Sequence[Override]) -> None:
+def _engine_of(data: dict[str, Any], overrides: Sequence[Override]) -> Any:
+    """The job's ``[server] engine`` as it will be validated: the last override that sets it, else the file's."""
+    for o in reversed(overrides):
+        if o.path == ("server", "engine"):
+            return o.value
+        if o.path == ("server",) and isinstance(o.value, dict) and "engine" in o.value:
+            return o.value["engine"]
+    server = data.get("server")
+    return server.get("engine") if isinstance(server, dict) else None
+
+
+def _apply(data: dict[str, Any], overrides: Sequence[Override], engine: Any = None) -> None:
     """Put each override into the raw mapping, its relative paths resolved against the current folder."""
     typed_here: dict[str, Any] = {}
     for o in overrides:
@@ -79,7 +92,7 @@ def _apply(data: dict[str, Any], overrides: Sequence[Override]) -> None:
             if not isinstance(node, dict):
                 raise ConfigError(o.flag, [(o.flag, f"{'.'.join(o.path[:-1])} is a value, not a table")])
         node[o.path[-1]] = o.value
-    _resolve_paths(typed_here, Path.cwd())
+    _resolve_paths(typed_here, Path.cwd(), engine)
     for o in overrides:
         value: Any = typed_here
         for part in o.path:
@@ -106,8 +119,10 @@ def _location(source: str, loc: tuple[Any, ...]) -> str:
     return f"{source}{table}{field}"
 
 
-def _resolve_paths(data: dict[str, Any], base: Path) -> None:
-    """Make relative file paths in the raw TOML relative to the config file's folder."""
+def _resolve_paths(data: dict[str, Any], base: Path, engine: Any = None) -> None:
+    """Make relative file paths in the raw TOML relative to the config file's folder. ``[server]
+    model`` is a path only for an engine harvest launches (``engine``: the job's, which may come from
+    elsewhere than ``data``): an endpoint's model is a name, even where a file of that name exists."""
 
     def rel(value: str) -> str:
         p = Path(value).expanduser()
@@ -118,7 +133,7 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> None:
 
     server = data.get("server")
     if isinstance(server, dict):
-        for key in ("model", "python"):
+        for key in ("model", "python") if engine in LAUNCHED_ENGINES else ("python",):
             if isinstance(server.get(key), str):
                 server[key] = rel(server[key])
     def key_file(h: Any) -> Any:  # the key file is on this machine: relative to the config file
@@ -142,9 +157,10 @@ def parse_config(data: dict[str, Any], source: str = "<memory>", base: Path | No
     """Validate an already-parsed mapping, with ``overrides`` on top. Raises :class:`ConfigError`
     naming table and field, or the flag that set it."""
     data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    engine = _engine_of(data, overrides)
     if base is not None:
-        _resolve_paths(data, base)
-    _apply(data, overrides)
+        _resolve_paths(data, base, engine)
+    _apply(data, overrides, engine)
     try:
         return HarvestConfig.model_validate({**data, "source": source})
     except ValidationError as exc:

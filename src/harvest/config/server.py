@@ -27,7 +27,9 @@ class ServerConfig(StrictModel):
     engine: EngineKind = Field(description="what serves the model: harvest launches sglang, vllm, transformers "
                                "(`transformers serve`) or llamacpp (llama-server); openai is an endpoint already "
                                "running; command runs any argv and waits for its health URL")
-    model: str | None = Field(None, description="model folder or hub name; served model name")
+    model: str | None = Field(None, description="engines harvest launches: the model's folder, a hub name, or for "
+                              "llamacpp a GGUF file (a relative path is read from the job file's folder); engine "
+                              "openai: the name every request asks for, sent as typed")
     served_model_name: str | None = Field(None, description="the name the engine serves the model under "
                                           "(unset: `model`); requests ask for it")
     host: str = Field("127.0.0.1", description="address the engine binds; a non-loopback one needs `api_key_env`")

@@ -228,6 +228,8 @@ class Session:
         if not ledger.created:
             self.state.resumed = resume_line(counts, ledger.recovered, ledger.ingest_state(), ongoing)
             log.info("%s", self.state.resumed)
+        elif self.intake.taken is not None:  # a folder of an earlier attempt that produced nothing
+            self.state.resumed = self.intake.taken
         final = (Status.DONE, Status.TRUNCATED, Status.FAILED, Status.SKIPPED)
         assert ledger.folder is not None  # opened for writing: the run folder is held
         progress = Progress(ledger.folder, total=total, already_final=sum(counts[s] for s in final),

@@ -65,3 +65,24 @@ def test_the_take_over_is_decided_under_the_lock_from_what_the_ledger_holds(tmp_
     with Ledger.open(run, settings_hash=hash_settings({"a": 3}), other_job="refused") as led:
         assert led.replaced is not None and {k: n for k, n in led.replaced.items() if n} == {"pending": 2}
         assert sum(led.counts().values()) == 0 and led.samples == 1
+
+
+def test_a_model_file_that_is_not_there_is_refused_before_any_launch(tmp_path):
+    # Before, llama-server was started on it, failed, and was stopped: now the launch's preflight
+    # names the path and its fix, and nothing is spawned (the "engine" here would be a Python
+    # that exits at once, were it ever started).
+    import subprocess
+    import sys
+
+    rows(tmp_path / "p.jsonl", "p", 3)
+    (tmp_path / "job.toml").write_text(
+        f'[server]\nengine = "llamacpp"\nmodel = "models/tiny.gguf"\ncommand = ["{sys.executable}"]\nport = 9\n'
+        '[data]\npath = "p.jsonl"\n[output]\ndir = "run"\n[preflight]\nmin_disk_free_gib = 0\n')
+    out = subprocess.run([sys.executable, "-m", "harvest", "run", "job.toml", "--no-live"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                         env={**__import__("os").environ, "HARVEST_STATE_DIR": str(tmp_path / "state")})
+    said = out.stdout + out.stderr
+    assert out.returncode == 1, said
+    assert (f"FAIL  paths          [server] model {tmp_path / 'models' / 'tiny.gguf'} does not exist: [server] "
+            "model names the GGUF file llama-server loads (-m)") in said, said
+    assert "refused to launch: preflight failed" in said and not (tmp_path / "run" / "server" / "launch.json").exists()

@@ -113,7 +113,7 @@ def _ingest(info: dict[str, Any], active: bool, ok: bool) -> str:
 
 def _preflight(info: dict[str, Any], active: bool, ok: bool) -> str:
     if active:
-        return "checking GPUs, host memory, swap, port and disk"
+        return "checking GPUs, host memory, swap, port, paths and disk"
     rules, failures = info.get("rules"), info.get("failures") or 0
     if info.get("passed"):
         return f"PASS ({rules} rules)"

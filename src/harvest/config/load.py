@@ -38,6 +38,9 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 #: Where a job typed on the command line (flags only, no file) says it comes from.
 COMMAND_LINE = "command line"
+#: How a relative path in a job is read, said wherever a path was not found.
+RELATIVE_PATHS = ("a relative path in a job file is read from the file's folder, one given as a flag or a "
+                  "keyword from the folder harvest runs in")
 
 #: The keys whose values are file paths (relative ones: to the file's folder, or to the current
 #: folder when typed as a flag). ``[server] model`` is one only where harvest launches the engine
@@ -124,18 +127,19 @@ def _resolve_paths(data: dict[str, Any], base: Path, engine: Any = None) -> None
     model`` is a path only for an engine harvest launches (``engine``: the job's, which may come from
     elsewhere than ``data``): an endpoint's model is a name, even where a file of that name exists."""
 
-    def rel(value: str) -> str:
+    def rel(value: str, always: bool = False) -> str:
         p = Path(value).expanduser()
         if p.is_absolute():
             return str(p)
         candidate = base / p
-        return str(candidate) if (candidate.exists() or value.startswith(".")) else value
+        return str(candidate) if (always or candidate.exists() or value.startswith(".")) else value
 
     server = data.get("server")
     if isinstance(server, dict):
         for key in ("model", "python") if engine in LAUNCHED_ENGINES else ("python",):
             if isinstance(server.get(key), str):
-                server[key] = rel(server[key])
+                # llama-server's model is always a file (-m); the others' may be a hub name
+                server[key] = rel(server[key], always=key == "model" and engine == "llamacpp")
     def key_file(h: Any) -> Any:  # the key file is on this machine: relative to the config file
         if isinstance(h, dict) and isinstance(h.get("identity_file"), str):
             return {**h, "identity_file": str(base / Path(h["identity_file"]).expanduser())}
@@ -260,4 +264,4 @@ def load_config(path: str | Path | None, overrides: Sequence[Override] = ()) -> 
     return parse_config(data, source=source, base=path.resolve().parent, overrides=overrides)
 
 
-__all__ = ["COMMAND_LINE", "Override", "load_config", "parse_config", "parse_set"]
+__all__ = ["COMMAND_LINE", "RELATIVE_PATHS", "Override", "load_config", "parse_config", "parse_set"]

@@ -62,8 +62,9 @@ class ServerConfig(StrictModel):
                                 "([server.env]); secret-named values are redacted in every record")
 
     # Engine `command`: any argv plus a health URL. Engine `openai`: a running endpoint.
-    command: list[str] = Field(default_factory=list, description="engine `command`: the argv to run (e.g. a "
-                               "llama-server binary and its flags); {host}, {port} and {model} are replaced")
+    command: list[str] = Field(default_factory=list, description="engine `command`: the argv to run; {host}, "
+                               "{port} and {model} are replaced. Engine llamacpp: the llama-server executable "
+                               "(unset: llama-server from PATH)")
     health_url: str | None = Field(None, description="engine `command`: the URL that answers 2xx once it is "
                                    "ready ({host} and {port} replaced); unset: the port accepting connections")
     base_url: str | None = Field(None, description="engine `openai`: the running endpoint's base URL "

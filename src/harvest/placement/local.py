@@ -18,7 +18,8 @@ from typing import Any, ClassVar
 import psutil
 
 from harvest import safefiles
-from harvest.config import HarvestConfig, PreflightConfig, ServerConfig
+from harvest.checks import NamedPath
+from harvest.config import RELATIVE_PATHS, HarvestConfig, PreflightConfig, ServerConfig
 from harvest.errors import StopError
 from harvest.events import Listener
 from harvest.gpu import NoGpuProbe, host_state, open_probe, run_preflight, wait_for_preflight
@@ -50,6 +51,7 @@ from harvest.server import (
     WATCH_LOG,
     alive,
     check_run_dir,
+    engine_paths,
     group_findings,
     hold_index,
     list_runs,
@@ -57,6 +59,15 @@ from harvest.server import (
 )
 
 log = logging.getLogger("harvest.placement")
+
+
+def job_paths(cfg: HarvestConfig) -> tuple[NamedPath, ...]:
+    """What a job run here needs on this machine: the engine's paths and the data harvest reads."""
+    found = engine_paths(cfg.server) if cfg.server is not None else ()
+    if cfg.data is not None:
+        found += (NamedPath("[data] path", cfg.data.path, "file or folder",
+                            f"give the dataset's path in [data] path or --data ({RELATIVE_PATHS})"),)
+    return found
 
 WHERE = "this machine"
 
@@ -166,13 +177,15 @@ class LocalPlacement(Placement):
         out_dir = output_dir if output_dir is not None else Path(cfg.output.dir)
         # NVML is only opened when a rule will look at a GPU.
         probe = open_probe() if (server.launched and server.gpus) else NoGpuProbe("no GPUs listed")
+        paths = job_paths(cfg)
         try:
             if wait_s is None:
-                report = run_preflight(server, cfg.preflight, probe=probe, output_dir=out_dir)
+                report = run_preflight(server, cfg.preflight, probe=probe, output_dir=out_dir, paths=paths)
             else:
                 if on_wait is not None:
                     on_wait()
-                report = wait_for_preflight(server, cfg.preflight, probe=probe, output_dir=out_dir, wait_s=wait_s)
+                report = wait_for_preflight(server, cfg.preflight, probe=probe, output_dir=out_dir, wait_s=wait_s,
+                                            paths=paths)
         finally:
             probe.close()
         answer = Answer(WHERE, preflight_payload(report, config=cfg.source, engine=server.engine))

@@ -25,7 +25,7 @@ from harvest.campaign.run.distill import check_logprob_space, describe_samples
 from harvest.campaign.run.folder import job_change
 from harvest.campaign.run.state import RunState
 from harvest.campaign.outputs.progress import Progress
-from harvest.config import HarvestConfig
+from harvest.config import RELATIVE_PATHS, HarvestConfig
 from harvest.dataset import iter_items
 from harvest.dataset.skips import SkipReason, describe_skips, shape_settings
 from harvest.errors import ConfigError, LedgerError
@@ -140,8 +140,7 @@ class Intake:
         except OSError as exc:
             raise ConfigError(self.config.source, [(f"{self.config.source} [data] path",
                                                     f"cannot read {data.path}: {exc.strerror or exc}; nothing "
-                                                    f"was created (a relative path is read from the folder "
-                                                    f"harvest runs in)")]) from None
+                                                    f"was created ({RELATIVE_PATHS})")]) from None
         # A folder of another job is refused, unless it holds no result: then this job takes it.
         change = None if self.allow_mixed else job_change(self.run_dir, output_settings(self.config), data.path,
                                                            fingerprint)

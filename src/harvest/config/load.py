@@ -69,9 +69,49 @@ def parse_set(text: str, flag: str = "--set") -> Override:
         raise ConfigError(flag, [(f"{flag} {text}", "should be SECTION.KEY=VALUE, e.g. client.concurrency=3")])
     try:
         typed = tomllib.loads(f"v = {value}")["v"]
-    except tomllib.TOMLDecodeError:
+    except tomllib.TOMLDecodeError as exc:
+        if value.strip()[:1] in _TOML_OPENERS:  # meant as a TOML array, table or string, and broken
+            raise ConfigError(flag, [(f"{flag} {name.strip()}", f"{value} is not a TOML value ({exc}); a list is "
+                                      f"[\"a\", \"b\"], a table {{a = 1}}, a text needs no quotes")]) from None
         typed = value
     return Override(f"{flag} {name.strip()}", path, typed)
+
+
+#: How a TOML array, inline table or quoted string begins: a value that starts so and does not parse
+#: is a mistake, never a text.
+_TOML_OPENERS = ("[", "{", '"', "'")
+
+
+def toml_text(value: Any) -> str:
+    """``value`` as the job file (and ``--set``) would spell it: ``true``, ``['stop']``, ``{a = 1}``."""
+    import json
+    import re
+
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):  # a TOML literal string where it can be one (as pydantic quotes choices)
+        plain = "'" not in value and not any(ord(c) < 32 or ord(c) == 127 for c in value)
+        return f"'{value}'" if plain else json.dumps(value, ensure_ascii=False)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_text(v) for v in value) + "]"
+    if isinstance(value, dict):
+        def key(k: Any) -> str:
+            return str(k) if re.fullmatch(r"[A-Za-z0-9_-]+", str(k)) else json.dumps(str(k), ensure_ascii=False)
+        return "{" + ", ".join(f"{key(k)} = {toml_text(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
+def _check_once(overrides: Sequence[Override]) -> None:
+    """Two flags (or keywords) that set one setting to two values is a mistake: which one was meant?"""
+    first: dict[tuple[str, ...], Override] = {}
+    for o in overrides:
+        seen = first.setdefault(o.path, o)
+        if seen is not o and seen.value != o.value:
+            where = f"[{'.'.join(o.path[:-1])}] {o.path[-1]}"
+            raise ConfigError(o.flag, [(f"{seen.flag} and {o.flag}", f"both set {where}, to {toml_text(seen.value)} "
+                                                                      f"and {toml_text(o.value)}: give one")])
 
 
 def _engine_of(data: dict[str, Any], overrides: Sequence[Override]) -> Any:
@@ -87,6 +127,7 @@ def _engine_of(data: dict[str, Any], overrides: Sequence[Override]) -> Any:
 
 def _apply(data: dict[str, Any], overrides: Sequence[Override], engine: Any = None) -> None:
     """Put each override into the raw mapping, its relative paths resolved against the current folder."""
+    _check_once(overrides)
     typed_here: dict[str, Any] = {}
     for o in overrides:
         node = typed_here
@@ -211,6 +252,21 @@ def _flag_of(loc: tuple[Any, ...], overrides: Sequence[Override]) -> str | None:
     return None
 
 
+def _message(errs: list[Any]) -> str:
+    """The message of one mistake, the value shown as the job file (and ``--set``) spells it."""
+    if len(errs) > 1:  # a value of none of the union's types: one line, every accepted form
+        forms = [e["msg"].removeprefix("Input should be ") for e in errs]
+        return f"should be {' or '.join(forms)} (got {toml_text(errs[0].get('input'))})"
+    err = errs[0]
+    msg = err["msg"]
+    for prefix in _PREFIXES:
+        msg = msg.removeprefix(prefix)
+    if err["type"] in ("literal_error", "int_type", "float_type", "string_type", "bool_type",
+                       "int_from_float", "list_type", "dict_type"):
+        msg = f"{msg} (got {toml_text(err.get('input'))})"
+    return msg
+
+
 def _problems(source: str, errors: list[Any], overrides: Sequence[Override] = ()) -> list[tuple[str, str]]:
     """One ``(location, message)`` per mistake: the errors of a union's members are one mistake. A
     value a flag gave is named by the flag (``--concurrency``, ``--set client.concurrency``)."""
@@ -224,17 +280,8 @@ def _problems(source: str, errors: list[Any], overrides: Sequence[Override] = ()
             shown, msg = _unknown(loc)
             if shown is not None:
                 where = f"{source} {shown}"
-        elif len(errs) > 1:  # a value of none of the union's types: one line, every accepted form
-            forms = [e["msg"].removeprefix("Input should be ") for e in errs]
-            msg = f"should be {' or '.join(forms)} (got {errs[0].get('input')!r})"
         else:
-            err = errs[0]
-            msg = err["msg"]
-            for prefix in _PREFIXES:
-                msg = msg.removeprefix(prefix)
-            if err["type"] in ("literal_error", "int_type", "float_type", "string_type", "bool_type",
-                               "int_from_float", "list_type", "dict_type"):
-                msg = f"{msg} (got {err.get('input')!r})"
+            msg = _message(errs)
         flag = _flag_of(loc, overrides)
         if flag is not None:
             where = f"{flag} ({where.removeprefix(source).strip() or 'the job'})"
@@ -264,4 +311,4 @@ def load_config(path: str | Path | None, overrides: Sequence[Override] = ()) -> 
     return parse_config(data, source=source, base=path.resolve().parent, overrides=overrides)
 
 
-__all__ = ["COMMAND_LINE", "RELATIVE_PATHS", "Override", "load_config", "parse_config", "parse_set"]
+__all__ = ["COMMAND_LINE", "RELATIVE_PATHS", "Override", "load_config", "parse_config", "parse_set", "toml_text"]

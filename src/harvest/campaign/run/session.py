@@ -53,7 +53,7 @@ from harvest.campaign.run.state import RunState
 from harvest.campaign.run.supervise import Supervision
 from harvest.campaign.outputs.timeline import TIMELINE_FILE, Timeline
 from harvest.client import Client
-from harvest.config import HarvestConfig
+from harvest.config import COMMAND_LINE, HarvestConfig
 from harvest.dataset.skips import SkipReason
 from harvest.errors import ConfigError, LaunchError
 from harvest.events import Event, Listener
@@ -108,8 +108,10 @@ class Session:
     def __init__(self, config: HarvestConfig, placement: Placement, *, allow_mixed: bool, force: bool,
                  watch: RunWatch | None, all_hosts: bool = False,
                  on_preflight: OnPreflight | None = None, retry: tuple[str, ...] = (), writes: tuple[str, ...] = ()):
-        if config.data is None:
-            raise ConfigError(config.source, [(f"{config.source} [data]", "`harvest run` needs a [data] table")])
+        if config.data is None:  # the dataset, said the way this job was given
+            how = ("give --data FILE (data= from Python)" if config.source == COMMAND_LINE else
+                   f"add a [data] table with its path to {config.source}, or give --data FILE")
+            raise ConfigError(config.source, [(f"{config.source} [data]", f"`harvest run` needs a dataset: {how}")])
         if config.server is None and not config.client.endpoints:
             raise ConfigError(config.source, [(f"{config.source} [server]",
                                                "`harvest run` needs a [server] table or [client] endpoints")])

@@ -11,6 +11,7 @@ small file write.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -25,6 +26,8 @@ from harvest.events import Event, Phases
 from harvest.redact import redact_doc
 
 PROGRESS_FILE = "progress.json"
+
+log = logging.getLogger("harvest.campaign")
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,10 @@ class Progress:
         #: Streamed answers (``[client] stream``): the latest items' TTFT and TPOT, seconds.
         self.ttft_recent: deque[float] = deque(maxlen=STREAM_RECENT)
         self.tpot_recent: deque[float] = deque(maxlen=STREAM_RECENT)
+        #: Where progress.json's writes go: None writes on the caller's thread; a session running in
+        #: an event loop hands its one file-writer thread (the loop never waits on the disk).
+        self.defer: Callable[[Callable[[], None]], Any] | None = None
+        self._write_failed = False
 
     # --- phases ----------------------------------------------------------------------------------
 
@@ -297,14 +304,25 @@ class Progress:
     def update(self) -> dict[str, Any]:
         """Write progress.json, feed the timeline, tell the watch; returns the snapshot."""
         snap = self.snapshot()
-        try:
-            if self.folder is not None:
-                self.folder.write_atomic(PROGRESS_FILE, json.dumps(redact_doc(snap), indent=1, sort_keys=True),
-                                         fsync=False)
-            else:
-                write_json_atomic(self.run_dir / PROGRESS_FILE, snap)
-        except OSError as exc:  # a full disk must not end the run here; the ledger write will say so
-            snap["note"] = f"progress.json not written: {exc}"
+        text = json.dumps(redact_doc(snap), indent=1, sort_keys=True)
+        folder, path = self.folder, self.run_dir / PROGRESS_FILE
+
+        def write() -> None:
+            try:
+                if folder is not None:
+                    folder.write_atomic(PROGRESS_FILE, text, fsync=False)
+                else:
+                    safefiles.write_atomic(path, text, fsync=False)
+                self._write_failed = False
+            except OSError as exc:  # a full disk must not end the run here; the ledger write will say so
+                if not self._write_failed:
+                    log.warning("progress.json not written: %s", exc)
+                self._write_failed = True
+
+        if self.defer is not None:
+            self.defer(write)
+        else:
+            write()
         if self.timeline is not None:
             self.timeline.interval(snap)
         if self.watch is not None:

@@ -280,7 +280,7 @@ class Intake:
                 progress.already_final += report.new_skipped * self.config.sampling.n  # final without any work
                 self._ingested.set()
                 if report.complete:
-                    self._log_input(report)
+                    await asyncio.to_thread(self._log_input, report)  # it may read the ledger
                     progress.ingesting = False
                     return
         finally:

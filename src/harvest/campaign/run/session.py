@@ -38,6 +38,7 @@ import contextlib
 import logging
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,20 +131,45 @@ class Session:
 
     async def run(self) -> RunReport:
         """Open the ledger, then (under the display) stop what an earlier session left, launch,
-        dispatch, stop; then the totals check. Signals taken for the session are given back."""
+        dispatch, stop; then the totals check. Signals taken for the session are given back.
+        Cancelling the task that awaits it is a clean stop, as SIGINT is (the items in flight go
+        back to pending, the servers get their verified stop); then the cancellation goes on."""
+        inner = asyncio.ensure_future(self._run())
+        try:
+            return await asyncio.shield(inner)
+        except asyncio.CancelledError:
+            if inner.done():
+                raise
+            self.state.request_stop()
+            try:
+                await asyncio.shield(inner)  # bounded by the stop's own deadlines
+            except asyncio.CancelledError:
+                inner.cancel()  # cancelled again while stopping: no clean stop then
+                raise
+            except Exception as exc:  # noqa: BLE001 - the caller cancelled: that is what it hears
+                log.warning("the run ended with an error while it stopped for a cancellation: %s", exc)
+            raise
+
+    async def _run(self) -> RunReport:
+        """The session's steps; file and SQLite work runs on worker threads, so the event loop the
+        session shares (a notebook's, an application's) is never held up by the disk."""
         t0 = time.monotonic()
         state, intake = self.state, self.intake
         server = self.config.server
         if server is not None and server.launched:
-            self.placement.hold_state_dir()  # e.g. a state dir another user owns: refused before any write
-        ledger = intake.open_ledger()
+            # e.g. a state dir another user owns: refused before any write
+            await asyncio.to_thread(self.placement.hold_state_dir)
+        ledger = await asyncio.to_thread(intake.open_ledger)
         assert ledger.folder is not None  # opened for writing: the run folder is held
         state.folder = ledger.folder.dup()
         installed = self._take_signals()
+        files = ThreadPoolExecutor(max_workers=1, thread_name_prefix="harvest-files")  # in order, off the loop
         try:
-            self._refuse_unsafe_files(ledger)
-            counts = ledger.counts()
-            progress = self._open_progress(ledger, counts, t0)
+            counts = await asyncio.to_thread(self._open_files, ledger)
+            progress = await asyncio.to_thread(self._open_progress, ledger, counts, t0)
+            progress.defer = files.submit
+            if state.timeline is not None:
+                state.timeline.defer = files.submit
             with progress:
                 await asyncio.to_thread(self.supervision.stop_leftover)  # also when nothing is left to generate
                 if intake.first_batch_all_skipped(counts):
@@ -154,17 +180,32 @@ class Session:
                 progress.state = state.outcome
                 progress.note = state.note
                 progress.update()
-            if state.model is not None:
-                ledger.set_meta("model_used", state.model)
-            totals = ledger.check_totals()
-            skip_reasons = tuple(ledger.skip_reasons())
+            totals, skip_reasons = await asyncio.to_thread(self._settle, ledger)
         finally:
-            if state.timeline is not None:
-                state.timeline.close(state.outcome)
             self._give_back_signals(installed)
-            intake.close_records()
-            ledger.close()
+            await asyncio.to_thread(self._close, ledger, files)
         return self._report(totals, progress.done, time.monotonic() - t0, skip_reasons, ledger.recovered)
+
+    def _open_files(self, ledger: Ledger) -> dict[Status, int]:
+        """The run folder's files checked (:meth:`_refuse_unsafe_files`), and the items per status."""
+        self._refuse_unsafe_files(ledger)
+        return ledger.counts()
+
+    def _settle(self, ledger: Ledger) -> tuple[Totals, tuple[SkipReason, ...]]:
+        """What the ledger holds at the end: the model used written down, the totals, the skip reasons."""
+        if self.state.model is not None:
+            ledger.set_meta("model_used", self.state.model)
+        return ledger.check_totals(), tuple(ledger.skip_reasons())
+
+    def _close(self, ledger: Ledger, files: ThreadPoolExecutor) -> None:
+        """The timeline's last write, every file write done, the dataset and the ledger closed."""
+        try:
+            if self.state.timeline is not None:
+                self.state.timeline.close(self.state.outcome)
+        finally:
+            files.shutdown(wait=True)
+            self.intake.close_records()
+            ledger.close()
 
     def _refuse_unsafe_files(self, ledger: Ledger) -> None:
         """Every file this session (and its caller) will write in the run folder, checked before

@@ -154,6 +154,10 @@ def print_status(console: Console, st: RunStatus) -> None:
                        f" prompt {_rate(tp.prompt_tokens_per_s, 'tok/s')} ({origin})"))
     eta = "done" if st.eta_s == 0.0 else duration(st.eta_s)
     console.print(_t(f"ETA: {eta} ({st.remaining:,} pending or running)"))
+    if st.token_timing:  # streamed answers, over the run
+        from harvest.cli.panel import stream_line
+
+        console.print(_t(f"tokens (streamed): {stream_line(st.token_timing)}"))
 
     alive = {True: "alive", False: "not running", None: "unknown"}[st.runner.alive]
     style = {True: "green", False: "yellow", None: "dim"}[st.runner.alive]

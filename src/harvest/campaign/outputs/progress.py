@@ -122,9 +122,11 @@ class Progress:
         self.queue_wait_s = 0.0
         #: The client's fixed concurrency (None with "auto": see ``concurrency`` targets).
         self.concurrency_limit: int | None = None
-        #: Streamed answers (``[client] stream``): the latest items' TTFT and TPOT, seconds.
+        #: Streamed answers (``[client] stream``): the latest items' TTFT and TPOT, and the latest
+        #: gaps between their tokens (ITL), seconds.
         self.ttft_recent: deque[float] = deque(maxlen=STREAM_RECENT)
         self.tpot_recent: deque[float] = deque(maxlen=STREAM_RECENT)
+        self.itl_recent: deque[float] = deque(maxlen=ITL_RECENT)
         #: Where progress.json's writes go: None writes on the caller's thread; a session running in
         #: an event loop hands its one file-writer thread (the loop never waits on the disk).
         self.defer: Callable[[Callable[[], None]], Any] | None = None
@@ -221,6 +223,7 @@ class Progress:
                 self.ttft_recent.append(ttft_s)
             if tpot_s is not None:
                 self.tpot_recent.append(tpot_s)
+            self.itl_recent.extend(itl_s)
             if self.timeline is not None:
                 self.timeline.stream_times(ttft_s, tpot_s, itl_s)
 
@@ -264,7 +267,7 @@ class Progress:
             "concurrency": self.concurrency_limit,
             "server_endpoints": dict(self.server_endpoints),
             "prefix_cache": dict(self.prefix_cache),
-            "stream": stream_view(self.ttft_recent, self.tpot_recent),
+            "stream": stream_view(self.ttft_recent, self.tpot_recent, self.itl_recent),
             "phases": self.phases.active(),
             **{k: round(v, 3) for k, v in rates.items()},
         }
@@ -344,6 +347,8 @@ class Progress:
 
 #: Streamed items whose TTFT and TPOT the panel and progress.json summarize (the latest ones).
 STREAM_RECENT = 2048
+#: Gaps between tokens (ITL) they summarize (the latest ones, of the latest items).
+ITL_RECENT = 8192
 
 
 def _quantiles(values: Sequence[float]) -> dict[str, float] | None:
@@ -354,12 +359,12 @@ def _quantiles(values: Sequence[float]) -> dict[str, float] | None:
     return {"p50": round(pick[0], 6), "p90": round(pick[1], 6), "p99": round(pick[2], 6), "n": len(ordered)}
 
 
-def stream_view(ttft: Sequence[float], tpot: Sequence[float]) -> dict[str, Any] | None:
-    """``{"ttft_s": {p50, p90, p99, n}, "tpot_s": {...}}`` of the latest streamed items; None when
-    nothing was streamed."""
+def stream_view(ttft: Sequence[float], tpot: Sequence[float], itl: Sequence[float] = ()) -> dict[str, Any] | None:
+    """``{"ttft_s": {p50, p90, p99, n}, "tpot_s": {...}, "itl_s": {...}}`` of the latest streamed
+    items (ITL: their latest gaps between tokens); None when nothing was streamed."""
     if not ttft and not tpot:
         return None
-    return {"ttft_s": _quantiles(list(ttft)), "tpot_s": _quantiles(list(tpot))}
+    return {"ttft_s": _quantiles(list(ttft)), "tpot_s": _quantiles(list(tpot)), "itl_s": _quantiles(list(itl))}
 
 
 def _file_size(path: str | None) -> int | None:

@@ -38,8 +38,7 @@ def setup_logging() -> None:
 def _say(text: str, err: bool = False) -> None:
     """One line of the run's summary; on a terminal wrapped between words at its width (the
     terminal would cut a word in two), continued lines indented, a `command` kept whole to copy."""
-    stream = click.get_text_stream("stderr" if err else "stdout")
-    if stream.isatty():
+    if (sys.stderr if err else sys.stdout).isatty():
         width = shutil.get_terminal_size().columns
         kept = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", "\0"), text)
         text = "\n".join(textwrap.wrap(kept, width, subsequent_indent="  ", break_long_words=False,

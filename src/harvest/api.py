@@ -156,7 +156,7 @@ def export(run_dir: str | Path, format: str = "sharegpt", *, output: str | Path 
     wanted = parse_statuses(statuses)
     report = export_run(run_dir, format, output=output, statuses=wanted, allow_empty=allow_empty, **options)
     if not report.kept:
-        raise NothingToExport(nothing_selected(run_dir, format, wanted, report), report)
+        raise NothingToExport(nothing_selected(run_dir, format, wanted, report, flags=False), report)
     return report
 
 

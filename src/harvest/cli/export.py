@@ -11,7 +11,14 @@ from __future__ import annotations
 import click
 
 from harvest import api
-from harvest.campaign.outputs.export import FORMATS, ROW_GROUP_SIZE, SHAREGPT_STYLES
+from harvest.campaign.outputs.export import (
+    FORMATS,
+    ExportReport,
+    ROW_GROUP_SIZE,
+    SHAREGPT_STYLES,
+    nothing_selected,
+    parse_statuses,
+)
 from harvest.cli.render import make_console
 from harvest.errors import LedgerError, NothingToExport
 from harvest.redact import escape_controls
@@ -45,8 +52,10 @@ def export(run_dir: str, fmt: str, statuses: tuple[str, ...], output: str | None
     except LedgerError as exc:
         err.print(escape_controls(f"error: {run_dir} is not a readable harvest run folder: {exc}"), markup=False)
         raise SystemExit(2) from None
-    except NothingToExport as exc:  # nothing selected: no file written, the cause and the fix
-        err.print(escape_controls(f"error: {exc}"), markup=False)
+    except NothingToExport as exc:  # nothing selected: no file written, the cause and the fix (in flags)
+        said = (nothing_selected(run_dir, fmt, parse_statuses(statuses), exc.report)
+                if isinstance(exc.report, ExportReport) else str(exc))
+        err.print(escape_controls(f"error: {said}"), markup=False)
         raise SystemExit(1) from None
     parts = ", ".join(f"{status} {n:,}" for status, n in report.by_status.items())
     rows = f" in {report.rows:,} rows (one per sample and turn)" if fmt == "logprobs" else ""

@@ -421,15 +421,18 @@ def _write_parquet(path: Path | BinaryIO, rows: Iterable[ResultRow], tally: _Tal
             writer.write_table(pa.Table.from_pylist(batch, schema=schema), row_group_size=len(batch))
 
 
-def nothing_selected(run_dir: str | Path, fmt: str, statuses: Sequence[Status], report: ExportReport) -> str:
-    """Why an export wrote nothing, with what the run holds and the fix (the command's and the API's words)."""
+def nothing_selected(run_dir: str | Path, fmt: str, statuses: Sequence[Status], report: ExportReport, *,
+                     flags: bool = True) -> str:
+    """Why an export wrote nothing, with what the run holds and the fix, in the command's words
+    (``flags``: ``--status``, ``--allow-empty``) or the Python API's (``statuses=``, ``allow_empty=True``)."""
     if fmt == "logprobs" and report.without_logprobs:
         return (f"--format logprobs: none of the run's {report.without_logprobs:,} selected results carries "
                 f"log-probabilities (they ran with [sampling] logprobs = 0): set [sampling] logprobs = K for a new "
                 f"run, or export another format; no file written")
+    other, empty = ("--status", "--allow-empty") if flags else ("statuses=", "allow_empty=True")
     return (f"--format {fmt}: no item of status {', '.join(s.value for s in statuses)} to export "
-            f"({_what_is_there(run_dir)}): pick other statuses with --status (statuses= from Python), or "
-            f"--allow-empty (allow_empty=True) to write an empty file; no file written")
+            f"({_what_is_there(run_dir)}): pick other statuses with {other}, or {empty} to write an empty file; "
+            f"no file written")
 
 
 def _what_is_there(run_dir: str | Path) -> str:

@@ -88,7 +88,10 @@ async def arun(job: str | Path | HarvestConfig | None = None, *, settings: Mappi
                allow_mixed: bool = False, force: bool = False, retry: Iterable[str] = (),
                **flags: Any) -> RunResult:
     """Run or resume a job inside the running event loop (a notebook's, an application's). The
-    keywords are :func:`load_job`'s and ``harvest run``'s switches."""
+    keywords are :func:`load_job`'s and ``harvest run``'s switches. The loop is never held up by
+    the run (its ledger, its files and the first import of its modules are worked on threads).
+    Cancelling the task that awaits it is a clean stop, as SIGINT is: the items in flight go back
+    to pending and a server harvest launched gets its verified stop; then ``CancelledError``."""
     config = load_job(job, settings=settings, **flags)
     # The campaign's modules are imported, the placement chosen and the counts read on a worker
     # thread: the loop this runs in (a notebook's, an application's) is never held up by them.

@@ -167,9 +167,9 @@ class Session:
         try:
             counts = await asyncio.to_thread(self._open_files, ledger)
             progress = await asyncio.to_thread(self._open_progress, ledger, counts, t0)
-            progress.defer = files.submit
+            progress.defer = lambda write: files.submit(_logged, write)
             if state.timeline is not None:
-                state.timeline.defer = files.submit
+                state.timeline.defer = progress.defer
             with progress:
                 await asyncio.to_thread(self.supervision.stop_leftover)  # also when nothing is left to generate
                 if intake.first_batch_all_skipped(counts):
@@ -359,6 +359,15 @@ class Session:
                          state.trip, state.requeued, skip_reasons,
                          skipped_problem(totals, data.max_skipped_share) if totals.ok else None, state.resumed,
                          state.folder)
+
+
+def _logged(write: Any) -> None:
+    """A file write of the run's records, on the session's writer thread: what it raises is said,
+    never lost in a future nobody reads (the ledger, written apart, stays the truth)."""
+    try:
+        write()
+    except Exception as exc:  # noqa: BLE001 - a record not written must not end the run
+        log.warning("a run record was not written: %s", exc)
 
 
 async def run_campaign(config: HarvestConfig, *, placement: Placement, all_hosts: bool = False,

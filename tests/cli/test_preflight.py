@@ -284,3 +284,26 @@ def test_every_path_the_job_names_is_checked_with_its_fix(tmp_path, port, monkey
     doc = only_answer(invoke("job.toml", *flags, *there, "--json").stdout)
     (paths,) = [r for r in doc["results"] if r["rule"] == "paths"]
     assert paths["passed"] and paths["detail"].startswith("there: "), paths
+
+
+def test_far_places_check_the_engine_there_and_the_data_is_checked_here(tmp_path, monkeypatch):
+    # On [[hosts]] or a Ray cluster each place checks what the engine needs there; the dataset is
+    # read on this machine by `harvest run`, so this machine says whether it is there.
+    from harvest.placement.base_results import Answer, PreflightByPlace
+
+    class FarPlaces:  # every far place passed its rules
+        def preflight(self, cfg, **_):
+            doc = {"passed": True, "results": [{"rule": "paths", "passed": True, "skipped": False, "gpu": None,
+                                                "detail": "there: [server] python /opt/vllm/bin/python",
+                                                "numbers": {}}]}
+            return PreflightByPlace("ssh", "box", "host", "preflight on box", cfg.source, "vllm", (Answer("box", doc),))
+
+    monkeypatch.setattr("harvest.cli.preflight.from_config", lambda cfg, flags: FarPlaces())
+    job = config(tmp_path, 'engine = "vllm"\nmodel = "m"', extra=LENIENT + '[data]\npath = "nowhere.jsonl"\n')
+    result = invoke(job)
+    assert result.exit_code == 1, result.output
+    assert (f"this machine: FAIL  paths          [data] path {tmp_path / 'nowhere.jsonl'} does not exist: give the "
+            f"dataset's path") in result.output, result.output
+    (tmp_path / "nowhere.jsonl").write_text('{"prompt": "hi"}\n')
+    result = invoke(job)
+    assert result.exit_code == 0 and "this machine: PASS  paths" in result.output, result.output

@@ -15,6 +15,7 @@ import shutil
 from collections.abc import Mapping, Sequence
 
 from harvest.checks import NamedPath, Number, RuleResult
+from harvest.config import RELATIVE_PATHS, DataConfig
 
 PATHS = "paths"
 
@@ -33,6 +34,14 @@ CPU_ENGINE_HINTS: Mapping[str, str] = {
 def cpu_hint(engine: str) -> str:
     """What to set for a CPU engine, on a machine without an NVIDIA GPU."""
     return f"no GPU here: {CPU_ENGINE_HINTS.get(engine, CPU_ENGINE_HINTS['command'])}"
+
+
+def data_paths(data: DataConfig | None) -> tuple[NamedPath, ...]:
+    """The dataset a job reads, where harvest reads it (the machine ``harvest run`` runs on)."""
+    if data is None:
+        return ()
+    return (NamedPath("[data] path", data.path, "file or folder",
+                      f"give the dataset's path in [data] path or --data ({RELATIVE_PATHS})"),)
 
 
 def missing(named: NamedPath, env: Mapping[str, str] | None = None) -> str | None:
@@ -75,4 +84,4 @@ def paths_rule(paths: Sequence[NamedPath], env: Mapping[str, str] | None = None)
     return RuleResult(PATHS, True, f"there: {shown}", numbers=numbers)
 
 
-__all__ = ["CPU_ENGINE_HINTS", "PATHS", "cpu_hint", "missing", "paths_rule"]
+__all__ = ["CPU_ENGINE_HINTS", "PATHS", "cpu_hint", "data_paths", "missing", "paths_rule"]

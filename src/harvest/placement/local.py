@@ -19,10 +19,11 @@ import psutil
 
 from harvest import safefiles
 from harvest.checks import NamedPath
-from harvest.config import RELATIVE_PATHS, HarvestConfig, PreflightConfig, ServerConfig
+from harvest.config import HarvestConfig, PreflightConfig, ServerConfig
 from harvest.errors import StopError
 from harvest.events import Listener
 from harvest.gpu import NoGpuProbe, host_state, open_probe, run_preflight, wait_for_preflight
+from harvest.gpu.paths import data_paths
 from harvest.gpu.payload import gpus_payload, preflight_payload
 from harvest.gpu.records import GpuProbe
 from harvest.net import port_listening
@@ -63,11 +64,7 @@ log = logging.getLogger("harvest.placement")
 
 def job_paths(cfg: HarvestConfig) -> tuple[NamedPath, ...]:
     """What a job run here needs on this machine: the engine's paths and the data harvest reads."""
-    found = engine_paths(cfg.server) if cfg.server is not None else ()
-    if cfg.data is not None:
-        found += (NamedPath("[data] path", cfg.data.path, "file or folder",
-                            f"give the dataset's path in [data] path or --data ({RELATIVE_PATHS})"),)
-    return found
+    return (engine_paths(cfg.server) if cfg.server is not None else ()) + data_paths(cfg.data)
 
 WHERE = "this machine"
 

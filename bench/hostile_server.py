@@ -23,7 +23,8 @@ the case's. Each completion request gets the case's answer:
     banner          an SSH server on the wrong port: its banner before anything, on every path
     redirect        307 to ``--location`` (default: another port of this host)
     status_405      405 (also 402, 410: ``status_402``, ``status_410``) with a JSON error
-    answer          ``--answer FILE``'s bytes as the 200 body (odd numbers, odd types, bad text)
+    answer          ``--answer FILE``'s bytes as the 200 body (odd numbers, odd types, bad text); in
+                    process, ``answers`` picks one by the request's prompt (its last message)
 
 Used in-process by the tests (:class:`HostileServer` in the test's event loop, or
 :func:`serve_in_thread` beside a ``harvest run`` subprocess) and as a subprocess by
@@ -42,7 +43,7 @@ import signal
 import sys
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 CASES = ("ok", "gzip_bomb", "big_body", "big_string", "endless_sse", "sse_long_line", "bad_status",
          "many_headers", "big_header", "bad_chunk", "dup_length", "banner", "redirect", "status_402",
@@ -86,10 +87,11 @@ class HostileServer:
     """One case on a loopback port of its own (see the module docstring)."""
 
     def __init__(self, case: str, *, size: int | None = None, model: str = MODEL, answer: bytes | None = None,
-                 location: str | None = None, status: int = 200):
+                 answers: Mapping[str, bytes] | None = None, location: str | None = None, status: int = 200):
         if case not in CASES:
             raise ValueError(f"unknown case {case!r}: one of {', '.join(CASES)}")
         self.case, self.model, self.answer, self.location, self.status = case, model, answer, location, status
+        self.answers = dict(answers or {})
         default = {"gzip_bomb": 2 << 30, "big_body": 1 << 30, "big_string": 500 << 20, "sse_long_line": 100 << 20}
         self.size = size if size is not None else default.get(case, 0)
         self._bomb: bytes | None = None
@@ -183,7 +185,10 @@ class HostileServer:
             await self._send(writer, 200, completion(chat=chat), count=True)
             return True
         if case == "answer":
-            await self._send(writer, self.status, self.answer or b"", count=True)
+            messages = request.get("messages")
+            prompt = messages[-1].get("content") if isinstance(messages, list) and messages else request.get("prompt")
+            body = self.answers.get(prompt, self.answer or b"") if isinstance(prompt, str) else self.answer or b""
+            await self._send(writer, self.status, body, count=True)
             return True
         if case.startswith("status_"):
             status = int(case[7:])

@@ -35,6 +35,7 @@ Every reply is parsed once, by pydantic from the bytes (``model_validate_json``)
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 from collections.abc import Mapping
@@ -93,22 +94,34 @@ class ReplyLimits:
 
 def limits_for(body: Mapping[str, Any], per_token: int, request_bytes: int) -> ReplyLimits:
     """The limits of the answer to ``body`` (a request as sent, ``request_bytes`` long)."""
-    max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
+    get = body.get
+    prompt = get("prompt_logprobs")
+    shape = (get("max_tokens", get("max_completion_tokens")), get("n"), get("logprobs"), get("top_logprobs"))
+    if prompt is None:  # the common case: one value per request shape, computed once
+        try:
+            return _limits(*shape, per_token)
+        except TypeError:  # a value that cannot be a key (a list in extra_body): not a number either
+            return _limits(None, None, None, None, per_token)
+    limits = _limits.__wrapped__(*shape, per_token)
+    if type(prompt) is not int or prompt < 0:
+        return limits
+    # vLLM's prompt_logprobs: each prompt token (at most a byte each) with its top ones
+    extra = request_bytes * 4 * per_token * (min(prompt, 1024) + 1)
+    return dataclasses.replace(limits, body_bytes=limits.body_bytes + extra, stream_bytes=limits.stream_bytes + extra)
+
+
+@functools.lru_cache(maxsize=256)
+def _limits(max_tokens: Any, n: Any, logprobs: Any, top_logprobs: Any, per_token: int) -> ReplyLimits:
     if type(max_tokens) is not int or max_tokens < 1:
         max_tokens = None
-    n = body.get("n")
     n = n if type(n) is int and 1 <= n <= 4096 else 1
     per = per_token
-    asked = body.get("logprobs")
-    if asked:
+    if logprobs:
         # chat: logprobs true + top_logprobs k; text completions: logprobs k
-        k = body.get("top_logprobs") if asked is True else asked
+        k = top_logprobs if logprobs is True else logprobs
         per += 4 * per_token * ((k if type(k) is int and 0 <= k <= 1024 else 20) + 1)
     tokens = max_tokens or UNKNOWN_MAX_TOKENS
     size = BASE_BYTES + tokens * n * per
-    prompt = body.get("prompt_logprobs")
-    if type(prompt) is int and prompt >= 0:  # vLLM: each prompt token (at most a byte each) with its top ones
-        size += request_bytes * 4 * per_token * (min(prompt, 1024) + 1)
     events = tokens + 16 + tokens // 8
     return ReplyLimits(max_tokens, n, size, size + (events * n + 256) * 1024, events, per_token)
 
@@ -335,6 +348,8 @@ def _choice_tokens(logprobs: Any, total: int | None, index: int, count: int) -> 
 
 def _ordered(choices: list[Any]) -> list[Any]:
     """Choices by their ``index`` where each has a distinct integer one, else as sent."""
+    if len(choices) == 1:
+        return choices
     indexes = [c.index for c in choices]
     if all(type(i) is int for i in indexes) and len(set(indexes)) == len(indexes):
         return sorted(choices, key=lambda c: c.index)

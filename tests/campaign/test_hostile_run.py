@@ -25,7 +25,7 @@ MAX_TOKENS = 16
 KEY = "sk-" + secrets.token_hex(12)
 
 
-def run_job(tmp_path: Path, url: str, prompts: list[str], *, name: str, extra: str = "",
+def run_job(tmp_path: Path, url: str, prompts: list[str], *, name: str, extra: str = "", run: str = "",
             key: str = KEY) -> tuple[subprocess.CompletedProcess[str], Path]:
     """``harvest run`` of one job over ``prompts`` against ``url`` (its key in the query)."""
     folder = tmp_path / name
@@ -36,8 +36,8 @@ def run_job(tmp_path: Path, url: str, prompts: list[str], *, name: str, extra: s
     (folder / "job.toml").write_text(
         f'[server]\nengine = "openai"\nbase_url = "{url}/v1?api_key={key}"\nmodel = "hostile-model"\n'
         f'[data]\npath = "{data}"\n[sampling]\nmax_tokens = {MAX_TOKENS}\n'
-        f'[client]\nconcurrency = 4\nmax_retries = 1\nstart_deadline = 5\n{extra}'
-        f'[run]\nprogress_interval = 0.2\n[output]\ndir = "{run_dir}"\n')
+        f'[client]\nconcurrency = 4\nmax_retries = 1\nstart_deadline = 3\n{extra}'
+        f'[run]\nprogress_interval = 0.2\n{run}[output]\ndir = "{run_dir}"\n')
     env = {**os.environ, "HARVEST_STATE_DIR": str(tmp_path / "state")}
     done = subprocess.run([sys.executable, "-m", "harvest", "run", "job.toml", "--no-live"], cwd=folder, env=env,
                           capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
@@ -145,3 +145,15 @@ def test_the_key_is_nowhere_when_the_endpoint_is_down(tmp_path):
     done, run_dir = run_job(tmp_path, url, ["a", "b"], name="down")
     assert done.returncode == 1 and "start_deadline" in done.stdout + done.stderr, done.stdout + done.stderr
     assert ledger(run_dir)["counts"] == {"pending": 2}
+
+
+def test_more_failed_than_max_failed_share_exits_1_saying_so(tmp_path):
+    # Empty answers fail each item ("empty"), no streak the breaker holds: the run finishes, and
+    # the share of failed items is what fails it.
+    with serve_in_thread("answer", answer=completion(text="")) as server:
+        done, run_dir = run_job(tmp_path, server.url, [f"q{i}" for i in range(6)], name="empty",
+                                extra="", run="max_failed_share = 0.5\n")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert ledger(run_dir)["counts"] == {"failed": 6}
+    assert "FAILED: 6 of 6 items failed (100%, more than [run] max_failed_share 50%)" in done.stderr
+    assert "--retry failed" in done.stderr

@@ -115,3 +115,10 @@ async def test_the_start_check_of_a_wrong_port_names_what_answered_at_once(hosti
 
 async def _never(seconds: float) -> None:
     raise AssertionError("the start check waited for an endpoint that is not HTTP")
+
+
+async def test_a_4xx_whose_message_is_not_valid_unicode_fails_the_item_with_a_message_a_ledger_takes(hostile):
+    server = await hostile("answer", status=400, answer=b'{"error": {"message": "bad \\ud800 prompt \\u001b[2J"}}')
+    exc = await failure(server)
+    assert exc.error_class == "http_400" and "bad \ufffd prompt \\x1b[2J" in str(exc)
+    str(exc).encode("utf-8")  # what the ledger stores as the item's error

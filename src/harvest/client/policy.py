@@ -11,6 +11,7 @@ from __future__ import annotations
 import email.utils
 import json
 import random
+import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from http import HTTPStatus
@@ -166,10 +167,14 @@ def _message_from_json(data: object) -> str | None:
 
 def redact(text: str, secret: str | None) -> str:
     """``text`` with every occurrence of ``secret`` and every URL password replaced by ``***``
-    (servers echo bad keys), and terminal control characters escaped (it reaches the console)."""
+    (servers echo bad keys), terminal control characters escaped (it reaches the console) and lone
+    surrogates replaced (a server's ``"\\ud800"`` would fail the ledger write of the item's error)."""
     from harvest.redact import escape_controls, redact_text
 
-    return escape_controls(redact_text(text, [secret] if secret else []))
+    return _SURROGATE.sub("\ufffd", escape_controls(redact_text(text, [secret] if secret else [])))
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 

@@ -192,8 +192,8 @@ class HostileServer:
             return True
         if case.startswith("status_"):
             status = int(case[7:])
-            await self._send(writer, status, json.dumps({"error": {"message": f"status {status} for every request"}}).encode(),
-                             count=True)
+            said = {"error": {"message": f"status {status} for every request"}}
+            await self._send(writer, status, json.dumps(said).encode(), count=True)
             return True
         if case == "redirect":
             await self._send(writer, 307, b"", f"Location: {self.location}\r\n", count=True)

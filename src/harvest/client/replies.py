@@ -295,7 +295,8 @@ def _usage(usage: Any, limits: ReplyLimits) -> tuple[int | None, int | None]:
     """(prompt tokens, completion tokens) of a usage block, each None when absent or out of range."""
     if not isinstance(usage, dict):
         return None, None
-    return _count(usage.get("prompt_tokens"), MAX_COUNT), _count(usage.get("completion_tokens"), limits.completion_bound)
+    return (_count(usage.get("prompt_tokens"), MAX_COUNT),
+            _count(usage.get("completion_tokens"), limits.completion_bound))
 
 
 def _model(value: Any) -> str | None:

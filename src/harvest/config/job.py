@@ -168,8 +168,8 @@ class RunConfig(StrictModel):
     max_relaunches: int = Field(5, ge=0, description="times a managed server that died is relaunched in one run")
     breaker_window: int = Field(20, ge=0, description="requests in a row failing the same way (any HTTP "
                                 "4xx, 408/409/425/429 once their retries are spent, context overflow, an answer "
-                                "that is no completion, oversized or not HTTP) that stop the run, items left pending; a redirect stops "
-                                "it at once; 0: off")
+                                "that is no completion, oversized or not HTTP) that stop the run, items left "
+                                "pending; a redirect stops it at once; 0: off")
     max_failed_share: float = Field(0.5, ge=0, le=1, description="a run ending with more than this share of its "
                                     "items failed (after their retries) exits 1: `harvest run --help`'s \"too many "
                                     "failed\"; `harvest run --retry failed` asks them again")

@@ -8,8 +8,9 @@
 A job whose sampling the server rejects (HTTP 400 to every request), a wrong model name (404), a
 missing key (401/403), an invalid request body (422), any other 4xx the endpoint gives every request
 (402, 405, 410 ...), a context too small for every prompt, or an endpoint whose every answer is
-unusable (``bad_reply``, ``oversized``, ``protocol``) fails *every* item with the same message. Committing those failures would burn the whole dataset; so the
-runner hands such failures to the breaker instead of the ledger. They are held (the items stay
+unusable (``bad_reply``, ``oversized``, ``protocol``) fails *every* item with the same message.
+Committing those failures would burn the whole dataset; so the runner hands such failures to the
+breaker instead of the ledger. They are held (the items stay
 ``running`` in the ledger, uncharged) while they form one streak of the same class and message:
 
 - a result of any other kind ends the streak: the held failures are given back to be committed as

@@ -123,11 +123,12 @@ def test_a_redirect_or_a_4xx_for_every_request_stops_the_run_early_with_the_item
 
 def test_an_answer_wrong_every_time_stops_the_run_naming_its_class(tmp_path):
     with serve_in_thread("gzip_bomb", size=16 << 20) as server:
-        done, run_dir = run_job(tmp_path, server.url, [f"question {i}" for i in range(40)], name="bomb",
-                                extra="reply_bytes_per_token = 16\n")
+        done, run_dir = run_job(tmp_path, server.url, [f"question {i}" for i in range(12)], name="bomb",
+                                extra="reply_bytes_per_token = 16\n", run="breaker_window = 6\n")
     assert done.returncode == 1, done.stdout + done.stderr
     found = ledger(run_dir)
-    assert found["counts"].get("pending") == 40, found
+    assert found["counts"].get("pending") == 12, found
+    assert "6 requests in a row failed the same way (oversized)" in done.stderr, done.stderr
     assert "(oversized)" in done.stderr and "reply_bytes_per_token" in done.stderr, done.stderr
 
 

@@ -55,6 +55,9 @@ BYTES_PER_TOKEN = 64
 #: The tokens an answer may hold when the request names no max_tokens (an engine's default is the
 #: model's context).
 UNKNOWN_MAX_TOKENS = 131072
+#: What a probe's answer may carry (``/health``, ``/v1/models``, a one-token request): a model list
+#: of thousands of ids fits.
+PROBE_BYTES = 4 << 20
 #: The largest token count taken as sent; beyond it a count is unknown.
 MAX_COUNT = 2**31 - 1
 #: finish_reason values taken as the engine's own word; any other is decided by the numbers.
@@ -569,6 +572,7 @@ __all__ = [
     "BASE_BYTES",
     "BYTES_PER_TOKEN",
     "KNOWN_REASONS",
+    "PROBE_BYTES",
     "BadReply",
     "ReplyLimits",
     "StreamAssembler",

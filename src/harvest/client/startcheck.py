@@ -35,9 +35,6 @@ from harvest.client.endpoints import endpoint_url
 from harvest.client.policy import error_message
 from harvest.transport import Malformed, RawResponse, TimedOut, Transport, TransportError, Unreachable
 
-#: The most a start check reads of an answer (a model list of thousands of ids fits).
-PROBE_MAX_BYTES = 4 << 20
-
 #: The content of the one-token request that checks an endpoint whose model list cannot be read.
 FIRST_PROMPT = "Say OK."
 
@@ -126,7 +123,7 @@ class StartCheck:
     async def _get(self, url: str, timeout: float) -> tuple[RawResponse | None, str | None]:
         try:
             return await self._transport.request("GET", url, headers=self._headers, timeout=timeout,
-                                                 max_bytes=PROBE_MAX_BYTES), None
+                                                 max_bytes=replies.PROBE_BYTES), None
         except Unreachable:
             return None, "refused the connection"
         except TimedOut:
@@ -145,7 +142,7 @@ class StartCheck:
         try:
             response = await self._transport.request("POST", endpoint_url(url, protocol.CHAT_PATH),
                                                      body=protocol.encode(body), headers=self._headers,
-                                                     timeout=timeout, max_bytes=PROBE_MAX_BYTES)
+                                                     timeout=timeout, max_bytes=replies.PROBE_BYTES)
         except TransportError:
             return FirstAnswer(None)
         if 200 <= response.status < 300:
@@ -201,4 +198,4 @@ class StartCheck:
         return None
 
 
-__all__ = ["FIRST_PROMPT", "PROBE_MAX_BYTES", "FirstAnswer", "Listing", "REFUSING", "StartCheck"]
+__all__ = ["FIRST_PROMPT", "FirstAnswer", "Listing", "REFUSING", "StartCheck"]

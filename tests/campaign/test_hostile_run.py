@@ -101,6 +101,7 @@ def test_odd_answers_are_stored_safely_and_an_answer_at_max_tokens_without_a_rea
     surrogate = by_prompt["surrogate"]
     assert surrogate["messages"][-1]["content"] == "bad \ufffd text" and surrogate["turns"][0]["replaced_chars"] == 1
     assert status.returncode == 0, status.stderr
+    assert KEY not in status.stdout + status.stderr
     rate = next(line for line in status.stdout.splitlines() if "tok/s" in line)
     assert "inf" not in rate and "nan" not in rate and " -" not in rate.replace(" - ", " "), rate
 

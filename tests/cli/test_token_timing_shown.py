@@ -15,7 +15,7 @@ from harvest.campaign.outputs.progress import Progress
 from harvest.campaign.outputs.timeline import STREAM, Histogram, Timeline
 from harvest.cli.main import cli
 from harvest.cli.panel import RunPanel, stream_line
-from harvest.report import charts
+from harvest.report import charts, render_report
 from tests.campaign.test_export import build_run
 
 
@@ -33,10 +33,6 @@ def test_status_prints_ttft_tpot_and_itl_with_the_digits_they_need(tmp_path):
 
 
 def test_the_panel_shows_itl_and_short_times_keep_their_digits(tmp_path):
-    from harvest.cli.panel import short_time
-
-    assert [short_time(s) for s in (2.5, 0.21, 0.0042, 0.0008, 0.00005)] == [
-        "2.50 s", "210 ms", "4.2 ms", "800 µs", "50 µs"]
     progress = Progress(tmp_path, total=10, already_final=0, watch=None)
     progress.begin("generating")
     for _ in range(4):
@@ -50,6 +46,30 @@ def test_the_panel_shows_itl_and_short_times_keep_their_digits(tmp_path):
     panel.opened(progress.view)
     console.print(panel)
     assert "ITL p50 1.0 ms" in console.export_text()
+    from harvest.cli.panel import short_time
+
+    assert [short_time(s) for s in (2.5, 0.21, 0.0042, 0.0008, 0.00005)] == [
+        "2.50 s", "210 ms", "4.2 ms", "800 µs", "50 µs"]
+
+
+def test_the_report_draws_ttft_tpot_and_itl_and_tables_them(tmp_path):
+    run_dir = tmp_path / "run"
+    build_run(run_dir)
+    timeline = Timeline.open(run_dir)
+    for i in range(20):
+        timeline.stream_times(0.21 + i * 0.001, 0.0008, [0.0008] * 9)
+    timeline.close("finished")
+    page, _ = render_report(run_dir)
+    table = page[page.index('data-table="distributions"'):]
+    table = table[:table.index("</table>")]
+    cells = [re.findall(r"<td[^>]*>([^<]*)</td>", row) for row in table.split("<tr>")]
+    got = {row[0]: row[3] for row in cells if row}  # the measure: its p50
+    assert (got["time to first token (TTFT)"][:3], got["time per output token (TPOT)"], got["between tokens (ITL)"]) \
+        == ("0.2", "0.0008000", "0.0008000"), got
+    chart = page[page.index('data-chart="token-timing"'):]
+    chart = chart[:chart.index("</figure>")]
+    legend = re.findall(r">\s*(TTFT|TPOT|ITL) \((\d+)\)</text>", chart)  # a legend entry: the series, its count
+    assert legend == [("TTFT", "20"), ("TPOT", "20"), ("ITL", "180")], legend  # before: TTFT and TPOT only
 
 
 def test_values_below_the_lowest_edge_are_one_bin_wide_in_the_report():

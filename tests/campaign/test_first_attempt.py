@@ -13,7 +13,7 @@ import pytest
 import harvest
 from harvest.errors import LedgerError
 from harvest.ledger import Ledger, Status, hash_settings
-from tests.engines import sim_engine
+from tests.engines import free_port, sim_engine
 
 
 def rows(path: Path, prefix: str, n: int) -> Path:
@@ -44,6 +44,21 @@ def test_a_folder_whose_attempt_produced_nothing_takes_the_fixed_job(tmp_path):
         # A folder with results is another job's, as before.
         with pytest.raises(LedgerError, match=r"belongs to another job .*\[sampling\] max_tokens: 4 -> 5"):
             harvest.run(**{**job, "max_tokens": 5}, model="sim-model", data=second)
+
+
+def test_a_folder_left_by_an_endpoint_that_was_down_takes_the_fixed_job(tmp_path):
+    data, out = rows(tmp_path / "a.jsonl", "a", 4), tmp_path / "run"
+    job = {"out": out, "data": data, "engine": "openai", "max_tokens": 4}
+    down = harvest.run(**job, base_url=f"http://127.0.0.1:{free_port()}/v1", model="tiny",
+                       settings={"client.start_deadline": 1})  # nothing listens there
+    assert down.outcome == "server_down" and down.counts[Status.PENDING] == 4, down.counts
+    with sim_engine() as url:  # the server started, the model named as it serves it
+        fixed = harvest.run(**job, base_url=url + "/v1", model="sim-model")
+    assert fixed.ok and fixed.outcome == "finished", fixed.report
+    said = fixed.report.resumed
+    assert said.startswith(f"{out} held no results (an earlier attempt left 4 pending): it takes this job's "
+                           "settings") and '[server] model: "tiny" -> "sim-model"' in said, said
+    assert harvest.status(out).settled == 4
 
 
 def test_the_take_over_is_decided_under_the_lock_from_what_the_ledger_holds(tmp_path):

@@ -129,10 +129,11 @@ def status(run_dir: str | Path, *, errors_limit: int = 10) -> Any:
 
 
 def export(run_dir: str | Path, format: str = "sharegpt", *, output: str | Path | None = None,
-           statuses: Iterable[str] = ("done",), allow_empty: bool = True, **options: Any) -> Any:
+           statuses: Iterable[str] = (), allow_empty: bool = True, **options: Any) -> Any:
     """Write the run's results of ``statuses`` to ``output`` (default: in the run folder) in
     ``format`` (``harvest export --format``: sharegpt, openai-batch, parquet, logprobs, specforge),
     as ``harvest export`` does: an ``ExportReport`` with ``path``, ``written`` and ``malformed``.
+    No ``statuses``: ``done``; for openai-batch every item that ended (done, truncated, failed, skipped).
     ``options``: ``sharegpt_style``, ``row_group_size``."""
     from harvest.campaign.outputs.export import export_run
 

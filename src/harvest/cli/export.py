@@ -20,9 +20,10 @@ from harvest.redact import escape_controls
 @click.command("export")
 @click.argument("run_dir", metavar="RUN_DIR|JOB.toml", type=click.Path(path_type=str))
 @click.option("--format", "fmt", type=click.Choice(FORMATS), required=True, help="what to write")
-@click.option("--status", "statuses", multiple=True, default=("done",), show_default=True,
+@click.option("--status", "statuses", multiple=True, default=(),
               help="item statuses to export, comma-separated or repeated (done, truncated, failed, skipped,"
-                   " pending, running; which ones a format can hold is checked)")
+                   " pending, running; which ones a format can hold is checked)  [default: done; openai-batch: "
+                   "done,truncated,failed,skipped]")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="file to write (default: RUN_DIR/export.<format>.jsonl or RUN_DIR/export.parquet)")
 @click.option("--sharegpt-style", type=click.Choice(SHAREGPT_STYLES), default="role-content",
@@ -51,7 +52,7 @@ def export(run_dir: str, fmt: str, statuses: tuple[str, ...], output: str | None
                       f"carries log-probabilities (they ran with [sampling] logprobs = 0): set [sampling] logprobs "
                       f"= K for a new run, or export another format; no file written", markup=False)
         else:
-            err.print(f"error: --format {fmt}: no item of status {', '.join(statuses)} to export "
+            err.print(f"error: --format {fmt}: no item of status {', '.join(statuses) or 'done'} to export "
                       f"({_what_is_there(run_dir)}): pick other statuses with --status, or --allow-empty to "
                       f"write an empty file; no file written", markup=False)
         raise SystemExit(1)

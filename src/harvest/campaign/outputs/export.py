@@ -13,8 +13,10 @@ Formats (docs/result-schema.md has every line's schema):
   data: such a row is reported as malformed, never written as a success.
 - ``sharegpt``: the same conversations without ``status``; ``sharegpt_style="from-value"`` writes
   ``{"from": "system"|"human"|"gpt", "value"}`` turns instead.
-- ``openai-batch``: JSONL lines of an OpenAI Batch API output file, one per item; failed and skipped
-  items carry ``response: null`` and ``error: {code, message}``.
+- ``openai-batch``: JSONL lines of an OpenAI Batch API output file, one per item (by default every
+  item that ended: one line per input line of a complete run, in input order); failed and skipped
+  items carry ``response: null`` and ``error: {code, message}``. A batch row's body is its own
+  request's answer (``chat.completion`` or ``text_completion``, every choice, logprobs as sent).
 - ``parquet``: one row per item (pyarrow, the ``parquet`` extra), written in row groups.
 
 Guarantees: rows are streamed from the ledger (``Ledger.iter_results``) and written as they come, so
@@ -48,6 +50,10 @@ from harvest.ledger import RESULT_STATUSES, Ledger, ResultRow, Status
 FORMATS = ("specforge", "sharegpt", "openai-batch", "parquet", "logprobs")
 SHAREGPT_STYLES = ("role-content", "from-value")
 DEFAULT_STATUSES: tuple[Status, ...] = (Status.DONE,)
+#: Statuses exported when none are named: ``done``, but a batch output file has a line for every
+#: request that ended, answered or not (one line per input line once the run is complete).
+FORMAT_DEFAULT_STATUSES: Mapping[str, tuple[Status, ...]] = {
+    "openai-batch": (Status.DONE, Status.TRUNCATED, Status.FAILED, Status.SKIPPED)}
 #: Statuses each format can hold: conversation formats need a result; the batch output file has a
 #: line per request that ended (answered or not); Parquet holds any row.
 ALLOWED_STATUSES: Mapping[str, tuple[Status, ...]] = {
@@ -257,16 +263,28 @@ def _hex(kind: str, item_id: str) -> str:
 
 def openai_batch_record(row: ResultRow) -> dict[str, Any]:
     """One line of an OpenAI Batch API output file. Ids are derived from the item id, so a second
-    export writes the same lines. The body is the completion of the item's last assistant turn;
-    ``system_fingerprint`` is the settings hash the result came from."""
+    export writes the same lines. The body is the completion of the item's last assistant turn, or
+    for a batch row (an OpenAI batch input line) its own request's answer, every choice with its
+    log-probabilities as the engine sent them; ``system_fingerprint`` is the settings hash the
+    result came from."""
     head = {"id": f"batch_req_{_hex('batch_req', row.item_id)}", "custom_id": row.item_id}
     if row.status not in RESULT_STATUSES:
         code = row.error_class or ("input" if row.status is Status.SKIPPED else row.status.value)
         error = {"code": code, "message": row.last_error or row.status.value}
         return {**head, "response": None, "error": error}
+    out = row.output
+    if isinstance(out, Mapping) and isinstance(out.get("batch"), Mapping):
+        body = _batch_body(row, out)
+    else:
+        body = _last_turn_body(row, out)
+    response = {"status_code": 200, "request_id": f"req_{_hex('req', row.item_id)}", "body": body}
+    return {**head, "response": response, "error": None}
+
+
+def _last_turn_body(row: ResultRow, out: Any) -> dict[str, Any]:
+    """The ``chat.completion`` of a conversation's last assistant turn."""
     messages = conversation(row)
     answer = messages[-1]
-    out = row.output
     turns = out.get("turns") if isinstance(out.get("turns"), list) else []
     last = turns[-1] if turns and isinstance(turns[-1], Mapping) else {}
     prompt = last.get("prompt_tokens", row.prompt_tokens) if last else row.prompt_tokens
@@ -274,7 +292,7 @@ def openai_batch_record(row: ResultRow) -> dict[str, Any]:
     message = {"role": "assistant", "content": answer["content"]}
     if "reasoning_content" in answer:
         message["reasoning_content"] = answer["reasoning_content"]
-    body = {
+    return {
         "id": f"chatcmpl-{_hex('chatcmpl', row.item_id)}",
         "object": "chat.completion",
         "created": int(row.created_at or 0),
@@ -285,8 +303,42 @@ def openai_batch_record(row: ResultRow) -> dict[str, Any]:
         "usage": {"prompt_tokens": prompt or 0, "completion_tokens": completion or 0,
                   "total_tokens": (prompt or 0) + (completion or 0)},
     }
-    response = {"status_code": 200, "request_id": f"req_{_hex('req', row.item_id)}", "body": body}
-    return {**head, "response": response, "error": None}
+
+
+def _batch_body(row: ResultRow, out: Mapping[str, Any]) -> dict[str, Any]:
+    """A batch row's answer: a ``chat.completion`` or a ``text_completion`` with every choice."""
+    conversation(row)  # the stored result is checked as every other (MalformedResult)
+    batch = out["batch"]
+    chat = batch.get("url") == "/v1/chat/completions"
+    choices = []
+    for c in batch.get("choices") or ():
+        if not (isinstance(c, Mapping) and isinstance(c.get("text"), str) and isinstance(c.get("index"), int)):
+            raise MalformedResult("batch.choices holds an entry without index and text")
+        choice: dict[str, Any] = {"index": c["index"]}
+        if chat:
+            message = {"role": "assistant", "content": c["text"]}
+            if isinstance(c.get("reasoning_content"), str):
+                message["reasoning_content"] = c["reasoning_content"]
+            choice["message"] = message
+        else:
+            choice["text"] = c["text"]
+        choice["logprobs"] = c.get("logprobs")
+        choice["finish_reason"] = c.get("finish_reason")
+        choices.append(choice)
+    if not choices:
+        raise MalformedResult("batch.choices is empty")
+    usage = batch.get("usage") if isinstance(batch.get("usage"), Mapping) else {}
+    prompt, completion = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
+    kind = "chatcmpl" if chat else "cmpl"
+    return {
+        "id": f"{kind}-{_hex(kind, row.item_id)}",
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(row.created_at or 0),
+        "model": out.get("model") if isinstance(out.get("model"), str) else "",
+        "system_fingerprint": row.settings_hash or out.get("settings_hash"),
+        "choices": choices,
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+    }
 
 
 def parquet_record(row: ResultRow) -> dict[str, Any]:
@@ -415,17 +467,18 @@ def _write_parquet(path: Path | BinaryIO, rows: Iterable[ResultRow], tally: _Tal
 
 
 def export_run(run_dir: str | Path, fmt: str, *, output: str | Path | None = None,
-               statuses: Iterable[str | Status] = DEFAULT_STATUSES, sharegpt_style: str = "role-content",
+               statuses: Iterable[str | Status] | None = None, sharegpt_style: str = "role-content",
                row_group_size: int = ROW_GROUP_SIZE, fetch: int = 1000, allow_empty: bool = True) -> ExportReport:
-    """Write the items of ``statuses`` from the run's ledger to ``output`` (default
-    :func:`default_output`) in ``fmt``, atomically, in input order.
+    """Write the items of ``statuses`` (default: :data:`FORMAT_DEFAULT_STATUSES`, else ``done``) from
+    the run's ledger to ``output`` (default :func:`default_output`) in ``fmt``, atomically, in input
+    order.
 
     Raises :class:`~harvest.errors.LedgerError` when ``run_dir`` holds no readable ledger and
     :class:`~harvest.errors.ConfigError` for options that do not fit (an unknown format, a status
     the format cannot hold, Parquet without pyarrow, a missing output folder). Without
     ``allow_empty`` an export that selects nothing leaves no file (``kept`` False).
     """
-    wanted = parse_statuses(statuses)
+    wanted = parse_statuses(statuses if statuses else FORMAT_DEFAULT_STATUSES.get(fmt, DEFAULT_STATUSES))
     _check_options(fmt, wanted, sharegpt_style)
     if fmt in ("parquet", "logprobs"):
         _pyarrow(fmt)
@@ -554,7 +607,7 @@ def check_export(path: str | Path, fmt: str, *, sharegpt_style: str = "role-cont
 
 
 __all__ = [
-    "ALLOWED_STATUSES", "DEFAULT_STATUSES", "FORMATS", "FROM_NAMES", "ExportCheck", "ExportReport",
+    "ALLOWED_STATUSES", "DEFAULT_STATUSES", "FORMATS", "FORMAT_DEFAULT_STATUSES", "FROM_NAMES", "ExportCheck", "ExportReport",
     "MalformedResult", "ROW_GROUP_SIZE", "SHAREGPT_STYLES", "check_export", "conversation",
     "conversation_problems", "default_output",
     "export_run", "openai_batch_record", "parquet_record", "parquet_schema", "parse_statuses",

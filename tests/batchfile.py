@@ -20,13 +20,13 @@ TEXT = "/v1/completions"
 WORDS = ("river", "lamp", "orbit", "maple", "signal", "harbor", "copper", "meadow")
 
 
-def batch_row(i: int, model: str, *, chat_only: bool = False) -> dict[str, Any]:
+def batch_row(i: int, model: str, *, chat_only: bool = False, seeded: bool = True) -> dict[str, Any]:
     chat = chat_only or i % 3 != 2
     greedy = i % 2 == 0
     # vLLM refuses n > 1 at temperature 0 ("n must be 1 when using greedy sampling"): n on sampled rows
     body: dict[str, Any] = {"model": model, "max_tokens": 1 + i % 6, "temperature": 0.0 if greedy else 0.8,
                             "n": 1 if greedy else (1, 2, 3)[(i // 2) % 3]}
-    if not greedy:
+    if not greedy and seeded:
         body["seed"] = i
     text = f"Row {i}: write about the {WORDS[i % len(WORDS)]} and the number {i * 7 % 101}."
     if chat:
@@ -40,8 +40,9 @@ def batch_row(i: int, model: str, *, chat_only: bool = False) -> dict[str, Any]:
     return {"custom_id": f"row-{i:04d}", "method": "POST", "url": CHAT if chat else TEXT, "body": body}
 
 
-def write_batch(path: Path, rows: int, model: str, *, chat_only: bool = False) -> list[dict[str, Any]]:
-    lines = [batch_row(i, model, chat_only=chat_only) for i in range(rows)]
+def write_batch(path: Path, rows: int, model: str, *, chat_only: bool = False,
+                seeded: bool = True) -> list[dict[str, Any]]:
+    lines = [batch_row(i, model, chat_only=chat_only, seeded=seeded) for i in range(rows)]
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     return lines
 

@@ -12,9 +12,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp import web
 
 from harvest import api
+from harvest.campaign.run.intake import check_batch_sampling
+from harvest.config import parse_config
+from harvest.errors import ConfigError
 from harvest.ledger import Ledger
 from tests.campaign.test_export import documented
 from tests.dataset.test_batch import ROWS
@@ -146,3 +150,15 @@ def test_rows_run_with_their_own_bodies_and_the_export_has_a_line_per_input_line
     assert text["object"] == "text_completion" and text["choices"][0]["text"] == "w0 w0 w0"
     assert text["choices"][0]["logprobs"]["token_logprobs"] == [-0.5] * 3
     assert by_id["c2"]["choices"][0]["logprobs"] is None
+
+
+def test_the_jobs_own_n_and_logprobs_are_refused_for_a_batch_file(tmp_path):
+    data = tmp_path / "requests.jsonl"
+    data.write_text("\n".join(text for text, _ in ROWS) + "\n")
+    config = parse_config({"data": {"path": str(data)}, "sampling": {"n": 4, "logprobs": 2}}, "job.toml")
+    with pytest.raises(ConfigError) as caught:
+        check_batch_sampling(config)
+    where = [w for w, _ in caught.value.problems]
+    assert where == ["job.toml [sampling] n", "job.toml [sampling] logprobs"]
+    assert "set n in the rows' bodies" in str(caught.value)
+    check_batch_sampling(parse_config({"data": {"path": str(data)}}, "job.toml"))  # unset: runs

@@ -32,7 +32,6 @@ This module only reads the ledger; it never changes an item's status and never g
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import json
 import os
@@ -44,6 +43,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
 from harvest import safefiles
+from harvest.campaign.outputs.batch_output import MalformedResult, batch_body, hex_id
 from harvest.errors import ConfigError
 from harvest.ledger import RESULT_STATUSES, Ledger, ResultRow, Status
 
@@ -71,10 +71,6 @@ _ROW_GROUP_CHARS = 64 * 2**20
 _MALFORMED_EXAMPLES = 20
 
 _THINK_BLOCK = re.compile(r"<think>(.*?)(?:</think>|\Z)", re.DOTALL)
-
-
-class MalformedResult(ValueError):
-    """A stored result that does not follow docs/result-schema.md (the row is reported, not written)."""
 
 
 @dataclass(frozen=True)
@@ -257,27 +253,24 @@ def sharegpt_record(row: ResultRow, style: str = "role-content") -> dict[str, An
     return {"id": row.item_id, "conversations": turns}
 
 
-def _hex(kind: str, item_id: str) -> str:
-    return hashlib.blake2b(f"{kind}\0{item_id}".encode(), digest_size=12).hexdigest()
-
-
 def openai_batch_record(row: ResultRow) -> dict[str, Any]:
     """One line of an OpenAI Batch API output file. Ids are derived from the item id, so a second
     export writes the same lines. The body is the completion of the item's last assistant turn, or
     for a batch row (an OpenAI batch input line) its own request's answer, every choice with its
     log-probabilities as the engine sent them; ``system_fingerprint`` is the settings hash the
     result came from."""
-    head = {"id": f"batch_req_{_hex('batch_req', row.item_id)}", "custom_id": row.item_id}
+    head = {"id": f"batch_req_{hex_id('batch_req', row.item_id)}", "custom_id": row.item_id}
     if row.status not in RESULT_STATUSES:
         code = row.error_class or ("input" if row.status is Status.SKIPPED else row.status.value)
         error = {"code": code, "message": row.last_error or row.status.value}
         return {**head, "response": None, "error": error}
     out = row.output
     if isinstance(out, Mapping) and isinstance(out.get("batch"), Mapping):
-        body = _batch_body(row, out)
+        conversation(row)  # the stored result is checked as every other (MalformedResult)
+        body = batch_body(row.item_id, out, created=row.created_at, settings_hash=row.settings_hash)
     else:
         body = _last_turn_body(row, out)
-    response = {"status_code": 200, "request_id": f"req_{_hex('req', row.item_id)}", "body": body}
+    response = {"status_code": 200, "request_id": f"req_{hex_id('req', row.item_id)}", "body": body}
     return {**head, "response": response, "error": None}
 
 
@@ -293,7 +286,7 @@ def _last_turn_body(row: ResultRow, out: Any) -> dict[str, Any]:
     if "reasoning_content" in answer:
         message["reasoning_content"] = answer["reasoning_content"]
     return {
-        "id": f"chatcmpl-{_hex('chatcmpl', row.item_id)}",
+        "id": f"chatcmpl-{hex_id('chatcmpl', row.item_id)}",
         "object": "chat.completion",
         "created": int(row.created_at or 0),
         "model": out.get("model") if isinstance(out.get("model"), str) else "",
@@ -302,42 +295,6 @@ def _last_turn_body(row: ResultRow, out: Any) -> dict[str, Any]:
                      "finish_reason": last.get("finish_reason") or row.finish_reason}],
         "usage": {"prompt_tokens": prompt or 0, "completion_tokens": completion or 0,
                   "total_tokens": (prompt or 0) + (completion or 0)},
-    }
-
-
-def _batch_body(row: ResultRow, out: Mapping[str, Any]) -> dict[str, Any]:
-    """A batch row's answer: a ``chat.completion`` or a ``text_completion`` with every choice."""
-    conversation(row)  # the stored result is checked as every other (MalformedResult)
-    batch = out["batch"]
-    chat = batch.get("url") == "/v1/chat/completions"
-    choices = []
-    for c in batch.get("choices") or ():
-        if not (isinstance(c, Mapping) and isinstance(c.get("text"), str) and isinstance(c.get("index"), int)):
-            raise MalformedResult("batch.choices holds an entry without index and text")
-        choice: dict[str, Any] = {"index": c["index"]}
-        if chat:
-            message = {"role": "assistant", "content": c["text"]}
-            if isinstance(c.get("reasoning_content"), str):
-                message["reasoning_content"] = c["reasoning_content"]
-            choice["message"] = message
-        else:
-            choice["text"] = c["text"]
-        choice["logprobs"] = c.get("logprobs")
-        choice["finish_reason"] = c.get("finish_reason")
-        choices.append(choice)
-    if not choices:
-        raise MalformedResult("batch.choices is empty")
-    usage = batch.get("usage") if isinstance(batch.get("usage"), Mapping) else {}
-    prompt, completion = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
-    kind = "chatcmpl" if chat else "cmpl"
-    return {
-        "id": f"{kind}-{_hex(kind, row.item_id)}",
-        "object": "chat.completion" if chat else "text_completion",
-        "created": int(row.created_at or 0),
-        "model": out.get("model") if isinstance(out.get("model"), str) else "",
-        "system_fingerprint": row.settings_hash or out.get("settings_hash"),
-        "choices": choices,
-        "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
     }
 
 

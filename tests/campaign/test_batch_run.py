@@ -21,7 +21,7 @@ from harvest.config import parse_config
 from harvest.errors import ConfigError
 from harvest.ledger import Ledger
 from tests.campaign.test_export import documented
-from tests.dataset.test_batch import ROWS
+from tests.dataset.test_batch import ROWS, own_id
 from tests.gpu.schema_doc import problems
 
 
@@ -132,9 +132,17 @@ def test_rows_run_with_their_own_bodies_and_the_export_has_a_line_per_input_line
     report = api.export(run_dir, "openai-batch")  # default: every item that ended
     lines = [json.loads(x) for x in report.path.read_text().splitlines()]
     assert len(lines) == len(ROWS)  # one line per input line, in input order
-    expected = [json.loads(text)["custom_id"] if reason is None else f"skip:requests.jsonl:{n}"
-                for n, (text, reason) in enumerate(ROWS, 1)]
+    # Every line echoes its input line's custom_id, skipped ones included; only a line without a
+    # readable one (not JSON, not a string) gets the ledger's skip:<file>:<line>.
+    expected = [own_id(text) if own_id(text) is not None else f"skip:requests.jsonl:{n}"
+                for n, (text, _) in enumerate(ROWS, 1)]
     assert [x["custom_id"] for x in lines] == expected
+    assert [n for n, x in enumerate(lines, 1) if x["custom_id"].startswith("skip:requests")] == [11, 12, 18, 19]
+    assert len({x["id"] for x in lines}) == len(lines)  # a repeated custom_id: its lines told apart by id
+    first, repeat = (x for x in lines if x["custom_id"] == "c1")
+    assert first["error"] is None and repeat["response"] is None
+    assert "custom_id repeats an earlier line" in repeat["error"]["message"] and "first at line 1" in \
+        repeat["error"]["message"]
     schema = documented("harvest.export.openai-batch/1")
     assert [p for x in lines for p in problems(x, schema)] == []
     for x, (_, reason) in zip(lines, ROWS):

@@ -43,7 +43,20 @@ ROWS: list[tuple[str, str | None]] = [
     (line("c1", max_tokens=9), "custom_id repeats an earlier line; custom_ids are unique in a batch file "
                                "(custom_id 'c1', first at line 1)"),
     (line("c2", max_completion_tokens=4, top_p=0.5), None),
+    (line(""), "custom_id is str '', expected non-empty text"),
+    (line("skip:mine"), "uses the prefix 'skip:', reserved for lines without a custom_id"),
+    (json.dumps({"method": "POST", "url": CHAT, "body": {"messages": []}}), "not an OpenAI batch line"),
+    (line("\ud800"), "not valid UTF-8"),
 ]
+
+
+def own_id(text: str) -> str | None:
+    """The custom_id a line gives, as its output line must echo it: text that is valid UTF-8, else None."""
+    try:
+        cid = json.loads(text).get("custom_id")
+    except ValueError:
+        return None
+    return cid if isinstance(cid, str) and not any(0xD800 <= ord(ch) <= 0xDFFF for ch in cid) else None
 
 
 @pytest.fixture
@@ -71,8 +84,11 @@ def test_each_line_is_an_item_or_a_skip_naming_its_line_and_reason(batch_file):
     assert t1.request == BatchRequest(TEXT, (("logprobs", 1), ("max_tokens", 3), ("seed", 7), ("stop", ["\n"])),
                                       prompt="p t1")
     assert c2.request is not None and c2.request.overrides() == {"max_tokens": 4, "top_p": 0.5}
-    # the skip reason names the row's custom_id where it has one
+    # the skip reason names the row's custom_id where it has one, and the record keeps it as given
     assert "(custom_id 'e1')" in records[2].reason  # type: ignore[union-attr]
+    assert [r.raw_id for r in records] == [own_id(text) for text, _ in ROWS]
+    assert [r.raw_id for r in records[-4:]] == ["", "skip:mine", None, None]
+    assert records[13].raw_id == "c1" and records[13].id == "skip:requests.jsonl:14"  # type: ignore[union-attr]
 
 
 def test_the_request_is_part_of_the_stored_input(batch_file):

@@ -13,11 +13,13 @@ checked here by pydantic against what harvest sends (:data:`SENT_FIELDS`) and ke
 by field). ``body.model`` is checked, never sent: it must name the model the job serves (``models``),
 and the request goes to the job's server under the name that server knows.
 
-A row that cannot run becomes a ``Skipped`` naming the reason and, where it has one, its
-``custom_id``: another ``method`` or ``url`` (``/v1/embeddings`` included: harvest generates text),
-a body field harvest does not send (``tools``, ``stream: true``, ``echo``, ``best_of``...), a value
-of the wrong type, a model the job does not serve, a conversation that does not end with a user
-message, a repeated ``custom_id`` (:class:`CustomIds`, in file order: the first row keeps it).
+A row that cannot run becomes a ``Skipped`` naming the reason and keeping, where it has one, its
+``custom_id`` as given (``raw_id``, :func:`readable_id`: its output line echoes it): another
+``method`` or ``url`` (``/v1/embeddings`` included: harvest generates text), a body field harvest
+does not send (``tools``, ``stream: true``, ``echo``, ``best_of``...), a value of the wrong type, a
+model the job does not serve, a conversation that does not end with a user message, a repeated
+``custom_id`` (:class:`CustomIds`, in file order: the first row keeps it; the repeat keeps the
+``custom_id`` too, its ledger id ``skip:<file>:<line>`` tells it apart).
 
 This module never reads files and never raises for a bad row.
 """
@@ -30,6 +32,7 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from harvest.dataset.records import CHAT_URL, COMPLETIONS_URL, USER, BatchRequest, Item, Message, Row, Skipped
+from harvest.dataset.shapes import SKIP_PREFIX, BadRow, read_conversation
 
 #: The urls harvest runs; any other is a skipped row.
 URLS = (CHAT_URL, COMPLETIONS_URL)
@@ -92,12 +95,6 @@ SENT_FIELDS: Mapping[str, frozenset[str]] = {
 }
 
 
-class _Bad(Exception):
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
-
-
 def is_batch_record(data: Any) -> bool:
     """Whether a raw record is an OpenAI batch line (it has ``custom_id`` and ``body``)."""
     return isinstance(data, Mapping) and all(k in data for k in MARKERS)
@@ -107,26 +104,36 @@ def _where(cid: str | None) -> str:
     return f" (custom_id {cid!r})" if cid is not None else ""
 
 
-def _custom_id(data: Mapping[str, Any]) -> str:
-    from harvest.dataset.shapes import SKIP_PREFIX
-
-    cid = data.get("custom_id")
-    if not isinstance(cid, str) or not cid.strip():
-        shown = "missing" if cid is None else f"{type(cid).__name__} {cid!r}"[:80]
-        raise _Bad(f"custom_id is {shown}, expected non-empty text")
-    if cid.startswith(SKIP_PREFIX):
-        raise _Bad(f"custom_id {cid!r} uses the prefix {SKIP_PREFIX!r}, reserved for skipped rows")
+def readable_id(data: Any) -> str | None:
+    """A line's ``custom_id`` exactly as it gave it, where it is text (its output line echoes it,
+    even when the line cannot run); None for a line with none (not an object, missing, not a
+    string, not encodable as UTF-8)."""
+    cid = data.get("custom_id") if isinstance(data, Mapping) else None
+    if not isinstance(cid, str):
+        return None
     try:
         cid.encode("utf-8")
     except UnicodeEncodeError:
-        raise _Bad("custom_id is not valid UTF-8") from None
+        return None
+    return cid
+
+
+def _custom_id(data: Mapping[str, Any]) -> str:
+    cid, raw = readable_id(data), data.get("custom_id")
+    if isinstance(raw, str) and cid is None:
+        raise BadRow("custom_id is not valid UTF-8")
+    if cid is None or not cid.strip():
+        shown = "missing" if raw is None else f"{type(raw).__name__} {raw!r}"[:80]
+        raise BadRow(f"custom_id is {shown}, expected non-empty text")
+    if cid.startswith(SKIP_PREFIX):
+        raise BadRow(f"custom_id {cid!r} uses the prefix {SKIP_PREFIX!r}, reserved for lines without a custom_id")
     return cid
 
 
 def _body(data: Mapping[str, Any], url: str) -> _Body:
     raw = data.get("body")
     if not isinstance(raw, Mapping):
-        raise _Bad(f"body is {'null' if raw is None else type(raw).__name__}, expected an object")
+        raise BadRow(f"body is {'null' if raw is None else type(raw).__name__}, expected an object")
     model = _ChatBody if url == CHAT_URL else _TextBody
     try:
         return model.model_validate(dict(raw))
@@ -135,11 +142,11 @@ def _body(data: Mapping[str, Any], url: str) -> _Body:
         field = ".".join(str(p) for p in err["loc"])
         if err["type"] == "extra_forbidden":
             allowed = ", ".join(sorted(SENT_FIELDS[url]))
-            raise _Bad(f"body.{field} is not supported for {url} (harvest sends: {allowed})") from None
+            raise BadRow(f"body.{field} is not supported for {url} (harvest sends: {allowed})") from None
         if err["type"] == "literal_error" and field in ("stream", "echo"):
-            raise _Bad(f"body.{field} = true is not supported (harvest stores whole answers)") from None
+            raise BadRow(f"body.{field} = true is not supported (harvest stores whole answers)") from None
         shown = repr(err.get("input"))[:60]
-        raise _Bad(f"body.{field}: {err['msg']} (got {shown})") from None
+        raise BadRow(f"body.{field}: {err['msg']} (got {shown})") from None
 
 
 def _request(url: str, body: _Body) -> BatchRequest:
@@ -153,20 +160,14 @@ def _request(url: str, body: _Body) -> BatchRequest:
 
 
 def _messages(body: _Body, system_prompt: str | None) -> tuple[Message, ...]:
-    from harvest.dataset import shapes
-
     if isinstance(body, _TextBody):
         if not body.prompt.strip():
-            raise _Bad("body.prompt is empty")
+            raise BadRow("body.prompt is empty")
         return (Message(USER, body.prompt),)
     assert isinstance(body, _ChatBody)
-    try:
-        messages = shapes._validate(shapes._conversation(body.messages, "body.messages"), "body.messages",
-                                    system_prompt)
-    except shapes._Bad as bad:
-        raise _Bad(bad.reason) from None
+    messages = read_conversation(body.messages, "body.messages", system_prompt)
     if messages[-1].role != USER:
-        raise _Bad("body.messages ends with an assistant message; a batch row asks for the answer to its "
+        raise BadRow("body.messages ends with an assistant message; a batch row asks for the answer to its "
                    "last user message")
     return messages
 
@@ -175,26 +176,27 @@ def batch_item(row: Row, *, models: Collection[str] | None = None, system_prompt
     """One batch line as an :class:`Item` whose ``request`` holds its own body, or a ``Skipped``
     naming why it cannot run. ``models``: the names ``body.model`` may hold (None: any)."""
     data = row.data
-    cid: str | None = None
+    cid = readable_id(data)
     try:
         if not is_batch_record(data):
-            raise _Bad(f"not an OpenAI batch line: it needs {' and '.join(MARKERS)} (and method, url)")
-        cid = _custom_id(data)
+            raise BadRow(f"not an OpenAI batch line: it needs {' and '.join(MARKERS)} (and method, url)")
+        _custom_id(data)
         method = data.get("method", "POST")
         if method != "POST":
-            raise _Bad(f"method {method!r} is not supported (POST)")
+            raise BadRow(f"method {method!r} is not supported (POST)")
         url = data.get("url")
         if url not in URLS:
             shown = repr(url)[:80]
-            raise _Bad(f"url {shown} is not supported: harvest runs {' and '.join(URLS)}")
+            raise BadRow(f"url {shown} is not supported: harvest runs {' and '.join(URLS)}")
         body = _body(data, url)
         if models is not None and body.model is not None and body.model not in models:
-            raise _Bad(f"body.model is not a model this job serves: set it to {' or '.join(map(repr, sorted(models)))} "
+            raise BadRow(f"body.model is not a model this job serves: set it to {' or '.join(map(repr, sorted(models)))} "
                        f"or leave it out (body.model {body.model!r})")
         messages = _messages(body, system_prompt)
         request = _request(url, body)
-    except _Bad as bad:
-        return Skipped(row.source, row.line, bad.reason + _where(cid), BATCH_KIND)
+    except BadRow as bad:
+        return Skipped(row.source, row.line, bad.reason + _where(cid), BATCH_KIND, raw_id=cid)
+    assert cid is not None
     return Item(id=cid, source=row.source, source_line=row.line, messages=messages, raw_id=cid, request=request)
 
 
@@ -213,9 +215,10 @@ class CustomIds:
         first = self._first.setdefault(record.id, record.source_line)
         if first != record.source_line:
             return Skipped(record.source, record.source_line, f"custom_id repeats an earlier line; custom_ids "
-                           f"are unique in a batch file (custom_id {record.id!r}, first at line {first})", BATCH_KIND)
+                           f"are unique in a batch file (custom_id {record.id!r}, first at line {first})", BATCH_KIND,
+                           raw_id=record.id)
         return record
 
 
 __all__ = ["BATCH_KIND", "BatchRequest", "CHAT_URL", "COMPLETIONS_URL", "CustomIds", "MARKERS", "SENT_FIELDS",
-           "URLS", "batch_item", "is_batch_record"]
+           "URLS", "batch_item", "is_batch_record", "readable_id"]

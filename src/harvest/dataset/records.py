@@ -94,6 +94,10 @@ class Skipped:
     #: mapping may read it); ``"input"``: the row itself cannot be read (bad JSON, bad encoding...).
     #: It is the skipped item's error class in the ledger.
     kind: str = "input"
+    #: The row's own id as it gave it, where one could be read (an OpenAI batch line's
+    #: ``custom_id``, a row's id field): what an export that echoes ids (``openai-batch``) names
+    #: the row by. None when the row has none (not JSON, no id, an id that is not text).
+    raw_id: str | None = None
 
     @property
     def id(self) -> str:

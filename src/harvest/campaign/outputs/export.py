@@ -255,11 +255,12 @@ def sharegpt_record(row: ResultRow, style: str = "role-content") -> dict[str, An
 
 def openai_batch_record(row: ResultRow) -> dict[str, Any]:
     """One line of an OpenAI Batch API output file. Ids are derived from the item id, so a second
-    export writes the same lines. The body is the completion of the item's last assistant turn, or
-    for a batch row (an OpenAI batch input line) its own request's answer, every choice with its
-    log-probabilities as the engine sent them; ``system_fingerprint`` is the settings hash the
-    result came from."""
-    head = {"id": f"batch_req_{hex_id('batch_req', row.item_id)}", "custom_id": row.item_id}
+    export writes the same lines. ``custom_id`` is :attr:`ResultRow.join_id`: a skipped line's own
+    custom_id where it had one (``id`` stays unique: it derives from the ledger's id). The body is
+    the completion of the item's last assistant turn, or for a batch row (an OpenAI batch input
+    line) its own request's answer, every choice with its log-probabilities as the engine sent
+    them; ``system_fingerprint`` is the settings hash the result came from."""
+    head = {"id": f"batch_req_{hex_id('batch_req', row.item_id)}", "custom_id": row.join_id}
     if row.status not in RESULT_STATUSES:
         code = row.error_class or ("input" if row.status is Status.SKIPPED else row.status.value)
         error = {"code": code, "message": row.last_error or row.status.value}
@@ -367,7 +368,7 @@ def _with_sample(make: Callable[[ResultRow], dict[str, Any]], fmt: str) -> Calla
     def wrapped(row: ResultRow) -> dict[str, Any]:
         record = make(row)
         if fmt == "openai-batch":
-            record["custom_id"] = f"{row.item_id}#{row.sample}"
+            record["custom_id"] = f"{row.join_id}#{row.sample}"
         else:
             record["sample"] = row.sample
         return record

@@ -32,9 +32,10 @@ class DataConfig(StrictModel):
     path: str = Field(description="the dataset: JSONL, a JSON array, Parquet, CSV, or a `save_to_disk` folder")
     format: Literal["auto", "jsonl", "json", "parquet", "csv", "hf"] = Field(
         "auto", description="the file format; auto: from the name (a folder is `hf`)")
-    shape: Literal["auto", "prompt", "messages", "sharegpt", "specforge"] = Field(
-        "auto", description="a prompt field, OpenAI `messages`, or ShareGPT / SpecForge `conversations`; "
-        "auto: detected per row")
+    shape: Literal["auto", "prompt", "messages", "sharegpt", "specforge", "openai-batch"] = Field(
+        "auto", description="a prompt field, OpenAI `messages`, ShareGPT / SpecForge `conversations`, or "
+        "`openai-batch` (an OpenAI batch input file: each line's `body` is its request, docs/batch-files.md); "
+        "auto: detected per row, a file whose first record has `custom_id` and `body` is a batch file")
     id_field: str | None = Field(None, description="the rows' id field, kept in the export; unset: a field "
                                  "named `id` where a row has one, else a content hash; \"\": always the hash")
     prompt_field: str = Field("prompt", description="the prompt's field (shape `prompt`)")

@@ -121,6 +121,8 @@ def run_panel(view: ProgressView, board: PhaseBoard, width: int = 0) -> Panel:
         if server.get("running") is not None:
             load += f"   server running {server['running']:.0f}   waiting {server.get('waiting') or 0:.0f}"
         body.add_row("load", load)
+    for row in level_rows(snap):
+        body.add_row("level", as_text(row))
     for e in snap.get("sick") or []:
         body.add_row("endpoint", Text(_sick(e), style="yellow"))
     for e in snap.get("no_answer") or []:
@@ -186,6 +188,18 @@ def _targets(snap: Mapping[str, Any]) -> str:
     if len(values) == 1:
         return f" (auto target {values[0]})"
     return f" (auto targets {'+'.join(str(v) for v in values)})"
+
+
+def level_rows(snap: Mapping[str, Any]) -> list[str]:
+    """Under ``concurrency = "auto"``, each endpoint's level and why it is there (``1024: engine
+    capacity 1024 from /props``; the URL first when there are several); [] when fixed."""
+    targets = snap.get("concurrency_targets") or {}
+    reasons = snap.get("concurrency_reasons") or {}
+    rows = []
+    for url, target in targets.items():
+        why = f": {reasons[url]}" if reasons.get(url) else ""
+        rows.append(f"{url}  {target}{why}" if len(targets) > 1 else f"{target}{why}")
+    return rows
 
 
 def _ms(seconds: float) -> str:

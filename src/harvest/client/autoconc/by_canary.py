@@ -69,6 +69,8 @@ class CanarySteps(ControllerState):
     _probe_wait: int
     #: (step time, answers so far) of the last steps, for the answer rate.
     _rates_at: list[tuple[float, int]]
+    #: A step up just kept, in words ("512 paid x1.90 over 256"), for :attr:`why`.
+    _paid: str | None
     # Kept across restarts:
     #: A canary that waited without a place of its own: from then on it takes one.
     _reserve: bool
@@ -92,6 +94,7 @@ class CanarySteps(ControllerState):
         self._holding = False
         self._probe_wait = self.settings.ceiling_steps
         self._rates_at = []
+        self._paid = None
 
     def _init_canary_kept(self) -> None:
         """What a restart of the engine does not reset: the canary's place and its cost so far."""
@@ -180,13 +183,16 @@ class CanarySteps(ControllerState):
             return self._hold("measuring", self.last.phase)
         self._ceiling, self._ceiling_left = self.target, s.ceiling_steps
         self._settled = True
+        waited = f"queue: a canary waited {c.ttft if c.ttft is not None else c.age:.1f} s for its first token " \
+                 f"at {self.target}"
         if self._accepted is not None and self._accepted < self.target:
-            return self._move(now, self._accepted, "backoff", "queue")
+            return self._move(now, self._accepted, "backoff", "queue", why=f"{waited}: back to {self._accepted}")
         rate = self._answer_rate()
         if c.ttft is not None and rate:
             runs = max(1.0, c.outstanding - c.ttft * rate)  # it waited behind ttft x rate requests
-            return self._move(now, runs + max(2.0, math.ceil(s.queue_slack * runs)), "backoff", "queue")
-        return self._move(now, self.target * s.decrease, "backoff", "queue")
+            return self._move(now, runs + max(2.0, math.ceil(s.queue_slack * runs)), "backoff", "queue",
+                              why=f"{waited}: the engine runs about {runs:.0f}")
+        return self._move(now, self.target * s.decrease, "backoff", "queue", why=f"{waited}: x{s.decrease:g}")
 
     def _judge_look_up(self, now: float, base: int, tok_s: float) -> tuple[Decision | None, float]:
         """A step up above ``base``, the accepted level: the decision when this canary settles it
@@ -201,6 +207,7 @@ class CanarySteps(ControllerState):
         if len(self._judged) < 2 and tok_s >= base_tok_s * (1 + s.gain):
             return self._hold("measuring", self.last.phase, tok_s), tok_s
         tok_s = statistics.fmean(self._judged)
+        ratio = f"x{tok_s / base_tok_s:.2f}" if base_tok_s > 0 else "more"
         if tok_s < base_tok_s * (1 + s.gain):
             # A look up that did not pay: the next waits longer, each time twice as long (up to
             # ``8 x ceiling_steps``): a level that stays right costs fewer canaries and waves.
@@ -209,8 +216,10 @@ class CanarySteps(ControllerState):
                 self._probe_wait = min(2 * self._probe_wait, 8 * s.ceiling_steps)
             self._ceiling, self._ceiling_left = self.target, wait
             self._settled = True
-            return self._move(now, base, "settled", "no gain", tok_s), tok_s
+            return self._move(now, base, "settled", "no gain", tok_s,
+                              why=f"no gain: {self.target} read {ratio} the tok/s of {base}"), tok_s
         self._probe_wait = s.ceiling_steps  # it paid: looks come at the usual pace again
+        self._paid = f"{self.target} paid {ratio} over {base}"
         return None, tok_s
 
     def _read_level(self, now: float, tok_s: float, busy: bool) -> Decision:
@@ -243,9 +252,12 @@ class CanarySteps(ControllerState):
             return self._hold("measuring", "settled", tok_s)
         if not busy or up < self.target + 1 or self.target >= s.max_concurrency:
             return self._hold("hold", "settled" if self._settled else "start", tok_s)
+        paid, self._paid = self._paid, None
         if self._settled:  # a look up once a ceiling lifted: shown with the level's tok/s it must beat
-            return self._move(now, up, "probe", "look up", self._level_tok_s)
-        return self._move(now, up, "start", "tok/s grew", tok_s)
+            return self._move(now, up, "probe", "look up", self._level_tok_s,
+                              why=f"looking up: {self.target} read {self._level_tok_s or 0:.0f} tok/s")
+        return self._move(now, up, "start", "tok/s grew", tok_s,
+                          why=f"probing: {paid}" if paid else f"probing: {self.target} read {tok_s:.0f} tok/s")
 
     def _held_start(self) -> None:
         """A start below a batch limit harvest knows (``auto_start``) is a level, not a guess:
@@ -306,10 +318,12 @@ class CanarySteps(ControllerState):
         hint = self.settings.batch_hint or self.settings.engine_limit
         return hint is None or self.target >= hint or self._reserve
 
-    def _move(self, now: float, target: float, phase: str, reason: str, tok_s: float | None = None) -> Decision:
+    def _move(self, now: float, target: float, phase: str, reason: str, tok_s: float | None = None, *,
+              why: str = "") -> Decision:
         before, self.target = self.target, self._bound(target)
         if self.target != before:
             self._changed_at, self._waits, self._judged = now, 0, []
+            self.why = why or reason
         self.last = Decision(self.target, phase, reason, tok_s, False)
         return self.last
 

@@ -18,7 +18,7 @@ Per stream mode and size: every fixed value and the default once per round, the 
 every other round; then the medians, the default's median over the best fixed value's median, each
 default run over that median (the lowest one is the "no run below" figure), and the level each
 default run settled at (its target over the last third of the run; "stable" when every run's is
-within one step, x1.25, of every other's). Targets (issue 60): the default's median >= 0.90 x the
+within one step, x1.25, of every other's). Targets: the default's median >= 0.90 x the
 best fixed value at 1024 requests, >= 0.97 x at 4096, and no run below 0.85 x. One ``BENCH
 autoconc_endpoint`` line per stream mode and size.
 

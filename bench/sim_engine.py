@@ -374,7 +374,8 @@ PRESETS: dict[str, dict[str, float | int | str]] = {
 }
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, a ``--preset`` applied over it."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 = let the OS choose; the port is printed")
@@ -405,7 +406,11 @@ def main(argv: list[str] | None = None) -> int:
             setattr(args, key, value)
     if args.token_latency <= 0 or args.max_batch < 1:
         parser.error("--token-latency must be > 0 and --max-batch >= 1")
-    asyncio.run(serve(args))
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    asyncio.run(serve(parse_args(argv)))
     return 0
 
 

@@ -120,11 +120,11 @@ class AnswerSteps(ControllerState):
         target, phase, reason = self._decide(obs, pressure)
         before, self.target = self.target, self._bound(target)
         self._warming = self.target != before
-        self._say(before, phase, reason, rise)
+        self._say_answers(before, phase, reason, rise)
         self.last = Decision(self.target, phase, reason, obs.tok_s, obs.gauges is not None)
         return self.last
 
-    def _say(self, before: int, phase: str, reason: str, rise: float | None) -> None:
+    def _say_answers(self, before: int, phase: str, reason: str, rise: float | None) -> None:
         """The level's reason in words (:attr:`why`) after a step that moved or settled it
         (``rise``: latency per token over the accepted level's)."""
         if reason == "latency":

@@ -171,8 +171,11 @@ class CanarySteps(ControllerState):
         # queue it is most often a burst of admissions: a wave of equal answers ends together
         # and the requests that refill it reach the engine's front end at once, ahead of the
         # canary (seen on the H200: 512 -> 495 four times in a 4096-request run, each costing
-        # a wave). There only three waits in a row are a queue; above it one long wait is.
-        known = self._accepted is not None and self.target <= self._accepted
+        # a wave). There only three waits in a row are a queue; above it one long wait is. So too
+        # at a start held high on an engine that published nothing of its size (``UNKNOWN_START``):
+        # it is a level until the canary shows a queue that lasts, not one refill's burst.
+        known = (self._accepted is not None and self.target <= self._accepted) or (
+            self._holding and self._accepted is None and self.settings.batch_hint is None)
         if self._waits < (3 if known else 1 if long_wait else 2):
             return self._hold("measuring", self.last.phase)
         if not self.canary_place():

@@ -108,11 +108,11 @@ class GaugeSteps(ControllerState):
             self._rates, self._settling = [], 1
         if self._trial is not None and self.target <= self._trial[0]:
             self._trial, self._trial_transit = None, None  # backed off or bounded: nothing left to judge
-        self._say(before, reason, peak, slack)
+        self._say_gauges(before, reason, peak, slack)
         self.last = Decision(self.target, phase, reason, tok_s, True)
         return self.last
 
-    def _say(self, before: int, reason: str, peak: float, slack: float) -> None:
+    def _say_gauges(self, before: int, reason: str, peak: float, slack: float) -> None:
         """The level's reason in words (:attr:`why`) after a scrape moved it, or settled it on a queue."""
         said, self._verdict = self._verdict, None
         if reason in ("no gain", "fewer tokens") and said:

@@ -185,10 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="1024,4096")
     ap.add_argument("--stream", default="off,on", help="[client] stream of every run: off, on or both")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--fixed", default="512,1024", help="fixed values; a size:values list (1024:512,1024;4096:...) "
-                    "gives each size its own")
+    ap.add_argument("--fixed", default="1024:512,1024;4096:512,1024,2048",
+                    help="fixed values (512,1024), or per size (SIZE:VALUES;...); 2048 at 1024 requests is 1024")
     ap.add_argument("--preset", default="transformers-h100", help="sim_engine.py --preset ('' for none)")
-    ap.add_argument("--sim-batch", type=int, help="requests the engine runs at once (overrides the preset's)")
+    ap.add_argument("--sim-batch", type=int, help="requests the engine runs at once (the preset's: 1024)")
     ap.add_argument("--dialect", help="sim_engine.py --dialect (overrides the preset's)")
     ap.add_argument("--stream-cost", type=float, default=0.0, help="sim_engine.py --stream-cost")
     args = ap.parse_args(argv)
@@ -198,9 +198,6 @@ def main(argv: list[str] | None = None) -> int:
         sim_args += ["--max-batch", str(args.sim_batch)]
     if args.dialect:
         sim_args += ["--dialect", args.dialect]
-    if args.preset and (args.sim_batch or args.dialect):
-        raise SystemExit("--sim-batch and --dialect replace the preset's values: give them without --preset "
-                         "and with the curve's own flags")
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     fixed_for = parse_fixed(args.fixed, sizes)
     streams = [s.strip() for s in args.stream.split(",") if s.strip()]

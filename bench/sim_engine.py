@@ -398,12 +398,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dev-mode", action="store_true",
                         help="--dialect vllm: answer GET /server_info as vLLM's development mode does")
     parser.add_argument("--preset", choices=tuple(PRESETS),
-                        help="a measured engine's curve; sets --token-latency, --step-per-seq, --prefill, --max-batch "
-                             "and --dialect (flags given too are overridden)")
+                        help="a measured engine's curve: the defaults of --token-latency, --step-per-seq, --prefill, "
+                             "--max-batch and --dialect (a flag given too wins)")
+    preset = parser.parse_known_args(argv)[0].preset
+    if preset:
+        parser.set_defaults(**PRESETS[preset])
     args = parser.parse_args(argv)
-    if args.preset:
-        for key, value in PRESETS[args.preset].items():
-            setattr(args, key, value)
     if args.token_latency <= 0 or args.max_batch < 1:
         parser.error("--token-latency must be > 0 and --max-batch >= 1")
     return args

@@ -944,3 +944,25 @@ def test_judged_by_answers_alone_the_h100_endpoint_curve_reads_steady_tok_s_and_
     steady = 1024 * 64 / (0.27 + 64 * (0.11115 + 0.0000914 * 1024))  # tok/s of 1024 held, waves and all
     readings = [d.tok_s for d in decisions[top + 30:] if d.tok_s is not None]
     assert readings and all(abs(r / steady - 1) < 0.05 for r in readings), (steady, readings)
+
+
+def test_at_the_top_a_whole_wave_of_answers_shows_no_queue_and_the_canary_rests():
+    """Simulated H100 (``--preset transformers-h100``), 4096 x 64 streamed: a canary read at the top 40 s
+    in took one of the places a wave's refill wanted, and the run's last item waited a canary's length
+    (x0.974 of fixed 1024). Answers of equal length that ran at once come back at once, which shows
+    there is no queue, all a canary at the top looks for: it rests ``ceiling_steps`` after each such
+    wave. Answers that come back as a flow show nothing of the kind: the canary reads."""
+
+    def rests(wave: bool) -> list[bool]:
+        ctl = AutoConcurrency(AutoSettings(start=1024, max_concurrency=1024, canary_share=1.0))
+        out = []
+        for t in range(1, 80):
+            for _ in range((1024 if t % 13 == 0 else 0) if wave else 79):  # 1024 answers of 13 s each
+                ctl.record(OUT_TOKENS, 13.0)
+            ctl.step(float(t), None, busy=True, paced=True)
+            out.append(ctl.canary_rests())
+        return out
+
+    waves, flow = rests(True), rests(False)
+    assert not all(waves[2:12]) and all(waves[12:]), waves  # reads until the first wave, then rests
+    assert not any(flow[5:]), flow

@@ -173,7 +173,7 @@ class Steering:
             # a full engine it would wait for a place the level never asked for (and read as a
             # queue). Below it, it goes on top and the items keep the whole target.
             # A canary at rest (nothing to judge until a ceiling lifts) takes no place and none is sent.
-            resting = runner is not None and controller.canary_rests()
+            resting = runner is not None and not runner.going and controller.canary_rests()
             place = runner is not None and not resting and controller.canary_place()
             self._pool.set_limit(endpoint, max(1, decision.target - (1 if place else 0)))
             if runner is not None and not resting and decision.target == before and (

@@ -71,6 +71,12 @@ class CanarySteps(ControllerState):
     _rates_at: list[tuple[float, int]]
     #: A step up just kept, in words ("512 paid x1.90 over 256"), for :attr:`why`.
     _paid: str | None
+    #: (step time, answers so far) of the last three steps, and until when the level is vouched
+    #: for by a whole wave of its answers (the canary rests until then at the top).
+    _answers_at: list[tuple[float, int]]
+    _vouched_until: float
+    #: The latency of the last answer (kept across restarts).
+    _last_latency: float
     # Kept across restarts:
     #: A canary that waited without a place of its own: from then on it takes one.
     _reserve: bool
@@ -95,11 +101,14 @@ class CanarySteps(ControllerState):
         self._probe_wait = self.settings.ceiling_steps
         self._rates_at = []
         self._paid = None
+        self._answers_at = []
+        self._vouched_until = float("-inf")
 
     def _init_canary_kept(self) -> None:
         """What a restart of the engine does not reset: the canary's place and its cost so far."""
         self._reserve = False
         self._paced_answers = 0
+        self._last_latency = 0.0
         self._first_at = None
         self._last_at = 0.0
         self._canary_s = 0.0
@@ -111,6 +120,7 @@ class CanarySteps(ControllerState):
         yet, or it rests)."""
         self._held_start()
         self._count_canary(now, canary)
+        self._note_wave(now)
         if canary is None:
             if self.canary_rests():
                 # Nothing to judge until the ceiling lifts: the canary rests, the ceiling ages.
@@ -295,9 +305,29 @@ class CanarySteps(ControllerState):
             return False
         if not (self.target == self._accepted or (self._holding and self._accepted is None)):
             return False
+        s = self.settings
+        if self.target >= min(s.max_concurrency, s.batch_hint or s.max_concurrency) and \
+                self._last_at < self._vouched_until:
+            return True  # at the top, a wave of the whole level just showed there is no queue
         # The next canary must fit the share too: a run too short to afford a look makes none.
         spent = self._canary_s + (self._canary_len or _CANARY_GUESS_STEPS * self.settings.interval_s)
         return self._ceiling_left > 0 or spent > self.settings.canary_share * self._endpoint_s()
+
+    def _note_wave(self, now: float) -> None:
+        """Answers of equal length that ran at once come back at once: (nearly) the whole level's
+        answers within two steps say the engine ran all it was sent, no queue, which is all a canary
+        at the top looks for. Reading it anyway costs a wave's last item a canary's length: the
+        canary takes one of the places the refill wanted (simulated H100, 4096 x 64 streamed: the
+        default made x0.974 of fixed 1024 with one canary at 40 s). Such a wave vouches for the level
+        for ``ceiling_steps``; answers of mixed lengths never come in such waves."""
+        self._answers_at.append((now, self._paced_answers))
+        del self._answers_at[:-3]
+        since, before = self._answers_at[0]
+        # A wave, not a flow: a steady flow at the level brings back ``target x window / latency``
+        # answers, under a quarter of the level in a window under a quarter of an answer's latency.
+        if len(self._answers_at) == 3 and self._paced_answers - before >= 0.9 * self.target and \
+                now - since <= 0.25 * self._last_latency:
+            self._vouched_until = now + self.settings.ceiling_steps * self.settings.interval_s
 
     def _count_canary(self, now: float, canary: Canary | None) -> None:
         """The endpoint's time so far and the canary's share of it (each finished canary once)."""
@@ -326,6 +356,7 @@ class CanarySteps(ControllerState):
         before, self.target = self.target, self._bound(target)
         if self.target != before:
             self._changed_at, self._waits, self._judged = now, 0, []
+            self._answers_at, self._vouched_until = [], float("-inf")
             self.why = why or reason
         self.last = Decision(self.target, phase, reason, tok_s, False)
         return self.last

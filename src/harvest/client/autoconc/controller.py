@@ -57,6 +57,7 @@ class AutoConcurrency(GaugeSteps, CanarySteps, AnswerSteps):
         self._tokens += tokens
         self._answers += 1
         self._paced_answers += 1
+        self._last_latency = max(latency_s, 0.0)
         if tokens > 0 and latency_s > 0 and len(self._tpots_now) < _TPOT_SAMPLE:
             self._tpots_now.append(latency_s / tokens)
         if latency_s > 0 and len(self._latencies_now) < _TPOT_SAMPLE:

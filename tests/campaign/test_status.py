@@ -250,3 +250,18 @@ def test_why_each_level_is_where_it_is_passes_from_the_steering_to_status_json(r
                                           "http://127.0.0.1:8001": "ceiling: latency x2.4 without gain at 1024"}
     write_progress(run_dir, concurrency_targets={"http://127.0.0.1:8000": 24})  # written before reasons existed
     assert status_payload(run_status(run_dir))["progress"]["concurrency_reasons"] == {}
+
+
+def test_token_counts_out_of_range_in_a_ledger_give_no_inf_or_negative_rate(tmp_path):
+    run_dir = tmp_path / "run"
+    items = [item(f"i{k}", k + 1, ("user", f"q{k}")) for k in range(3)]
+    with Ledger.open(run_dir, settings_hash=SETTINGS) as ledger:
+        ledger.ingest(items)
+        ledger.claim(3)
+        ledger.complete([Completion(i.id, output(i, ["a"]), prompt_tokens=p, completion_tokens=c)
+                         for i, (p, c) in zip(items, ((10, 50), (-35_842, 1e308), (10**18, float("inf"))))])
+        committed = time.time()
+    with Ledger.open_readonly(run_dir) as ledger:
+        rate = ledger_rate(ledger, now=committed + 10, window_s=600, started_at=committed - 10)
+    assert rate.gen_tokens_per_s == pytest.approx(50 / 20, rel=0.05)
+    assert rate.prompt_tokens_per_s == pytest.approx(10 / 20, rel=0.05)

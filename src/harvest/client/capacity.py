@@ -32,8 +32,8 @@ panel and ``status --json`` show as the first level's reason:
                                                                 starts high (:data:`~harvest.client.
                                                                 autoconc.settings.UNKNOWN_START`)
 
-Nothing here fails a run or changes an endpoint's health: an answer that is missing, late, or of
-another shape is "not published". Each shape read is pinned in ``tests/client/test_capacity.py``
+Nothing here fails a run or changes an endpoint's health: an answer that is missing, late, bigger
+than :data:`~harvest.client.replies.PROBE_BYTES`, or of another shape is "not published". Each shape read is pinned in ``tests/client/test_capacity.py``
 and listed in ``docs/engines.md``.
 """
 
@@ -51,6 +51,7 @@ from harvest.client.autoconc.readings import GAUGE_NAMES, Gauges
 from harvest.client.endpoints import endpoint_url
 from harvest.client.engine import EngineLimit
 from harvest.client.metrics import MetricsFormatError, keep_only, parse_prometheus_text, sum_by_name
+from harvest.client.replies import PROBE_BYTES
 from harvest.transport import RawResponse, Transport, TransportError
 
 #: A count an engine publishes: a JSON integer above 0 (not a string, not a bool).
@@ -192,7 +193,8 @@ async def ask_capacity(transport: Transport, headers: Mapping[str, str], url: st
 
     async def get(path: str) -> RawResponse | None:
         try:
-            return await transport.request("GET", endpoint_url(url, path), headers=headers, timeout=timeout)
+            return await transport.request("GET", endpoint_url(url, path), headers=headers, timeout=timeout,
+                                           max_bytes=PROBE_BYTES)
         except TransportError:
             return None
 

@@ -445,6 +445,7 @@ class Client:
         given up (:meth:`Endpoint.abandon`) while the request is on the wire."""
         request = asyncio.ensure_future(streaming.post(self._transport, url, data, self._headers, timeout,
                                                        self.config.stream, limits))
+        request.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved if the caller left
         endpoint.wire.add(request)
         try:
             await asyncio.wait((request,))  # the caller's own cancellation propagates from here
@@ -454,7 +455,10 @@ class Client:
                 request.cancel()
         if request.cancelled():
             raise _Abandoned
-        return request.result()
+        try:
+            return request.result()
+        finally:  # a failure's traceback holds this frame: no cycle through the task to what it read
+            del request
 
     async def _send_canary(self, url: str, arrivals: list[float]) -> TimedEvents:
         """One canary to ``url`` (see :mod:`harvest.client.canary`): not an item, never retried."""

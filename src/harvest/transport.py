@@ -23,7 +23,8 @@ piece at a time, as it is read: a 2 MB gzip body that inflates to 2 GB costs the
 error status's body is kept to its first :data:`ERROR_BODY_BYTES`, a stream stops at its
 ``max_bytes`` and at a line longer than ``max_line``, and each streamed ``data:`` payload is handed
 to the caller's sink as it arrives (nothing of the stream is kept here); the sink may end the
-stream early. aiohttp's own bounds hold for the head (128 headers, 8190 bytes a line).
+stream early; past :data:`FREE_READ` an answer is read in one of :data:`BIG_READS` turns, and a
+failure keeps nothing read. aiohttp's own bounds hold for the head (128 headers, 8190 bytes a line).
 
 :class:`AiohttpTransport` is the production transport: one long-lived ``aiohttp.ClientSession`` per
 client with explicit connection limits and timeouts, never an environment proxy. aiohttp is harvest's one
@@ -57,10 +58,8 @@ ERROR_BODY_BYTES = 64 << 10
 #: The caps of a stream when the caller names none (the canary of ``concurrency = "auto"``).
 DEFAULT_STREAM_BYTES = 16 << 20
 DEFAULT_MAX_LINE = 1 << 20
-#: What one answer may hold while it is read without a turn (a 4,096-token completion is about 20 KB
-#: of JSON): past it, an answer (or a streamed line) waits for one of :data:`BIG_READS` turns, so
-#: many answers that are all too big (1,024 in flight from a hostile endpoint) cost a few caps, not
-#: one cap each.
+#: What an answer may hold while read without a turn (4,096 tokens are ~20 KB of JSON): past it, an
+#: answer (or a streamed line) waits for one of BIG_READS turns: 1,024 huge ones cost a few caps.
 FREE_READ = 64 << 10
 BIG_READS = 8
 #: How much of what a server sent an error message quotes.
@@ -339,8 +338,7 @@ class AiohttpTransport:
 
 
 class _Turn:
-    """One answer's turn among the transport's :data:`BIG_READS`: taken while what it holds is past
-    :data:`FREE_READ`, given back once it is not (or the answer ends)."""
+    """An answer's turn among BIG_READS: held while what it holds is past FREE_READ, or until it ends."""
 
     __slots__ = ("_turns", "_held")
 

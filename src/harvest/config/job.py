@@ -93,7 +93,8 @@ class ClientConfig(StrictModel):
                                                "`max_concurrency` (harvest.client.autoconc). A number fixes it")
     max_concurrency: int = Field(1024, ge=1, description="upper bound per endpoint of concurrency = \"auto\"")
     auto_start: int | None = Field(None, ge=1, description="where concurrency = \"auto\" starts; unset: the "
-                                   "batch limit of the engine harvest launched, else 64")
+                                   "batch limit of the engine harvest launched, else what the engine publishes "
+                                   "(/server_info, /props), else 256 with queue gauges, else 1024")
     request_timeout: float = Field(600.0, gt=0, description="seconds one request may take")
     max_retries: int = Field(3, ge=0, description="attempts charged to an item beyond its first before it "
                              "fails; a sick or dead server holds requests instead of charging them")

@@ -329,7 +329,9 @@ class Dispatch:
         if self._scrape_task is None or self._scrape_task.done():
             self._scrape_task = asyncio.create_task(
                 scrape(self.client, self.progress, self.prefix_cache, self.state.timeline))
-        self.progress.concurrency = {t.url: t.target for t in self.client.concurrency_targets()}
+        targets = self.client.concurrency_targets()
+        self.progress.concurrency = {t.url: t.target for t in targets}
+        self.progress.concurrency_reasons = {t.url: t.why for t in targets}
         self.progress.update()
 
     @staticmethod

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import engines
+from tests import budget, engines
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -210,14 +210,51 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
                                     "(a skip in CI too)")
 
 
+#: The session's time budget and its clock (tests/budget.py), set where ``HARVEST_TIME_BUDGET`` is.
+_BUDGET = pytest.StashKey[tuple[float, "budget.Clock"]]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The session's clock for its time budget (tests/budget.py), on the controller only."""
+    if hasattr(session.config, "workerinput"):
+        return
+    try:
+        limit = budget.budget_s()
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if limit is not None:
+        session.config.stash[_BUDGET] = (limit, budget.Clock())
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """``HARVEST_NO_SKIPS=1`` (``make test-fast``): a skipped test fails the run, naming it; the fast
-    tier has no part that may be missing."""
-    if os.environ.get("HARVEST_NO_SKIPS") != "1" or hasattr(session.config, "workerinput"):
+    tier has no part that may be missing. ``HARVEST_TIME_BUDGET``: a session over its budget says
+    so, and fails on CI (tests/budget.py)."""
+    if hasattr(session.config, "workerinput"):
+        return
+    _check_budget(session)
+    if os.environ.get("HARVEST_NO_SKIPS") != "1":
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     skipped = reporter.stats.get("skipped", []) if reporter is not None else []
     if skipped:
         for report in skipped:
             reporter.write_line(f"skipped, which HARVEST_NO_SKIPS forbids: {report.nodeid}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _check_budget(session: pytest.Session) -> None:
+    if _BUDGET not in session.config.stash:
+        return
+    limit, clock = session.config.stash[_BUDGET]
+    from tests.realparts import in_ci
+
+    found = budget.verdict(clock.elapsed(), limit, ci=in_ci())
+    if found is None:
+        return
+    fails, line = found
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(line, red=fails, yellow=not fails, bold=True)
+    if fails and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

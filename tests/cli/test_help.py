@@ -3,6 +3,7 @@ ends with what its exit codes mean."""
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 
@@ -11,11 +12,18 @@ import pytest
 from harvest.cli.main import COMMANDS, EXIT_CODES
 
 
-def help_text(name: str) -> str:
-    out = subprocess.run([sys.executable, "-m", "harvest", name, "--help"], capture_output=True, text=True,
+@functools.cache
+def help_text(*command: str) -> str:
+    """``harvest [COMMAND] --help`` as a user runs it, once per command for this module's tests (the
+    text does not change between them; each test only reads it)."""
+    out = subprocess.run([sys.executable, "-m", "harvest", *command, "--help"], capture_output=True, text=True,
                          timeout=60, check=False)
     assert out.returncode == 0, out.stderr
     return out.stdout
+
+
+def group_help() -> str:
+    return help_text()
 
 
 @pytest.mark.parametrize("name", list(COMMANDS))
@@ -44,19 +52,15 @@ def test_demo_options_are_explained():
 
 
 def test_the_group_help_ends_with_the_shared_exit_codes():
-    out = subprocess.run([sys.executable, "-m", "harvest", "--help"], capture_output=True, text=True,
-                         timeout=60, check=False)
-    assert out.returncode == 0, out.stderr
-    tail = " ".join(out.stdout.split()[-40:])
+    text = group_help()
+    tail = " ".join(text.split()[-40:])
     assert tail.endswith("Exit codes: 0 success; 1 the check or job failed; 2 usage or configuration error; "
-                         "130 interrupted. Each command's --help says what they mean for it."), out.stdout
-    assert all(name in out.stdout for name in COMMANDS), out.stdout
+                         "130 interrupted. Each command's --help says what they mean for it."), text
+    assert all(name in text for name in COMMANDS), text
 
 
 def test_the_group_help_gives_each_command_a_whole_sentence_and_names_every_engine():
-    out = subprocess.run([sys.executable, "-m", "harvest", "--help"], capture_output=True, text=True,
-                         timeout=60, check=False)
-    text = out.stdout
+    text = group_help()
     lines = {ln.split()[0]: ln for ln in text.split("Commands:")[1].splitlines() if ln.strip()[:1].isalpha()
              and ln.startswith("  ") and ln.split()[0] in COMMANDS}
     assert set(lines) == set(COMMANDS), text

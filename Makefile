@@ -51,5 +51,6 @@ test: install engines system
 # Nothing in it may skip; it fails like `make test` when nothing is collected.
 FAST_MARKERS = not vllm and not transformers and not ray and not sshd and not engine and not gpu and not slow
 test-fast: install
+	HARVEST_SGLANG_PYTHON="$$(scripts/install-engines sglang)" \
 	HARVEST_NO_SKIPS=1 HARVEST_TIME_BUDGET=$(FAST_BUDGET_S) $(TEST_ENV) $(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "$(FAST_MARKERS)" $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "no tests collected: failing" >&2; exit 1; fi; exit $$rc

@@ -50,3 +50,77 @@ class Clock:
 
     def elapsed(self) -> float:
         return time.monotonic() - self.start
+
+
+# --- where the time went: per test, per file ----------------------------------------------------------
+
+#: ``HARVEST_TEST_TIMES=<path>``: the session writes every test's time there (JSON), for
+#: ``scripts/test-times`` (the per-file table of tests/README.md).
+TIMES_ENV = "HARVEST_TEST_TIMES"
+
+
+class Times:
+    """Each test's seconds (set-up, call and tear-down together), its pytest-xdist worker and group,
+    as the controller receives the reports."""
+
+    def __init__(self) -> None:
+        self.tests: dict[str, dict[str, object]] = {}
+
+    def add(self, nodeid: str, seconds: float, worker: str, group: str) -> None:
+        row = self.tests.setdefault(nodeid, {"seconds": 0.0, "worker": worker, "group": group})
+        row["seconds"] = round(float(row["seconds"]) + seconds, 3)  # type: ignore[arg-type]
+
+    def write(self, path: str, session_s: float) -> None:
+        import json
+
+        workers = len({row["worker"] for row in self.tests.values()})
+        doc = {"session_s": round(session_s, 3), "workers": workers, "tests": self.tests}
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, indent=0, sort_keys=True)
+
+
+def file_table(doc: dict, *, at_least_s: float = 10.0) -> str:
+    """Markdown: each test file's seconds (its tests' set-up, call and tear-down, summed), the share
+    of the session's worker time it takes, its tests and its group; files under ``at_least_s``
+    together in one row; then each single-worker group's chain against the session's time."""
+    files: dict[str, list[float]] = {}
+    groups: dict[str, float] = {}
+    group_of: dict[str, str] = {}
+    for nodeid, row in doc["tests"].items():
+        name = nodeid.split("::", 1)[0]
+        entry = files.setdefault(name, [0.0, 0])
+        entry[0] += row["seconds"]
+        entry[1] += 1
+        group = row["group"] if row["group"] in SHARED_GROUPS else "its module"
+        group_of[name] = group
+        groups[row["group"]] = groups.get(row["group"], 0.0) + row["seconds"]
+    total = sum(s for s, _ in files.values())
+    lines = ["| file | seconds | share | tests | xdist group |", "|---|---|---|---|---|"]
+    rest = [0.0, 0, 0]
+    for name, (seconds, count) in sorted(files.items(), key=lambda kv: -kv[1][0]):
+        if seconds < at_least_s:
+            rest[0] += seconds
+            rest[1] += int(count)
+            rest[2] += 1
+            continue
+        lines.append(f"| `{name}` | {seconds:.0f} | {100 * seconds / total:.1f} % | {count:.0f} | {group_of[name]} |")
+    if rest[2]:
+        lines.append(f"| the other {rest[2]} files (each under {at_least_s:g} s) | {rest[0]:.0f} | "
+                     f"{100 * rest[0] / total:.1f} % | {rest[1]} | |")
+    lines.append(f"| **all** | {total:.0f} | 100 % | {len(doc['tests'])} | |")
+    chains = ", ".join(f"`{g}` {groups[g]:.0f} s" for g in SHARED_GROUPS if g in groups)
+    lines += ["", f"Session {doc['session_s']:.0f} s on {doc['workers']} workers ({total:.0f} worker-seconds of "
+                  "tests)" + (f"; the one-worker groups: {chains}." if chains else ".")]
+    return "\n".join(lines)
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a pytest run a test starts: this session's budget and time record are
+    not the child's (it would fail on them, or write over the record)."""
+    env = {k: v for k, v in os.environ.items() if k not in (ENV, TIMES_ENV)}
+    env.update(extra)
+    return env
+
+
+#: The xdist groups that run on one worker, one test after another (tests/conftest.py).
+SHARED_GROUPS = ("vllm", "ray", "transformers")

@@ -59,6 +59,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         else:
             group = item.nodeid.split("::", 1)[0]
         item.add_marker(pytest.mark.xdist_group(group))
+        item.user_properties.append(("xdist_group", group))  # for the time record (tests/budget.py)
     if not any(item.get_closest_marker("gpu") is not None for item in items):
         return
     from tests.capabilities import nvidia_driver
@@ -210,29 +211,44 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
                                     "(a skip in CI too)")
 
 
-#: The session's time budget and its clock (tests/budget.py), set where ``HARVEST_TIME_BUDGET`` is.
-_BUDGET = pytest.StashKey[tuple[float, "budget.Clock"]]()
+class _SessionTime:
+    """The controller's clock of the session (pytest's own "passed in" time), its budget and the
+    record of each test's time (tests/budget.py); unused on pytest-xdist workers."""
+
+    clock: budget.Clock | None = None
+    limit: float | None = None
+    times: budget.Times | None = None
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """The session's clock for its time budget (tests/budget.py), on the controller only."""
+    """Start the session's clock; read ``HARVEST_TIME_BUDGET`` and ``HARVEST_TEST_TIMES``."""
     if hasattr(session.config, "workerinput"):
         return
     try:
-        limit = budget.budget_s()
+        _SessionTime.limit = budget.budget_s()
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
-    if limit is not None:
-        session.config.stash[_BUDGET] = (limit, budget.Clock())
+    _SessionTime.times = budget.Times() if os.environ.get(budget.TIMES_ENV) else None
+    _SessionTime.clock = budget.Clock()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Each test's time, as the controller receives it, where ``HARVEST_TEST_TIMES`` asks for it."""
+    if _SessionTime.times is None:
+        return
+    node = getattr(report, "node", None)  # pytest-xdist: the worker that ran it
+    worker = node.gateway.id if node is not None else "main"
+    group = str(dict(report.user_properties).get("xdist_group", ""))
+    _SessionTime.times.add(report.nodeid, report.duration, worker, group)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """``HARVEST_NO_SKIPS=1`` (``make test-fast``): a skipped test fails the run, naming it; the fast
     tier has no part that may be missing. ``HARVEST_TIME_BUDGET``: a session over its budget says
-    so, and fails on CI (tests/budget.py)."""
+    so, and fails on CI; ``HARVEST_TEST_TIMES``: each test's time written there (tests/budget.py)."""
     if hasattr(session.config, "workerinput"):
         return
-    _check_budget(session)
+    _check_time(session)
     if os.environ.get("HARVEST_NO_SKIPS") != "1":
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
@@ -243,13 +259,18 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-def _check_budget(session: pytest.Session) -> None:
-    if _BUDGET not in session.config.stash:
+def _check_time(session: pytest.Session) -> None:
+    clock = _SessionTime.clock
+    if clock is None:
         return
-    limit, clock = session.config.stash[_BUDGET]
+    elapsed = clock.elapsed()
+    if _SessionTime.times is not None:
+        _SessionTime.times.write(os.environ[budget.TIMES_ENV], elapsed)
+    if _SessionTime.limit is None:
+        return
     from tests.realparts import in_ci
 
-    found = budget.verdict(clock.elapsed(), limit, ci=in_ci())
+    found = budget.verdict(elapsed, _SessionTime.limit, ci=in_ci())
     if found is None:
         return
     fails, line = found

@@ -3,6 +3,7 @@ its budget the run fails on CI naming the budget, and elsewhere only says so."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -23,10 +24,11 @@ def test_planted_slow():
 '''
 
 
-def child(tmp_path: Path, *, limit: str, ci: bool) -> subprocess.CompletedProcess[str]:
+def child(tmp_path: Path, *, limit: str, ci: bool, **extra: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "test_planted.py").write_text(textwrap.dedent(PLANTED))
-    env = {k: v for k, v in os.environ.items() if k not in ("CI", "PYTEST_ADDOPTS", "HARVEST_NO_SKIPS")}
+    env = {k: v for k, v in budget.child_env().items() if k not in ("CI", "PYTEST_ADDOPTS", "HARVEST_NO_SKIPS")}
     env[budget.ENV] = limit
+    env.update(extra)
     if ci:
         env["CI"] = "true"
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "tests.conftest", "-q",
@@ -35,12 +37,20 @@ def child(tmp_path: Path, *, limit: str, ci: bool) -> subprocess.CompletedProces
 
 
 def test_a_run_over_its_budget_fails_on_ci_and_only_warns_elsewhere(tmp_path: Path) -> None:
-    failed = child(tmp_path, limit="0.2", ci=True)
+    record = tmp_path / "times.json"
+    failed = child(tmp_path, limit="0.2", ci=True, **{budget.TIMES_ENV: str(record)})
     text = failed.stdout + failed.stderr
     assert failed.returncode == 1, text[-3000:]
     assert "1 passed" in text, text[-3000:]  # the test itself passed: the budget failed the run
     assert "time budget exceeded: the session took " in text, text[-3000:]
     assert f"over its budget of 0.2 s ({budget.ENV}); failing the run (CI)" in text, text[-3000:]
+    # the record of where the time went, and the table made of it
+    doc = json.loads(record.read_text())
+    (nodeid, row), = doc["tests"].items()
+    assert nodeid.endswith("test_planted.py::test_planted_slow") and row["seconds"] >= 1.0, doc
+    assert doc["session_s"] >= row["seconds"] and doc["workers"] == 1
+    table = budget.file_table(doc, at_least_s=0.5)
+    assert "test_planted.py` | 1 | 100.0 % | 1 |" in table and "**all**" in table, table
 
     warned = child(tmp_path, limit="0.2", ci=False)
     text = warned.stdout + warned.stderr

@@ -17,6 +17,10 @@ from tests import budget, engines
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # pytest-xdist hands the groups out in the order pytest_collection_modifyitems leaves them
+    # (heaviest first), not re-sorted by their number of tests.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
     # A test run stopped by SIGTERM stops the engines it started (their own sessions outlive it).
     engines.stop_started_on_sigterm()
     # Every llama-server the tests start (directly, through harvest, on the Ray cluster) runs one
@@ -41,8 +45,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Mark tests by the real parts their fixtures start, and group them for pytest-xdist
     (``--dist loadgroup``): every vLLM test in one group (one vLLM CPU engine at a time on a small
     machine, the shared server started once), every Ray test in another (the session's one
-    cluster), the rest by module (a module's fixtures built once). Skip GPU tests, with the reason,
-    where no NVIDIA GPU answers."""
+    cluster), the rest by module (a module's fixtures built once); the groups that take longest
+    first (``_heaviest_first``). Skip GPU tests, with the reason, where no NVIDIA GPU answers."""
+    groups: dict[str, list[pytest.Item]] = {}
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
         if item.nodeid.startswith(_RAY_FOLDERS) and item.get_closest_marker("ray") is None:
@@ -60,6 +65,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             group = item.nodeid.split("::", 1)[0]
         item.add_marker(pytest.mark.xdist_group(group))
         item.user_properties.append(("xdist_group", group))  # for the time record (tests/budget.py)
+        groups.setdefault(group, []).append(item)
+    items[:] = _heaviest_first(groups)
     if not any(item.get_closest_marker("gpu") is not None for item in items):
         return
     from tests.capabilities import nvidia_driver
@@ -71,6 +78,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
+
+
+#: Marks of a group's tests, from the longest kind: the one-worker groups' chains (minutes of
+#: engine start-ups), then a module with a slow test, then one that starts a real part.
+_WEIGHT_MARKS = (("vllm", "ray", "transformers"), ("slow",), ("engine", "sshd", "gpu"))
+
+
+def _heaviest_first(groups: dict[str, list[pytest.Item]]) -> list[pytest.Item]:
+    """The items, group after group, the groups that take longest first, the larger of two alike
+    first, each group's own order kept. pytest-xdist hands groups out in this order
+    (``pytest_configure`` turns its reordering by size alone off), so the long ones start at once
+    on their workers and the short ones fill the end, instead of a soak starting last."""
+    def weight(members: list[pytest.Item]) -> tuple[int, int]:
+        marks = {m.name for item in members for m in item.iter_markers()}
+        rank = next((i for i, kinds in enumerate(_WEIGHT_MARKS) if marks & set(kinds)), len(_WEIGHT_MARKS))
+        return rank, -len(members)
+
+    ordered = sorted(groups.values(), key=weight)  # stable: equal weights keep collection order
+    return [item for members in ordered for item in members]
 
 
 @pytest.fixture(scope="session")

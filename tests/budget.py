@@ -10,8 +10,10 @@ a narrowed run (``-k``, a file) is only shorter, never failed by it.
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from typing import Any
 
 ENV = "HARVEST_TIME_BUDGET"
 
@@ -64,53 +66,51 @@ class Times:
     as the controller receives the reports."""
 
     def __init__(self) -> None:
-        self.tests: dict[str, dict[str, object]] = {}
+        self.tests: dict[str, dict[str, Any]] = {}
 
     def add(self, nodeid: str, seconds: float, worker: str, group: str) -> None:
         row = self.tests.setdefault(nodeid, {"seconds": 0.0, "worker": worker, "group": group})
-        row["seconds"] = round(float(row["seconds"]) + seconds, 3)  # type: ignore[arg-type]
+        row["seconds"] = round(row["seconds"] + seconds, 3)
 
     def write(self, path: str, session_s: float) -> None:
-        import json
-
         workers = len({row["worker"] for row in self.tests.values()})
         doc = {"session_s": round(session_s, 3), "workers": workers, "tests": self.tests}
         with open(path, "w", encoding="utf-8") as fh:
             json.dump(doc, fh, indent=0, sort_keys=True)
 
 
-def file_table(doc: dict, *, at_least_s: float = 10.0) -> str:
-    """Markdown: each test file's seconds (its tests' set-up, call and tear-down, summed), the share
-    of the session's worker time it takes, its tests and its group; files under ``at_least_s``
-    together in one row; then each single-worker group's chain against the session's time."""
-    files: dict[str, list[float]] = {}
-    groups: dict[str, float] = {}
-    group_of: dict[str, str] = {}
+def file_table(doc: dict[str, Any], *, at_least_s: float = 10.0) -> str:
+    """Markdown: each test file's seconds (its tests' set-up, call and tear-down, summed), its share
+    of all tests' seconds, its tests and its xdist group(s); files under ``at_least_s`` together in
+    one row; then the session's time and each one-worker group's chain."""
+    seconds: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    groups_of: dict[str, set[str]] = {}
+    chains: dict[str, float] = {}
     for nodeid, row in doc["tests"].items():
         name = nodeid.split("::", 1)[0]
-        entry = files.setdefault(name, [0.0, 0])
-        entry[0] += row["seconds"]
-        entry[1] += 1
-        group = row["group"] if row["group"] in SHARED_GROUPS else "its module"
-        group_of[name] = group
-        groups[row["group"]] = groups.get(row["group"], 0.0) + row["seconds"]
-    total = sum(s for s, _ in files.values())
+        seconds[name] = seconds.get(name, 0.0) + row["seconds"]
+        counts[name] = counts.get(name, 0) + 1
+        shared = row["group"] in SHARED_GROUPS
+        groups_of.setdefault(name, set()).add(f"`{row['group']}`" if shared else "its module")
+        if shared:
+            chains[row["group"]] = chains.get(row["group"], 0.0) + row["seconds"]
+    total = sum(seconds.values())
     lines = ["| file | seconds | share | tests | xdist group |", "|---|---|---|---|---|"]
-    rest = [0.0, 0, 0]
-    for name, (seconds, count) in sorted(files.items(), key=lambda kv: -kv[1][0]):
-        if seconds < at_least_s:
-            rest[0] += seconds
-            rest[1] += int(count)
-            rest[2] += 1
+    rest_s, rest_tests, rest_files = 0.0, 0, 0
+    for name in sorted(seconds, key=lambda n: -seconds[n]):
+        if seconds[name] < at_least_s:
+            rest_s, rest_tests, rest_files = rest_s + seconds[name], rest_tests + counts[name], rest_files + 1
             continue
-        lines.append(f"| `{name}` | {seconds:.0f} | {100 * seconds / total:.1f} % | {count:.0f} | {group_of[name]} |")
-    if rest[2]:
-        lines.append(f"| the other {rest[2]} files (each under {at_least_s:g} s) | {rest[0]:.0f} | "
-                     f"{100 * rest[0] / total:.1f} % | {rest[1]} | |")
+        lines.append(f"| `{name}` | {seconds[name]:.0f} | {100 * seconds[name] / total:.1f} % | {counts[name]} | "
+                     f"{', '.join(sorted(groups_of[name]))} |")
+    if rest_files:
+        lines.append(f"| the other {rest_files} files (each under {at_least_s:g} s) | {rest_s:.0f} | "
+                     f"{100 * rest_s / total:.1f} % | {rest_tests} | |")
     lines.append(f"| **all** | {total:.0f} | 100 % | {len(doc['tests'])} | |")
-    chains = ", ".join(f"`{g}` {groups[g]:.0f} s" for g in SHARED_GROUPS if g in groups)
-    lines += ["", f"Session {doc['session_s']:.0f} s on {doc['workers']} workers ({total:.0f} worker-seconds of "
-                  "tests)" + (f"; the one-worker groups: {chains}." if chains else ".")]
+    chain = ", ".join(f"`{g}` {chains[g]:.0f} s" for g in SHARED_GROUPS if g in chains)
+    lines += ["", f"The session: {doc['session_s']:.0f} s on {doc['workers']} workers ({total:.0f} s of tests in "
+                  "all)" + (f"; the one-worker groups: {chain}." if chain else ".")]
     return "\n".join(lines)
 
 

@@ -4,6 +4,7 @@ ends with what its exit codes mean."""
 from __future__ import annotations
 
 import functools
+import json
 import subprocess
 import sys
 
@@ -12,18 +13,45 @@ import pytest
 from harvest.cli.main import COMMANDS, EXIT_CODES
 
 
+#: One process prints ``harvest --help`` and every ``harvest COMMAND --help`` through the command
+#: group, as ``python -m harvest`` runs it (prog name "harvest", no terminal: click's 80 columns).
+HELPS = """
+import contextlib, io, json
+from harvest.cli.main import COMMANDS, cli
+texts = {}
+for command in [""] + list(COMMANDS):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli.main([*command.split(), "--help"], prog_name="harvest", standalone_mode=False)
+    texts[command] = (code, out.getvalue())
+print(json.dumps(texts))
+"""
+
+
 @functools.cache
-def help_text(*command: str) -> str:
-    """``harvest [COMMAND] --help`` as a user runs it, once per command for this module's tests (the
-    text does not change between them; each test only reads it)."""
-    out = subprocess.run([sys.executable, "-m", "harvest", *command, "--help"], capture_output=True, text=True,
-                         timeout=60, check=False)
+def all_helps() -> dict[str, tuple[int, str]]:
+    """Every help text, read once for this module's tests (each test only reads them)."""
+    out = subprocess.run([sys.executable, "-c", HELPS], capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
-    return out.stdout
+    return {name: (code, text) for name, (code, text) in json.loads(out.stdout).items()}
+
+
+def help_text(command: str = "") -> str:
+    code, text = all_helps()[command]
+    assert code == 0, text
+    return text
 
 
 def group_help() -> str:
     return help_text()
+
+
+def test_the_help_is_what_the_command_line_prints():
+    """The texts above are the command line's own: ``python -m harvest run --help`` prints the same."""
+    out = subprocess.run([sys.executable, "-m", "harvest", "run", "--help"], capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == help_text("run")
 
 
 @pytest.mark.parametrize("name", list(COMMANDS))

@@ -302,7 +302,7 @@ def _check_time(session: pytest.Session) -> None:
     fails, line = found
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
-        reporter.ensure_newline()  # after the progress dots, a line of its own
+        reporter.line("")  # end the progress dots' line: this one stands alone
         reporter.write_line(line, red=fails, yellow=not fails, bold=True)
     if fails and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

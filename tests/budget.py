@@ -79,10 +79,8 @@ class Times:
             json.dump(doc, fh, indent=0, sort_keys=True)
 
 
-def file_table(doc: dict[str, Any], *, at_least_s: float = 10.0) -> str:
-    """Markdown: each test file's seconds (its tests' set-up, call and tear-down, summed), its share
-    of all tests' seconds, its tests and its xdist group(s); files under ``at_least_s`` together in
-    one row; then the session's time and each one-worker group's chain."""
+def per_file(doc: dict[str, Any]) -> tuple[dict[str, float], dict[str, int], dict[str, set[str]], dict[str, float]]:
+    """From a record: each file's seconds, its tests, its xdist groups; each one-worker group's chain."""
     seconds: dict[str, float] = {}
     counts: dict[str, int] = {}
     groups_of: dict[str, set[str]] = {}
@@ -95,23 +93,47 @@ def file_table(doc: dict[str, Any], *, at_least_s: float = 10.0) -> str:
         groups_of.setdefault(name, set()).add(f"`{row['group']}`" if shared else "its module")
         if shared:
             chains[row["group"]] = chains.get(row["group"], 0.0) + row["seconds"]
+    return seconds, counts, groups_of, chains
+
+
+def file_table(doc: dict[str, Any], *, at_least_s: float = 10.0, before: dict[str, Any] | None = None) -> str:
+    """Markdown: each test file's seconds (its tests' set-up, call and tear-down, summed), its share
+    of all tests' seconds, its tests and its xdist group(s), and with ``before`` (an earlier record)
+    that record's seconds and tests beside them; files under ``at_least_s`` in both together in one
+    row; then the session's time and each one-worker group's chain."""
+    seconds, counts, groups_of, chains = per_file(doc)
+    old_s, old_n, _, old_chains = per_file(before) if before is not None else ({}, {}, {}, {})
     total = sum(seconds.values())
-    lines = ["| file | seconds | share | tests | xdist group |", "|---|---|---|---|---|"]
-    rest_s, rest_tests, rest_files = 0.0, 0, 0
-    for name in sorted(seconds, key=lambda n: -seconds[n]):
-        if seconds[name] < at_least_s:
-            rest_s, rest_tests, rest_files = rest_s + seconds[name], rest_tests + counts[name], rest_files + 1
+    then = " | before: seconds | before: tests" if before is not None else ""
+    lines = [f"| file | seconds | share | tests{then} | xdist group |",
+             "|---|---|---|---" + ("|---|---" if before is not None else "") + "|---|"]
+    rest = [0.0, 0, 0, 0.0, 0]
+    for name in sorted(set(seconds) | set(old_s), key=lambda n: -max(seconds.get(n, 0.0), old_s.get(n, 0.0))):
+        now, was = seconds.get(name, 0.0), old_s.get(name, 0.0)
+        if max(now, was) < at_least_s:
+            rest = [rest[0] + now, rest[1] + counts.get(name, 0), rest[2] + 1, rest[3] + was, rest[4] + old_n.get(name, 0)]
             continue
-        lines.append(f"| `{name}` | {seconds[name]:.0f} | {100 * seconds[name] / total:.1f} % | {counts[name]} | "
-                     f"{', '.join(sorted(groups_of[name]))} |")
-    if rest_files:
-        lines.append(f"| the other {rest_files} files (each under {at_least_s:g} s) | {rest_s:.0f} | "
-                     f"{100 * rest_s / total:.1f} % | {rest_tests} | |")
-    lines.append(f"| **all** | {total:.0f} | 100 % | {len(doc['tests'])} | |")
-    chain = ", ".join(f"`{g}` {chains[g]:.0f} s" for g in SHARED_GROUPS if g in chains)
-    lines += ["", f"The session: {doc['session_s']:.0f} s on {doc['workers']} workers ({total:.0f} s of tests in "
-                  "all)" + (f"; the one-worker groups: {chain}." if chain else ".")]
+        share = f"{100 * now / total:.1f} %" if total else "-"
+        old = f" | {was:.0f} | {old_n.get(name, 0)}" if before is not None else ""
+        lines.append(f"| `{name}` | {now:.0f} | {share} | {counts.get(name, 0)}{old} | "
+                     f"{', '.join(sorted(groups_of.get(name, {'-'})))} |")
+    if rest[2]:
+        old = f" | {rest[3]:.0f} | {rest[4]}" if before is not None else ""
+        lines.append(f"| the other {rest[2]} files (each under {at_least_s:g} s) | {rest[0]:.0f} | "
+                     f"{100 * rest[0] / total:.1f} % | {rest[1]}{old} | |")
+    old = f" | {sum(old_s.values()):.0f} | {len(before['tests'])}" if before is not None else ""
+    lines.append(f"| **all** | {total:.0f} | 100 % | {len(doc['tests'])}{old} | |")
+    now = _session_line(doc, chains)
+    lines += ["", f"Now {now} Before, {_session_line(before, old_chains)}" if before is not None
+              else now[0].upper() + now[1:]]
     return "\n".join(lines)
+
+
+def _session_line(doc: dict[str, Any], chains: dict[str, float]) -> str:
+    total = sum(row["seconds"] for row in doc["tests"].values())
+    chain = ", ".join(f"`{g}` {chains[g]:.0f} s" for g in SHARED_GROUPS if g in chains)
+    return (f"the session {doc['session_s']:.0f} s on {doc['workers']} workers ({total:.0f} s of tests in all)"
+            + (f"; the one-worker groups: {chain}." if chain else "."))
 
 
 def child_env(**extra: str) -> dict[str, str]:

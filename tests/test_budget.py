@@ -51,6 +51,8 @@ def test_a_run_over_its_budget_fails_on_ci_and_only_warns_elsewhere(tmp_path: Pa
     assert doc["session_s"] >= row["seconds"] and doc["workers"] == 1
     table = budget.file_table(doc, at_least_s=0.5)
     assert "test_planted.py` | 1 | 100.0 % | 1 | its module |" in table and "**all**" in table, table
+    beside = budget.file_table(doc, at_least_s=0.5, before=doc)
+    assert "test_planted.py` | 1 | 100.0 % | 1 | 1 | 1 | its module |" in beside, beside
 
     warned = child(tmp_path, limit="0.2", ci=False)
     text = warned.stdout + warned.stderr

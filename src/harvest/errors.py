@@ -11,7 +11,7 @@
     │   ├── ServerSick                the server answered 5xx / refused connections / failed health
     │   └── StopError                 a stop could not be carried out (state file unreadable, ...)
     ├── RemoteError                   a step on a far host failed or timed out (host, step, time waited)
-    ├── RequestError                  one request failed for a reason that belongs to the item (4xx)
+    ├── RequestError                  one request failed for a reason that belongs to the item (4xx, its answer)
     ├── LedgerError                   the run's ledger refuses an operation (settings mismatch, ...)
     └── UnsafePathError               a folder or file harvest would write is not safely its own (path named)
 
@@ -150,10 +150,15 @@ class RemoteError(HarvestError):
 
 
 class RequestError(HarvestError):
-    """The server rejected this item's request (a 4xx other than 408/409/425/429)."""
+    """This item's request failed for a reason that is the item's (a 4xx other than 408/409/425/429)
+    or its answer's (retries spent on answers that were oversized, malformed or no completion)."""
 
-    def __init__(self, message: str, *, status: int | None = None):
+    def __init__(self, message: str, *, status: int | None = None, error_class: str | None = None):
         self.status = status
+        #: The failure's class as the ledger records it: what the answer was (``oversized``,
+        #: ``protocol``, ``bad_reply``, ``redirect``) where the client knows it, else ``http_<status>``,
+        #: else ``request``.
+        self.error_class = error_class or (f"http_{status}" if status else "request")
         super().__init__(f"HTTP {status}: {message}" if status else message)
 
 

@@ -75,12 +75,13 @@ def test_finish_gives_back_a_streak_shorter_than_the_window():
 
 
 @pytest.mark.parametrize("error_class", ["http_400", "http_401", "http_403", "http_404", "http_422",
-                                         "context_overflow"])
+                                         "context_overflow", "http_402", "http_405", "http_410", "http_413",
+                                         "bad_reply", "oversized", "protocol", "redirect"])
 def test_held_classes(error_class):
     assert Breaker(window=3).holds(error_class)
 
 
-@pytest.mark.parametrize("error_class", ["http_413", "request", "truncated", "empty"])
+@pytest.mark.parametrize("error_class", ["http_500", "http_503", "request", "truncated", "empty", "http_4000"])
 def test_other_classes_are_not_held(error_class):
     assert not Breaker(window=3).holds(error_class)
 
@@ -89,3 +90,10 @@ def test_window_zero_turns_it_off_and_a_negative_window_is_refused():
     assert not Breaker(window=0).holds("http_400")
     with pytest.raises(ValueError):
         Breaker(window=-1)
+
+
+def test_a_redirect_trips_at_once_and_says_so():
+    b = Breaker(window=20)
+    assert b.failed(Failure("i0", "HTTP 307: the endpoint redirects to http://x/v1", "redirect")) == []
+    assert b.tripped and b.trip is not None and b.trip.held == ("i0",)
+    assert "(redirect)" in b.trip.describe() and "base_url" in b.trip.advice

@@ -4,7 +4,7 @@ same job; the resume line; the skipped share."""
 
 from __future__ import annotations
 
-from harvest.campaign.run.folder import other_job, resume_line, settings_diff, skipped_problem
+from harvest.campaign.run.folder import failed_problem, other_job, resume_line, settings_diff, skipped_problem
 from harvest.ledger import Ledger, Status, Totals, hash_settings
 
 SETTINGS = {"model": "m", "engine": "openai", "sampling": {"max_tokens": 256, "temperature": 0.0},
@@ -47,3 +47,11 @@ def test_resume_line_and_skipped_share():
     every = {s: 0 for s in Status} | {Status.SKIPPED: 10}
     assert skipped_problem(Totals(10, 10, 0, every, 0, True), 1.0) == \
         "every input row (10) was skipped: nothing was generated"
+
+
+def test_more_failed_items_than_the_share_fail_the_run():
+    counts = {s: 0 for s in Status} | {Status.DONE: 4, Status.FAILED: 6}
+    totals = Totals(input_rows=10, unique=10, duplicates=0, counts=counts, results=4, ingest_complete=True)
+    assert failed_problem(totals, 0.5) == "6 of 10 items failed (60%, more than [run] max_failed_share 50%)"
+    assert failed_problem(totals, 0.6) is None
+    assert failed_problem(Totals(10, 10, 0, {s: 0 for s in Status} | {Status.DONE: 10}, 10, True), 0.0) is None

@@ -226,3 +226,18 @@ def test_auto_concurrency_targets_pass_from_progress_json_to_status_json(running
                                                                     "http://127.0.0.1:8001": 4}
     write_progress(run_dir)  # a fixed concurrency writes none
     assert status_payload(run_status(run_dir))["progress"]["concurrency_targets"] == {}
+
+
+def test_token_counts_out_of_range_in_a_ledger_give_no_inf_or_negative_rate(tmp_path):
+    run_dir = tmp_path / "run"
+    items = [item(f"i{k}", k + 1, ("user", f"q{k}")) for k in range(3)]
+    with Ledger.open(run_dir, settings_hash=SETTINGS) as ledger:
+        ledger.ingest(items)
+        ledger.claim(3)
+        ledger.complete([Completion(i.id, output(i, ["a"]), prompt_tokens=p, completion_tokens=c)
+                         for i, (p, c) in zip(items, ((10, 50), (-35_842, 1e308), (10**18, float("inf"))))])
+        committed = time.time()
+    with Ledger.open_readonly(run_dir) as ledger:
+        rate = ledger_rate(ledger, now=committed + 10, window_s=600, started_at=committed - 10)
+    assert rate.gen_tokens_per_s == pytest.approx(50 / 20, rel=0.05)
+    assert rate.prompt_tokens_per_s == pytest.approx(10 / 20, rel=0.05)

@@ -159,3 +159,17 @@ def test_auto_concurrency_targets_are_recorded_per_endpoint_and_drawn(tmp_path: 
     doc, _ = read_timeline(tmp_path / "f")
     assert all("target" not in e for p in doc["intervals"] for e in p["endpoints"].values())
     assert "auto target" not in _over_time(doc, [])
+
+
+def test_token_counts_out_of_range_are_counted_as_unknown_not_summed(tmp_path: Path):
+    # Counts stored by an older harvest or a crafted ledger: NaN, 1e308, inf, negative never crash the
+    # flush nor reach the file as such.
+    timeline = Timeline.open(tmp_path, clock=Clock())
+    for prompt, completion in ((float("nan"), 1e308), (-5.0, float("inf")), (7.0, 9.0)):
+        timeline.item("done", 0.5, prompt, completion)  # type: ignore[arg-type]
+    timeline.interval(_snap({}, 3))
+    timeline.close("finished")
+    doc, _ = read_timeline(tmp_path)
+    assert doc is not None
+    point = doc["intervals"][-1]
+    assert (point["prompt_tokens"], point["completion_tokens"], point["items"]) == (7, 9, 3)

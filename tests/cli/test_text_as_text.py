@@ -75,13 +75,15 @@ def test_engine_errors_ids_and_paths_with_markup_are_shown_as_text(tmp_path, lla
     assert squash(f"harvest run: {run_dir}") in squash(panel), panel
     said = f'(http_400): HTTP 400: response_format type must be one of "text" or "json_object", {engine_said}'
     assert squash(said) in squash(panel.split("note", 1)[-1]), panel  # the note row
-    assert squash(f"stopped by the circuit breaker (4 requests in a row failed the same way {said})") \
+    assert squash(f"stopped (4 requests in a row failed the same way {said})") \
         in squash(panel), panel  # the phase row
     assert squash(f"STOPPED: 4 requests in a row failed the same way (http_400)") in squash(first.stderr + first.stdout)
 
     # Without the breaker each item fails with the engine's words: `harvest status` lists them by id.
     second = harvest(env, "run", str(job(tmp_path, llama_server_bin, tiny_gguf, run_dir, breaker_window=0)), "--live")
-    assert second.returncode == 0 and "Traceback" not in second.stderr, second.stderr  # failed items: accounted for
+    # every item failed: accounted for, and more than [run] max_failed_share of them, so exit 1
+    assert second.returncode == 1 and "Traceback" not in second.stderr, second.stderr
+    assert "more than [run] max_failed_share" in second.stderr, second.stderr
     status = harvest(env, "status", str(run_dir))
     assert status.returncode == 0, status.stdout + status.stderr
     table = squash(status.stdout)

@@ -23,7 +23,7 @@ from harvest.client.records import FailureKind
     (200, None), (201, None), (400, FailureKind.REJECTED), (401, FailureKind.REJECTED),
     (404, FailureKind.REJECTED), (422, FailureKind.REJECTED), (408, FailureKind.BUSY), (409, FailureKind.BUSY),
     (425, FailureKind.BUSY), (429, FailureKind.BUSY), (500, FailureKind.SERVER_ERROR),
-    (503, FailureKind.SERVER_ERROR), (599, FailureKind.SERVER_ERROR), (302, FailureKind.REJECTED),
+    (503, FailureKind.SERVER_ERROR), (599, FailureKind.SERVER_ERROR), (302, FailureKind.REDIRECT), (307, FailureKind.REDIRECT),
 ])
 def test_classify_status(status, kind):
     assert classify_status(status) is kind

@@ -66,6 +66,11 @@ class ShownFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         record.msg = escape_controls(redact_text(record.getMessage()))
         record.args = None
+        if record.exc_info:  # a traceback logged with the record: the same, as text
+            record.exc_text = escape_controls(redact_text(logging.Formatter().formatException(record.exc_info)))
+            record.exc_info = None
+        if record.stack_info:
+            record.stack_info = escape_controls(redact_text(record.stack_info))
         return True
 
 

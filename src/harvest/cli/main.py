@@ -1,13 +1,17 @@
 """The ``harvest`` command: a click group whose subcommands live one module each in this package.
 
-Exit codes, shared by every subcommand: 0 success, 1 the check or job failed, 2 usage or
-configuration error, 130 interrupted.
+Exit codes, shared by every subcommand: 0 success, 1 the check or job failed (or an unexpected
+error: its traceback is printed with every secret hidden), 2 usage or configuration error, 130
+interrupted.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+import threading
+import traceback
+from types import TracebackType
 from typing import Any
 
 import click
@@ -72,8 +76,9 @@ EXIT_CODES: dict[str, str] = {
             "not freed, a process left); 2 no such folder, or a record that cannot be read or is refused",
     "ps": "0 listed (also when nothing runs); 2 usage or configuration error",
     "run": "0 every item accounted for (done + truncated + failed + skipped = unique input) within the "
-           "limits; 1 the run did not finish (server down, too many failed or skipped, refused by "
-           "preflight); 2 usage or configuration error; 130 interrupted (run it again to resume)",
+           "limits; 1 the run did not finish (server down, stopped early by the breaker, refused by "
+           "preflight) or too many failed or skipped ([run] max_failed_share, [data] max_skipped_share); "
+           "2 usage or configuration error; 130 interrupted (run it again to resume)",
     "demo": "0 the demo ran and exported; 1 it did not finish; 2 usage or configuration error; "
             "130 interrupted",
     "status": "0 the run folder was read, whatever state the run is in; 2 no readable harvest ledger there",
@@ -98,6 +103,27 @@ def _said(exc: BaseException) -> str:
     """An error fit for the terminal: it may quote a URL, a record or a ledger another user wrote,
     so secrets by shape are hidden and control characters escaped."""
     return escape_controls(redact_text(str(exc)))
+
+
+def unexpected(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> str:
+    """An error harvest did not mean to raise (a bug), for the terminal: its traceback with
+    secrets by shape hidden (a URL's key, a Bearer token) and control characters escaped."""
+    text = "".join(traceback.format_exception(exc_type, exc, tb))
+    return (f"error: unexpected {exc_type.__name__} (a bug in harvest: please report it with the traceback "
+            f"below; secrets in it are hidden)\n" + escape_controls(redact_text(text)).rstrip())
+
+
+def _hide_secrets_in_uncaught() -> None:
+    """Uncaught exceptions (the main thread's, a thread's) print through :func:`unexpected`."""
+    def main_hook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        sys.stderr.write(unexpected(exc_type, exc, tb) + "\n")
+
+    def thread_hook(args: threading.ExceptHookArgs) -> None:
+        if args.exc_value is not None and not isinstance(args.exc_value, SystemExit):
+            sys.stderr.write(unexpected(args.exc_type, args.exc_value, args.exc_traceback) + "\n")
+
+    sys.excepthook = main_hook
+    threading.excepthook = thread_hook
 
 
 class _Group(click.Group):
@@ -133,6 +159,11 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(130)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise  # click's own: usage errors (exit 2), --help, aborts
+        except Exception as exc:  # a bug: one message, its traceback with every secret hidden
+            click.echo(unexpected(type(exc), exc, exc.__traceback__), err=True)
+            sys.exit(1)
 
 
 #: The last paragraph of ``harvest --help``: what every command's exit codes share.
@@ -149,6 +180,7 @@ def cli() -> None:
 
 
 def main() -> None:
+    _hide_secrets_in_uncaught()
     cli(prog_name="harvest")
 
 

@@ -157,6 +157,8 @@ def _connecting(info: dict[str, Any], active: bool, ok: bool) -> str:
         return text
     if info.get("silent"):
         return f"no answer from {', '.join(info['silent'])} within the start_deadline"
+    if info.get("malformed"):
+        return f"not an HTTP answer from {', '.join(info['malformed'])}"
     if info.get("refused"):
         return f"model {info['refused']!r} is not served there"
     if info.get("warning"):
@@ -176,7 +178,7 @@ def _generating(info: dict[str, Any], active: bool, ok: bool) -> str:
         return "paused"
     text = {"finished": "finished: nothing left to send",
             "interrupted": "stopped: interrupted (run again to resume)",
-            "stopped": "stopped by the circuit breaker",
+            "stopped": "stopped",
             "server_down": "stopped: the server is down"}.get(str(outcome), f"ended: {outcome}")
     if info.get("note") and outcome != "interrupted":
         text += f" ({info['note']})"

@@ -43,7 +43,8 @@ def print_report(report: RunReport, job: str | None = None) -> None:
         click.echo(f"server relaunched {report.relaunches} time(s)")
     for stop in report.stop_reports:
         click.echo(f"server stop: {'clean' if stop.clean else 'DIRTY'} in {stop.total_s:.2f} s")
-    click.echo(("OK    " if report.totals.ok and report.skip_problem is None else "CHECK ") + report.totals.describe())
+    clean = report.totals.ok and report.skip_problem is None and report.failed_problem is None
+    click.echo(("OK    " if clean else "CHECK ") + report.totals.describe())
     if report.skip_reasons:
         from harvest.dataset.skips import describe_skips
 
@@ -55,6 +56,9 @@ def print_report(report: RunReport, job: str | None = None) -> None:
         click.echo(f"FAILED: {report.skip_problem}; fix [data] (or the rows) and run again: the skipped rows are "
                    f"read again{accept}", err=True)
     again = f"harvest run {job}" if job else "harvest run"
+    if report.failed_problem is not None:
+        click.echo(f"FAILED: {report.failed_problem}; `harvest status` shows why by class; `{redact_text(again)} "
+                   f"--retry failed` asks them again", err=True)
     if report.outcome == "interrupted":
         click.echo(f"interrupted: {report.totals.counts[Status.PENDING]:,} items pending; run `{again}` again "
                    f"to resume where it stopped", err=True)

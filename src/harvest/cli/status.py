@@ -10,6 +10,7 @@ folder and never signals the runner.
 from __future__ import annotations
 
 import json
+import math
 from datetime import datetime, timezone
 from typing import Any
 
@@ -98,7 +99,8 @@ def duration(seconds: float | None) -> str:
 
 
 def _rate(value: float | None, unit: str) -> str:
-    return "-" if value is None else f"{value:,.1f} {unit}"
+    """A rate, or "-" when unknown (a rate that is not a finite number >= 0 is unknown)."""
+    return "-" if value is None or not 0 <= value < math.inf else f"{value:,.1f} {unit}"
 
 
 def _t(text: str, style: str | None = None) -> Text:

@@ -7,6 +7,10 @@ controller in ``steer`` / ``autoconc`` sets how many requests it may hold, and a
 only until *some* healthy endpoint has room):
 
     2xx with a completion             -> :class:`Completion`; the endpoint's failure run ends
+    2xx that is no completion, an     -> charged attempt (the answer's fault, not the server's health);
+      answer past its cap, one that      back off; retry; spent: RequestError of class bad_reply,
+      is not valid HTTP                  oversized or protocol (``client/replies.py``)
+    3xx                               -> :class:`RequestError` at once (class redirect): never followed
     other 4xx (not 408/409/425/429)   -> :class:`RequestError` at once, with the server's message
     408/409/425/429                   -> charged attempt; back off (Retry-After honoured); retry
     5xx, connection lost, timeout     -> the endpoint's failure run grows and its health is probed:
@@ -42,7 +46,7 @@ from typing import Any  # JSON as sent and received (bodies, messages, overrides
 
 from pydantic import SecretStr
 
-from harvest.client import protocol, streaming
+from harvest.client import protocol, replies, streaming
 from harvest.client.autoconc import GAUGE_NAMES, AutoSettings
 from harvest.client.canary import TOKENS as CANARY_TOKENS
 from harvest.client.canary import canary_body
@@ -52,26 +56,21 @@ from harvest.client.engine import EngineLimit, auto_settings
 from harvest.client.health import Health
 from harvest.client.metrics import scrape_metrics
 from harvest.client.policy import (
+    ITEM_CLASSES,
+    REPLY_KINDS,
     RetryPolicy,
     backoff_delay,
     classify_status,
     error_message,
     parse_retry_after,
     redact,
+    redirect_message,
+    transport_failure,
 )
 from harvest.client.records import ClientStats, Completion, EndpointState, FailureKind
 from harvest.client.startcheck import Listing, StartCheck
 from harvest.client.steer import Steering, Target
-from harvest.transport import (
-    AiohttpTransport,
-    Interrupted,
-    RawResponse,
-    TimedEvents,
-    TimedOut,
-    Transport,
-    TransportError,
-    Unreachable,
-)
+from harvest.transport import AiohttpTransport, RawResponse, TimedEvents, Transport, TransportError, Unreachable
 from harvest.config import ClientConfig, HarvestConfig, SamplingConfig
 from harvest.errors import HarvestError, RequestError, ServerSick
 from harvest.redact import redact_text
@@ -249,7 +248,7 @@ class Client:
         body["messages"] = messages
         if overrides:
             protocol.apply_overrides(body, overrides)
-        return await self._call(protocol.CHAT_PATH, body, timeout, protocol.parse_chat, affinity)
+        return await self._call(protocol.CHAT_PATH, body, timeout, replies.read_chat, affinity)
 
     async def complete(self, prompt: str | Sequence[int], *, timeout: float | None = None,
                        affinity: str | None = None, **overrides: Any) -> Completion:
@@ -260,7 +259,7 @@ class Client:
         body["prompt"] = prompt
         if overrides:
             protocol.apply_overrides(body, overrides)
-        return await self._call(protocol.COMPLETIONS_PATH, body, timeout, protocol.parse_text, affinity)
+        return await self._call(protocol.COMPLETIONS_PATH, body, timeout, replies.read_text, affinity)
 
     def stats(self) -> ClientStats:
         """A snapshot of in-flight and held requests, retries, errors by kind, and every endpoint."""
@@ -330,8 +329,6 @@ class Client:
         first endpoint, over this client's session and key: ``(HTTP status, the JSON body or None)``,
         or None when no answer came within ``timeout`` (default: the probe timeout). No retries, no
         concurrency slot, no effect on the endpoint's health."""
-        import json
-
         url = endpoint_url(self._pool.endpoints[0].url, path)
         data = protocol.encode(body) if body is not None else None
         try:
@@ -340,10 +337,7 @@ class Client:
         except TransportError as exc:
             log.debug("%s %s: %s", method, url, self._redact(str(exc)))
             return None
-        try:
-            return response.status, json.loads(response.body)
-        except (ValueError, UnicodeDecodeError):
-            return response.status, None
+        return response.status, replies.loads(response.body)
 
     async def _scrape_one(self, url: str, timeout: float) -> dict[str, float]:
         return await scrape_metrics(url, transport=self._transport, headers=self._headers, timeout=timeout)
@@ -371,6 +365,8 @@ class Client:
             data = protocol.encode(streaming.request_body(body, self.config.stream))
         except (TypeError, ValueError) as exc:
             raise RequestError(f"request body cannot be sent: {exc}") from None
+        # what the answer may cost, from the request (client/replies.py): applied while it is read
+        limits = replies.limits_for(body, self.config.reply_bytes_per_token, len(data))
         timeout = timeout or self.config.request_timeout
         self._last_path = path
         charged = outages = 0
@@ -380,16 +376,12 @@ class Client:
             kind: FailureKind | None = None
             started = time.perf_counter()
             try:
-                response = await self._send(endpoint, endpoint_url(endpoint.url, path), data, timeout)
+                response = await self._send(endpoint, endpoint_url(endpoint.url, path), data, timeout, limits)
             except _Abandoned:  # its endpoint was given up while it waited there: held, not charged
                 self._errors[FailureKind.ABANDONED.value] += 1
                 continue
-            except Unreachable as exc:
-                kind, detail = FailureKind.UNREACHABLE, str(exc)
-            except TimedOut as exc:
-                kind, detail = FailureKind.TIMEOUT, str(exc)
-            except Interrupted as exc:
-                kind, detail = FailureKind.INTERRUPTED, str(exc)
+            except TransportError as exc:
+                kind, detail = transport_failure(exc), replies.failure_text(exc, limits)
             finally:
                 self._pool.release(endpoint)
                 self._in_flight -= 1
@@ -403,11 +395,10 @@ class Client:
                 kind = classify_status(status)
                 if kind is None:
                     try:
-                        completion = streaming.timed(parse(response.body, endpoint=redact_text(endpoint.url),
-                                                           latency_s=time.perf_counter() - started,
-                                                           attempts=charged + 1), response)
-                    except (ValueError, LookupError, TypeError, AttributeError) as exc:
-                        kind, detail = FailureKind.BAD_RESPONSE, f"HTTP {status} without a completion: {exc!r}"
+                        completion = parse(response, limits, endpoint=redact_text(endpoint.url),
+                                           latency_s=time.perf_counter() - started, attempts=charged + 1)
+                    except replies.BadReply as exc:
+                        kind, detail = FailureKind.BAD_RESPONSE, f"HTTP {status}, {exc}"
                     else:
                         endpoint.answered()
                         endpoint.completed += 1
@@ -415,10 +406,12 @@ class Client:
                         if self._steer is not None:
                             self._steer.record(endpoint, completion.completion_tokens, completion.latency_s)
                         return completion
-                elif kind is FailureKind.REJECTED:
+                elif kind is FailureKind.REJECTED or kind is FailureKind.REDIRECT:
                     endpoint.answered()
                     self._errors[kind.value] += 1
-                    raise RequestError(self._redact(error_message(status, response.body)), status=status)
+                    said = (error_message(status, response.body) if kind is FailureKind.REJECTED
+                            else redirect_message(status, response.location))
+                    raise RequestError(self._redact(said), status=status, error_class=ITEM_CLASSES.get(kind))
                 else:
                     detail = f"HTTP {status}: {error_message(status, response.body)}"
 
@@ -435,7 +428,8 @@ class Client:
                 continue  # held: the server is sick, the item is not charged; wait for health
             charged += 1
             if charged > self.config.max_retries:
-                raise RequestError(f"{detail} (gave up after {charged} attempts)", status=status)
+                raise RequestError(f"{detail} (gave up after {charged} attempts)", status=status,
+                                   error_class=ITEM_CLASSES.get(kind))
             self._retries += 1
             delay = backoff_delay(charged, base=self.retry.backoff_base, cap=self.retry.backoff_cap, rng=self._rng)
             if response is not None:
@@ -445,11 +439,12 @@ class Client:
             log.debug("retry %d of a request to %s in %.2f s: %s", charged, endpoint.url, delay, detail)
             await self._sleep(delay)
 
-    async def _send(self, endpoint: Endpoint, url: str, data: bytes, timeout: float) -> RawResponse:
+    async def _send(self, endpoint: Endpoint, url: str, data: bytes, timeout: float,
+                    limits: replies.ReplyLimits) -> RawResponse:
         """POST ``data`` to ``url`` on ``endpoint``; raises :class:`_Abandoned` when the endpoint is
         given up (:meth:`Endpoint.abandon`) while the request is on the wire."""
         request = asyncio.ensure_future(streaming.post(self._transport, url, data, self._headers, timeout,
-                                                       self.config.stream))
+                                                       self.config.stream, limits))
         endpoint.wire.add(request)
         try:
             await asyncio.wait((request,))  # the caller's own cancellation propagates from here
@@ -506,7 +501,7 @@ class Client:
 
     async def _charge(self, endpoint: Endpoint, kind: FailureKind, detail: str, status: int | None) -> _Verdict:
         """Record a failure and say who pays: the item (CHARGED) or the sick server (HELD / OUTAGE)."""
-        if kind is FailureKind.BUSY or kind is FailureKind.BAD_RESPONSE:
+        if kind in REPLY_KINDS:  # the answer's fault, not the server's health
             return _Verdict.CHARGED
         if endpoint.state is EndpointState.HEALTHY:
             endpoint.failed(self._clock(), detail, status)
@@ -572,7 +567,7 @@ class Client:
                     self._slots.release()
                 model = None
                 if response is not None and 200 <= response.status < 300:
-                    model = protocol.first_model_id(response.body)
+                    model = replies.first_model_id(response.body)
                 self._model, self._model_known = model, True
                 self._base = protocol.base_body(self.sampling, model)
                 if model is None:

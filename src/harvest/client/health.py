@@ -14,7 +14,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 
-from harvest.client import protocol
+from harvest.client import protocol, replies
 from harvest.client.endpoints import Endpoint, EndpointPool, endpoint_url
 from harvest.client.policy import RetryPolicy
 from harvest.client.records import EndpointState
@@ -106,7 +106,8 @@ class Health:
         for path in ("/health", protocol.MODELS_PATH):
             try:
                 response = await self._transport.request("GET", endpoint_url(endpoint.url, path),
-                                                         headers=self._headers, timeout=self._retry.probe_timeout)
+                                                         headers=self._headers, timeout=self._retry.probe_timeout,
+                                                         max_bytes=replies.PROBE_BYTES)
             except TransportError as exc:
                 log.debug("health probe %s%s: %s", endpoint.url, path, self._redact(str(exc)))
                 return False

@@ -11,11 +11,13 @@ from __future__ import annotations
 import email.utils
 import json
 import random
+import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from http import HTTPStatus
 
 from harvest.client.records import FailureKind
+from harvest.transport import Interrupted, Oversized, TimedOut, TransportError, Unreachable
 
 #: Statuses that mean "alive but come back later": retried with backoff, honouring Retry-After.
 BUSY_STATUSES = frozenset({408, 409, 425, 429})
@@ -27,6 +29,16 @@ MAX_RETRY_AFTER_S = 300.0
 MAX_MESSAGE_CHARS = 2000
 
 
+#: Failures that belong to the answer, not to the server's health: charged to the item at once
+#: (retried while its attempts last), never a reason to find the endpoint sick.
+REPLY_KINDS = frozenset({FailureKind.BUSY, FailureKind.BAD_RESPONSE, FailureKind.OVERSIZED, FailureKind.PROTOCOL})
+
+#: The item's failure class (the ledger's ``error_class``) of the kinds that name what the answer
+#: was; the others are classed by their status (``http_500``), or ``request``.
+ITEM_CLASSES = {FailureKind.BAD_RESPONSE: "bad_reply", FailureKind.OVERSIZED: "oversized",
+                FailureKind.PROTOCOL: "protocol", FailureKind.REDIRECT: "redirect"}
+
+
 def classify_status(status: int) -> FailureKind | None:
     """None for a success (2xx); otherwise the kind of failure the status means."""
     if 200 <= status < 300:
@@ -35,7 +47,33 @@ def classify_status(status: int) -> FailureKind | None:
         return FailureKind.BUSY
     if status >= 500:
         return FailureKind.SERVER_ERROR
+    if 300 <= status < 400:
+        return FailureKind.REDIRECT
+    if status < 200:  # an informational status as the final answer: not HTTP as a client may take it
+        return FailureKind.PROTOCOL
     return FailureKind.REJECTED
+
+
+def transport_failure(exc: TransportError) -> FailureKind:
+    """The kind of failure a transport exception is (by type)."""
+    if isinstance(exc, Unreachable):
+        return FailureKind.UNREACHABLE
+    if isinstance(exc, TimedOut):
+        return FailureKind.TIMEOUT
+    if isinstance(exc, Interrupted):
+        return FailureKind.INTERRUPTED
+    if isinstance(exc, Oversized):
+        return FailureKind.OVERSIZED
+    return FailureKind.PROTOCOL  # Malformed: not a valid HTTP answer
+
+
+def redirect_message(status: int, location: str | None) -> str:
+    """What a 3xx says about the job's configuration (harvest never follows one)."""
+    if not location:
+        return f"the endpoint answered with a redirect ({status}) and no Location: check [server] base_url"
+    shown = location if len(location) <= 300 else location[:300] + "..."
+    return (f"the endpoint redirects to {shown} (harvest never follows a redirect: the key is not sent to "
+            f"another target); if that is the endpoint, use that URL as base_url (without the /v1/... path)")
 
 
 def backoff_delay(attempt: int, *, base: float, cap: float, rng: random.Random) -> float:
@@ -85,7 +123,7 @@ def error_message(status: int, body: bytes) -> str:
     if text[:1] in ("{", "["):
         try:
             message = _message_from_json(json.loads(text))
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: a body of nested brackets
             message = None
     if not message:
         message = text
@@ -129,10 +167,14 @@ def _message_from_json(data: object) -> str | None:
 
 def redact(text: str, secret: str | None) -> str:
     """``text`` with every occurrence of ``secret`` and every URL password replaced by ``***``
-    (servers echo bad keys), and terminal control characters escaped (it reaches the console)."""
+    (servers echo bad keys), terminal control characters escaped (it reaches the console) and lone
+    surrogates replaced (a server's ``"\\ud800"`` would fail the ledger write of the item's error)."""
     from harvest.redact import escape_controls, redact_text
 
-    return escape_controls(redact_text(text, [secret] if secret else []))
+    return _SURROGATE.sub("\ufffd", escape_controls(redact_text(text, [secret] if secret else [])))
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 
@@ -171,11 +213,15 @@ class RetryPolicy:
 
 __all__ = [
     "BUSY_STATUSES",
+    "ITEM_CLASSES",
     "MAX_RETRY_AFTER_S",
+    "REPLY_KINDS",
     "RetryPolicy",
     "backoff_delay",
     "classify_status",
     "error_message",
     "parse_retry_after",
     "redact",
+    "redirect_message",
+    "transport_failure",
 ]

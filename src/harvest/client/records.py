@@ -43,8 +43,15 @@ class FailureKind(str, enum.Enum):
     BUSY = "busy"
     #: Any 5xx.
     SERVER_ERROR = "server_error"
-    #: A 2xx whose body is not a completion (not JSON, no choices).
+    #: A 2xx whose body is not a completion (not JSON, no choices, a field of another type).
     BAD_RESPONSE = "bad_response"
+    #: The answer passed its cap (``[client] reply_bytes_per_token``): nothing of it is kept.
+    OVERSIZED = "oversized"
+    #: What came back is not a valid HTTP message (bad status line, too many or too long headers,
+    #: bad chunking, duplicate Content-Length), or not HTTP at all.
+    PROTOCOL = "protocol"
+    #: A 3xx: the endpoint answers elsewhere. Never followed; the job's configuration is wrong.
+    REDIRECT = "redirect"
     #: Any other 4xx: the item's fault; raised at once as :class:`~harvest.errors.RequestError`.
     REJECTED = "rejected"
     #: On the wire to an endpoint that was given up (hung, then down): held for another, uncharged.
@@ -60,9 +67,11 @@ class Completion:
     #: ``message.reasoning_content`` (SGLang, vLLM < 0.10) or ``message.reasoning`` (newer vLLM);
     #: None when the server sent neither (no reasoning parser, or a text completion).
     reasoning_content: str | None
-    #: "stop", "length", ... as the server said; None when it said nothing.
+    #: "stop", "length", ... as the server said; when it said nothing or a reason harvest does not
+    #: know, "length" if the answer's tokens reached max_tokens (see ``finish_reason_sent``).
     finish_reason: str | None
-    #: Token counts from ``usage``; None when the server sent no usage block.
+    #: Token counts from ``usage`` (the completion's own count where usage has none); None when
+    #: unknown: not sent, or not an integer in range (never stored as sent).
     prompt_tokens: int | None
     completion_tokens: int | None
     #: Base URL of the endpoint that answered.
@@ -85,6 +94,13 @@ class Completion:
     ttft_s: float | None = None
     tpot_s: float | None = None
     itl_s: tuple[float, ...] = ()
+    #: What the endpoint sent as finish_reason when harvest decided otherwise (it sent none, "", or
+    #: one it does not know, and the token count was at max_tokens; or an odd type): as text. None
+    #: when ``finish_reason`` is the endpoint's own.
+    finish_reason_sent: str | None = None
+    #: Characters of the reply replaced by U+FFFD to make its text valid Unicode (lone surrogates,
+    #: bytes that are not UTF-8).
+    replaced: int = 0
 
     @property
     def choices(self) -> tuple[Completion, ...]:

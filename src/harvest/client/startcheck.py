@@ -15,6 +15,8 @@ Before any item is sent, each endpoint is asked ``GET /v1/models``. What comes b
                                               shows, nothing is charged to any item
     refused connections, or neither /health   down: only this, and only once ``[client]
       nor the request ever answers            start_deadline`` passed, names what it last gave
+    what is not valid HTTP (an SSH server's   down at once (``Listing.malformed``: what it sent): a
+      banner on a wrong port, a bad head)     base URL that points at something else, not a wait
 
 So an endpoint is never "down" because it cannot list its models, and a wrong model name on such
 an endpoint is found by one request, not by a dataset of failures.
@@ -25,14 +27,13 @@ deadline it is given.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
-from harvest.client import protocol
+from harvest.client import protocol, replies
 from harvest.client.endpoints import endpoint_url
 from harvest.client.policy import error_message
-from harvest.transport import RawResponse, TimedOut, Transport, TransportError, Unreachable
+from harvest.transport import Malformed, RawResponse, TimedOut, Transport, TransportError, Unreachable
 
 #: The content of the one-token request that checks an endpoint whose model list cannot be read.
 FIRST_PROMPT = "Say OK."
@@ -78,6 +79,8 @@ class Listing:
     shown_by: str | None = None
     #: The first answer, when the one-token request was sent.
     first: FirstAnswer | None = None
+    #: What it answered that is not valid HTTP (an SSH banner on a wrong port), quoted; None else.
+    malformed: str | None = None
 
     def warning(self, model: str | None) -> str | None:
         """The one line a person sees when the list could not be read, or None."""
@@ -99,13 +102,11 @@ def _listed(response: RawResponse) -> tuple[str, ...] | None:
     """The ids of a 2xx model list, or None when the body is not one."""
     if not 200 <= response.status < 300:
         return None
-    try:
-        data = json.loads(response.body)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    if not isinstance(data, dict) or not isinstance(data.get("data"), list):
-        return None
-    return tuple(protocol.model_ids(response.body))
+    return replies.model_ids(response.body)
+
+
+class _NotHttp(Exception):
+    """An endpoint answered with what is not valid HTTP (inside this module only)."""
 
 
 class StartCheck:
@@ -121,13 +122,16 @@ class StartCheck:
 
     async def _get(self, url: str, timeout: float) -> tuple[RawResponse | None, str | None]:
         try:
-            return await self._transport.request("GET", url, headers=self._headers, timeout=timeout), None
+            return await self._transport.request("GET", url, headers=self._headers, timeout=timeout,
+                                                 max_bytes=replies.PROBE_BYTES), None
         except Unreachable:
             return None, "refused the connection"
         except TimedOut:
             return None, f"gave no answer within {timeout:g} s"
+        except Malformed as exc:
+            raise _NotHttp(str(exc)) from None
         except TransportError as exc:
-            return None, f"broke off ({type(exc).__name__})"
+            return None, f"broke off ({type(exc).__name__}: {exc})"
 
     async def first_answer(self, url: str, model: str | None, timeout: float) -> FirstAnswer:
         """One chat request of one token to ``url`` (an endpoint base URL): is it answered, and if
@@ -138,7 +142,7 @@ class StartCheck:
         try:
             response = await self._transport.request("POST", endpoint_url(url, protocol.CHAT_PATH),
                                                      body=protocol.encode(body), headers=self._headers,
-                                                     timeout=timeout)
+                                                     timeout=timeout, max_bytes=replies.PROBE_BYTES)
         except TransportError:
             return FirstAnswer(None)
         if 200 <= response.status < 300:
@@ -154,8 +158,11 @@ class StartCheck:
         last = "gave no answer"
         while True:
             left = deadline_s - (self._clock() - start)
-            response, why = await self._get(endpoint_url(url, protocol.MODELS_PATH),
-                                            max(0.1, min(self._probe_timeout, left)))
+            try:
+                response, why = await self._get(endpoint_url(url, protocol.MODELS_PATH),
+                                                max(0.1, min(self._probe_timeout, left)))
+            except _NotHttp as exc:  # not a server to wait for: something else listens there
+                return Listing(url, None, False, f"answered with {exc}", malformed=str(exc))
             ids = _listed(response) if response is not None else None
             if ids is not None:
                 return Listing(url, ids, True)
@@ -175,7 +182,10 @@ class StartCheck:
         """An endpoint whose list could not be read: up if ``/health`` answers 2xx or, failing
         that, a one-token request is answered; the model is checked by that answer."""
         left = max(0.1, deadline_s - (self._clock() - start))
-        health, _ = await self._get(endpoint_url(url, "/health"), max(0.1, min(self._probe_timeout, left)))
+        try:
+            health, _ = await self._get(endpoint_url(url, "/health"), max(0.1, min(self._probe_timeout, left)))
+        except _NotHttp:
+            health = None
         status = health.status if health is not None else None
         healthy = status is not None and 200 <= status < 300
         # A first answer checks the model either way; where /health does not answer it is what

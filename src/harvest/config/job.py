@@ -112,6 +112,12 @@ class ClientConfig(StrictModel):
                          "harvest's queue: shown by `status`, the panel and the report")
     start_deadline: float = Field(60.0, gt=0, description="seconds an endpoint harvest does not manage may take "
                                   "to answer when the run starts; past it the run ends, items left pending")
+    reply_bytes_per_token: int = Field(64, ge=8, le=1 << 20, description="what one answer may carry, read as it "
+                                       "comes: 256 KiB + max_tokens x n x this many bytes (4 x more a token per "
+                                       "log-probability asked); a bigger answer, after decompression, fails as "
+                                       "`oversized` and nothing of it is kept. A stream is also cut once a choice "
+                                       "streamed past max_tokens (truncated). Raise it for an endpoint whose "
+                                       "answers carry more per token")
     prefix_affinity: bool = Field(True, description="with several endpoints, an item's turns and a shared "
                                   "system prompt go to the server likely holding that prefix (load bounded at "
                                   "1.25 x the average); false: least outstanding")
@@ -163,9 +169,13 @@ class RunConfig(StrictModel):
     progress_interval: float = Field(5.0, gt=0, description="seconds between progress updates (display and "
                                      "progress.json)")
     max_relaunches: int = Field(5, ge=0, description="times a managed server that died is relaunched in one run")
-    breaker_window: int = Field(20, ge=0, description="requests in a row failing the same way (HTTP "
-                                "400/401/403/404/422, context overflow) that stop the run, items left "
-                                "pending; 0: off")
+    breaker_window: int = Field(20, ge=0, description="requests in a row failing the same way (any HTTP "
+                                "4xx, 408/409/425/429 once their retries are spent, context overflow, an answer "
+                                "that is no completion, oversized or not HTTP) that stop the run, items left "
+                                "pending; a redirect stops it at once; 0: off")
+    max_failed_share: float = Field(0.5, ge=0, le=1, description="a run ending with more than this share of its "
+                                    "items failed (after their retries) exits 1: `harvest run --help`'s \"too many "
+                                    "failed\"; `harvest run --retry failed` asks them again")
     empty_retries: int = Field(1, ge=0, description="times an empty answer is asked again before the item "
                                "fails with class \"empty\"")
     prefix_order: bool = Field(True, description="claimed items sharing a prompt prefix are sent together so "

@@ -34,6 +34,7 @@ from typing import Any
 import aiohttp
 
 from harvest.client.endpoints import endpoint_url, normalize_url
+from harvest.client.replies import BYTES_PER_TOKEN, limits_for
 from harvest.transport import AiohttpTransport, Transport, TransportError
 from harvest.config import ServerConfig
 from harvest.errors import ConfigError, RequestError, ServerSick
@@ -99,8 +100,10 @@ class Wire:
         """POST JSON, return the decoded answer. 4xx -> RequestError; other failures -> ServerSick."""
         async with self._slots:
             try:
-                r = await self._http.request("POST", endpoint_url(self.url, path), body=json.dumps(body).encode(),
-                                             headers=self._headers, timeout=self.timeout)
+                data = json.dumps(body).encode()
+                cap = limits_for(body, BYTES_PER_TOKEN, len(data)).body_bytes  # the client's caps for the same request
+                r = await self._http.request("POST", endpoint_url(self.url, path), body=data, headers=self._headers,
+                                             timeout=self.timeout, max_bytes=cap)
             except (TransportError, aiohttp.ClientError) as exc:  # ClientError: an answer that is not HTTP
                 raise ServerSick(f"POST {path}: {type(exc).__name__}: {exc}", endpoint=self.shown) from None
         text = r.body[:500].decode("utf-8", errors="replace")

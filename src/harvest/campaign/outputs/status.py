@@ -359,8 +359,8 @@ def ledger_rate(ledger: Ledger, *, now: float, window_s: float = WINDOW_S,
                 scanned += 1
                 if created >= cutoff:
                     n += 1
-                    prompt += p or 0
-                    completion += c or 0
+                    prompt += _tokens(p)
+                    completion += _tokens(c)
                     oldest = created if oldest is None else min(oldest, created)
                     old_run = 0
                 else:
@@ -383,6 +383,12 @@ def ledger_rate(ledger: Ledger, *, now: float, window_s: float = WINDOW_S,
     span = max(now - start, 1.0)
     return Throughput("ledger", n / span, completion / span, prompt / span, window_s=span,
                       results_in_window=n)
+
+
+def _tokens(value: Any) -> int:
+    """A stored token count as a rate counts it: a ledger written by another version, or by hand,
+    may hold anything; only an integer in range counts (else 0, as an unknown count)."""
+    return value if type(value) is int and 0 <= value < 2**31 else 0
 
 
 def _progress_fresh(progress: Progress | None, runner: RunnerInfo, now: float, stale_after_s: float) -> bool:

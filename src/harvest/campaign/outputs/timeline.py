@@ -274,6 +274,8 @@ class Timeline:
             if not buf:
                 continue
             rows = np.array(buf, dtype=np.float64).reshape(-1, 4)
+            # a count that is not a finite number >= 0 is unknown: counted as 0, never summed as sent
+            rows[:, 1:3][~(np.isfinite(rows[:, 1:3]) & (rows[:, 1:3] >= 0) & (rows[:, 1:3] < 2**31))] = 0
             lat, prompt, completion, queued = rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3]
             self.queue.add_many(queued[queued >= 0])
             self._statuses[status] += len(lat)

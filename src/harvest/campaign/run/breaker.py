@@ -6,16 +6,20 @@
     if breaker.tripped: ...            # window identical failures in a row
 
 A job whose sampling the server rejects (HTTP 400 to every request), a wrong model name (404), a
-missing key (401/403), an invalid request body (422) or a context too small for every prompt fails
-*every* item with the same message. Committing those failures would burn the whole dataset; so the
-runner hands such failures to the breaker instead of the ledger. They are held (the items stay
+missing key (401/403), an invalid request body (422), any other 4xx the endpoint gives every request
+(402, 405, 410 ...), a context too small for every prompt, or an endpoint whose every answer is
+unusable (``bad_reply``, ``oversized``, ``protocol``) fails *every* item with the same message.
+Committing those failures would burn the whole dataset; so the runner hands such failures to the
+breaker instead of the ledger. They are held (the items stay
 ``running`` in the ledger, uncharged) while they form one streak of the same class and message:
 
 - a result of any other kind ends the streak: the held failures are given back to be committed as
   ordinary failures (:meth:`Breaker.succeeded` returns them);
 - a failure with another class or message does the same and starts a new streak with itself;
 - ``window`` failures in a row trip the breaker: the runner stops dispatch and puts the held items
-  (and whatever is in flight) back to pending without charging an attempt.
+  (and whatever is in flight) back to pending without charging an attempt;
+- a redirect (class ``redirect``: the endpoint answers elsewhere; harvest never follows one) trips it
+  at once: it is the job's configuration, whatever the item.
 
 Messages are compared with their numbers masked, so "maximum context length is 2048 tokens. However,
 you requested 2100 tokens" on one item matches "... 2311 tokens" on the next. This module decides
@@ -29,8 +33,14 @@ from dataclasses import dataclass
 
 from harvest.ledger import Failure
 
-#: Error classes that can mean "the job is misconfigured" when every item gets the same one.
-HELD_CLASSES = frozenset({"http_400", "http_401", "http_403", "http_404", "http_422", "context_overflow"})
+#: Error classes that can mean "the job is misconfigured" when every item gets the same one (and
+#: every other ``http_4xx``: see :func:`held_class`).
+HELD_CLASSES = frozenset({"http_400", "http_401", "http_403", "http_404", "http_422", "context_overflow",
+                          "bad_reply", "oversized", "protocol", "redirect"})
+#: Classes that trip the breaker on their first failure.
+AT_ONCE = frozenset({"redirect"})
+
+_HTTP_4XX = re.compile(r"http_4\d\d")
 
 #: Default number of identical failures in a row that stops a run (``[run] breaker_window``).
 DEFAULT_WINDOW = 20
@@ -49,7 +59,20 @@ ADVICE = {
     "http_422": "the server cannot parse the request body: check [sampling] extra_body, then run again",
     "context_overflow": "the prompts do not fit the model's context: raise the server's context length "
                         "or lower [sampling] max_tokens, then run again",
+    "redirect": "point [server] base_url (or [client] endpoints) at the address the endpoint names, then run again",
+    "bad_reply": "the endpoint's answers are not OpenAI-compatible completions: check that [server] base_url is "
+                 "the server's OpenAI API, then run again",
+    "oversized": "the endpoint's answers are bigger than [client] reply_bytes_per_token allows for max_tokens: "
+                 "raise it if they are real answers, else check the endpoint, then run again",
+    "protocol": "the endpoint does not answer valid HTTP: check that [server] base_url (its port) is the "
+                "server's, then run again",
 }
+
+
+def held_class(error_class: str) -> bool:
+    """Whether failures of ``error_class`` can mean "the job is misconfigured": the classes of
+    :data:`HELD_CLASSES` and any ``http_4xx``."""
+    return error_class in HELD_CLASSES or _HTTP_4XX.fullmatch(error_class) is not None
 
 
 def failure_key(error_class: str, message: str) -> tuple[str, str]:
@@ -73,6 +96,8 @@ class Trip:
         return ADVICE.get(self.error_class, "fix the setting the message names, then run again")
 
     def describe(self) -> str:
+        if self.window == 1:
+            return f"a request failed in a way that stops the run ({self.error_class}): {self.message}"
         return (f"{self.window} requests in a row failed the same way ({self.error_class}): "
                 f"{self.message}")
 
@@ -80,10 +105,11 @@ class Trip:
 class Breaker:
     """Counts identical failures in a row; ``window`` of them trip it. ``window=0`` turns it off."""
 
-    def __init__(self, window: int = DEFAULT_WINDOW, classes: frozenset[str] = HELD_CLASSES):
+    def __init__(self, window: int = DEFAULT_WINDOW, classes: frozenset[str] | None = None):
         if window < 0:
             raise ValueError(f"window must be >= 0, not {window}")
         self.window = window
+        #: The classes held (None: :func:`held_class`).
         self.classes = classes
         self._key: tuple[str, str] | None = None
         self._held: list[tuple[str, Failure]] = []
@@ -101,7 +127,9 @@ class Breaker:
 
     def holds(self, error_class: str) -> bool:
         """Whether a failure of ``error_class`` goes to the breaker (else straight to the ledger)."""
-        return self.window > 0 and error_class in self.classes
+        if self.window <= 0:
+            return False
+        return held_class(error_class) if self.classes is None else error_class in self.classes
 
     def failed(self, failure: Failure) -> list[Failure]:
         """Hold ``failure`` (a class :meth:`holds`); returns the failures released to be committed
@@ -115,8 +143,8 @@ class Breaker:
             released = self._release()
             self._key = key
         self._held.append((failure.item_id, failure))
-        if len(self._held) >= self.window:
-            self.trip = Trip(failure.error_class, failure.error, self.window,
+        if len(self._held) >= self.window or failure.error_class in AT_ONCE:
+            self.trip = Trip(failure.error_class, failure.error, len(self._held),
                              tuple(item_id for item_id, _ in self._held))
         return released
 
@@ -137,4 +165,4 @@ class Breaker:
         return released
 
 
-__all__ = ["ADVICE", "Breaker", "DEFAULT_WINDOW", "HELD_CLASSES", "Trip", "failure_key"]
+__all__ = ["ADVICE", "AT_ONCE", "Breaker", "DEFAULT_WINDOW", "HELD_CLASSES", "Trip", "failure_key", "held_class"]

@@ -32,7 +32,8 @@ async def check_endpoints(state: RunState, client: Client, progress: Progress) -
     first one-token request is up, one warning says what ``/v1/models`` gave, and the model is
     checked by that first answer (the engine's 401/403/404 text refuses the job, no item
     charged). False (outcome "server_down") only when an endpoint refused connections or never
-    answered within the deadline; False (outcome "interrupted") on a stop asked meanwhile."""
+    answered within the deadline; False (outcome "stopped") at once when one answered with what is
+    not HTTP (a wrong port); False (outcome "interrupted") on a stop asked meanwhile."""
     deadline = state.config.client.start_deadline
     progress.begin("connecting", deadline_s=deadline, endpoints=len(client.endpoints))
     requested, fallback, field = model_asked(state.config)
@@ -51,6 +52,13 @@ async def check_endpoints(state: RunState, client: Client, progress: Progress) -
         progress.on_event(Event("connecting", "end", {}, ok=False))
         return False
     listings = asking.result()
+    broken = [listing for listing in listings if listing.malformed is not None]
+    if broken:
+        said = "; ".join(f"{x.url}: GET /v1/models got {x.malformed}" for x in broken)
+        state.end("stopped", f"{said}: this is not an OpenAI-compatible server (is the port of [server] base_url "
+                             f"or [client] endpoints the server's?); nothing was sent, every item is still pending")
+        progress.on_event(Event("connecting", "end", {"malformed": [x.url for x in broken]}, ok=False))
+        return False
     silent = [listing for listing in listings if not listing.up]
     if silent:
         said = "; ".join(f"{x.url}: GET /v1/models {x.models_answer}" for x in silent)

@@ -225,7 +225,7 @@ class Dispatch:
         try:
             gen = await samples.get(index)
         except RequestError as exc:
-            failure = Failure(row.id, str(exc), f"http_{exc.status}" if exc.status else "request", row.sample)
+            failure = Failure(row.id, str(exc), exc.error_class, row.sample)
             if self.breaker.holds(failure.error_class):  # committed once the streak ends
                 self._commit_failures(self.breaker.failed(failure))
             else:

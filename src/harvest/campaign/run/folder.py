@@ -1,9 +1,10 @@
 """What a run folder holds, said to a person: which job it belongs to, what a session found in it,
-and whether its skipped rows fail the run.
+and whether its skipped rows or its failed items fail the run.
 
     other_job(run_dir, settings, data_path)   # why the folder is another job's (settings named), or None
     resume_line(counts, recovered, ingest, ingesting)   # "resuming: 470 done, 1530 pending; ..."
     skipped_problem(totals, max_share)         # every row skipped, or more than the share, or None
+    failed_problem(totals, max_share)          # more items failed than the share, or None
 
 It reads the ledger read-only and only formats; the runner decides what to do with the answers.
 """
@@ -46,6 +47,15 @@ def skipped_problem(totals: Totals, max_share: float) -> str | None:
         return (f"{skipped:,} of {unique:,} input rows were skipped ({skipped / unique:.0%}, more than "
                 f"[data] max_skipped_share {max_share:.0%})")
     return None
+
+
+def failed_problem(totals: Totals, max_share: float) -> str | None:
+    """Why the failed items fail the run (more than ``max_share`` of the unique items), else None."""
+    failed, rows = totals.counts[Status.FAILED], sum(totals.counts.values())
+    if not rows or not failed or failed / rows <= max_share:
+        return None
+    return (f"{failed:,} of {rows:,} items failed ({failed / rows:.0%}, more than [run] max_failed_share "
+            f"{max_share:.0%})")
 
 
 #: The table each output setting comes from, to name it as the job file spells it.

@@ -236,9 +236,7 @@ async def _rollout(client: ChatClient, item: Item, first: Any, *, sample: int, r
         messages_out.append({"role": "user", "content": users[k]})
         messages_out.append(reply)
         replies.append(text)
-        turns.append({"finish_reason": completion.finish_reason, "prompt_tokens": completion.prompt_tokens,
-                      "completion_tokens": completion.completion_tokens, "endpoint": completion.endpoint,
-                      "latency_s": round(completion.latency_s, 4), "attempts": completion.attempts})
+        turns.append(_turn(completion))
         prompt_tokens += completion.prompt_tokens or 0
         completion_tokens += completion.completion_tokens or 0
         if completion.truncated and truncated_at is None:
@@ -253,6 +251,18 @@ async def _rollout(client: ChatClient, item: Item, first: Any, *, sample: int, r
     record = encode(token_logprobs, sampling.logprobs) if sampling.logprobs and dropped is None else None
     return Generated(output, status, last_reason, prompt_tokens, completion_tokens, attempts, dropped,
                      latency_s=latency, sample=sample, logprobs=record, **_stream_times(timed))
+
+
+def _turn(completion: Any) -> dict[str, Any]:
+    """One turn's record (docs/result-schema.md): how its answer ended and what it cost."""
+    turn = {"finish_reason": completion.finish_reason, "prompt_tokens": completion.prompt_tokens,
+            "completion_tokens": completion.completion_tokens, "endpoint": completion.endpoint,
+            "latency_s": round(completion.latency_s, 4), "attempts": completion.attempts}
+    if completion.finish_reason_sent is not None:  # harvest decided the reason by the token count
+        turn["finish_reason_sent"] = completion.finish_reason_sent
+    if completion.replaced:
+        turn["replaced_chars"] = completion.replaced
+    return turn
 
 
 def _stream_times(answers: Sequence[Any]) -> dict[str, Any]:

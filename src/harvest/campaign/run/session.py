@@ -46,7 +46,7 @@ from harvest import safefiles
 from harvest.campaign.run.breaker import Trip
 from harvest.campaign.run.connect import check_endpoints
 from harvest.campaign.run.dispatch import Dispatch
-from harvest.campaign.run.folder import resume_line, skipped_problem
+from harvest.campaign.run.folder import failed_problem, resume_line, skipped_problem
 from harvest.campaign.run.intake import Intake, dataset_fingerprint, output_settings
 from harvest.campaign.outputs.progress import PROGRESS_FILE, Progress, RunWatch
 from harvest.campaign.run.state import RunState
@@ -94,11 +94,15 @@ class RunReport:
     resumed: str | None = None
     #: The run folder, still held (the report is written through it; the caller closes it).
     folder: safefiles.Folder | None = None
+    #: Set when more than ``[run] max_failed_share`` of the items failed.
+    failed_problem: str | None = None
 
     @property
     def ok(self) -> bool:
-        """The run finished, every unique input item is accounted for, and not too many were skipped."""
-        return self.outcome == "finished" and self.totals.ok and self.skip_problem is None
+        """The run finished, every unique input item is accounted for, and not too many were
+        skipped or failed."""
+        return (self.outcome == "finished" and self.totals.ok and self.skip_problem is None
+                and self.failed_problem is None)
 
 
 class Session:
@@ -314,7 +318,7 @@ class Session:
                          state.relaunches, tuple(state.stop_reports), recovered, state.note,
                          state.trip, state.requeued, skip_reasons,
                          skipped_problem(totals, data.max_skipped_share) if totals.ok else None, state.resumed,
-                         state.folder)
+                         state.folder, failed_problem(totals, self.config.run.max_failed_share))
 
 
 async def run_campaign(config: HarvestConfig, *, placement: Placement, all_hosts: bool = False,

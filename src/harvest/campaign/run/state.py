@@ -24,6 +24,7 @@ from harvest.campaign.run.breaker import Trip
 from harvest.config import HarvestConfig
 from harvest.events import Event, Listener
 from harvest.placement import Fleet
+from harvest.redact import redact_text
 from harvest.stops import StopReport
 
 log = logging.getLogger("harvest.campaign")
@@ -82,8 +83,8 @@ class RunState:
         files are)."""
         if self.outcome in ("finished", "interrupted"):
             self.outcome = outcome
-        if note is not None:
-            self.note = note
+        if note is not None:  # it may quote an endpoint's URL: its key never reaches a screen or a file
+            self.note = redact_text(note)
 
     def tripped(self, trip: Trip) -> None:
         """The circuit breaker stopped the run: the outcome "stopped", with the trip as its note."""

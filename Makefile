@@ -8,9 +8,12 @@ PYTEST_ARGS ?=
 # cores busy with 3 workers (2026-12-06), and the fast tier took 138 s with 3, 127 s with 4 and
 # 117 s with 5 (tests/README.md "The suite's time").
 TEST_WORKERS ?= $(shell $(PY) -c 'import os; print(min(16, max(3, 2 * len(os.sched_getaffinity(0)) + 1)))')
-# The pytest time each tier may take (tests/budget.py: over it a CI run fails, elsewhere it warns;
-# the figures and the margin left for a noisy machine: tests/README.md "The suite's time").
-FAST_BUDGET_S ?= 120
+# The pytest time each tier may take (tests/budget.py: over it a CI run fails, elsewhere it warns).
+# The fast tier's target is 120 s; its budget leaves 15 s (12.5 %) for the spread between runs of
+# one commit on the 2-core CI machine (fresh-clone suites of nearby commits: 950-1027 s). The
+# suite's target is 15 min; its budget is the 20-minute rule itself. Figures: tests/README.md
+# "The suite's time".
+FAST_BUDGET_S ?= 135
 SUITE_BUDGET_S ?= 1200
 # The suite starts hundreds of Python processes (harvest's commands, stand-in engines, child pytest
 # runs): bytecode is written (into __pycache__, ignored by git) even where the environment turns it

@@ -132,8 +132,9 @@ class Endpoint:
     async def carry(self, request: Awaitable[T]) -> T:
         """``request``'s answer, the request on the wire to this endpoint: :class:`Abandoned` when
         the endpoint is given up meanwhile (:meth:`abandon`); the caller's own cancellation propagates.
-        The request runs in the caller's task (no task of its own a request: P2, BENCHMARKS.md); the
-        abandonment is a cancellation of that task told apart from any other by its count."""
+        The request runs in the caller's task (a task of its own per request cost each request CPU:
+        P2 in BENCHMARKS.md); an abandonment cancels that task, told apart from any other
+        cancellation by the task's cancellation count."""
         if sys.version_info < (3, 11):  # no cancellation count: the request in a task of its own
             return await self._carry_apart(request)
         task = asyncio.current_task()

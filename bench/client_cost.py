@@ -24,7 +24,11 @@ harvest's requests per CPU second against the baselines measured in the same run
     wrk              the loopback HTTP limit (``apt-get install wrk``; one thread, the same
                      connections, ``--wrk-seconds``; its CPU is measured as a reaped child's)
 
-Run: ``python bench/client_cost.py [--requests 20000] [--concurrency 64] [--rounds 3] [--base DIR]``. Needs the
+Run: ``python bench/client_cost.py [--requests 20000] [--concurrency 64] [--rounds 3] [--base DIR]``.
+``--instructions`` counts instead the instructions each harvest client (and ``harvest-base``) executes
+per request under valgrind's callgrind (``apt-get install valgrind``): a figure the other work on a
+shared machine does not move, where CPU seconds do (two runs of the worker, ``--requests`` apart,
+the difference over ``--requests``; 1000 requests take about a minute). Needs the
 ``bench`` extra (``pip install -e .[bench]``). With ``--rounds`` every client (and wrk) runs once per
 round, alternating, and the median round of each is shown with the load average it ran under. Every
 subprocess it starts is stopped by its pid; every wait is bounded.
@@ -269,6 +273,30 @@ def run_wrk(base: str, args: argparse.Namespace) -> dict[str, float] | None:
     raise RuntimeError(f"wrk printed no Requests/sec (exit {done.returncode}):\n{done.stdout}{done.stderr}")
 
 
+def run_instructions(kind: str, base: str, args: argparse.Namespace, server_pid: int) -> float:
+    """Instructions per request of one client kind, counted by callgrind: the worker at ``--warmup``
+    requests and at ``--warmup + --requests`` (the same start-up and warm-up in both), the difference
+    over ``--requests``."""
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
+    env = None
+    if kind == "harvest-base":
+        env = {**os.environ, "PYTHONPATH": str(Path(args.base).resolve() / "src")}
+    counts = []
+    for n in (args.warmup, args.warmup + args.requests):
+        cmd = [valgrind, "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
+               str(Path(__file__).resolve()), "--worker", "harvest" if kind == "harvest-base" else kind, "--url", base,
+               "--server-pid", str(server_pid), "--requests", str(n), "--warmup", str(args.warmup),
+               "--concurrency", str(args.concurrency)]
+        done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=args.timeout, env=env)
+        found = [line for line in done.stderr.splitlines() if "Collected :" in line]
+        if done.returncode != 0 or not found:
+            raise RuntimeError(f"{kind} under callgrind failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+        counts.append(int(found[-1].split("Collected :", 1)[1].strip()))
+    return (counts[1] - counts[0]) / args.requests
+
+
 def _children_cpu() -> float:
     """User + system CPU seconds of the child processes reaped so far."""
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -294,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-wrk", action="store_true", help="skip wrk even when it is installed")
     parser.add_argument("--base", default=None, help="another tree (DIR/src first on PYTHONPATH: "
                         "`git archive COMMIT src | tar -x -C DIR`), run as harvest-base beside harvest")
+    parser.add_argument("--instructions", action="store_true",
+                        help="count each harvest client's instructions per request under callgrind instead")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--server-pid", type=int, help=argparse.SUPPRESS)
@@ -313,6 +343,16 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown clients: {', '.join(unknown)}")
     proc, base = start_null_server()
+    if args.instructions:
+        try:
+            for k in range(args.rounds):
+                for kind in [name for name in kinds if name.startswith("harvest")]:
+                    per = run_instructions(kind, base, args, proc.pid)
+                    print(f"round {k} {kind:<15} {per:10.0f} instructions per request "
+                          f"(callgrind, {args.requests} requests at {args.concurrency} in flight)", flush=True)
+        finally:
+            stop(proc)
+        return 0
     runs: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
     wrk_runs: list[dict[str, float]] = []
     try:

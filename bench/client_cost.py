@@ -19,10 +19,16 @@ harvest's requests per CPU second against the baselines measured in the same run
     raw-aiohttp      a bare aiohttp loop: the floor for an aiohttp-based client
     raw-httpx        a bare httpx.AsyncClient loop: the alternative HTTP library (a competitor only:
                      harvest uses aiohttp throughout; httpx comes with the ``bench`` extra)
+    harvest-base     ``harvest`` on another tree's code (``--base DIR``: ``DIR/src`` first on
+                     ``PYTHONPATH``), in the same rounds: a change against the commit before it
     wrk              the loopback HTTP limit (``apt-get install wrk``; one thread, the same
                      connections, ``--wrk-seconds``; its CPU is measured as a reaped child's)
 
-Run: ``python bench/client_cost.py [--requests 20000] [--concurrency 64] [--rounds 3]``. Needs the
+Run: ``python bench/client_cost.py [--requests 20000] [--concurrency 64] [--rounds 3] [--base DIR]``.
+``--instructions`` counts instead the instructions each harvest client (and ``harvest-base``) executes
+per request under valgrind's callgrind (``apt-get install valgrind``): a figure the other work on a
+shared machine does not move, where CPU seconds do (two runs of the worker, ``--requests`` apart,
+the difference over ``--requests``; 1000 requests take about a minute). Needs the
 ``bench`` extra (``pip install -e .[bench]``). With ``--rounds`` every client (and wrk) runs once per
 round, alternating, and the median round of each is shown with the load average it ran under. Every
 subprocess it starts is stopped by its pid; every wait is bounded.
@@ -219,10 +225,15 @@ def stop(proc: subprocess.Popen[str], grace: float = 5.0) -> None:
 
 
 def run_client(kind: str, base: str, args: argparse.Namespace, server_pid: int) -> dict[str, float]:
+    env = None
+    if kind == "harvest-base":  # harvest, on the code of the tree ``--base`` names
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(args.base).resolve() / "src"),
+                                                            *filter(None, [os.environ.get("PYTHONPATH")])])}
+        kind = "harvest"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", kind, "--url", base,
            "--server-pid", str(server_pid), "--requests", str(args.requests), "--warmup", str(args.warmup),
            "--concurrency", str(args.concurrency)]
-    done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=args.timeout)
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=args.timeout, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"{kind} worker failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -262,6 +273,30 @@ def run_wrk(base: str, args: argparse.Namespace) -> dict[str, float] | None:
     raise RuntimeError(f"wrk printed no Requests/sec (exit {done.returncode}):\n{done.stdout}{done.stderr}")
 
 
+def run_instructions(kind: str, base: str, args: argparse.Namespace, server_pid: int) -> float:
+    """Instructions per request of one client kind, counted by callgrind: the worker at ``--warmup``
+    requests and at ``--warmup + --requests`` (the same start-up and warm-up in both), the difference
+    over ``--requests``."""
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
+    env = None
+    if kind == "harvest-base":
+        env = {**os.environ, "PYTHONPATH": str(Path(args.base).resolve() / "src")}
+    counts = []
+    for n in (args.warmup, args.warmup + args.requests):
+        cmd = [valgrind, "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
+               str(Path(__file__).resolve()), "--worker", "harvest" if kind == "harvest-base" else kind, "--url", base,
+               "--server-pid", str(server_pid), "--requests", str(n), "--warmup", str(args.warmup),
+               "--concurrency", str(args.concurrency)]
+        done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=args.timeout, env=env)
+        found = [line for line in done.stderr.splitlines() if "Collected :" in line]
+        if done.returncode != 0 or not found:
+            raise RuntimeError(f"{kind} under callgrind failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+        counts.append(int(found[-1].split("Collected :", 1)[1].strip()))
+    return (counts[1] - counts[0]) / args.requests
+
+
 def _children_cpu() -> float:
     """User + system CPU seconds of the child processes reaped so far."""
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -285,6 +320,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1, help="runs of every client, alternating (A B A B)")
     parser.add_argument("--wrk-seconds", type=float, default=10.0, help="duration of each wrk run")
     parser.add_argument("--no-wrk", action="store_true", help="skip wrk even when it is installed")
+    parser.add_argument("--base", default=None, help="another tree (DIR/src first on PYTHONPATH: "
+                        "`git archive COMMIT src | tar -x -C DIR`), run as harvest-base beside harvest")
+    parser.add_argument("--instructions", action="store_true",
+                        help="count each harvest client's instructions per request under callgrind instead")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--server-pid", type=int, help=argparse.SUPPRESS)
@@ -296,10 +335,24 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     kinds = [k.strip() for k in args.clients.split(",") if k.strip()]
-    unknown = sorted(set(kinds) - set(ALL_CLIENTS) - {"harvest-uvloop", "harvest-auto", "harvest-stream"})
+    if args.base:
+        if not (Path(args.base) / "src" / "harvest").is_dir():
+            parser.error(f"--base {args.base}: no src/harvest there")
+        kinds.insert(kinds.index("harvest") + 1 if "harvest" in kinds else 0, "harvest-base")
+    unknown = sorted(set(kinds) - set(ALL_CLIENTS) - {"harvest-uvloop", "harvest-auto", "harvest-stream", "harvest-base"})
     if unknown:
         parser.error(f"unknown clients: {', '.join(unknown)}")
     proc, base = start_null_server()
+    if args.instructions:
+        try:
+            for k in range(args.rounds):
+                for kind in [name for name in kinds if name.startswith("harvest")]:
+                    per = run_instructions(kind, base, args, proc.pid)
+                    print(f"round {k} {kind:<15} {per:10.0f} instructions per request "
+                          f"(callgrind, {args.requests} requests at {args.concurrency} in flight)", flush=True)
+        finally:
+            stop(proc)
+        return 0
     runs: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
     wrk_runs: list[dict[str, float]] = []
     try:
@@ -350,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\nratios (harvest / baseline):")
         targets = {"openai-threads": 3.0, "openai-async": 1.5}
         for kind, r in results.items():
-            if kind == "harvest":
+            if kind in ("harvest", "harvest-base"):
                 continue
             eff = r["requests"] / r["cpu_s"]
             line = (f"  vs {kind:<15} requests per CPU s x{h_eff / eff:6.2f}   "
@@ -359,6 +412,11 @@ def main(argv: list[str] | None = None) -> int:
                 line += f"   (target >= x{targets[kind]:g}: {'met' if h_eff / eff >= targets[kind] else 'MISSED'})"
             print(line)
             bench += f" ratio_cpu_vs_{kind.replace('-', '_')}={h_eff / eff:.2f}"
+            if "harvest-base" in results:
+                b = results["harvest-base"]
+                b_eff = b["requests"] / b["cpu_s"]
+                print(f"  base ({args.base}) vs {kind:<15} requests per CPU s x{b_eff / eff:6.2f}")
+                bench += f" base_ratio_cpu_vs_{kind.replace('-', '_')}={b_eff / eff:.2f}"
         if wrk is not None:
             ratio = (h["requests"] / h["wall_s"]) / wrk["req_s"]
             print(f"  vs wrk             requests/s x{ratio:6.2f}   "
@@ -372,6 +430,16 @@ def main(argv: list[str] | None = None) -> int:
             ratio = (u["requests"] / u["cpu_s"]) / h_eff
             print(f"  harvest on uvloop / on asyncio: requests per CPU s x{ratio:.2f}")
             bench += f" uvloop_req_per_cpu_s={u['requests'] / u['cpu_s']:.0f} ratio_uvloop={ratio:.2f}"
+        if "openai-async" in runs and args.rounds > 1:
+            for kind in ("harvest", "harvest-base"):
+                if kind not in runs:
+                    continue
+                per_round = [(h["requests"] / h["cpu_s"]) / (o["requests"] / o["cpu_s"])
+                             for h, o in zip(runs[kind], runs["openai-async"], strict=True)]
+                middle = sorted(per_round)[len(per_round) // 2]
+                print(f"  {kind} vs openai-async, each round's ratio: "
+                      f"{', '.join(f'x{r:.2f}' for r in per_round)}; median x{middle:.2f}")
+                bench += f" {kind.replace('-', '_')}_rounds_median_vs_openai_async={middle:.2f}"
         print(bench + f" load1={os.getloadavg()[0]:.2f}")
     return 0
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from harvest.client.endpoints import HUNG_MIN_S, Endpoint, EndpointPool, normalize_url
+from harvest.client.endpoints import HUNG_MIN_S, Abandoned, Endpoint, EndpointPool, normalize_url
 from harvest.client.records import EndpointState
 from harvest.errors import ConfigError
 
@@ -165,3 +165,95 @@ def test_an_endpoint_holding_requests_past_its_bound_counts_as_hung_until_it_ans
     assert e.stats(161.0).quiet_s == 11.0 and not e.stats(161.0).hung
     idle = Endpoint("http://b:1")
     assert idle.stats(1000.0).quiet_s is None and not idle.stats(1000.0).hung  # nothing in flight
+
+
+# ---------------------------------------------------------------------- requests on the wire (carry)
+
+async def _carried(endpoint: Endpoint, started: asyncio.Event, **kw) -> str:
+    async def request() -> str:
+        started.set()
+        await asyncio.Event().wait()  # an answer that never comes
+        return "answer"
+    return await endpoint.carry(request(), **kw)
+
+
+async def test_carry_returns_the_answer_and_leaves_nothing_on_the_wire():
+    endpoint = Endpoint("http://a:1")
+
+    async def request() -> str:
+        await asyncio.sleep(0)
+        return "answer"
+
+    assert await endpoint.carry(request()) == "answer"
+    assert endpoint.wire == {} and endpoint.abandon() == 0
+
+
+async def test_abandon_gives_up_the_waiting_requests_once_and_their_tasks_carry_on():
+    endpoint = Endpoint("http://a:1")
+    started = [asyncio.Event() for _ in range(3)]
+    calls = [asyncio.create_task(_carried(endpoint, s)) for s in started]
+    await asyncio.gather(*(s.wait() for s in started))
+    assert endpoint.abandon() == 3 and endpoint.abandon() == 0  # each cancelled once
+    for call in calls:
+        with pytest.raises(Abandoned):
+            await call
+        assert not call.cancelled() and call.cancelling() == 0  # the task was not left cancelled
+    assert endpoint.wire == {}
+
+
+async def test_the_callers_own_cancellation_propagates_alone_and_with_an_abandonment():
+    endpoint = Endpoint("http://a:1")
+    started = [asyncio.Event(), asyncio.Event()]
+    alone = asyncio.create_task(_carried(endpoint, started[0]))
+    both = asyncio.create_task(_carried(endpoint, started[1]))
+    await asyncio.gather(*(s.wait() for s in started))
+    alone.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await alone
+    both.cancel()  # the caller's cancellation and the endpoint given up before the task runs again
+    assert endpoint.abandon() == 1
+    with pytest.raises(asyncio.CancelledError):
+        await both
+    assert alone.cancelled() and both.cancelled() and endpoint.wire == {}
+
+
+async def test_a_timeout_that_fires_with_an_abandonment_is_a_timeout():
+    endpoint = Endpoint("http://a:1")
+    started = asyncio.Event()
+    scopes: list[asyncio.Timeout] = []
+
+    async def within() -> str:
+        async with asyncio.timeout(3600) as scope:
+            scopes.append(scope)
+            return await _carried(endpoint, started)
+
+    call = asyncio.create_task(within())
+    await started.wait()
+    scopes[0].reschedule(asyncio.get_running_loop().time() - 1)  # due now: it cancels the task next
+    assert endpoint.abandon() == 1
+    with pytest.raises(TimeoutError):
+        await call
+    assert endpoint.wire == {}
+
+
+async def test_without_a_cancellation_count_the_request_runs_apart_and_is_abandoned_the_same():
+    """Python 3.10 has no Task.cancelling(): there each request waits in a task of its own."""
+    endpoint = Endpoint("http://a:1")
+    started = [asyncio.Event(), asyncio.Event()]
+
+    async def apart(s: asyncio.Event) -> str:
+        async def request() -> str:
+            s.set()
+            await asyncio.Event().wait()
+            return "answer"
+        return await endpoint._carry_apart(request())
+
+    given_up, cancelled = (asyncio.create_task(apart(s)) for s in started)
+    await asyncio.gather(*(s.wait() for s in started))
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    assert endpoint.abandon() == 1
+    with pytest.raises(Abandoned):
+        await given_up
+    assert endpoint.wire == {}

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
+import functools
 import logging
 import random
 import time
@@ -50,7 +51,7 @@ from harvest.client import protocol, replies, streaming
 from harvest.client.autoconc import GAUGE_NAMES, AutoSettings
 from harvest.client.canary import TOKENS as CANARY_TOKENS
 from harvest.client.canary import canary_body
-from harvest.client.endpoints import Endpoint, EndpointPool, endpoint_url, normalize_url
+from harvest.client.endpoints import Abandoned, Endpoint, EndpointPool, endpoint_url, normalize_url
 from harvest.client.hang import Watchdog
 from harvest.client.engine import EngineLimit, auto_settings, to_ask
 from harvest.client.health import Health
@@ -79,8 +80,10 @@ log = logging.getLogger("harvest.client")
 
 
 
-class _Abandoned(Exception):
-    """The request's endpoint was given up while the request was on the wire (client-internal)."""
+@functools.lru_cache(maxsize=64)
+def _shown_url(url: str) -> str:
+    """An endpoint's URL as its answers record it (redacted): worked out once per URL, not per answer."""
+    return redact_text(url)
 
 
 class _Verdict(enum.Enum):
@@ -376,8 +379,9 @@ class Client:
             kind: FailureKind | None = None
             started = time.perf_counter()
             try:
-                response = await self._send(endpoint, endpoint_url(endpoint.url, path), data, timeout, limits)
-            except _Abandoned:  # its endpoint was given up while it waited there: held, not charged
+                response = await endpoint.carry(streaming.post(self._transport, endpoint_url(endpoint.url, path),
+                                                               data, self._headers, timeout, self.config.stream, limits))
+            except Abandoned:  # its endpoint was given up while it waited there: held, not charged
                 self._errors[FailureKind.ABANDONED.value] += 1
                 continue
             except TransportError as exc:
@@ -395,7 +399,7 @@ class Client:
                 kind = classify_status(status)
                 if kind is None:
                     try:
-                        completion = parse(response, limits, endpoint=redact_text(endpoint.url),
+                        completion = parse(response, limits, endpoint=_shown_url(endpoint.url),
                                            latency_s=time.perf_counter() - started, attempts=charged + 1)
                     except replies.BadReply as exc:
                         kind, detail = FailureKind.BAD_RESPONSE, f"HTTP {status}, {exc}"
@@ -438,27 +442,6 @@ class Client:
                     delay = max(delay, retry_after)
             log.debug("retry %d of a request to %s in %.2f s: %s", charged, endpoint.url, delay, detail)
             await self._sleep(delay)
-
-    async def _send(self, endpoint: Endpoint, url: str, data: bytes, timeout: float,
-                    limits: replies.ReplyLimits) -> RawResponse:
-        """POST ``data`` to ``url`` on ``endpoint``; raises :class:`_Abandoned` when the endpoint is
-        given up (:meth:`Endpoint.abandon`) while the request is on the wire."""
-        request = asyncio.ensure_future(streaming.post(self._transport, url, data, self._headers, timeout,
-                                                       self.config.stream, limits))
-        request.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved if the caller left
-        endpoint.wire.add(request)
-        try:
-            await asyncio.wait((request,))  # the caller's own cancellation propagates from here
-        finally:
-            endpoint.wire.discard(request)
-            if not request.done():
-                request.cancel()
-        if request.cancelled():
-            raise _Abandoned
-        try:
-            return request.result()
-        finally:  # a failure's traceback holds this frame: no cycle through the task to what it read
-            del request
 
     async def _send_canary(self, url: str, arrivals: list[float]) -> TimedEvents:
         """One canary to ``url`` (see :mod:`harvest.client.canary`): not an item, never retried."""

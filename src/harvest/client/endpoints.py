@@ -18,9 +18,10 @@ import asyncio
 import contextlib
 import hashlib
 import math
+import sys
 from collections import deque
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Sequence
+from typing import Any, TypeVar
 
 from harvest.client.records import EndpointState, EndpointStats
 from harvest.errors import ConfigError
@@ -34,6 +35,12 @@ HUNG_MIN_S = 30.0
 HUNG_P90_FACTOR = 3.0
 #: Answers whose latency the p90 is taken over.
 LATENCY_WINDOW = 256
+
+T = TypeVar("T")
+
+
+class Abandoned(Exception):
+    """The request's endpoint was given up while the request was on the wire (:meth:`Endpoint.abandon`)."""
 
 
 def normalize_url(url: str) -> str:
@@ -89,8 +96,8 @@ class Endpoint:
         self.busy_since: float | None = None
         self.last_heard: float | None = None
         self.latencies: deque[float] = deque(maxlen=LATENCY_WINDOW)
-        #: The requests on the wire to it: abandoned (held, uncharged) when it is given up.
-        self.wire: set[asyncio.Future[Any]] = set()  # Any: whatever the transport answers
+        #: The tasks waiting for an answer from it (:meth:`carry`), each with whether it was given up.
+        self.wire: dict[asyncio.Future[Any], bool] = {}  # Any: whatever the transport answers
         #: Seconds it had sent nothing back when it was found hung; None unless it was.
         self.hung_s: float | None = None
 
@@ -122,12 +129,48 @@ class Endpoint:
         p90 = ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)]
         return max(floor_s, HUNG_P90_FACTOR * p90)
 
+    async def carry(self, request: Awaitable[T]) -> T:
+        """``request``'s answer, the request on the wire to this endpoint: :class:`Abandoned` when
+        the endpoint is given up meanwhile (:meth:`abandon`); the caller's own cancellation propagates.
+        The request runs in the caller's task (a task of its own per request cost each request CPU:
+        P2 in BENCHMARKS.md); an abandonment cancels that task, told apart from any other
+        cancellation by the task's cancellation count."""
+        if sys.version_info < (3, 11):  # no cancellation count: the request in a task of its own
+            return await self._carry_apart(request)
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("Endpoint.carry outside a task")
+        before = task.cancelling()
+        self.wire[task] = False
+        try:
+            return await request
+        except asyncio.CancelledError:
+            if not self.wire.get(task) or task.uncancel() > before:  # cancelled by someone else too
+                raise
+            raise Abandoned from None
+        finally:
+            del self.wire[task]
+
+    async def _carry_apart(self, request: Awaitable[T]) -> T:
+        future = asyncio.ensure_future(request)
+        self.wire[future] = False
+        try:
+            await asyncio.wait((future,))  # the caller's own cancellation propagates from here
+        finally:
+            del self.wire[future]
+            if not future.done():
+                future.cancel()
+        if future.cancelled():
+            raise Abandoned
+        return future.result()
+
     def abandon(self) -> int:
         """Give up the requests on the wire to it (their callers hold them, uncharged, for another
-        endpoint or a revival); returns how many."""
-        wire = [f for f in self.wire if not f.done()]
-        for request in wire:
-            request.cancel()
+        endpoint or a revival): each waiting task is cancelled once; returns how many."""
+        wire = [waiter for waiter, given_up in self.wire.items() if not given_up and not waiter.done()]
+        for waiter in wire:
+            self.wire[waiter] = True
+            waiter.cancel()
         return len(wire)
 
     def has_room(self) -> bool:

@@ -10,7 +10,7 @@ failure's kind.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any  # JSON request bodies: the server owns their shape
 
 from harvest.client.replies import ReplyLimits, StreamAssembler, StreamedReply
@@ -25,13 +25,18 @@ def request_body(body: dict[str, Any], stream: bool) -> dict[str, Any]:
     return {**body, "stream": True, "stream_options": {"include_usage": True}} if stream else body
 
 
-async def post(transport: Transport, url: str, data: bytes, headers: Mapping[str, str], timeout: float,
-               stream: bool, limits: ReplyLimits) -> RawResponse:
-    """One POST within ``limits``; streamed, its events assembled as they come (a
-    :class:`StreamedReply`; an error status keeps its body, the error text)."""
+def post(transport: Transport, url: str, data: bytes, headers: Mapping[str, str], timeout: float,
+         stream: bool, limits: ReplyLimits) -> Awaitable[RawResponse]:
+    """One POST within ``limits``, to be awaited; streamed, its events assembled as they come (a
+    :class:`StreamedReply`; an error status keeps its body, the error text). Unstreamed, the
+    transport's own request (no coroutine around it: each one costs every request CPU)."""
     if not stream:
-        return await transport.request("POST", url, body=data, headers=headers, timeout=timeout,
-                                       max_bytes=limits.body_bytes)
+        return transport.request("POST", url, body=data, headers=headers, timeout=timeout, max_bytes=limits.body_bytes)
+    return _streamed(transport, url, data, headers, timeout, limits)
+
+
+async def _streamed(transport: Transport, url: str, data: bytes, headers: Mapping[str, str], timeout: float,
+                    limits: ReplyLimits) -> RawResponse:
     assembler = StreamAssembler(limits)
     answer = await transport.stream(url, body=data, sink=assembler, headers=headers, timeout=timeout,
                                     max_bytes=limits.stream_bytes, max_line=limits.body_bytes + LINE_FRAMING)

@@ -53,7 +53,7 @@ from harvest.campaign.outputs.progress import PROGRESS_FILE, Progress, RunWatch
 from harvest.campaign.run.state import RunState
 from harvest.campaign.run.supervise import Supervision
 from harvest.campaign.outputs.timeline import TIMELINE_FILE, Timeline
-from harvest.client import Client
+from harvest.client import Client, RetryPolicy
 from harvest.config import COMMAND_LINE, HarvestConfig
 from harvest.dataset.skips import SkipReason
 from harvest.errors import ConfigError, LaunchError
@@ -331,7 +331,8 @@ class Session:
         server, fleet = self.config.server, self.state.fleet
         return Client.from_config(self.config, fleet.urls if fleet is not None else None,
                                   fleet.engine_limits() if fleet is not None else None,
-                                  engine=None if server is None else engine_limit(server))
+                                  engine=None if server is None else engine_limit(server),
+                                  retry=RetryPolicy(hang_floor=self.config.client.hang_floor))
 
     async def _generate(self, writer: LedgerWriter, client: Client, progress: Progress) -> None:
         """Check the endpoints, then dispatch until the run ends (with the prefix-cache counters

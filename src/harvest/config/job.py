@@ -115,6 +115,13 @@ class ClientConfig(StrictModel):
                                        "`oversized` and nothing of it is kept. A stream is also cut once a choice "
                                        "streamed past max_tokens (truncated). Raise it for an endpoint whose "
                                        "answers carry more per token")
+    metrics_port: int | None = Field(None, ge=0, le=65535, description="serve harvest's own Prometheus /metrics "
+                                     "on this port while a run goes (items by status as the ledger holds them, "
+                                     "tokens, requests in flight and concurrency per endpoint, latency, TTFT and "
+                                     "TPOT histograms, relaunches, hangs, errors by class: docs/metrics.md); 0: "
+                                     "a free port the system picks (its URL in the log and runner.json); unset: off")
+    metrics_host: str = Field("127.0.0.1", min_length=1, description="the address /metrics listens on "
+                              "(loopback by default; 0.0.0.0 exposes it to the network)")
     prefix_affinity: bool = Field(True, description="with several endpoints, an item's turns and a shared "
                                   "system prompt go to the server likely holding that prefix (load bounded at "
                                   "1.25 x the average); false: least outstanding")

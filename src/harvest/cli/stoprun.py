@@ -71,7 +71,8 @@ def stop_run(run_dir: Path, record: runner.RunnerRecord, deadline: float | None,
         left = counts.get("pending", 0)
         click.echo(shown(f"items: {left:,} pending, {running:,} running, {counts.get('done', 0):,} done"
                          + (" (those left running go back to pending when the run resumes)" if running else "")))
-    print_stop_reports(reports, "this machine")
+    if reports:  # a run against endpoints harvest does not manage has none
+        print_stop_reports(reports, "this machine")
     again = " ".join(record.argv) if record.argv else "harvest run JOB"
     click.echo(shown(f"resume it with: {again}"))
     return 0 if clean else 1

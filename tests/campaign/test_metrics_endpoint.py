@@ -108,3 +108,27 @@ async def test_metrics_scraped_during_a_run_parse_and_count_what_status_counts(t
         raise AssertionError("/metrics still served after the run")
     except OSError:
         pass
+
+
+def test_the_documented_metrics_are_the_served_ones_and_the_dashboard_asks_only_for_them(tmp_path):
+    """docs/metrics.md's table names every family /metrics serves and no other; the Grafana
+    dashboard (docs/grafana-harvest.json) queries only those."""
+    import re
+
+    from prometheus_client import generate_latest
+
+    from harvest.campaign.outputs.prometheus import RunMetrics
+
+    metrics = RunMetrics(lambda: str(tmp_path), run_dir=str(tmp_path))
+    metrics.error("http_400")  # a family with a label appears once it has a sample
+    metrics.hung("http://e")
+    metrics.observe({"concurrency": 4, "concurrency_targets": {}}, None)
+    served = {f.name + ("_total" if f.type == "counter" else "")
+              for f in text_string_to_metric_families(generate_latest(metrics.registry).decode())
+              if not f.name.endswith("_created")}  # prometheus_client's creation times of each counter
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    documented = set(re.findall(r"^\| `(harvest_\w+)` \|", (docs / "metrics.md").read_text(), re.M))
+    missing = {"harvest_items_total", "harvest_items_remaining", "harvest_requests_in_flight", "harvest_endpoint_healthy"}
+    assert documented == served | missing, (documented ^ (served | missing))
+    asked = set(re.findall(r"\b(harvest_\w+?)(?:_bucket)?\b", (docs / "grafana-harvest.json").read_text()))
+    assert asked <= documented, asked - documented

@@ -12,8 +12,7 @@ exit 0 when the run finished (its exit code 0), 1 otherwise (the exit code said)
 (130) without touching the run. On a run that is not running it says so, shows the last state, and
 exits as that session ended.
 
-It opens the ledger read-only (the counts by status), never takes its lock, writes nothing and
-signals nothing.
+It reads files only: never the ledger's lock, never a write, never a signal.
 """
 
 from __future__ import annotations
@@ -35,9 +34,8 @@ from harvest.campaign.run import runner
 from harvest.cli.live import PANEL_WIDTH
 from harvest.cli.panel import run_panel
 from harvest.cli.phases import PhaseBoard
-from harvest.errors import LedgerError, UnsafePathError
+from harvest.errors import UnsafePathError
 from harvest.events import Event
-from harvest.ledger import Ledger, Status
 from harvest.redact import escape_controls, redact_doc, redact_text
 
 #: Seconds between two looks at the run's files (the panel is redrawn 4 times a second).
@@ -73,23 +71,10 @@ class _Watched:
             return False
         self._mtime = st.st_mtime
         self.snap = redact_doc(snap)
-        self.before = self._before(snap)
+        before = snap.get("final_before_by_status")
+        self.before = {k: v for k, v in before.items() if isinstance(v, int)} if isinstance(before, dict) else {}
         self.board = board_of(snap.get("phase_states") or [])
         return True
-
-    def _before(self, snap: dict[str, Any]) -> dict[str, int]:
-        """Final items by status before the session: the ledger's counts less the session's own."""
-        try:
-            ledger = Ledger.open_readonly(self.run_dir)
-            try:
-                counts = ledger.counts()
-            finally:
-                ledger.close()
-        except (LedgerError, OSError):
-            return self.before
-        session = snap.get("statuses_this_session") or {}
-        final = (Status.DONE, Status.TRUNCATED, Status.FAILED, Status.SKIPPED)
-        return {s.value: max(counts[s] - int(session.get(s.value) or 0), 0) for s in final}
 
     def view(self) -> ProgressView | None:
         if self.snap is None:

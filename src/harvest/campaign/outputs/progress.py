@@ -271,7 +271,7 @@ class Progress:
         return {
             "started_at": self.started_at, "updated_at": time.time(), "pid": os.getpid(), "state": self.state,
             "note": self.note, "total": self.total, "ingesting": self.ingesting,
-            "final_before_session": self.already_final,
+            "final_before_session": self.already_final, "final_before_by_status": dict(self.before),
             "done_this_session": self.done, "in_flight": self.in_flight, "eta_s": eta, "stalled": stalled,
             **client,
             "statuses_this_session": dict(self.statuses), "errors_by_class": dict(self.errors),

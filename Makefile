@@ -3,9 +3,20 @@
 PY ?= python3
 VENV ?= .venv
 PYTEST_ARGS ?=
-# Test processes (pytest-xdist): the machine's cores plus one, at least 3 (the suite waits on engines
-# and subprocesses more than it computes).
-TEST_WORKERS ?= $(shell $(PY) -c 'import os; print(max(3, len(os.sched_getaffinity(0)) + 1))')
+# Test processes (pytest-xdist): twice the machine's cores plus one, 3 to 16. The suite waits on
+# engines, deadlines and subprocesses more than it computes: on 2 cores the whole suite kept 1.05
+# cores busy with 3 workers (2026-12-06), and the fast tier took 138 s with 3, 127 s with 4 and
+# 117 s with 5 (tests/README.md "The suite's time").
+TEST_WORKERS ?= $(shell $(PY) -c 'import os; print(min(16, max(3, 2 * len(os.sched_getaffinity(0)) + 1)))')
+# The pytest time each tier may take (tests/budget.py: over it a CI run fails, elsewhere it warns;
+# the figures and the margin left for a noisy machine: tests/README.md "The suite's time").
+FAST_BUDGET_S ?= 120
+SUITE_BUDGET_S ?= 1200
+# The suite starts hundreds of Python processes (harvest's commands, stand-in engines, child pytest
+# runs): bytecode is written (into __pycache__, ignored by git) even where the environment turns it
+# off, so each compiles harvest's modules once, not once per process, and each pytest-xdist worker
+# reuses the others' assertion rewrites.
+TEST_ENV = PYTHONDONTWRITEBYTECODE=
 
 .PHONY: demo test test-fast install engines system
 
@@ -35,12 +46,13 @@ test: install engines system
 	HARVEST_LLAMA_SERVER="$$(scripts/install-engines llamacpp)" \
 	HARVEST_SGLANG_PYTHON="$$(scripts/install-engines sglang)" \
 	HARVEST_TRANSFORMERS_PYTHON="$$(scripts/install-engines transformers)" \
-	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); rc=$$?; \
+	HARVEST_TIME_BUDGET=$(SUITE_BUDGET_S) $(TEST_ENV) $(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "no tests collected: failing" >&2; exit 1; fi; exit $$rc
 
 # The inner loop: unit, contract and fuzz tests - no engine, no Ray, no sshd, no GPU (tests/README.md).
 # Nothing in it may skip; it fails like `make test` when nothing is collected.
 FAST_MARKERS = not vllm and not transformers and not ray and not sshd and not engine and not gpu and not slow
 test-fast: install
-	HARVEST_NO_SKIPS=1 $(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "$(FAST_MARKERS)" $(PYTEST_ARGS); rc=$$?; \
+	HARVEST_SGLANG_PYTHON="$$(scripts/install-engines sglang)" \
+	HARVEST_NO_SKIPS=1 HARVEST_TIME_BUDGET=$(FAST_BUDGET_S) $(TEST_ENV) $(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "$(FAST_MARKERS)" $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "no tests collected: failing" >&2; exit 1; fi; exit $$rc

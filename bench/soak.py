@@ -1,11 +1,11 @@
 """Soak: a managed llama-server campaign left alone while faults are injected at random.
 
     python bench/soak.py                              # 30,000 items: about 10 minutes with the faults
-    python bench/soak.py --items 6000 --stop-seconds 10 --hang-deadline 15   # the suite's short version
+    python bench/soak.py --items 6000 --stop-seconds 10 --hang-deadline 15 --hang-floor 5   # the suite's
 
 ``harvest run`` launches llama-server (the tiny test model) behind ``tests/hang_engine.py``, a
 loopback proxy that can hold every completion while ``/health`` answers, with the default
-``[client]`` settings (``--hang-deadline`` shortens the hang's). The faults are injected one at a
+``[client]`` settings (``--hang-deadline`` and ``--hang-floor`` shorten the hang's). The faults are injected one at a
 time, in a random order, each once a random share of the items is committed (between 5 % and
 85 %; the next one only once the run recovered from the last):
 
@@ -197,9 +197,10 @@ def group_alive(pgid: int) -> bool:
 
 
 def job_text(data: Path, run_dir: Path, llama: str, gguf: Path, flag: Path, port: int,
-             hang_deadline: float | None, max_tokens: int) -> str:
+             hang_deadline: float | None, max_tokens: int, hang_floor: float | None = None) -> str:
     command = [sys.executable, str(HANG_ENGINE), "--ignore-term-if", str(flag), "--", llama]
-    client = f"hang_deadline = {hang_deadline}\n" if hang_deadline else ""
+    client = (f"hang_deadline = {hang_deadline}\n" if hang_deadline else "") + (
+        f"hang_floor = {hang_floor}\n" if hang_floor else "")
     return (f'[data]\npath = "{data}"\nid_field = "id"\n[sampling]\nmax_tokens = {max_tokens}\n'
             f'[output]\ndir = "{run_dir}"\n[run]\nprogress_interval = 1\nmax_relaunches = 50\n'
             f'[server]\nengine = "llamacpp"\nmodel = "{gguf}"\ncommand = {json.dumps(command)}\nport = {port}\n'
@@ -312,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="kinds to inject, comma-separated (a kind named twice is injected twice)")
     ap.add_argument("--stop-seconds", type=float, default=60.0, help="how long SIGSTOP lasts")
     ap.add_argument("--hang-deadline", type=float, default=None, help="[client] hang_deadline (default: harvest's)")
+    ap.add_argument("--hang-floor", type=float, default=None, help="[client] hang_floor (default: harvest's)")
     ap.add_argument("--gguf", type=Path, default=None, help="the model (default: the tiny test model, built once)")
     ap.add_argument("--seed", type=int, default=51)
     ap.add_argument("--dir", type=Path, default=None, help="work folder (default: a temporary one)")
@@ -331,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     port = engines.free_port()
     soak = Soak(work, args)
     soak.job.write_text(job_text(data, soak.run_dir, llama, gguf, soak.flag, port, args.hang_deadline,
-                                 args.max_tokens))
+                                 args.max_tokens, args.hang_floor))
     mem_before = psutil.virtual_memory().available
     before = own_children()
     rng = random.Random(args.seed)

@@ -13,10 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from tests import engines
+from tests import budget, engines
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # pytest-xdist hands the groups out in the order pytest_collection_modifyitems leaves them
+    # (heaviest first), not re-sorted by their number of tests.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
     # A test run stopped by SIGTERM stops the engines it started (their own sessions outlive it).
     engines.stop_started_on_sigterm()
     # Every llama-server the tests start (directly, through harvest, on the Ray cluster) runs one
@@ -41,8 +45,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Mark tests by the real parts their fixtures start, and group them for pytest-xdist
     (``--dist loadgroup``): every vLLM test in one group (one vLLM CPU engine at a time on a small
     machine, the shared server started once), every Ray test in another (the session's one
-    cluster), the rest by module (a module's fixtures built once). Skip GPU tests, with the reason,
-    where no NVIDIA GPU answers."""
+    cluster), the rest by module (a module's fixtures built once); the groups that take longest
+    first (``_heaviest_first``). Skip GPU tests, with the reason, where no NVIDIA GPU answers."""
+    groups: dict[str, list[pytest.Item]] = {}
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
         if item.nodeid.startswith(_RAY_FOLDERS) and item.get_closest_marker("ray") is None:
@@ -59,6 +64,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         else:
             group = item.nodeid.split("::", 1)[0]
         item.add_marker(pytest.mark.xdist_group(group))
+        item.user_properties.append(("xdist_group", group))  # for the time record (tests/budget.py)
+        groups.setdefault(group, []).append(item)
+    items[:] = _heaviest_first(groups)
     if not any(item.get_closest_marker("gpu") is not None for item in items):
         return
     from tests.capabilities import nvidia_driver
@@ -70,6 +78,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
+
+
+#: Marks of a group's tests, from the longest kind: the one-worker groups' chains (minutes of
+#: engine start-ups), then a module with a slow test, then one that starts a real part.
+_WEIGHT_MARKS = (("vllm", "ray", "transformers"), ("slow",), ("engine", "sshd", "gpu"))
+
+
+def _heaviest_first(groups: dict[str, list[pytest.Item]]) -> list[pytest.Item]:
+    """The items, group after group, the groups that take longest first, the larger of two alike
+    first, each group's own order kept. pytest-xdist hands groups out in this order
+    (``pytest_configure`` turns its reordering by size alone off), so the long ones start at once
+    on their workers and the short ones fill the end, instead of a soak starting last."""
+    def weight(members: list[pytest.Item]) -> tuple[int, int]:
+        marks = {m.name for item in members for m in item.iter_markers()}
+        rank = next((i for i, kinds in enumerate(_WEIGHT_MARKS) if marks & set(kinds)), len(_WEIGHT_MARKS))
+        return rank, -len(members)
+
+    ordered = sorted(groups.values(), key=weight)  # stable: equal weights keep collection order
+    return [item for members in ordered for item in members]
 
 
 @pytest.fixture(scope="session")
@@ -210,14 +237,72 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
                                     "(a skip in CI too)")
 
 
+class _SessionTime:
+    """The controller's clock of the session (pytest's own "passed in" time), its budget and the
+    record of each test's time (tests/budget.py); unused on pytest-xdist workers."""
+
+    clock: budget.Clock | None = None
+    limit: float | None = None
+    times: budget.Times | None = None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Start the session's clock; read ``HARVEST_TIME_BUDGET`` and ``HARVEST_TEST_TIMES``."""
+    if hasattr(session.config, "workerinput"):
+        return
+    try:
+        _SessionTime.limit = budget.budget_s()
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    _SessionTime.times = budget.Times() if os.environ.get(budget.TIMES_ENV) else None
+    _SessionTime.clock = budget.Clock()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Each test's time, as the controller receives it, where ``HARVEST_TEST_TIMES`` asks for it."""
+    if _SessionTime.times is None:
+        return
+    node = getattr(report, "node", None)  # pytest-xdist: the worker that ran it
+    worker = node.gateway.id if node is not None else "main"
+    group = str(dict(report.user_properties).get("xdist_group", ""))
+    _SessionTime.times.add(report.nodeid, report.duration, worker, group)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """``HARVEST_NO_SKIPS=1`` (``make test-fast``): a skipped test fails the run, naming it; the fast
-    tier has no part that may be missing."""
-    if os.environ.get("HARVEST_NO_SKIPS") != "1" or hasattr(session.config, "workerinput"):
+    tier has no part that may be missing. ``HARVEST_TIME_BUDGET``: a session over its budget says
+    so, and fails on CI; ``HARVEST_TEST_TIMES``: each test's time written there (tests/budget.py)."""
+    if hasattr(session.config, "workerinput"):
+        return
+    _check_time(session)
+    if os.environ.get("HARVEST_NO_SKIPS") != "1":
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     skipped = reporter.stats.get("skipped", []) if reporter is not None else []
     if skipped:
         for report in skipped:
             reporter.write_line(f"skipped, which HARVEST_NO_SKIPS forbids: {report.nodeid}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _check_time(session: pytest.Session) -> None:
+    clock = _SessionTime.clock
+    if clock is None:
+        return
+    elapsed = clock.elapsed()
+    if _SessionTime.times is not None:
+        _SessionTime.times.write(os.environ[budget.TIMES_ENV], elapsed)
+    if _SessionTime.limit is None:
+        return
+    from tests.realparts import in_ci
+
+    found = budget.verdict(elapsed, _SessionTime.limit, ci=in_ci())
+    if found is None:
+        return
+    fails, line = found
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.line("")  # end the progress dots' line: this one stands alone
+        reporter.write_line(line, red=fails, yellow=not fails, bold=True)
+    if fails and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

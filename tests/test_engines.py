@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psutil
 
+from tests.budget import child_env
 from tests.engines import ROOT
 
 NESTED = '''
@@ -49,7 +50,7 @@ def test_a_test_run_stopped_by_sigterm_stops_the_engines_it_started(tmp_path: Pa
     pidfile = tmp_path / "engine.pid"
     run = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "tests.conftest",
                             "-q", "-s", str(tmp_path / "test_nested.py")],
-                           cwd=ROOT, env={**os.environ, "ENGINE_PIDFILE": str(pidfile)},
+                           cwd=ROOT, env=child_env(ENGINE_PIDFILE=str(pidfile)),
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     engine: tuple[int, float] | None = None
     try:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.budget import child_env
 from tests.realparts import missing, parts_in, require
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,7 +24,7 @@ SSHD = "tests/hosts/test_ssh_faults.py::test_wrong_key_is_one_line_exit_2"  # ga
 
 
 def child(target: str, *, ci: bool, hide: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("CI", "HARVEST_TEST_HIDE", "HARVEST_NO_SKIPS", "PYTEST_ADDOPTS")}
+    env = {k: v for k, v in child_env().items() if k not in ("CI", "HARVEST_TEST_HIDE", "HARVEST_NO_SKIPS", "PYTEST_ADDOPTS")}
     env["HARVEST_TEST_HIDE"] = hide
     if ci:
         env["CI"] = "true"

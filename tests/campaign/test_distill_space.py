@@ -46,18 +46,18 @@ def test_estimate_counts_samples_turns_and_tokens(tmp_path):
 
 
 def test_run_refused_when_logprobs_cannot_fit(tmp_path):
-    config = _config(tmp_path, max_tokens=10_000_000, n=64, rows=20_000)  # ~10^15 bytes
+    config = _config(tmp_path, max_tokens=1_000_000_000, n=64, rows=200)  # ~10^15 bytes
     job = tmp_path / "job.toml"
     job.write_text(
         f'[data]\npath = "{config.data.path}"\nid_field = "id"\n'
-        '[sampling]\nmax_tokens = 10000000\nn = 64\nlogprobs = 20\n'
+        '[sampling]\nmax_tokens = 1000000000\nn = 64\nlogprobs = 20\n'
         '[client]\nendpoints = ["http://127.0.0.1:9"]\nhealth_deadline = 5\n'
         f'[output]\ndir = "{tmp_path / "run"}"\n')
     done = subprocess.run([sys.executable, "-m", "harvest", "run", str(job), "--no-live"], capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "logprob_disk" in done.stderr and "GiB free" in done.stderr
-    assert "1,280,000 samples still to generate" in done.stderr  # 20,000 inputs x 64
+    assert "12,800 samples still to generate" in done.stderr  # 200 inputs x 64
     with Ledger.open_readonly(tmp_path / "run") as ledger:
         assert ledger.check_totals().results == 0
 

@@ -2,10 +2,11 @@
 left alone while every kind of fault is injected once, at random shares of the items committed.
 
 SIGKILL of the engine's group, SIGSTOP of it (10 s here, 60 s in the full soak) then SIGCONT, a hang
-(completions held while /health answers; ``hang_deadline`` 15 s here), ``harvest run`` SIGKILLed and
-started again, and an engine ignoring SIGTERM met by the resumed session's verified stop. The run must
-end by itself with every id exactly once (ledger and export), no engine process left, every stop
-clean. The full soak and its table: RELIABILITY.md.
+(completions held while /health answers; ``hang_floor`` 5 s and ``hang_deadline`` 15 s here, at the
+tiny model's scale), ``harvest run`` SIGKILLed and started again, and an engine ignoring SIGTERM met
+by the resumed session's verified stop. The run must end by itself with every id exactly once
+(ledger and export), no engine process left, every stop clean. The full soak and its table:
+RELIABILITY.md.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.slow]
 def test_short_soak_survives_every_fault_kind_with_nothing_lost_or_duplicated(tmp_path, llama_server_bin,
                                                                             tiny_gguf, monkeypatch):
     monkeypatch.setenv("HARVEST_LLAMA_SERVER", llama_server_bin)
-    code = soak.main(["--items", "6000", "--stop-seconds", "10", "--hang-deadline", "15",
+    code = soak.main(["--items", "6000", "--stop-seconds", "10", "--hang-deadline", "15", "--hang-floor", "5",
                       "--faults", ",".join(soak.KINDS), "--dir", str(tmp_path), "--end-timeout", "600",
                       "--gguf", str(tiny_gguf)])
     summary = json.loads((tmp_path / "soak.json").read_text())

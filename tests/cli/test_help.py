@@ -3,6 +3,8 @@ ends with what its exit codes mean."""
 
 from __future__ import annotations
 
+import functools
+import json
 import subprocess
 import sys
 
@@ -11,11 +13,45 @@ import pytest
 from harvest.cli.main import COMMANDS, EXIT_CODES
 
 
-def help_text(name: str) -> str:
-    out = subprocess.run([sys.executable, "-m", "harvest", name, "--help"], capture_output=True, text=True,
+#: One process prints ``harvest --help`` and every ``harvest COMMAND --help`` through the command
+#: group, as ``python -m harvest`` runs it (prog name "harvest", no terminal: click's 80 columns).
+HELPS = """
+import contextlib, io, json
+from harvest.cli.main import COMMANDS, cli
+texts = {}
+for command in [""] + list(COMMANDS):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli.main([*command.split(), "--help"], prog_name="harvest", standalone_mode=False)
+    texts[command] = (code, out.getvalue())
+print(json.dumps(texts))
+"""
+
+
+@functools.cache
+def all_helps() -> dict[str, tuple[int, str]]:
+    """Every help text, read once for this module's tests (each test only reads them)."""
+    out = subprocess.run([sys.executable, "-c", HELPS], capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    return {name: (code, text) for name, (code, text) in json.loads(out.stdout).items()}
+
+
+def help_text(command: str = "") -> str:
+    code, text = all_helps()[command]
+    assert code == 0, text
+    return text
+
+
+def group_help() -> str:
+    return help_text()
+
+
+def test_the_help_is_what_the_command_line_prints():
+    """The texts above are the command line's own: ``python -m harvest run --help`` prints the same."""
+    out = subprocess.run([sys.executable, "-m", "harvest", "run", "--help"], capture_output=True, text=True,
                          timeout=60, check=False)
     assert out.returncode == 0, out.stderr
-    return out.stdout
+    assert out.stdout == help_text("run")
 
 
 @pytest.mark.parametrize("name", list(COMMANDS))
@@ -44,19 +80,15 @@ def test_demo_options_are_explained():
 
 
 def test_the_group_help_ends_with_the_shared_exit_codes():
-    out = subprocess.run([sys.executable, "-m", "harvest", "--help"], capture_output=True, text=True,
-                         timeout=60, check=False)
-    assert out.returncode == 0, out.stderr
-    tail = " ".join(out.stdout.split()[-40:])
+    text = group_help()
+    tail = " ".join(text.split()[-40:])
     assert tail.endswith("Exit codes: 0 success; 1 the check or job failed; 2 usage or configuration error; "
-                         "130 interrupted. Each command's --help says what they mean for it."), out.stdout
-    assert all(name in out.stdout for name in COMMANDS), out.stdout
+                         "130 interrupted. Each command's --help says what they mean for it."), text
+    assert all(name in text for name in COMMANDS), text
 
 
 def test_the_group_help_gives_each_command_a_whole_sentence_and_names_every_engine():
-    out = subprocess.run([sys.executable, "-m", "harvest", "--help"], capture_output=True, text=True,
-                         timeout=60, check=False)
-    text = out.stdout
+    text = group_help()
     lines = {ln.split()[0]: ln for ln in text.split("Commands:")[1].splitlines() if ln.strip()[:1].isalpha()
              and ln.startswith("  ") and ln.split()[0] in COMMANDS}
     assert set(lines) == set(COMMANDS), text

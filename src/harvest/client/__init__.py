@@ -19,21 +19,56 @@ the attempts the item paid for.
 
 from __future__ import annotations
 
-from harvest.client.core import Client
-from harvest.client.engine import EngineLimit
-from harvest.client.metrics import LOAD_METRICS, MetricsFormatError, Sample, parse_prometheus_text, scrape_metrics, sum_by_name
-from harvest.client.policy import RetryPolicy
-from harvest.client.records import ClientStats, Completion, EndpointState, EndpointStats, FailureKind
-from harvest.transport import (
-    AiohttpTransport,
-    Interrupted,
-    MockTransport,
-    RawResponse,
-    TimedOut,
-    Transport,
-    TransportError,
-    Unreachable,
-)
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from harvest.client.core import Client
+    from harvest.client.engine import EngineLimit
+    from harvest.client.metrics import (
+        LOAD_METRICS,
+        MetricsFormatError,
+        Sample,
+        parse_prometheus_text,
+        scrape_metrics,
+        sum_by_name,
+    )
+    from harvest.client.policy import RetryPolicy
+    from harvest.client.records import ClientStats, Completion, EndpointState, EndpointStats, FailureKind
+    from harvest.transport import (
+        AiohttpTransport,
+        Interrupted,
+        MockTransport,
+        RawResponse,
+        TimedOut,
+        Transport,
+        TransportError,
+        Unreachable,
+    )
+
+#: name -> module: what ``from harvest.client import X`` reads, each module imported on first use
+#: (``harvest stop`` and ``harvest ps`` reach :class:`EngineLimit` without aiohttp's import).
+_LAZY = {
+    "Client": "harvest.client.core", "EngineLimit": "harvest.client.engine", "RetryPolicy": "harvest.client.policy",
+    "LOAD_METRICS": "harvest.client.metrics", "MetricsFormatError": "harvest.client.metrics",
+    "Sample": "harvest.client.metrics", "parse_prometheus_text": "harvest.client.metrics",
+    "scrape_metrics": "harvest.client.metrics", "sum_by_name": "harvest.client.metrics",
+    **{name: "harvest.client.records" for name in ("ClientStats", "Completion", "EndpointState", "EndpointStats",
+                                                    "FailureKind")},
+    **{name: "harvest.transport" for name in ("AiohttpTransport", "Interrupted", "MockTransport", "RawResponse",
+                                               "TimedOut", "Transport", "TransportError", "Unreachable")},
+}
+
+
+def __getattr__(name: str) -> Any:  # Any: whichever object the name is
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'harvest.client' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "AiohttpTransport",

@@ -100,9 +100,12 @@ class ClientConfig(StrictModel):
     health_deadline: float = Field(600.0, gt=0, description="seconds a sick server may take to recover")
     hang_deadline: float = Field(120.0, gt=0, description="seconds a server harvest launched may stay hung "
                                  "(requests in flight, nothing back past 3 x the p90 of its recent answers, "
-                                 "30 s at least, and no generated token counted) before it is stopped and "
+                                 "`hang_floor` at least, and no generated token counted) before it is stopped and "
                                  "relaunched; an endpoint harvest does not manage gets no more requests while "
                                  "hung and is given up after health_deadline")
+    hang_floor: float = Field(30.0, gt=0, description="seconds of quiet (requests in flight, nothing back) that "
+                              "may count as a hang however fast the engine's recent answers were; lower it only "
+                              "where every answer takes well under a second")
     stream: bool = Field(False, description="stream every answer (`stream: true`, usage included) and record "
                          "per item the time to first token (TTFT) and per output token after it (TPOT), and "
                          "the gaps between tokens (ITL), each from the request's send, apart from the wait in "

@@ -22,12 +22,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from urllib.parse import urlsplit
 
 from harvest import safefiles
 from harvest.checks import PreflightReport
-from harvest.client import Client, EngineLimit
+from harvest.client.engine import EngineLimit
 from harvest.config import HarvestConfig, HostConfig, PreflightConfig, ServerConfig
 from harvest.errors import ConfigError
 from harvest.events import Listener, emit
@@ -42,6 +42,9 @@ from harvest.server import (
     has_metrics,
 )
 from harvest.stops import DEFAULT_MARGIN_MIB, StopReport, StopStep
+
+if TYPE_CHECKING:
+    from harvest.client import Client
 
 
 class Refused(ConfigError):

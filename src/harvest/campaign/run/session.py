@@ -54,7 +54,7 @@ from harvest.campaign.run.runner import RUNNER_FILE
 from harvest.campaign.run.state import RunState
 from harvest.campaign.run.supervise import Supervision
 from harvest.campaign.outputs.timeline import TIMELINE_FILE, Timeline
-from harvest.client import Client
+from harvest.client import Client, RetryPolicy
 from harvest.client.endpoints import normalize_url
 from harvest.config import HarvestConfig
 from harvest.dataset.skips import SkipReason
@@ -312,7 +312,8 @@ class Session:
         server, fleet = self.config.server, self.state.fleet
         return Client.from_config(self.config, fleet.urls if fleet is not None else None,
                                   fleet.engine_limits() if fleet is not None else None,
-                                  engine=None if server is None else engine_limit(server))
+                                  engine=None if server is None else engine_limit(server),
+                                  retry=RetryPolicy(hang_floor=self.config.client.hang_floor))
 
     async def _generate(self, writer: LedgerWriter, client: Client, progress: Progress) -> None:
         """Check the endpoints, then dispatch until the run ends (with the prefix-cache counters

@@ -13,11 +13,14 @@ import json
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 
 from harvest.config import NotifyConfig, parse_config
 from harvest.campaign.run.notify import Notifier
+from harvest.campaign.run.outside import Outside
+from harvest.client.records import EndpointState
 from harvest.ledger import Ledger
 from tests.campaign.loopback import Endpoint, Receiver
 from tests.gpu.schema_doc import documented_schema, problems
@@ -135,3 +138,33 @@ async def test_a_failing_command_is_logged_and_the_run_still_finishes(tmp_path, 
     assert report.ok and report.totals.counts  # finished, every item accounted for
     assert any("notify: finished: failed:" in r.getMessage() and "exited with 3" in r.getMessage()
                for r in caplog.records), [r.getMessage() for r in caplog.records]
+
+
+def _stats(*endpoints: tuple[str, str, str | None], in_flight: int = 4) -> SimpleNamespace:
+    """What the watch reads of the client: (url, state, last_error) per endpoint."""
+    return SimpleNamespace(in_flight=in_flight, held=0, endpoints=[
+        SimpleNamespace(url=url, state=EndpointState(state), last_error=error, hung=False)
+        for url, state, error in endpoints])
+
+
+async def test_a_stall_is_the_hang_checks_verdict_told_once_per_spell_not_a_quiet_spell(tmp_path):
+    """``stalled``: every endpoint taken out by the hang check (hung, or not answering) while items
+    wait; told once per spell, again after an answer ended the spell; long answers (quiet, still
+    healthy) and one endpoint of two out are no stall."""
+    config = parse_config(job(tmp_path, "http://127.0.0.1:9", {"command": ["true"]}))
+    outside = Outside(SimpleNamespace(config=config))  # type: ignore[arg-type]
+    told_now: list[tuple[str, str | None]] = []
+    outside.notifier.tell = lambda event, reason=None, **_: told_now.append((event, reason))  # type: ignore[method-assign]
+    a, b = "http://127.0.0.1:8001", "http://127.0.0.1:8002"
+    hung = "hung: no answer for 35 s while /health answered"
+    frozen = "not answering: no answer for 33 s and /health did not answer"
+    looks = [_stats((a, "healthy", None), (b, "healthy", None)),  # long answers: quiet, not judged
+             _stats((a, "hung", hung), (b, "healthy", None)),  # one of two out: the other serves
+             _stats((a, "hung", hung), (b, "sick", frozen)),  # both out: a stall, told
+             _stats((a, "hung", hung), (b, "down", frozen)),  # the same spell: not told again
+             _stats((a, "healthy", None), (b, "down", frozen)),  # a answered: the spell ends
+             _stats((a, "sick", frozen), (b, "down", frozen)),  # a new spell: told again
+             _stats((a, "sick", frozen), (b, "down", frozen), in_flight=0)]  # nothing waits: no stall
+    for stats in looks:
+        outside._look(SimpleNamespace(state="running", client_stats=lambda s=stats: s))  # type: ignore[arg-type]
+    assert told_now == [("stalled", f"{a} {hung}"), ("stalled", f"{a} {frozen}")], told_now

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from harvest.campaign.run import runner
 from harvest.cli.watch import board_of
@@ -51,6 +54,7 @@ def test_a_config_mistake_of_a_detached_run_comes_back_with_exit_2(tmp_path):
     assert "max_relaunchez" in out.stderr and not (tmp_path / "run" / runner.RUNNER_FILE).exists()
 
 
+@pytest.mark.slow  # three harvest processes and a detached run: about 7 s
 def test_detached_run_watched_to_its_end_then_watched_again_when_not_running(tmp_path):
     run_dir = tmp_path / "run"
     record = None
@@ -68,10 +72,13 @@ def test_detached_run_watched_to_its_end_then_watched_again_when_not_running(tmp
             assert again.returncode == 2 and f"running already (pid {record.pid})" in again.stderr, again.stderr
             watch = subprocess.Popen([*HARVEST, "status", "run", "--watch"], cwd=tmp_path, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "130"})
-            time.sleep(1.0)  # attached while the run is held
-            assert watch.poll() is None
+            assert watch.stdout is not None
+            assert select.select([watch.stdout], [], [], 60)[0], "the watch said nothing in 60 s"
+            first = watch.stdout.readline()  # attached while the run is held (its first line said so)
+            assert f"watching the run in run (runner pid {record.pid})" in first, first
             ep.release()
-            out, _ = watch.communicate(timeout=120)
+            rest, _ = watch.communicate(timeout=120)
+            out = first + rest
         finally:
             ep.release()
             if record is not None and runner.alive(record):  # the runner this test started, by its record

@@ -153,17 +153,19 @@ class Outside:
         stats = progress.client_stats() if progress.client_stats is not None else None
         if stats is None or progress.state != "running":
             return
-        quiet = {e.url for e in stats.endpoints if e.hung or e.state.value in ("hung", "sick", "down")}
-        for url in quiet - self._quiet:
-            if self.metrics is not None and any(e.url == url and (e.hung or e.hung_s) for e in stats.endpoints):
-                self.metrics.hung(url)
-        self._quiet = quiet
-        stalled = bool(stats.endpoints) and all(e.url in quiet for e in stats.endpoints) and stats.in_flight + \
-            stats.held > 0
+        # The hang check's verdicts, not a quiet spell alone (long answers are not a stall): found
+        # hung (/health answering), or taken out as not answering (sick, down).
+        out = {e.url for e in stats.endpoints if e.state.value in ("hung", "sick", "down")}
+        for e in stats.endpoints:
+            if e.url in out and e.url not in self._quiet and (e.state.value == "hung" or e.hung):
+                if self.metrics is not None:
+                    self.metrics.hung(e.url)
+        self._quiet = out
+        stalled = bool(stats.endpoints) and all(e.url in out for e in stats.endpoints) and \
+            stats.in_flight + stats.held > 0
         if stalled and not self._stalled:
-            first = next(e for e in stats.endpoints if e.url in quiet)
-            why = first.last_error or (f"no answer for {first.quiet_s:.0f} s" if first.quiet_s else "not answering")
-            self.notifier.tell("stalled", f"{first.url}: {why}")
+            first = next(e for e in stats.endpoints if e.url in out)
+            self.notifier.tell("stalled", f"{first.url} {first.last_error or first.state.value}")
         self._stalled = stalled
 
     # --- the notices' facts ----------------------------------------------------------------------

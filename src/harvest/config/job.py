@@ -97,10 +97,12 @@ class ClientConfig(StrictModel):
     max_retries: int = Field(3, ge=0, description="attempts charged to an item beyond its first before it "
                              "fails; a sick or dead server holds requests instead of charging them")
     endpoints: list[str] = Field(default_factory=list, description="extra base URLs served by the same model")
-    health_deadline: float = Field(600.0, gt=0, description="seconds a sick server may take to recover")
+    health_deadline: float = Field(600.0, gt=0, description="seconds a sick server may take to recover (a "
+                                   "server harvest launched is relaunched after hang_deadline instead)")
     hang_deadline: float = Field(120.0, gt=0, description="seconds a server harvest launched may stay hung "
                                  "(requests in flight, nothing back past 3 x the p90 of its recent answers, "
-                                 "`hang_floor` at least, and no generated token counted) before it is stopped and "
+                                 "`hang_floor` at least, and no generated token counted) or sick (`/health` "
+                                 "silent too: a frozen engine, a paused container) before it is stopped and "
                                  "relaunched; an endpoint harvest does not manage gets no more requests while "
                                  "hung and is given up after health_deadline")
     hang_floor: float = Field(30.0, gt=0, description="seconds of quiet (requests in flight, nothing back) that "

@@ -53,14 +53,14 @@ def test_sessions_and_launches_say_how_each_ended(tmp_path: Path):
     launches = doc["launches"]
     assert [x["pid"] for x in launches] == [101, 102, 103] and [x["launch"] for x in launches] == [1, 2, 3]
     assert launches[1]["stop"]["leftover"] and launches[1]["stop"]["why"] == \
-        "left running by session 0; stopped by session 1"
+        "left running by an earlier session; stopped as a later one began" and launches[1]["session"] == 0
 
     text = " ".join(html.unescape(re.sub(r"<[^>]+>", " ", sessions_section(doc))).split())
     assert "no end recorded: killed or crashed" in text and "interrupted: stopped by harvest stop" in text
     page = launches_section(launches, run_dir=tmp_path)
     rows = " ".join(html.unescape(re.sub(r"<[^>]+>", " ", page)).split())
     assert "stopped (the server exited (code -9); relaunched): clean" in rows
-    assert "stopped (left running by session 0; stopped by session 1): clean" in rows
+    assert "stopped (left running by an earlier session; stopped as a later one began): clean" in rows
     assert "stopped (the run's end): clean" in rows
     assert rows.count("not kept") == 3  # no log files in this folder: said, not linked
 

@@ -384,7 +384,8 @@ class Timeline:
             target = next((x for x in reversed(self.launches) if x.get("stop") is None and report.pid is not None
                            and x.get("pid") == report.pid), None)
             if target is not None:
-                doc["why"] = why or f"left running by session {target.get('session')}; stopped by session {self.session}"
+                # the launch's row names the session that left it (the report's "session" column)
+                doc["why"] = why or "left running by an earlier session; stopped as a later one began"
         else:
             target = next((x for x in reversed(self.launches) if x.get("stop") is None), None)
         if target is None:

@@ -280,7 +280,8 @@ async def serve(args: argparse.Namespace) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))
     runner = web.AppRunner(build_app(engine, model=args.model, output_tokens=args.output_tokens,
-                                        metrics_on=not args.no_metrics), access_log=None)
+                                        metrics_on=not args.no_metrics), access_log=None,
+                            shutdown_timeout=1.0)  # SIGTERM with requests open: gone in a second, as an engine
     await runner.setup()
     site = web.SockSite(runner, sock, backlog=1024)
     await site.start()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from harvest.config import load_config, parse_config
+from harvest.config import Override, load_config, parse_config
 from harvest.errors import ConfigError
 
 
@@ -163,3 +163,25 @@ runtime_env = { env_vars = { A = "1" } }
 def test_cluster_with_host_is_refused(tmp_path):
     text = str(error_of(write(tmp_path, '[cluster]\nservers = 2\n[host]\nssh = "a@b"\n')))
     assert "[cluster]" in text and "[host]" in text and "not both" in text
+
+
+def test_an_endpoints_model_is_a_name_even_where_a_file_of_that_name_exists(tmp_path, monkeypatch):
+    # llama-server serves its -m path as the model id ("models/tiny.gguf"): a job against it names
+    # that id, and a file of that name beside the job (or in the folder harvest runs in) must not
+    # turn it into another name. A launched engine takes the path, resolved.
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "tiny.gguf").write_bytes(b"GGUF")
+    monkeypatch.chdir(tmp_path)
+    endpoint = '[server]\nengine = "openai"\nbase_url = "http://127.0.0.1:8080/v1"\nmodel = "models/tiny.gguf"\n'
+    assert load_config(write(tmp_path, endpoint)).require_server().model == "models/tiny.gguf"
+    flags = [Override("--engine", ("server", "engine"), "openai"),
+             Override("--base-url", ("server", "base_url"), "http://127.0.0.1:8080/v1"),
+             Override("--model", ("server", "model"), "models/tiny.gguf")]
+    assert load_config(None, flags).require_server().model == "models/tiny.gguf"
+    # --model over a file's launched engine, then --engine openai over it: the engine decides
+    launched = write(tmp_path, '[server]\nengine = "llamacpp"\nmodel = "models/tiny.gguf"\n', "l.toml")
+    assert load_config(launched).require_server().model == str(tmp_path / "models" / "tiny.gguf")
+    switched = load_config(launched, [flags[0], flags[1]]).require_server()
+    assert switched.model == "models/tiny.gguf"
+    assert load_config(None, [Override("--engine", ("server", "engine"), "llamacpp"),
+                              flags[2]]).require_server().model == str(tmp_path / "models" / "tiny.gguf")

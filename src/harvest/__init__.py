@@ -12,6 +12,7 @@ GPUs and the port are really free.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from harvest.version import __version__
@@ -34,6 +35,7 @@ from harvest.errors import (
     LaunchError,
     LedgerError,
     NoDriverError,
+    NothingToExport,
     PreflightFailed,
     ProbeError,
     RequestError,
@@ -42,6 +44,9 @@ from harvest.errors import (
     StopError,
 )
 
+# A library says nothing unless its caller configures logging (the command line does): without a
+# handler of its own, Python's last-resort handler would print harvest's warnings to stderr.
+logging.getLogger("harvest").addHandler(logging.NullHandler())
 
 
 def run(job: Any = None, **keywords: Any) -> Any:
@@ -82,6 +87,7 @@ __all__ = [
     "LaunchError",
     "LedgerError",
     "NoDriverError",
+    "NothingToExport",
     "OutputConfig",
     "PreflightConfig",
     "PreflightFailed",

@@ -88,22 +88,39 @@ async def arun(job: str | Path | HarvestConfig | None = None, *, settings: Mappi
                allow_mixed: bool = False, force: bool = False, retry: Iterable[str] = (),
                **flags: Any) -> RunResult:
     """Run or resume a job inside the running event loop (a notebook's, an application's). The
-    keywords are :func:`load_job`'s and ``harvest run``'s switches."""
-    from harvest.campaign.outputs.status import run_status
+    keywords are :func:`load_job`'s and ``harvest run``'s switches. The loop is never held up by
+    the run (its ledger, its files and the first import of its modules are worked on threads).
+    Cancelling the task that awaits it is a clean stop, as SIGINT is: the items in flight go back
+    to pending and a server harvest launched gets its verified stop; then ``CancelledError``."""
+    config = load_job(job, settings=settings, **flags)
+    # The campaign's modules are imported, the placement chosen and the counts read on a worker
+    # thread: the loop this runs in (a notebook's, an application's) is never held up by them.
+    run_campaign, placement = await asyncio.to_thread(_campaign_for, config)
+    report = await run_campaign(config, placement=placement, allow_mixed=allow_mixed, force=force,
+                                retry=tuple(retry))
+    counts = await asyncio.to_thread(_counts_of, report)
+    return RunResult(run_dir=Path(report.run_dir), outcome=report.outcome, ok=report.ok, counts=counts,
+                     report=report)
+
+
+def _campaign_for(config: HarvestConfig) -> tuple[Any, Any]:
+    """``run_campaign`` and the job's placement (importing the campaign takes a while, once)."""
     from harvest.campaign.run import run_campaign
     from harvest.placement import from_config
 
-    config = load_job(job, settings=settings, **flags)
-    report = await run_campaign(config, placement=from_config(config), allow_mixed=allow_mixed, force=force,
-                                retry=tuple(retry))
+    return run_campaign, from_config(config)
+
+
+def _counts_of(report: Any) -> dict[str, int]:
+    """The items per status of the run a report is of, read through the folder it held."""
+    from harvest.campaign.outputs.status import run_status
+
     held = report.folder  # read through it: a folder swapped in for the name is not this run's
     try:
-        counts = {s.value: n for s, n in run_status(held.via() if held is not None else report.run_dir).counts.items()}
+        return {s.value: n for s, n in run_status(held.via() if held is not None else report.run_dir).counts.items()}
     finally:
         if held is not None:
             held.close()
-    return RunResult(run_dir=Path(report.run_dir), outcome=report.outcome, ok=report.ok, counts=counts,
-                     report=report)
 
 
 def run(job: str | Path | HarvestConfig | None = None, *, settings: Mapping[str, Any] | None = None,
@@ -129,15 +146,21 @@ def status(run_dir: str | Path, *, errors_limit: int = 10) -> Any:
 
 
 def export(run_dir: str | Path, format: str = "sharegpt", *, output: str | Path | None = None,
-           statuses: Iterable[str] = ("done",), allow_empty: bool = True, **options: Any) -> Any:
-    """Write the run's results of ``statuses`` to ``output`` (default: in the run folder) in
-    ``format`` (``harvest export --format``: sharegpt, openai-batch, parquet, logprobs, specforge),
-    as ``harvest export`` does: an ``ExportReport`` with ``path``, ``written`` and ``malformed``.
-    ``options``: ``sharegpt_style``, ``row_group_size``."""
-    from harvest.campaign.outputs.export import export_run
+           statuses: str | Iterable[str] = ("done",), allow_empty: bool = False, **options: Any) -> Any:
+    """Write the run's results of ``statuses`` (one status, ``"done,truncated"``, or a sequence)
+    to ``output`` (default: in the run folder) in ``format`` (``harvest export --format``: sharegpt,
+    openai-batch, parquet, logprobs, specforge), as ``harvest export`` does: an ``ExportReport`` with
+    ``path``, ``written`` and ``malformed``. Selecting no item writes nothing and raises
+    :class:`harvest.errors.NothingToExport` (what the run holds, the fix), as the command exits 1;
+    ``allow_empty=True`` writes the empty file. ``options``: ``sharegpt_style``, ``row_group_size``."""
+    from harvest.campaign.outputs.export import export_run, nothing_selected, parse_statuses
+    from harvest.errors import NothingToExport
 
-    return export_run(run_dir, format, output=output, statuses=tuple(statuses), allow_empty=allow_empty,
-                      **options)
+    wanted = parse_statuses(statuses)
+    report = export_run(run_dir, format, output=output, statuses=wanted, allow_empty=allow_empty, **options)
+    if not report.kept:
+        raise NothingToExport(nothing_selected(run_dir, format, wanted, report, flags=False), report)
+    return report
 
 
 __all__ = ["FLAGS", "RunResult", "arun", "export", "load_job", "overrides_of", "run", "status"]

@@ -32,6 +32,20 @@ class RuleResult:
 
 
 @dataclass(frozen=True)
+class NamedPath:
+    """A path a job names that must be there where it is used (the engine's executable and model
+    where the engine runs, the data where harvest reads it): the ``paths`` rule checks each."""
+
+    #: Where the job names it: ``[server] python``, ``[server] model``, ``[data] path``.
+    field: str
+    path: str
+    #: ``executable`` (a name without a slash is looked up on PATH), ``file``, or ``file or folder``.
+    kind: str
+    #: What to do when it is not there.
+    fix: str
+
+
+@dataclass(frozen=True)
 class PreflightReport:
     """Every rule's result. ``attempts``/``waited_s`` say how long wait_for_preflight polled."""
 
@@ -50,4 +64,4 @@ class PreflightReport:
         return tuple(r for r in self.results if not r.passed)
 
 
-__all__ = ["Number", "PreflightReport", "RuleResult"]
+__all__ = ["NamedPath", "Number", "PreflightReport", "RuleResult"]

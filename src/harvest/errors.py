@@ -13,6 +13,7 @@
     ├── RemoteError                   a step on a far host failed or timed out (host, step, time waited)
     ├── RequestError                  one request failed for a reason that belongs to the item (4xx, its answer)
     ├── LedgerError                   the run's ledger refuses an operation (settings mismatch, ...)
+    ├── NothingToExport               an export selected no item (no file written; the run's counts, the fix)
     └── UnsafePathError               a folder or file harvest would write is not safely its own (path named)
 
 The split matters: "this item is bad" (InputError, RequestError), "the server is sick" (ServerSick)
@@ -166,6 +167,16 @@ class LedgerError(HarvestError):
     """The ledger refuses an operation (e.g. resuming with settings that change outputs)."""
 
 
+class NothingToExport(HarvestError):
+    """An export selected no item of the statuses asked for: no file was written (unless
+    ``allow_empty``). The message says what the run holds and what to do; ``report`` is the
+    ``ExportReport`` (``Any``: its type lives in the campaign layer, above this module)."""
+
+    def __init__(self, message: str, report: object = None):
+        self.report = report
+        super().__init__(message)
+
+
 class UnsafePathError(HarvestError):
     """A folder or file harvest would write in is not safely the user's own: owned by another user,
     writable by group or others, a symlink, or the record of a live server. Nothing was written."""
@@ -181,6 +192,7 @@ __all__ = [
     "InputError",
     "LaunchError",
     "LedgerError",
+    "NothingToExport",
     "NoDriverError",
     "PreflightFailed",
     "ProbeError",

@@ -206,16 +206,21 @@ def redact_doc(value: Any, secrets: Sequence[str] = ()) -> Any:
     return value
 
 
-#: C0 controls but tab and newline, DEL, and C1 controls: what a terminal may act on.
-_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-_CONTROLS_ONE_LINE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+#: The bidirectional overrides, embeddings and isolates (U+202A-202E, U+2066-2069): text after one
+#: is shown reordered ("Trojan Source"), so a line can read other than it is.
+_BIDI = "\u202a-\u202e\u2066-\u2069"
+#: C0 controls but tab and newline, DEL, C1 controls (what a terminal may act on), and the above.
+_CONTROLS = re.compile(f"[\\x00-\\x08\\x0b-\\x1f\\x7f-\\x9f{_BIDI}]")
+_CONTROLS_ONE_LINE = re.compile(f"[\\x00-\\x1f\\x7f-\\x9f{_BIDI}]")
 
 
 def escape_controls(text: str, *, one_line: bool = False) -> str:
     """``text`` safe to print on a terminal: control characters (escape sequences, carriage
-    returns, bells ...) shown as ``\\x1b``-style escapes; with ``one_line`` newlines and tabs too."""
+    returns, bells ...) shown as ``\\x1b``-style escapes, and bidirectional overrides as
+    ``\\u202e``; with ``one_line`` newlines and tabs too."""
     pattern = _CONTROLS_ONE_LINE if one_line else _CONTROLS
-    return pattern.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    return pattern.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}",
+                       text)
 
 
 #: A secret flag and its value inside free text (an engine echoing its argv, as a list or a line):

@@ -17,5 +17,6 @@ def test_a_missing_data_file_leaves_no_run_folder(tmp_path):
                          capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 2, out.stdout + out.stderr
     assert (f"job.toml [data] path: cannot read {tmp_path / 'prompts.jsonl'}: No such file or directory; "
-            f"nothing was created") in out.stderr
+            f"nothing was created (a relative path in a job file is read from the file's folder, one given as a "
+            f"flag or a keyword from the folder harvest runs in)") in out.stderr, out.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job.toml"]  # no runs/, no state dir

@@ -110,8 +110,11 @@ class Terminal:
         # The shell reports the exit status on the screen (tmux can be slow to reap the pane's
         # process); its INT trap lets Ctrl-C reach the command alone, which then ends as it chooses.
         command = f"trap true INT; cd {shlex.quote(str(cwd))} && {shlex.join(argv)}; echo \"{EXIT_MARK} $?]\""
+        # The pane's own size is the terminal's: COLUMNS / LINES of the test process (pytest-xdist's
+        # workers have 80 x 24) would tell the command another width than the one it draws in.
+        shown = {k: v for k, v in env.items() if k not in ("COLUMNS", "LINES")}
         self._tmux("-f", str(conf), "new-session", "-d", "-s", "harvest", "-x", str(self.width), "-y", str(self.height),
-                   command, env={**env, "TERM": "xterm-256color"})
+                   command, env={**shown, "TERM": "xterm-256color"})
         self.pid = int(self._tmux("display-message", "-p", "#{pid}").strip())
         self.create_time = psutil.Process(self.pid).create_time()
 

@@ -42,3 +42,25 @@ def test_init_keeps_an_existing_file_unless_forced(tmp_path):
     assert (tmp_path / "job.toml").read_text() == "# mine\n"
     forced = harvest("init", "--engine", "vllm", "-o", "job.toml", "--force", cwd=tmp_path)
     assert forced.returncode == 0 and 'engine = "vllm"' in (tmp_path / "job.toml").read_text()
+
+
+def test_each_template_says_what_its_engine_takes_and_where_it_comes_from():
+    from harvest.cli.init import job_text
+
+    def comments_above(text: str, key: str) -> str:
+        lines = text.splitlines()
+        at = next(i for i, ln in enumerate(lines) if ln.startswith(f"{key} = "))
+        above = []
+        for ln in reversed(lines[:at]):
+            if not ln.startswith("#"):
+                break
+            above.insert(0, ln.lstrip("# "))
+        return " ".join(above)
+
+    llama = job_text("llamacpp")
+    assert "GGUF file (-m)" in comments_above(llama, "model")
+    assert "`scripts/install-engines llamacpp` builds one" in comments_above(llama, "command")
+    vllm = job_text("vllm")
+    assert "gpus = [] runs vLLM's CPU build" in comments_above(vllm, "gpus")
+    assert "`scripts/install-engines vllm` installs the CPU build" in comments_above(vllm, "python")
+    assert "SGLang needs an NVIDIA GPU" in comments_above(job_text("sglang"), "gpus")

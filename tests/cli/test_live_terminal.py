@@ -162,8 +162,8 @@ def _neutral(text: str, folder: Path, model: Path | None = None) -> str:
             return cache.sub(lambda m: "tiny-model…" if m.group(0).endswith("…") else "tiny-model",
                              line.replace(str(model), "tiny-model"))
 
-        text = "\n".join(named(line)[:-1].ljust(len(line) - 1) + line[-1]
-                         if named(line) != line and line.startswith("│") else line for line in text.splitlines())
+        text = "\n".join((named(line)[:-1].ljust(len(line) - 1) + line[-1] if line.startswith("│") else named(line))
+                         if named(line) != line else line for line in text.splitlines())
     lines = text.replace(f"{folder}/", "").splitlines()
     width = max((len(line) for line in lines if line.startswith("╰")), default=0)
     return "\n".join(line[:-1].ljust(width - 1, "─") + "╮" if line.startswith("╭") and width else line

@@ -162,3 +162,40 @@ def test_a_hung_endpoint_is_named_within_its_bound(tmp_path):
     # the progress line names it (the log line of the hang, "endpoint URL hung: no answer ...", too)
     assert any(f"{hung} no answer for" in line for line in lines), stdout + stderr
     assert proc.returncode == 130, stderr
+
+
+def test_ctrl_c_at_80_columns_leaves_one_panel_and_whole_words_around_it(tmp_path):
+    # Before: the terminal echoed ^C under the panel, which then left a second top border behind;
+    # the lines above and below it (the context line, the totals, what to run) were cut mid-word.
+    sim, url = _start_sim(tmp_path)
+    env = {**os.environ, "HARVEST_STATE_DIR": str(tmp_path / "state")}
+    try:
+        write_job(tmp_path, url, [], n=400)
+        term = Terminal(tmp_path / "screens", width=80, height=30)
+        try:
+            term.start([*HARVEST, "run", "job.toml"], env=env, cwd=tmp_path)
+
+            def some_done(s: Screen) -> bool:
+                m = re.search(r"━.*?(\d+) / \d+", s.text)
+                return m is not None and int(m.group(1)) >= 8
+
+            deadline = time.monotonic() + 120
+            while not some_done(term.capture()):
+                assert time.monotonic() < deadline and term.exit_status() is None, term.screens[-1].text
+                time.sleep(0.25)
+            term.send("C-c")
+            assert _exited(term, time.monotonic() + 60) == 130, term.screens[-1].text
+        finally:
+            term.stop()
+    finally:
+        _stop_sim(sim)
+    last = term.screens[-1]
+    assert [line for line in last.lines if line.startswith("╭")] == [last.lines[last.frames()[0][0]]], last.text
+    outside = last.above() + last.lines[last.frames()[-1][1] + 1:]
+    # the screen is captured with wrapped lines joined: a longer line is one the terminal cut (a
+    # label and one path, or a command to copy, have no space to break at: kept whole)
+    cut = [line for line in outside if len(line) > 80 and "`harvest run" not in line and len(line.split()) > 2]
+    assert cut == [], last.text
+    said = " ".join(outside)
+    assert "context: unknown" in said and re.search(r"^CHECK ", last.text, re.M), last.text
+    assert "run `harvest run job.toml` again to resume" in said, last.text

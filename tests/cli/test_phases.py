@@ -96,3 +96,20 @@ def test_off_a_terminal_the_run_panel_and_the_phase_panel_print_the_same_lines(t
             progress.on_event(event)
             display.on_event(event)
     assert _shown(run_out.getvalue()) == _shown(phase_out.getvalue()) == _shown("\n".join(expected))
+
+
+def test_off_a_terminal_an_endpoint_that_does_not_answer_is_said_at_once_then_every_10_s():
+    # `--no-live` against an endpoint refusing connections: before, nothing for the whole 60 s
+    board = PhaseBoard()
+    lines = []
+    for event in [Event("connecting", "start", {"deadline_s": 60, "endpoints": 1}),
+                  *[Event("connecting", "update", {"url": "http://127.0.0.1:9", "waited_s": w,
+                                                   "got": "refused the connection"})
+                    for w in (0.02, 1.03, 2.05, 9.6, 10.4, 11.4, 20.3, 21.3)]]:
+        board.on_event(event)
+        lines.append(phase_line(board, event))
+    shown = [line for line in lines if line is not None]
+    assert len(shown) == 4, shown  # the start, the first try, then at 10 s and at 20 s
+    assert shown[1].startswith("[harvest] connecting (") and shown[1].endswith(
+        "asking /v1/models of http://127.0.0.1:9: refused the connection, 0 s of the 60 s start_deadline"), shown
+    assert shown[2].endswith("10 s of the 60 s start_deadline") and shown[3].endswith("20 s of the 60 s start_deadline")

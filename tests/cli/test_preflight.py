@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 import socket
 import threading
 from pathlib import Path
@@ -16,6 +17,10 @@ from tests.gpu.schema_doc import documented_schema, only_answer, problems
 from tests.capabilities import nvidia_driver
 
 SCHEMA = documented_schema("harvest.preflight/1")
+#: What the GPU rules say to set for vLLM on a machine without an NVIDIA GPU.
+VLLM_CPU = ("no GPU here: for vLLM's CPU build set [server] gpus = [] and python = its Python "
+            "(scripts/install-engines vllm installs it and prints the path); gpu_memory_utilization is then its "
+            "share of the RAM")
 # Host-dependent rules made lenient where a test is about something else.
 LENIENT = "[preflight]\nmin_disk_free_gib = 0\nmax_swap_used_mib = 100000000\n"
 
@@ -59,7 +64,7 @@ def test_clean_cpu_config_passes_with_exit_0(tmp_path, port):
     lines = result.output.splitlines()
     for rule, detail in (("gpu-memory", "no GPUs listed in [server] gpus"), ("port", f"port {port} is free")):
         assert any(line.startswith("PASS") and rule in line and detail in line for line in lines), result.output
-    assert "PASS: all 6 checks passed" in result.output
+    assert "PASS: all 7 checks passed" in result.output
 
 
 def test_hicache_times_tp_beyond_host_ram_fails_with_exit_1(tmp_path, port):
@@ -72,7 +77,7 @@ def test_hicache_times_tp_beyond_host_ram_fails_with_exit_1(tmp_path, port):
     (line,) = [line for line in result.output.splitlines() if "host-ram" in line]
     assert line.startswith("FAIL") and f"hicache_size {size} GB per rank > (available " in line
     assert "- 10 GiB SGLang reserve) // 8 rank(s)" in line
-    assert "FAIL: 1 of 6 checks failed" in result.output
+    assert "FAIL: 1 of 7 checks failed" in result.output
 
 
 def test_requested_gpu_without_driver_fails(tmp_path, port):
@@ -83,7 +88,8 @@ def test_requested_gpu_without_driver_fails(tmp_path, port):
         assert len(details) == 1 and "GPU 0" in details[0] and "no NVIDIA driver" not in details[0], details
         return
     assert result.exit_code == 1
-    assert details == ["GPU 0 requested but no NVIDIA driver found"]
+    # what to set for the CPU build, where there is no GPU
+    assert details == [f"GPU 0 requested but no NVIDIA driver found; {VLLM_CPU}"], details
 
 
 def test_taken_port_fails_and_json_matches_the_documented_schema(tmp_path, listener):
@@ -213,12 +219,12 @@ def test_no_driver_on_eight_gpus_is_one_line_and_json_stays_per_gpu(tmp_path, po
     result = invoke(path)
     assert result.exit_code == 1, result.output
     lines = [ln for ln in result.output.splitlines() if "NVIDIA driver" in ln]
-    assert lines == ["FAIL  gpu-memory, gpu-processes GPUs 0-7 requested but no NVIDIA driver found"], lines
-    assert "FAIL: 16 of 20 checks failed" in result.output  # the count is still per rule and GPU
+    assert lines == [f"FAIL  gpu-memory, gpu-processes GPUs 0-7 requested but no NVIDIA driver found; {VLLM_CPU}"], lines
+    assert "FAIL: 16 of 21 checks failed" in result.output  # the count is still per rule and GPU
     doc = only_answer(invoke(path, "--json").stdout)
     gpu_results = [r for r in doc["results"] if r["rule"] in ("gpu-memory", "gpu-processes")]
     assert len(gpu_results) == 16 and sorted({r["gpu"] for r in gpu_results}) == list(range(8))
-    assert all(r["detail"] == f"GPU {r['gpu']} requested but no NVIDIA driver found" for r in gpu_results)
+    assert all(r["detail"] == f"GPU {r['gpu']} requested but no NVIDIA driver found; {VLLM_CPU}" for r in gpu_results)
 
 
 def test_findings_that_differ_keep_their_own_lines(tmp_path, port, monkeypatch):
@@ -246,3 +252,58 @@ def test_gpu_ranges():
     assert gpu_ranges([0, 1, 2, 3, 4, 5, 6, 7]) == "0-7"
     assert gpu_ranges([6, 0, 1, 2, 3]) == "0-3,6"
     assert gpu_ranges([5]) == "5" and gpu_ranges([1, 3]) == "1,3"
+
+
+@pytest.mark.parametrize("engine", ["vllm", "llamacpp"])
+def test_every_path_the_job_names_is_checked_with_its_fix(tmp_path, port, monkeypatch, engine):
+    # The file `harvest init` writes, for a machine without a GPU: its engine, its model and its
+    # data are placeholders that are not there; preflight says so, each with what to do.
+    monkeypatch.chdir(tmp_path)
+    assert CliRunner().invoke(cli, ["init", "--engine", engine, "-o", "job.toml"]).exit_code == 0
+    flags = ["--set", "server.gpus=[]", "--set", f"server.port={port}", "--set", "preflight.min_disk_free_gib=0"]
+    result = invoke("job.toml", *flags, "--json")
+    assert result.exit_code == 1, result.output
+    (paths,) = [r for r in only_answer(result.stdout)["results"] if r["rule"] == "paths"]
+    detail = paths["detail"]
+    assert not paths["passed"] and paths["numbers"]["missing"] == (3 if engine == "llamacpp" else 2), detail
+    if engine == "vllm":  # a hub name is the engine's to fetch: not a path
+        assert "[server] python /opt/vllm-venv/bin/python does not exist: scripts/install-engines vllm" in detail
+        assert "Qwen/Qwen3-8B" not in detail
+    else:
+        assert ("[server] command /opt/llama.cpp/build/bin/llama-server does not exist: scripts/install-engines "
+                "llamacpp builds llama-server") in detail
+        assert ("[server] model /models/qwen3-8b-q4_k_m.gguf does not exist: [server] model names the GGUF file "
+                "llama-server loads (-m)") in detail
+    assert f"[data] path {tmp_path / 'prompts.jsonl'} does not exist: give the dataset's path in [data] path or " \
+           f"--data (a relative path in a job file is read from the file's folder" in detail
+    # every path there: the rule passes and names them
+    (tmp_path / "prompts.jsonl").write_text('{"prompt": "hi"}\n')
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    there = ["--set", 'server.python="' + sys.executable + '"'] if engine == "vllm" else [
+        "--set", f'server.command=["{sys.executable}"]', "--model", "m.gguf"]
+    doc = only_answer(invoke("job.toml", *flags, *there, "--json").stdout)
+    (paths,) = [r for r in doc["results"] if r["rule"] == "paths"]
+    assert paths["passed"] and paths["detail"].startswith("there: "), paths
+
+
+def test_far_places_check_the_engine_there_and_the_data_is_checked_here(tmp_path, monkeypatch):
+    # On [[hosts]] or a Ray cluster each place checks what the engine needs there; the dataset is
+    # read on this machine by `harvest run`, so this machine says whether it is there.
+    from harvest.placement.base_results import Answer, PreflightByPlace
+
+    class FarPlaces:  # every far place passed its rules
+        def preflight(self, cfg, **_):
+            doc = {"passed": True, "results": [{"rule": "paths", "passed": True, "skipped": False, "gpu": None,
+                                                "detail": "there: [server] python /opt/vllm/bin/python",
+                                                "numbers": {}}]}
+            return PreflightByPlace("ssh", "box", "host", "preflight on box", cfg.source, "vllm", (Answer("box", doc),))
+
+    monkeypatch.setattr("harvest.cli.preflight.from_config", lambda cfg, flags: FarPlaces())
+    job = config(tmp_path, 'engine = "vllm"\nmodel = "m"', extra=LENIENT + '[data]\npath = "nowhere.jsonl"\n')
+    result = invoke(job)
+    assert result.exit_code == 1, result.output
+    assert (f"this machine: FAIL  paths          [data] path {tmp_path / 'nowhere.jsonl'} does not exist: give the "
+            f"dataset's path") in result.output, result.output
+    (tmp_path / "nowhere.jsonl").write_text('{"prompt": "hi"}\n')
+    result = invoke(job)
+    assert result.exit_code == 0 and "this machine: PASS  paths" in result.output, result.output

@@ -127,3 +127,28 @@ def test_export_of_malformed_results_exits_1_naming_them(tmp_path):
     assert "wrote 1 items" in result.stdout
     assert "odd: output has no 'messages' list" in result.stderr
     assert [r["id"] for r in read_jsonl(run_dir / "export.specforge.jsonl")] == ["ok"]
+
+
+def test_a_logprobs_export_counts_items_and_says_its_rows_apart(tmp_path):
+    # 2 inputs x 2 samples, each answer of 2 turns with log-probabilities, and 1 answer without:
+    # 4 items exported in 8 rows (one per sample and turn); before, "wrote 8 items (rows 8)"
+    require("pyarrow", "the logprobs export writes Parquet")
+    import numpy as np
+
+    from harvest.ledger.logprobs import TurnLogprobs, encode
+    from tests.ledger.ledger_testdata import synthetic
+
+    def turn(n: int) -> TurnLogprobs:
+        return TurnLogprobs(np.arange(n, dtype=np.int32), np.full(n, -0.5, np.float16),
+                            np.zeros((n, 2), np.int32), np.full((n, 2), -1.0, np.float16))
+
+    run_dir = tmp_path / "run"
+    with Ledger.open(run_dir, settings_hash="h", samples=2) as ledger:
+        ledger.ingest(synthetic(3))
+        rows = ledger.claim(6)
+        ledger.complete([Completion(r.id, {"turns": []}, sample=r.sample, logprobs=encode([turn(3), turn(2)], 2))
+                         for r in rows[:4]] + [Completion(rows[4].id, {"turns": []}, sample=rows[4].sample)])
+    result = invoke("export", str(run_dir), "--format", "logprobs", "-o", str(tmp_path / "lp.parquet"))
+    assert result.exit_code == 0, result.output
+    assert f"wrote 4 items in 8 rows (one per sample and turn) to {tmp_path / 'lp.parquet'} (done 4)" in \
+        result.stdout, result.stdout

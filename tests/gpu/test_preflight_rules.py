@@ -68,7 +68,7 @@ def test_clean_machine_passes_every_rule(tmp_path, free_port):
     report = check(server(free_port, gpus=[0, 1], tp=2), probe_for(FakeNvml(h200s(2))), tmp_path)
     assert report.passed, report.failures
     assert [r.rule for r in report.results] == ["gpu-memory", "gpu-processes"] * 2 + [
-        "host-ram", "swap", "port", "disk"]
+        "host-ram", "swap", "port", "paths", "disk"]
 
 
 def test_sglang_claim_is_mem_fraction_static_of_total_plus_activations_plus_margin(tmp_path, free_port):
@@ -150,7 +150,9 @@ def test_processes_on_gpus_not_chosen_do_not_matter(tmp_path, free_port):
 def test_gpus_requested_without_a_driver_fail_clearly(tmp_path, free_port):
     report = check(server(free_port, gpus=[0, 1], tp=2), NoGpuProbe(), tmp_path)
     assert not report.passed
-    assert only(report, "gpu-memory", 1).detail == "GPU 1 requested but no NVIDIA driver found"
+    assert only(report, "gpu-memory", 1).detail == (
+        "GPU 1 requested but no NVIDIA driver found; no GPU here: SGLang needs an NVIDIA GPU: on this machine use "
+        "engine \"vllm\" (its CPU build), \"llamacpp\" or \"transformers\", with [server] gpus = []")
     assert {r.rule for r in report.failures} == {"gpu-memory", "gpu-processes"}
 
 

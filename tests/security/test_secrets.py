@@ -112,7 +112,9 @@ def test_api_key_never_written_and_every_file_private(tmp_path, llama_server_bin
 
     # 3. A launch that fails: the error message and its log tail.
     bad_cfg = tmp_path / "bad.toml"
-    bad_cfg.write_text(_server_table(llama_server_bin, str(tmp_path / "missing.gguf"), engines.free_port()))
+    broken = tmp_path / "broken.gguf"  # there (the preflight's paths rule passes), but no GGUF: llama-server fails
+    broken.write_bytes(b"not a GGUF file\n" * 64)
+    bad_cfg.write_text(_server_table(llama_server_bin, str(broken), engines.free_port()))
     outputs.append(bad := _harvest(env, "serve", str(bad_cfg), "--run-dir", str(tmp_path / "failed")))
     assert bad.returncode == 1 and "launch failed" in bad.stderr, bad.stdout + bad.stderr
 

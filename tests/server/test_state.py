@@ -102,3 +102,25 @@ def test_recorder_pruning_drops_exited_descendants_only(tmp_path):
     after = sf.add_descendants([ProcessRef(2002, 3.0, "new")], keep=lambda r: r.name != "gone")
     assert [d.name for d in after.descendants] == ["alive", "new"]
     assert sf.read() == after
+
+
+def test_a_run_folder_launched_again_is_listed_once(tmp_path, harvest_state_dir):
+    # a relaunch (or a later session) registers the folder again: `harvest ps --all` showed its
+    # server once per registration
+    import json as _json
+
+    from click.testing import CliRunner
+
+    from harvest.cli.main import cli
+    from harvest.server.state import RunState, RunStatus, StateFile
+
+    run = make_run_dir(tmp_path / "run").path
+    StateFile(run).write(RunState(record=record(pid=999_999, pgid=999_999, gpus=(), baseline_mib={}),
+                                  status=RunStatus.STOPPED))
+    for port in (8000, 8000, 8001):
+        register_run(run, "vllm", port)
+    assert [(Path(e.run_dir).name, e.port) for e in list_runs()] == [("run", 8001)]
+    out = CliRunner().invoke(cli, ["ps", "--all", "--json"])
+    assert out.exit_code == 0, out.output
+    servers = _json.loads(out.stdout)["servers"]
+    assert [Path(s["run_dir"]).name for s in servers] == ["run"], servers

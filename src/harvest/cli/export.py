@@ -11,9 +11,16 @@ from __future__ import annotations
 import click
 
 from harvest import api
-from harvest.campaign.outputs.export import FORMATS, ROW_GROUP_SIZE, SHAREGPT_STYLES
+from harvest.campaign.outputs.export import (
+    FORMATS,
+    ExportReport,
+    ROW_GROUP_SIZE,
+    SHAREGPT_STYLES,
+    nothing_selected,
+    parse_statuses,
+)
 from harvest.cli.render import make_console
-from harvest.errors import LedgerError
+from harvest.errors import LedgerError, NothingToExport
 from harvest.redact import escape_controls
 
 
@@ -45,18 +52,15 @@ def export(run_dir: str, fmt: str, statuses: tuple[str, ...], output: str | None
     except LedgerError as exc:
         err.print(escape_controls(f"error: {run_dir} is not a readable harvest run folder: {exc}"), markup=False)
         raise SystemExit(2) from None
-    if not report.kept:  # nothing selected: no file written, the cause and the fix
-        if fmt == "logprobs" and report.without_logprobs:
-            err.print(f"error: --format logprobs: none of the run's {report.without_logprobs:,} selected results "
-                      f"carries log-probabilities (they ran with [sampling] logprobs = 0): set [sampling] logprobs "
-                      f"= K for a new run, or export another format; no file written", markup=False)
-        else:
-            err.print(f"error: --format {fmt}: no item of status {', '.join(statuses)} to export "
-                      f"({_what_is_there(run_dir)}): pick other statuses with --status, or --allow-empty to "
-                      f"write an empty file; no file written", markup=False)
-        raise SystemExit(1)
+    except NothingToExport as exc:  # nothing selected: no file written, the cause and the fix (in flags)
+        said = (nothing_selected(run_dir, fmt, parse_statuses(statuses), exc.report)
+                if isinstance(exc.report, ExportReport) else str(exc))
+        err.print(escape_controls(f"error: {said}"), markup=False)
+        raise SystemExit(1) from None
     parts = ", ".join(f"{status} {n:,}" for status, n in report.by_status.items())
-    click.echo(escape_controls(f"wrote {report.written:,} items to {report.path}" + (f" ({parts})" if parts else "")))
+    rows = f" in {report.rows:,} rows (one per sample and turn)" if fmt == "logprobs" else ""
+    click.echo(escape_controls(f"wrote {report.written:,} items{rows} to {report.path}"
+                               + (f" ({parts})" if parts else "")))
     if report.malformed:
         err.print(f"error: {report.malformed:,} results are not in the documented result schema and were"
                   " left out:", markup=False)
@@ -64,21 +68,6 @@ def export(run_dir: str, fmt: str, statuses: tuple[str, ...], output: str | None
             # the ledger's text, perhaps another user's: shown with control characters escaped
             err.print(escape_controls(f"  {item_id}: {why}", one_line=True), markup=False)
         raise SystemExit(1)
-
-
-def _what_is_there(run_dir: str) -> str:
-    """The run's items per status, e.g. ``the run holds skipped 20``."""
-    from harvest.ledger import Ledger
-
-    try:
-        ledger = Ledger.open_readonly(run_dir)
-    except LedgerError:
-        return "the run holds no readable ledger"
-    try:
-        counts = {s.value: n for s, n in ledger.counts().items() if n}
-    finally:
-        ledger.close()
-    return "the run holds " + (", ".join(f"{s} {n:,}" for s, n in counts.items()) if counts else "no item")
 
 
 __all__ = ["export"]

@@ -46,6 +46,19 @@ SERVERS: dict[str, list[tuple[str, Any]]] = {
                 ("health_url", "http://{host}:{port}/health"), ("port", 8000)],
 }
 
+#: What a setting means for one engine, said after its field's own description: (engine, key) -> note.
+NOTES: dict[tuple[str, str], str] = {
+    ("llamacpp", "model"): "llama-server loads one GGUF file (-m): give its path",
+    ("llamacpp", "command"): "the llama-server binary: `scripts/install-engines llamacpp` builds one and prints its "
+                             "path (or put llama-server on PATH and leave `command` out)",
+    ("vllm", "python"): "the Python of vLLM's environment: `scripts/install-engines vllm` installs the CPU build and "
+                        "prints its Python",
+    ("vllm", "gpus"): "no NVIDIA GPU here? gpus = [] runs vLLM's CPU build (its `python`); gpu_memory_utilization is "
+                      "then the share of the RAM its KV cache takes",
+    ("sglang", "gpus"): "SGLang needs an NVIDIA GPU (without one: engine vllm's CPU build, llamacpp or transformers)",
+    ("transformers", "gpus"): "no NVIDIA GPU here? gpus = [] runs it on the CPU",
+}
+
 #: The other tables of a first job: (table, model, [(key, value)]).
 TABLES: list[tuple[str, type[BaseModel], list[tuple[str, Any]]]] = [
     ("data", DataConfig, [("path", "prompts.jsonl"), ("id_field", "id")]),
@@ -62,12 +75,13 @@ def _comment(model: type[BaseModel], key: str) -> str:
     return " ".join(text.split())
 
 
-def _table(model: type[BaseModel], items: list[tuple[str, Any]]) -> Any:
+def _table(model: type[BaseModel], items: list[tuple[str, Any]], engine: str | None = None) -> Any:
     import tomlkit
 
     table = tomlkit.table()
     for key, value in items:
-        for line in textwrap.wrap(_comment(model, key), width=98):
+        note = NOTES.get((engine or "", key))
+        for line in textwrap.wrap(_comment(model, key) + (f". {note[0].upper()}{note[1:]}" if note else ""), width=98):
             table.add(tomlkit.comment(line))
         table.add(key, value)
     return table
@@ -82,7 +96,7 @@ def job_text(engine: str) -> str:
     doc.add(tomlkit.comment("Replace the model, the paths and the data with yours; every setting: docs/config.md."))
     doc.add(tomlkit.comment("Check it with `harvest preflight FILE`, run it with `harvest run FILE`."))
     doc.add(tomlkit.nl())
-    doc.add("server", _table(ServerConfig, SERVERS[engine]))
+    doc.add("server", _table(ServerConfig, SERVERS[engine], engine))
     for name, model, items in TABLES:
         doc.add(name, _table(model, items))
     return tomlkit.dumps(doc)

@@ -17,6 +17,7 @@ phases) on the console made here. This module only renders.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from types import TracebackType
 from typing import Any
@@ -54,7 +55,8 @@ class ConsoleLogHandler(logging.Handler):
         try:
             message = self.format(record)
             style = "yellow" if record.levelno >= logging.WARNING else ""
-            self.console.print(Text(message, style=style), soft_wrap=True)
+            # on a terminal wrapped between words (the terminal would cut a word in two), else one line
+            self.console.print(Text(message, style=style), soft_wrap=not self.console.is_terminal)
         except Exception:  # noqa: BLE001 - logging's own policy: report through handleError
             self.handleError(record)
 
@@ -90,6 +92,38 @@ def setup_console_logging(console: Console) -> None:
     logging.getLogger("matplotlib").setLevel(logging.WARNING)  # "generated new fontManager": not harvest's news
 
 
+def quiet_keyboard() -> Any:
+    """Stop the terminal from echoing what is typed (``^C`` included) while a live panel is drawn:
+    an echo moves the cursor under the panel, which then leaves a stray copy of its top border
+    behind at its next redraw. Returns what :func:`restore_keyboard` gives back (None: stdin is no
+    terminal, nothing changed)."""
+    try:
+        import termios
+
+        fd = sys.stdin.fileno()
+        if not os.isatty(fd):
+            return None
+        saved = termios.tcgetattr(fd)
+        quiet = list(saved)
+        quiet[3] &= ~(termios.ECHO | termios.ECHOCTL)  # lflags
+        termios.tcsetattr(fd, termios.TCSANOW, quiet)
+        return fd, saved
+    except (ImportError, OSError, ValueError, AttributeError):  # no termios, no stdin, a closed one
+        return None
+
+
+def restore_keyboard(saved: Any) -> None:
+    """The terminal's echo as it was before :func:`quiet_keyboard`."""
+    if saved is None:
+        return
+    try:
+        import termios
+
+        termios.tcsetattr(saved[0], termios.TCSANOW, saved[1])
+    except (ImportError, OSError, ValueError):
+        pass
+
+
 class PhaseDisplay:
     """A panel of phases for ``harvest serve`` / ``harvest stop`` (and lines off a terminal).
 
@@ -104,6 +138,7 @@ class PhaseDisplay:
         self.board = PhaseBoard()
         self.live_enabled = console.is_terminal if live is None else live
         self._live: Live | None = None
+        self._echo: Any = None
 
     def on_event(self, event: Event) -> None:
         self.board.on_event(event)
@@ -119,6 +154,7 @@ class PhaseDisplay:
 
     def __enter__(self) -> PhaseDisplay:
         if self.live_enabled:
+            self._echo = quiet_keyboard()
             self._live = Live(self, console=self.console, refresh_per_second=REFRESH_PER_SECOND)
             self._live.__enter__()
         return self
@@ -132,7 +168,11 @@ class PhaseDisplay:
         """Stop redrawing; the panel's last state stays on the screen."""
         if self._live is not None:
             live, self._live = self._live, None
-            live.__exit__(None, None, None)
+            try:
+                live.__exit__(None, None, None)
+            finally:
+                restore_keyboard(self._echo)
+                self._echo = None
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:

@@ -210,17 +210,25 @@ def _targets(snap: Mapping[str, Any]) -> str:
     return f" (auto targets {'+'.join(str(v) for v in values)})"
 
 
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
+def short_time(seconds: float) -> str:
+    """A short time with the digits it needs: ``1.25 s``, ``210 ms``, ``2.5 ms``, ``850 µs``."""
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 0.01:
+        return f"{seconds * 1e3:.0f} ms"
+    if seconds >= 0.001:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds * 1e6:.0f} µs"
 
 
 def stream_line(view: Mapping[str, Any]) -> str:
-    """``TTFT p50 210 ms  p90 350 ms   TPOT p50 12 ms  p90 15 ms`` (the panel's "tokens" row)."""
+    """``TTFT p50 210 ms  p90 350 ms   TPOT p50 12 ms  p90 15 ms   ITL p50 11 ms  p90 14 ms`` (the
+    panel's "tokens" row, and ``harvest status``'s)."""
     parts = []
-    for name, key in (("TTFT", "ttft_s"), ("TPOT", "tpot_s")):
+    for name, key in (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("ITL", "itl_s")):
         q = view.get(key)
         if q:
-            parts.append(f"{name} p50 {_ms(q['p50'])}  p90 {_ms(q['p90'])}")
+            parts.append(f"{name} p50 {short_time(q['p50'])}  p90 {short_time(q['p90'])}")
     return "   ".join(parts)
 
 
@@ -272,4 +280,4 @@ def _count(value: float | None) -> str:
 
 
 __all__ = ["LABEL_WIDTH", "RunPanel", "file_position", "no_answer", "progress_line", "run_panel",
-           "status_counts", "stream_line"]
+           "short_time", "status_counts", "stream_line"]

@@ -53,11 +53,19 @@ class PhaseBoard(Phases):
 
 def phase_line(board: PhaseBoard, event: Event) -> str | None:
     """The plain line a display prints off a terminal once ``event`` is on ``board``: one per phase
-    start or end, and a launch's updates (its log line, what it waits on); None for other updates."""
-    if event.kind == "update" and event.phase != "launching":
+    start or end, a launch's updates (its log line, what it waits on), and an endpoint that does not
+    answer yet (what came back, at once and then every 10 s of the wait); None for other updates."""
+    if event.kind == "update" and event.phase != "launching" and not _endpoint_wait_shown(event):
         return None
     row = next((r for r in board.rows() if r.name == event.phase), None)
     return None if row is None else f"[harvest] {row.name} ({row.elapsed_s:.1f} s): {row.text}"
+
+
+def _endpoint_wait_shown(event: Event) -> bool:
+    """A wait for an endpoint (``connecting``) is said at its first try and then every 10 s (the
+    tries come about once a second): a refused connection is not a minute of silence."""
+    waited = event.info.get("waited_s") if event.phase == "connecting" else None
+    return isinstance(waited, (int, float)) and waited % 10.0 < 1.0
 
 
 def phase_table(board: PhaseBoard) -> Table:
@@ -113,7 +121,7 @@ def _ingest(info: dict[str, Any], active: bool, ok: bool) -> str:
 
 def _preflight(info: dict[str, Any], active: bool, ok: bool) -> str:
     if active:
-        return "checking GPUs, host memory, swap, port and disk"
+        return "checking GPUs, host memory, swap, port, paths and disk"
     rules, failures = info.get("rules"), info.get("failures") or 0
     if info.get("passed"):
         return f"PASS ({rules} rules)"

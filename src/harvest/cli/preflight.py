@@ -20,6 +20,7 @@ from rich.console import Console
 
 from harvest.cli.render import grouped, make_console, print_places_preflight, rule_line
 from harvest.config import HostConfig, Override, ServerConfig
+from harvest.gpu.paths import data_paths, paths_rule
 from harvest.gpu.preflight import PreflightReport
 from harvest.redact import redact_text
 from harvest.placement import Flags, from_config
@@ -58,13 +59,17 @@ def preflight(ctx: click.Context, config: Path | None, wait_s: float | None, as_
             err.print(f"waiting up to {wait_s:g} s for every rule to pass (checking every 0.2 s)", markup=False)
 
     checked = placement.preflight(cfg, output_dir=output_dir, wait_s=wait_s, on_wait=waiting)
+    # Far places check what the engine needs there; the data is read here, by `harvest run`.
+    near = paths_rule(data_paths(cfg.data)) if checked.here is None and cfg.data is not None else None
     if as_json:
         click.echo(json.dumps(checked.to_json(), indent=2))
     elif checked.here is not None:  # this machine's own report, every rule
         print_report(console, config if config is not None else cfg.source, server, checked.here, wait_s)
     else:
         print_places_preflight(console, checked)
-    ctx.exit(0 if checked.passed else 1)
+    if near is not None and (not near.passed or not as_json):
+        (err if as_json else console).print(f"this machine: {rule_line(near).plain}", markup=False)
+    ctx.exit(0 if checked.passed and (near is None or near.passed) else 1)
 
 
 def print_report(console: Console, config: Path | str, server: ServerConfig, report: PreflightReport,

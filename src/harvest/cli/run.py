@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import re
 import shlex
+import shutil
 import sys
+import textwrap
 
 import click
 
@@ -35,34 +37,45 @@ def setup_logging() -> None:
     logging.getLogger("matplotlib").setLevel(logging.WARNING)  # "generated new fontManager": not harvest's news
 
 
+def _say(text: str, err: bool = False) -> None:
+    """One line of the run's summary; on a terminal wrapped between words at its width (the
+    terminal would cut a word in two), continued lines indented, a `command` kept whole to copy."""
+    if (sys.stderr if err else sys.stdout).isatty():
+        width = shutil.get_terminal_size().columns
+        kept = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", "\0"), text)
+        text = "\n".join(textwrap.wrap(kept, width, subsequent_indent="  ", break_long_words=False,
+                                       break_on_hyphens=False)).replace("\0", " ") or text
+    click.echo(text, err=err)
+
+
 def print_report(report: RunReport, job: str | None = None) -> None:
-    click.echo(f"run folder: {report.run_dir}")
+    _say(f"run folder: {report.run_dir}")
     if report.recovered:
-        click.echo(f"recovered {report.recovered} items left running by an earlier crash")
-    click.echo(f"this session: {report.finished_this_session} items in {report.elapsed_s:.1f} s "
+        _say(f"recovered {report.recovered} items left running by an earlier crash")
+    _say(f"this session: {report.finished_this_session} items in {report.elapsed_s:.1f} s "
                f"({report.outcome}{'; ' + report.note if report.note else ''})")
     if report.relaunches:
-        click.echo(f"server relaunched {report.relaunches} time(s)")
+        _say(f"server relaunched {report.relaunches} time(s)")
     for stop in report.stop_reports:
-        click.echo(f"server stop: {'clean' if stop.clean else 'DIRTY'} in {stop.total_s:.2f} s")
+        _say(f"server stop: {'clean' if stop.clean else 'DIRTY'} in {stop.total_s:.2f} s")
     clean = report.totals.ok and report.skip_problem is None and report.failed_problem is None
-    click.echo(("OK    " if clean else "CHECK ") + report.totals.describe())
+    _say(("OK    " if clean else "CHECK ") + report.totals.describe())
     if report.skip_reasons:
         from harvest.dataset.skips import describe_skips
 
         for line in describe_skips(report.skip_reasons):
-            click.echo(line, err=report.skip_problem is not None)
+            _say(line, err=report.skip_problem is not None)
     if report.skip_problem is not None:
         every = report.totals.counts[Status.SKIPPED] >= report.totals.unique
         accept = "" if every else " (or raise [data] max_skipped_share to accept them)"
-        click.echo(f"FAILED: {report.skip_problem}; fix [data] (or the rows) and run again: the skipped rows are "
+        _say(f"FAILED: {report.skip_problem}; fix [data] (or the rows) and run again: the skipped rows are "
                    f"read again{accept}", err=True)
     again = f"harvest run {job}" if job else "harvest run"
     if report.failed_problem is not None:
-        click.echo(f"FAILED: {report.failed_problem}; `harvest status` shows why by class; `{redact_text(again)} "
-                   f"--retry failed` asks them again", err=True)
+        _say(f"FAILED: {report.failed_problem}; `harvest status` shows why by class; `{redact_text(again)} "
+             f"--retry failed` asks them again", err=True)
     if report.outcome == "interrupted":
-        click.echo(f"interrupted: {report.totals.counts[Status.PENDING]:,} items pending; run `{again}` again "
+        _say(f"interrupted: {report.totals.counts[Status.PENDING]:,} items pending; run `{again}` again "
                    f"to resume where it stopped", err=True)
     if report.outcome == "server_down":
         pending = report.totals.counts[Status.PENDING] + report.totals.counts[Status.RUNNING]
@@ -71,11 +84,11 @@ def print_report(report: RunReport, job: str | None = None) -> None:
                f"restart the server at {', '.join(report.hung)} (hung: it held requests while /health answered)"
                if report.hung else
                "start the server (or correct [server] base_url / [client] endpoints)")
-        click.echo(f"what to do: {fix}, then run `{redact_text(again)}` again: the "
+        _say(f"what to do: {fix}, then run `{redact_text(again)}` again: the "
                    f"{counted(pending, 'item')} not finished will resume, no attempt charged", err=True)
     if report.trip is not None:
-        click.echo(f"STOPPED: {report.trip.describe()}", err=True)
-        click.echo(f"  the {report.totals.counts[Status.PENDING]} items not finished are pending, no attempt "
+        _say(f"STOPPED: {report.trip.describe()}", err=True)
+        _say(f"  the {report.totals.counts[Status.PENDING]} items not finished are pending, no attempt "
                    f"charged; {report.trip.advice} (`harvest run` resumes them)", err=True)
 
 

@@ -21,7 +21,7 @@ from rich.text import Text
 
 from harvest import api, schemas
 from harvest.campaign.outputs.status import RunStatus
-from harvest.cli.panel import no_answer
+from harvest.cli.panel import no_answer, stream_line
 from harvest.cli.render import make_console
 from harvest.errors import LedgerError
 from harvest.ledger import Status
@@ -109,6 +109,15 @@ def _t(text: str, style: str | None = None) -> Text:
     return Text(escape_controls(redact_text(text), one_line=True), style=style or "")
 
 
+def _samples_line(st: RunStatus) -> str | None:
+    """``samples per item: 4; logprobs top-5: 1.2 MiB in 1 shard``, when there is more than one."""
+    if st.samples <= 1 and not st.logprobs_k:
+        return None
+    lp = (f"; logprobs top-{st.logprobs_k}: {st.logprob_bytes / 2**20:,.1f} MiB in {st.logprob_shards} shard"
+          f"{'s' if st.logprob_shards != 1 else ''}" if st.logprobs_k else "")
+    return f"samples per item: {st.samples}{lp}"
+
+
 def print_status(console: Console, st: RunStatus) -> None:
     """The people's view: counts table, totals line, rate, ETA, runner, recent errors. Every string
     read from the run folder (ids, error classes and messages, the runner's recorded state, notes,
@@ -125,10 +134,8 @@ def print_status(console: Console, st: RunStatus) -> None:
     label = "unique input" if st.samples == 1 else f"unique input x {st.samples} samples"
     table.add_row(_t(label, style="bold"), _t(f"{unique:,}", style="bold"), "")
     console.print(table)
-    if st.samples > 1 or st.logprobs_k:
-        lp = (f"; logprobs top-{st.logprobs_k}: {st.logprob_bytes / 2**20:,.1f} MiB in {st.logprob_shards} shard"
-              f"{'s' if st.logprob_shards != 1 else ''}" if st.logprobs_k else "")
-        console.print(_t(f"samples per item: {st.samples}{lp}"))
+    if (samples := _samples_line(st)) is not None:
+        console.print(_t(samples))
 
     t = st.totals
     if t.ok:
@@ -156,6 +163,8 @@ def print_status(console: Console, st: RunStatus) -> None:
                        f" prompt {_rate(tp.prompt_tokens_per_s, 'tok/s')} ({origin})"))
     eta = "done" if st.eta_s == 0.0 else duration(st.eta_s)
     console.print(_t(f"ETA: {eta} ({st.remaining:,} pending or running)"))
+    if st.token_timing:  # streamed answers, over the run
+        console.print(_t(f"tokens (streamed): {stream_line(st.token_timing)}"))
 
     alive = {True: "alive", False: "not running", None: "unknown"}[st.runner.alive]
     style = {True: "green", False: "yellow", None: "dim"}[st.runner.alive]

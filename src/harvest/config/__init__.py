@@ -49,7 +49,7 @@ from harvest.config.job import (
     SamplingConfig,
 )
 from harvest.config.notify import NOTIFY_EVENTS, NotifyConfig, NotifyEvent
-from harvest.config.load import COMMAND_LINE, Override, load_config, parse_config, parse_set
+from harvest.config.load import COMMAND_LINE, RELATIVE_PATHS, Override, load_config, parse_config, parse_set
 from harvest.config.server import VLLM_MAX_LOGPROBS, ServerConfig, engine_logprobs_limit
 
 __all__ = [
@@ -72,6 +72,7 @@ __all__ = [
     "Override",
     "PATH_MAX",
     "PreflightConfig",
+    "RELATIVE_PATHS",
     "RunConfig",
     "SamplingConfig",
     "ServerConfig",

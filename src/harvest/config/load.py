@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from harvest.config.base import field_path
+from harvest.config.base import LAUNCHED_ENGINES, field_path
 from harvest.config.file import HarvestConfig
 from harvest.config.hosts import ClusterConfig, HostConfig
 from harvest.config.job import (
@@ -38,9 +38,14 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 #: Where a job typed on the command line (flags only, no file) says it comes from.
 COMMAND_LINE = "command line"
+#: How a relative path in a job is read, said wherever a path was not found.
+RELATIVE_PATHS = ("a relative path in a job file is read from the file's folder, one given as a flag or a "
+                  "keyword from the folder harvest runs in")
 
 #: The keys whose values are file paths (relative ones: to the file's folder, or to the current
-#: folder when typed as a flag).
+#: folder when typed as a flag). ``[server] model`` is one only where harvest launches the engine
+#: (which then reads it as a path when a file or folder of that name exists); to an endpoint it
+#: is the name every request asks for, sent as typed.
 _PATH_KEYS = (("server", "model"), ("server", "python"), ("data", "path"), ("output", "dir"))
 
 
@@ -64,13 +69,65 @@ def parse_set(text: str, flag: str = "--set") -> Override:
         raise ConfigError(flag, [(f"{flag} {text}", "should be SECTION.KEY=VALUE, e.g. client.concurrency=3")])
     try:
         typed = tomllib.loads(f"v = {value}")["v"]
-    except tomllib.TOMLDecodeError:
+    except tomllib.TOMLDecodeError as exc:
+        if value.strip()[:1] in _TOML_OPENERS:  # meant as a TOML array, table or string, and broken
+            raise ConfigError(flag, [(f"{flag} {name.strip()}", f"{value} is not a TOML value ({exc}); a list is "
+                                      f"[\"a\", \"b\"], a table {{a = 1}}, a text needs no quotes")]) from None
         typed = value
     return Override(f"{flag} {name.strip()}", path, typed)
 
 
-def _apply(data: dict[str, Any], overrides: Sequence[Override]) -> None:
+#: How a TOML array, inline table or quoted string begins: a value that starts so and does not parse
+#: is a mistake, never a text.
+_TOML_OPENERS = ("[", "{", '"', "'")
+
+
+def toml_text(value: Any) -> str:
+    """``value`` as the job file (and ``--set``) would spell it: ``true``, ``['stop']``, ``{a = 1}``."""
+    import json
+    import re
+
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):  # a TOML literal string where it can be one (as pydantic quotes choices)
+        plain = "'" not in value and not any(ord(c) < 32 or ord(c) == 127 for c in value)
+        return f"'{value}'" if plain else json.dumps(value, ensure_ascii=False)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_text(v) for v in value) + "]"
+    if isinstance(value, dict):
+        def key(k: Any) -> str:
+            return str(k) if re.fullmatch(r"[A-Za-z0-9_-]+", str(k)) else json.dumps(str(k), ensure_ascii=False)
+        return "{" + ", ".join(f"{key(k)} = {toml_text(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
+def _check_once(overrides: Sequence[Override]) -> None:
+    """Two flags (or keywords) that set one setting to two values is a mistake: which one was meant?"""
+    first: dict[tuple[str, ...], Override] = {}
+    for o in overrides:
+        seen = first.setdefault(o.path, o)
+        if seen is not o and seen.value != o.value:
+            where = f"[{'.'.join(o.path[:-1])}] {o.path[-1]}"
+            raise ConfigError(o.flag, [(f"{seen.flag} and {o.flag}", f"both set {where}, to {toml_text(seen.value)} "
+                                                                      f"and {toml_text(o.value)}: give one")])
+
+
+def _engine_of(data: dict[str, Any], overrides: Sequence[Override]) -> Any:
+    """The job's ``[server] engine`` as it will be validated: the last override that sets it, else the file's."""
+    for o in reversed(overrides):
+        if o.path == ("server", "engine"):
+            return o.value
+        if o.path == ("server",) and isinstance(o.value, dict) and "engine" in o.value:
+            return o.value["engine"]
+    server = data.get("server")
+    return server.get("engine") if isinstance(server, dict) else None
+
+
+def _apply(data: dict[str, Any], overrides: Sequence[Override], engine: Any = None) -> None:
     """Put each override into the raw mapping, its relative paths resolved against the current folder."""
+    _check_once(overrides)
     typed_here: dict[str, Any] = {}
     for o in overrides:
         node = typed_here
@@ -79,7 +136,7 @@ def _apply(data: dict[str, Any], overrides: Sequence[Override]) -> None:
             if not isinstance(node, dict):
                 raise ConfigError(o.flag, [(o.flag, f"{'.'.join(o.path[:-1])} is a value, not a table")])
         node[o.path[-1]] = o.value
-    _resolve_paths(typed_here, Path.cwd())
+    _resolve_paths(typed_here, Path.cwd(), engine)
     for o in overrides:
         value: Any = typed_here
         for part in o.path:
@@ -106,21 +163,24 @@ def _location(source: str, loc: tuple[Any, ...]) -> str:
     return f"{source}{table}{field}"
 
 
-def _resolve_paths(data: dict[str, Any], base: Path) -> None:
-    """Make relative file paths in the raw TOML relative to the config file's folder."""
+def _resolve_paths(data: dict[str, Any], base: Path, engine: Any = None) -> None:
+    """Make relative file paths in the raw TOML relative to the config file's folder. ``[server]
+    model`` is a path only for an engine harvest launches (``engine``: the job's, which may come from
+    elsewhere than ``data``): an endpoint's model is a name, even where a file of that name exists."""
 
-    def rel(value: str) -> str:
+    def rel(value: str, always: bool = False) -> str:
         p = Path(value).expanduser()
         if p.is_absolute():
             return str(p)
         candidate = base / p
-        return str(candidate) if (candidate.exists() or value.startswith(".")) else value
+        return str(candidate) if (always or candidate.exists() or value.startswith(".")) else value
 
     server = data.get("server")
     if isinstance(server, dict):
-        for key in ("model", "python"):
+        for key in ("model", "python") if engine in LAUNCHED_ENGINES else ("python",):
             if isinstance(server.get(key), str):
-                server[key] = rel(server[key])
+                # llama-server's model is always a file (-m); the others' may be a hub name
+                server[key] = rel(server[key], always=key == "model" and engine == "llamacpp")
     def key_file(h: Any) -> Any:  # the key file is on this machine: relative to the config file
         if isinstance(h, dict) and isinstance(h.get("identity_file"), str):
             return {**h, "identity_file": str(base / Path(h["identity_file"]).expanduser())}
@@ -142,9 +202,10 @@ def parse_config(data: dict[str, Any], source: str = "<memory>", base: Path | No
     """Validate an already-parsed mapping, with ``overrides`` on top. Raises :class:`ConfigError`
     naming table and field, or the flag that set it."""
     data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    engine = _engine_of(data, overrides)
     if base is not None:
-        _resolve_paths(data, base)
-    _apply(data, overrides)
+        _resolve_paths(data, base, engine)
+    _apply(data, overrides, engine)
     try:
         return HarvestConfig.model_validate({**data, "source": source})
     except ValidationError as exc:
@@ -191,6 +252,21 @@ def _flag_of(loc: tuple[Any, ...], overrides: Sequence[Override]) -> str | None:
     return None
 
 
+def _message(errs: list[Any]) -> str:
+    """The message of one mistake, the value shown as the job file (and ``--set``) spells it."""
+    if len(errs) > 1:  # a value of none of the union's types: one line, every accepted form
+        forms = [e["msg"].removeprefix("Input should be ") for e in errs]
+        return f"should be {' or '.join(forms)} (got {toml_text(errs[0].get('input'))})"
+    err = errs[0]
+    msg = err["msg"]
+    for prefix in _PREFIXES:
+        msg = msg.removeprefix(prefix)
+    if err["type"] in ("literal_error", "int_type", "float_type", "string_type", "bool_type",
+                       "int_from_float", "list_type", "dict_type"):
+        msg = f"{msg} (got {toml_text(err.get('input'))})"
+    return msg
+
+
 def _problems(source: str, errors: list[Any], overrides: Sequence[Override] = ()) -> list[tuple[str, str]]:
     """One ``(location, message)`` per mistake: the errors of a union's members are one mistake. A
     value a flag gave is named by the flag (``--concurrency``, ``--set client.concurrency``)."""
@@ -204,17 +280,8 @@ def _problems(source: str, errors: list[Any], overrides: Sequence[Override] = ()
             shown, msg = _unknown(loc)
             if shown is not None:
                 where = f"{source} {shown}"
-        elif len(errs) > 1:  # a value of none of the union's types: one line, every accepted form
-            forms = [e["msg"].removeprefix("Input should be ") for e in errs]
-            msg = f"should be {' or '.join(forms)} (got {errs[0].get('input')!r})"
         else:
-            err = errs[0]
-            msg = err["msg"]
-            for prefix in _PREFIXES:
-                msg = msg.removeprefix(prefix)
-            if err["type"] in ("literal_error", "int_type", "float_type", "string_type", "bool_type",
-                               "int_from_float", "list_type", "dict_type"):
-                msg = f"{msg} (got {err.get('input')!r})"
+            msg = _message(errs)
         flag = _flag_of(loc, overrides)
         if flag is not None:
             where = f"{flag} ({where.removeprefix(source).strip() or 'the job'})"
@@ -244,4 +311,4 @@ def load_config(path: str | Path | None, overrides: Sequence[Override] = ()) -> 
     return parse_config(data, source=source, base=path.resolve().parent, overrides=overrides)
 
 
-__all__ = ["COMMAND_LINE", "Override", "load_config", "parse_config", "parse_set"]
+__all__ = ["COMMAND_LINE", "RELATIVE_PATHS", "Override", "load_config", "parse_config", "parse_set", "toml_text"]

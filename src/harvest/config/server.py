@@ -27,7 +27,9 @@ class ServerConfig(StrictModel):
     engine: EngineKind = Field(description="what serves the model: harvest launches sglang, vllm, transformers "
                                "(`transformers serve`) or llamacpp (llama-server); openai is an endpoint already "
                                "running; command runs any argv and waits for its health URL")
-    model: str | None = Field(None, description="model folder or hub name; served model name")
+    model: str | None = Field(None, description="engines harvest launches: the model's folder, a hub name, or for "
+                              "llamacpp a GGUF file (a relative path is read from the job file's folder); engine "
+                              "openai: the name every request asks for, sent as typed")
     served_model_name: str | None = Field(None, description="the name the engine serves the model under "
                                           "(unset: `model`); requests ask for it")
     host: str = Field("127.0.0.1", description="address the engine binds; a non-loopback one needs `api_key_env`")
@@ -60,8 +62,9 @@ class ServerConfig(StrictModel):
                                 "([server.env]); secret-named values are redacted in every record")
 
     # Engine `command`: any argv plus a health URL. Engine `openai`: a running endpoint.
-    command: list[str] = Field(default_factory=list, description="engine `command`: the argv to run (e.g. a "
-                               "llama-server binary and its flags); {host}, {port} and {model} are replaced")
+    command: list[str] = Field(default_factory=list, description="engine `command`: the argv to run; {host}, "
+                               "{port} and {model} are replaced. Engine llamacpp: the llama-server executable "
+                               "(unset: llama-server from PATH)")
     health_url: str | None = Field(None, description="engine `command`: the URL that answers 2xx once it is "
                                    "ready ({host} and {port} replaced); unset: the port accepting connections")
     base_url: str | None = Field(None, description="engine `openai`: the running endpoint's base URL "

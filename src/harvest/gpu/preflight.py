@@ -12,6 +12,8 @@ re-exported here and by :mod:`harvest.gpu`):
                     vLLM's CPU build: its KV cache (host RAM) fits
     swap            swap used <= max_swap_used_mib
     port            the server's port can be bound on its bind address
+    paths           every path the job names is there (gpu/paths.py): the engine's Python or binary,
+                    a local model file or folder, the data
     disk            the output folder's file system has min_disk_free_gib free
 
 Everything is measured at call time through the probe, psutil and a bind check. This module never
@@ -21,17 +23,19 @@ measurement into a pass: a probe error is a failed rule that carries the error.
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 import psutil
 
-from harvest.checks import Number, PreflightReport, RuleResult
+from harvest.checks import NamedPath, Number, PreflightReport, RuleResult
 from harvest.config import PreflightConfig, ServerConfig
 from harvest.errors import ProbeError
 from harvest.gpu.host import disk_state, host_state
+from harvest.gpu.paths import PATHS, cpu_hint, paths_rule
 from harvest.gpu.records import DiskState, GpuProbe, GpuProcess, GpuState, HostState
 from harvest.net import listening_pids, port_bindable, port_listening
 
@@ -41,7 +45,7 @@ HOST_RAM = "host-ram"
 SWAP = "swap"
 PORT = "port"
 DISK = "disk"
-RULES = (GPU_MEMORY, GPU_PROCESSES, HOST_RAM, SWAP, PORT, DISK)
+RULES = (GPU_MEMORY, GPU_PROCESSES, HOST_RAM, SWAP, PORT, PATHS, DISK)
 
 #: vLLM's ``gpu_memory_utilization`` default (0.32.0 ``vllm/config/cache.py``); on the CPU build the
 #: same fraction of the NUMA node's RAM.
@@ -168,8 +172,8 @@ def _gpu_rules(server: ServerConfig, settings: PreflightConfig, probe: GpuProbe,
                 for i in server.gpus for rule in (GPU_MEMORY, GPU_PROCESSES)]
     warnings.extend(snap.warnings)
     if snap.unavailable_reason is not None:
-        return [RuleResult(rule, False, f"GPU {i} requested but {snap.unavailable_reason}", gpu=i)
-                for i in server.gpus for rule in (GPU_MEMORY, GPU_PROCESSES)]
+        return [RuleResult(rule, False, f"GPU {i} requested but {snap.unavailable_reason}; {cpu_hint(server.engine)}",
+                           gpu=i) for i in server.gpus for rule in (GPU_MEMORY, GPU_PROCESSES)]
     by_index = {g.index: g for g in snap.gpus}
     results: list[RuleResult] = []
     for i in server.gpus:
@@ -177,6 +181,8 @@ def _gpu_rules(server: ServerConfig, settings: PreflightConfig, probe: GpuProbe,
         if gpu is None:
             have = ", ".join(str(k) for k in sorted(by_index)) or "none"
             text = f"GPU {i} requested but this machine has {len(by_index)} GPU(s) (indices: {have})"
+            if not by_index:
+                text += f"; {cpu_hint(server.engine)}"
             results += [RuleResult(GPU_MEMORY, False, text, gpu=i), RuleResult(GPU_PROCESSES, False, text, gpu=i)]
             continue
         results += [_memory_rule(gpu, server, settings), _process_rule(gpu, ours)]
@@ -313,10 +319,12 @@ def _disk_rule(settings: PreflightConfig, output_dir: Path, disk: DiskState) -> 
 
 def run_preflight(server: ServerConfig, settings: PreflightConfig, *, probe: GpuProbe, output_dir: Path,
                   host: HostState | None = None, disk: DiskState | None = None,
-                  ours: Collection[int] = (), unlisted_gpus: str = NO_GPUS_LISTED) -> PreflightReport:
+                  ours: Collection[int] = (), unlisted_gpus: str = NO_GPUS_LISTED,
+                  paths: Sequence[NamedPath] = ()) -> PreflightReport:
     """Measure once and judge every rule. ``host``/``disk`` default to measuring now; ``ours`` are
     pids harvest itself started (not counted as foreign); ``unlisted_gpus`` is what the GPU rules
-    say when [server] lists no GPUs (the placement knows why)."""
+    say when [server] lists no GPUs (the placement knows why); ``paths``: what the job names that
+    must be there (``harvest.server.engine_paths``, and the data where harvest reads it)."""
     results: list[RuleResult] = []
     warnings: list[str] = []
     if not server.launched:
@@ -332,6 +340,7 @@ def run_preflight(server: ServerConfig, settings: PreflightConfig, *, probe: Gpu
         else:
             results += [_ram_rule(server, settings, measured, warnings), _swap_rule(settings, measured)]
         results.append(_port_rule(server))
+    results.append(paths_rule(paths, {**os.environ, **server.env}))
     try:
         results.append(_disk_rule(settings, Path(output_dir),
                                   disk if disk is not None else disk_state(output_dir)))
@@ -344,7 +353,8 @@ def wait_for_preflight(server: ServerConfig, settings: PreflightConfig, *, probe
                        output_dir: Path, wait_s: float, interval_s: float = MAX_INTERVAL_S,
                        host: HostState | None = None, disk: DiskState | None = None,
                        ours: Collection[int] = (), clock: Callable[[], float] = time.monotonic,
-                       sleep: Callable[[float], None] = time.sleep) -> PreflightReport:
+                       sleep: Callable[[float], None] = time.sleep,
+                       paths: Sequence[NamedPath] = ()) -> PreflightReport:
     """Run the preflight every ``interval_s`` (<= 0.2 s: at least 5 Hz) until it passes or
     ``wait_s`` seconds pass; one last measurement is taken at the deadline. Returns the last report.
     ``clock`` and ``sleep`` are time seams for tests."""
@@ -355,7 +365,7 @@ def wait_for_preflight(server: ServerConfig, settings: PreflightConfig, *, probe
     attempts = 0
     while True:
         report = run_preflight(server, settings, probe=probe, output_dir=output_dir, host=host, disk=disk,
-                               ours=ours)
+                               ours=ours, paths=paths)
         attempts += 1
         now = clock()
         if report.passed or now >= deadline:
@@ -366,7 +376,7 @@ def wait_for_preflight(server: ServerConfig, settings: PreflightConfig, *, probe
 
 
 __all__ = [
-    "DISK", "GPUS_BY_RAY", "GPU_MEMORY", "GPU_PROCESSES", "HOST_RAM", "NO_GPUS_LISTED", "PORT", "RULES", "SWAP",
+    "DISK", "GPUS_BY_RAY", "GPU_MEMORY", "GPU_PROCESSES", "HOST_RAM", "NO_GPUS_LISTED", "PATHS", "PORT", "RULES", "SWAP",
     "Number", "PreflightReport", "RuleResult", "claim_fraction", "describe_process", "run_preflight",
     "sglang_default_fraction", "sglang_rank_budget_bytes", "sglang_runtime_mib", "wait_for_preflight",
 ]

@@ -101,6 +101,16 @@ def migrate(conn: sqlite3.Connection, version: int) -> None:
         conn.execute(sql)
 
 
+def status_counts(conn: sqlite3.Connection, *, tallied: bool = True) -> dict[str, int]:
+    """Items per status name and ``results`` (rows in results): the tallies (schema 2 and 3), or a
+    full count of a version 1 ledger."""
+    if tallied:
+        return {str(name): int(n) for name, n in conn.execute("SELECT name, n FROM tallies")}
+    counts = {str(status): int(n) for status, n in conn.execute("SELECT status, COUNT(*) FROM items GROUP BY status")}
+    counts["results"] = int(conn.execute("SELECT COUNT(*) FROM results").fetchone()[0])
+    return counts
+
+
 def readable_version(conn: sqlite3.Connection, path: Path) -> tuple[int, dict[str, Any]]:
     """The schema version and meta of a ledger opened read-only; :class:`LedgerError` when it is
     not a harvest ledger or a version this harvest cannot read. Closes ``conn`` when it raises."""

@@ -51,6 +51,9 @@ class Status(str, Enum):
 
 #: Statuses that end an item's life in a run (``check_totals`` expects only these at the end).
 FINAL_STATUSES: tuple[Status, ...] = (Status.DONE, Status.TRUNCATED, Status.FAILED, Status.SKIPPED)
+#: Statuses an engine's answer set: a result (done, truncated) or the item's own rejection (failed).
+#: A ledger without any is a run that produced nothing, which a job of other settings may take over.
+PRODUCED_STATUSES: tuple[Status, ...] = (Status.DONE, Status.TRUNCATED, Status.FAILED)
 #: Statuses that come with a row in ``results``.
 RESULT_STATUSES: tuple[Status, ...] = (Status.DONE, Status.TRUNCATED)
 

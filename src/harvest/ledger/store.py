@@ -51,7 +51,8 @@ from harvest.errors import LedgerError
 from harvest.ledger.claims import Claims
 from harvest.ledger.handle import RESERVED_META
 from harvest.ledger.ingest import Ingest, IngestBatch, prepare_ingest
-from harvest.ledger.migrate import prepare, readable_version
+from harvest.ledger.migrate import prepare, readable_version, status_counts
+from harvest.ledger.records import PRODUCED_STATUSES
 from harvest.ledger.results import Results
 from harvest.ledger.schema import LEDGER_FILE, LOCK_FILE, connect
 from harvest.ledger.shards import committed_lengths
@@ -85,9 +86,13 @@ class Ledger(Ingest, Claims, Results):
     :class:`~harvest.ledger.claims.Claims` (claims, results, failures, requeues) and
     :class:`~harvest.ledger.results.Results` (reading and counts)."""
 
+    #: What the ledger this one replaced held (:meth:`open`'s ``other_job``): items per status name,
+    #: every result count 0. None when nothing was replaced.
+    replaced: dict[str, int] | None = None
+
     @classmethod
     def open(cls, run_dir: str | Path, *, settings_hash: str, meta: Mapping[str, Any] | None = None,
-             allow_mixed: bool = False, samples: int = 1) -> Ledger:
+             allow_mixed: bool = False, samples: int = 1, other_job: str | None = None) -> Ledger:
         """Create the ledger of a new run in ``run_dir``, or resume the one there.
 
         ``meta`` (JSON-able values: job spec, engine version, ...) is stored; on resume its keys are
@@ -98,6 +103,12 @@ class Ledger(Ingest, Claims, Results):
         ``samples`` (``[sampling] n``) is fixed when the run is created: resuming with another
         number raises :class:`LedgerError` (the rows of each input exist already). Logprob shard
         bytes no committed result references (a crash mid-commit) are cut off here.
+
+        ``other_job``: why the folder's run is another job's (the caller found its settings or its
+        dataset differ). Checked under the lock: a ledger that holds no result (no item done,
+        truncated or failed: nothing an engine produced) is replaced by a new one for this job,
+        and :attr:`replaced` says what it held; one that holds results is :class:`LedgerError`
+        with ``other_job`` as its message.
         """
         meta = dict(meta or {})
         bad = sorted(RESERVED_META & meta.keys())
@@ -122,6 +133,7 @@ class Ledger(Ingest, Claims, Results):
             folder.close()
             raise
         try:
+            replaced = cls._replace_resultless(folder, path, other_job) if other_job is not None else None
             created = not folder.exists(LEDGER_FILE)
             if created:
                 try:
@@ -147,6 +159,7 @@ class Ledger(Ingest, Claims, Results):
             raise
         ledger = cls(conn, path, settings_hash=settings_hash, readonly=False, lock_fd=lock_fd,
                      created=created, recovered=recovered, samples=samples, folder=folder)
+        ledger.replaced = replaced
         try:
             ledger.shards.trim(committed)
         except BaseException:
@@ -166,6 +179,30 @@ class Ledger(Ingest, Claims, Results):
         version, stored = readable_version(conn, path)
         return cls(conn, path, settings_hash=None, readonly=True, lock_fd=None, created=False, recovered=0,
                    tallied=version != 1, version=version, samples=int(stored.get("samples", 1)))
+
+    @staticmethod
+    def _replace_resultless(folder: safefiles.Folder, path: Path, other_job: str) -> dict[str, int] | None:
+        """Under the run folder's lock: the items per status of a ledger that holds no result,
+        removed (the file and its -wal and -shm) so that a new one is created in its place;
+        LedgerError(``other_job``) when it holds results; None when there is no ledger."""
+        if not folder.exists(LEDGER_FILE):
+            return None
+        try:
+            conn = connect(Path(folder.via(LEDGER_FILE)))
+        except sqlite3.Error as exc:
+            raise LedgerError(f"{path}: cannot read the ledger: {exc}") from exc
+        try:
+            version, _ = readable_version(conn, path)  # closes conn when it raises
+            held = status_counts(conn, tallied=version != 1)
+        except sqlite3.Error as exc:
+            raise LedgerError(f"{path}: cannot read the ledger: {exc}") from exc
+        finally:
+            conn.close()  # the last connection: SQLite checkpoints and removes its -wal
+        if any(held.get(s.value, 0) for s in PRODUCED_STATUSES) or held.get("results", 0):
+            raise LedgerError(other_job)
+        for name in (f"{LEDGER_FILE}-wal", f"{LEDGER_FILE}-shm", LEDGER_FILE):
+            folder.unlink(name)
+        return {name: n for name, n in held.items() if name not in ("results", "id_conflicts")}
 
     @staticmethod
     def _lock(folder: safefiles.Folder) -> int:

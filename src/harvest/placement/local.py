@@ -18,10 +18,12 @@ from typing import Any, ClassVar
 import psutil
 
 from harvest import safefiles
+from harvest.checks import NamedPath
 from harvest.config import HarvestConfig, PreflightConfig, ServerConfig
 from harvest.errors import StopError
 from harvest.events import Listener
 from harvest.gpu import NoGpuProbe, host_state, open_probe, run_preflight, wait_for_preflight
+from harvest.gpu.paths import data_paths
 from harvest.gpu.payload import gpus_payload, preflight_payload
 from harvest.gpu.records import GpuProbe
 from harvest.net import port_listening
@@ -50,6 +52,7 @@ from harvest.server import (
     WATCH_LOG,
     alive,
     check_run_dir,
+    engine_paths,
     group_findings,
     hold_index,
     list_runs,
@@ -57,6 +60,11 @@ from harvest.server import (
 )
 
 log = logging.getLogger("harvest.placement")
+
+
+def job_paths(cfg: HarvestConfig) -> tuple[NamedPath, ...]:
+    """What a job run here needs on this machine: the engine's paths and the data harvest reads."""
+    return (engine_paths(cfg.server) if cfg.server is not None else ()) + data_paths(cfg.data)
 
 WHERE = "this machine"
 
@@ -166,13 +174,15 @@ class LocalPlacement(Placement):
         out_dir = output_dir if output_dir is not None else Path(cfg.output.dir)
         # NVML is only opened when a rule will look at a GPU.
         probe = open_probe() if (server.launched and server.gpus) else NoGpuProbe("no GPUs listed")
+        paths = job_paths(cfg)
         try:
             if wait_s is None:
-                report = run_preflight(server, cfg.preflight, probe=probe, output_dir=out_dir)
+                report = run_preflight(server, cfg.preflight, probe=probe, output_dir=out_dir, paths=paths)
             else:
                 if on_wait is not None:
                     on_wait()
-                report = wait_for_preflight(server, cfg.preflight, probe=probe, output_dir=out_dir, wait_s=wait_s)
+                report = wait_for_preflight(server, cfg.preflight, probe=probe, output_dir=out_dir, wait_s=wait_s,
+                                            paths=paths)
         finally:
             probe.close()
         answer = Answer(WHERE, preflight_payload(report, config=cfg.source, engine=server.engine))

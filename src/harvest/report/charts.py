@@ -103,7 +103,8 @@ def time_panels(panels: Sequence[dict[str, Any]], *, events: Sequence[tuple[floa
 def histograms(series: Sequence[tuple[str, Sequence[float], Sequence[int]]], *, title: str, xlabel: str,
                marks: Sequence[tuple[float, str]] = ()) -> str:
     """Log-binned histograms drawn as steps on a log x axis: (label, edges, counts) each; the first
-    bin (below the histogram's lowest edge, zero included) is drawn from a tenth of that edge. The
+    bin (below the histogram's lowest edge, zero included) is drawn one bin wide below that edge
+    (where its values lie is not known: a wider bar would show values that are not there). The
     axis spans at least a decade, so the values of one bin (every answer ran to max_tokens) show as
     a bar, not as a fill of the whole width."""
     return _svg(histogram_figure(series, title=title, xlabel=xlabel, marks=marks))
@@ -123,7 +124,8 @@ def histogram_figure(series: Sequence[tuple[str, Sequence[float], Sequence[int]]
         if not sum(counts):
             continue
         lo = edges[1]
-        xs = [lo / 10 if j == 0 else e for j, e in enumerate(edges)]
+        ratio = edges[2] / edges[1] if len(edges) > 2 and edges[1] > 0 else 10.0
+        xs = [lo / ratio if j == 0 else e for j, e in enumerate(edges)]
         used = [j for j, c in enumerate(counts) if c]
         first, last = used[0], used[-1]
         ax.stairs(counts[first:last + 1], xs[first:last + 2], label=f"{label} ({sum(counts):,})",

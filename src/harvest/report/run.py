@@ -108,7 +108,7 @@ def _header(st: RunStatus, meta: dict[str, Any], launches: list[dict[str, Any]])
         ("harvest version", st.harvest_version),
         ("created", when(st.created_at)),
         ("settings hash", ", ".join(st.settings_hashes) or None),
-        ("runner", st.runner.detail),
+        ("runner", _runner(st)),
     ]
     out = ["<h2>Run</h2>", kv(pairs)]
     if sampling:
@@ -116,6 +116,15 @@ def _header(st: RunStatus, meta: dict[str, Any], launches: list[dict[str, Any]])
     if settings:
         out.append("<h3>Server settings</h3>" + settings_table(settings, name="server-settings"))
     return "".join(out)
+
+
+def _runner(st: RunStatus) -> str:
+    """The runner as measured; the process writing the page is the run itself as it ends (``harvest
+    run`` writes its report last): not "alive", but ended, with the state it recorded."""
+    if st.runner.pid == os.getpid():
+        return (f"pid {st.runner.pid}: the harvest run that wrote this page as it ended "
+                f"({st.runner.recorded_state or 'state not recorded'})")
+    return st.runner.detail
 
 
 def settings_table(settings: dict[str, Any], *, name: str) -> str:
@@ -296,14 +305,15 @@ def _distributions(st: RunStatus, doc: dict[str, Any], meta: dict[str, Any]) -> 
                                                         xlabel="seconds (log)", marks=marks),
                           "Seconds from each request being sent to its answer, summed over the item's "
                           "requests (retries included; the wait in harvest's own queue is apart), log bins."))
-    streamed = [_hist_series(hs[name], label) for name, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"))
-                if hs[name].n]
+    streamed = [_hist_series(hs[name], label) for name, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"),
+                                                                  ("itl_s", "ITL")) if hs[name].n]
     if streamed:
-        out.append(figure("token-timing", charts.histograms(streamed, title="time to first token and per output "
-                                                                          "token", xlabel="seconds (log)"),
+        out.append(figure("token-timing", charts.histograms(streamed, title="time to first token, per output "
+                                                                          "token and between tokens",
+                                                            xlabel="seconds (log)"),
                           "Streamed answers ([client] stream): seconds from each item's first request being "
-                          "sent to its first token (TTFT), and per output token after it (TPOT); the wait in "
-                          "harvest's own queue is apart."))
+                          "sent to its first token (TTFT), per output token after it (TPOT), and every gap "
+                          "between two tokens (ITL); the wait in harvest's own queue is apart."))
     series = [_hist_series(hs[f"completion_tokens:{s}"], s) for s in ("done", "truncated", "failed")
               if hs[f"completion_tokens:{s}"].n]
     max_tokens = ((meta.get("job") or {}).get("sampling") or {}).get("max_tokens")

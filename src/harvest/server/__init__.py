@@ -12,7 +12,15 @@ This package is the facade the placement kinds import (``.importlinter``: they n
 
 from __future__ import annotations
 
-from harvest.server.base import ENGINES, EngineAdapter, FatalPattern, MetricNames, ReadinessCheck, adapter_for
+from harvest.server.base import (
+    ENGINES,
+    EngineAdapter,
+    FatalPattern,
+    MetricNames,
+    ReadinessCheck,
+    adapter_for,
+    engine_paths,
+)
 from harvest.server.batch import batch_limit, batch_limit_exact, has_metrics
 from harvest.server.procs import alive, group_findings, signal_verified, verified
 from harvest.server.state import (
@@ -54,6 +62,7 @@ __all__ = [
     "batch_limit_exact",
     "check_run_dir",
     "default_run_dir",
+    "engine_paths",
     "group_findings",
     "has_metrics",
     "hold_index",

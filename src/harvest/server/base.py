@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib
 import os
 import re
-import shutil
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -21,7 +20,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from harvest.config import ServerConfig
+from harvest.checks import NamedPath
+from harvest.config import RELATIVE_PATHS, ServerConfig
+from harvest.gpu.paths import missing
 from harvest.http import SyncHttp
 
 
@@ -135,14 +136,39 @@ ENGINE_SOURCES = {
 def missing_executable(argv0: str, env: Mapping[str, str]) -> str | None:
     """Why ``argv0`` cannot be started (``is not on PATH``, ``does not exist``, ``is not executable``),
     or None when it can: looked up as exec would, on ``env``'s PATH."""
-    if "/" in argv0:
-        if not os.path.exists(argv0):
-            return "does not exist"
-        if os.path.isdir(argv0) or not os.access(argv0, os.X_OK):
-            return "is not an executable file"
-        return None
-    found = shutil.which(argv0, path=env.get("PATH", os.defpath))
-    return None if found else f"is not on PATH ({env.get('PATH', os.defpath)})"
+    return missing(NamedPath("", argv0, "executable", ""), env)
+
+
+#: Engines whose ``[server] model`` is a local path when it is absolute (else a hub name the engine
+#: fetches), and the kind of path; llama-server's ``-m`` is always a file.
+_MODEL_PATHS = {"vllm": "file or folder", "sglang": "file or folder", "transformers": "file or folder",
+                "llamacpp": "file"}
+
+
+def engine_paths(config: ServerConfig) -> tuple[NamedPath, ...]:
+    """The paths a launch of ``config`` needs where the engine runs: its executable (the engine's
+    Python, llama-server, the command's program) and a local model, each with its fix; none for an
+    endpoint harvest does not launch. The preflight's ``paths`` rule checks them."""
+    if not config.launched:
+        return ()
+    adapter = adapter_for(config.engine)
+    found: list[NamedPath] = []
+    try:
+        argv0 = adapter.argv(config, run_dir=None)[0]
+    except Exception:  # noqa: BLE001 - an adapter that needs its run folder: the spawn says it
+        argv0 = None
+    if argv0 is not None:
+        field = ("[server] command" if config.command else
+                 "[server] python" if config.python else f"engine {config.engine!r}")
+        found.append(NamedPath(field, argv0, "executable",
+                               ENGINE_SOURCES.get(config.engine, ENGINE_SOURCES["command"])))
+    kind = _MODEL_PATHS.get(config.engine)
+    model = config.model
+    if kind is not None and model and (kind == "file" or os.path.isabs(model)):
+        what = "the GGUF file llama-server loads (-m)" if kind == "file" else "the model's folder"
+        found.append(NamedPath("[server] model", model, kind,
+                               f"[server] model names {what}: give its path ({RELATIVE_PATHS})"))
+    return tuple(found)
 
 
 def gpu_environment(config: ServerConfig) -> dict[str, str]:
@@ -224,6 +250,7 @@ __all__ = [
     "adapter_for",
     "api_key_environment",
     "bearer_headers",
+    "engine_paths",
     "gpu_environment",
     "private_files",
     "python_of",

@@ -355,7 +355,9 @@ def register_run(run_dir: Path, engine: str, port: int, index: safefiles.Folder 
 
 
 def list_runs() -> list[IndexEntry]:
-    """Every indexed run folder, oldest first (entries whose folder is gone are skipped)."""
+    """Every indexed run folder once (its latest registration: a folder whose server was launched
+    again, by a relaunch or a later session, is registered at each launch), oldest first; entries
+    whose folder is gone are skipped."""
     runs = state_dir() / "runs"
     out: list[IndexEntry] = []
     if not runs.is_dir():
@@ -377,8 +379,8 @@ def list_runs() -> list[IndexEntry]:
             continue
         if Path(entry.run_dir).is_dir():
             out.append(entry)
-    out.sort(key=lambda e: e.registered_at)
-    return out
+    latest = {e.run_dir: e for e in sorted(out, key=lambda e: e.registered_at)}
+    return sorted(latest.values(), key=lambda e: e.registered_at)
 
 
 __all__ = [

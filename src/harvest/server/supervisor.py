@@ -41,7 +41,14 @@ from harvest.http import HttpError, SyncHttp
 from harvest.gpu.records import GpuProbe
 from harvest.redact import secret_env_values
 from harvest.server import procs
-from harvest.server.base import ENGINE_SOURCES, EngineAdapter, adapter_for, missing_executable, private_files
+from harvest.server.base import (
+    ENGINE_SOURCES,
+    EngineAdapter,
+    adapter_for,
+    engine_paths,
+    missing_executable,
+    private_files,
+)
 from harvest.server.history import keep_last_launch
 from harvest.server.milestones import LaunchReporter
 from harvest.server.readiness import LogWatcher, Ready, wait_ready
@@ -357,7 +364,8 @@ class Server:
         from harvest.gpu.preflight import run_preflight
 
         emit(self.on_event, "preflight", "start")
-        report = run_preflight(self.config, self.preflight_config, probe=probe, output_dir=run_dir)
+        report = run_preflight(self.config, self.preflight_config, probe=probe, output_dir=run_dir,
+                               paths=engine_paths(self.config))
         self.preflight_report = report
         emit(self.on_event, "preflight", "end", ok=report.passed, passed=report.passed,
              rules=len(report.results), failures=len(report.failures), forced=self.force)

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
 from harvest import safefiles
-from harvest.errors import ConfigError
+from harvest.errors import ConfigError, LedgerError
 from harvest.ledger import RESULT_STATUSES, Ledger, ResultRow, Status
 
 FORMATS = ("specforge", "sharegpt", "openai-batch", "parquet", "logprobs")
@@ -77,9 +77,9 @@ class ExportReport:
 
     path: Path
     format: str
-    #: Records written.
+    #: Items (one per sample) written.
     written: int
-    #: Records written per item status.
+    #: Items written per status.
     by_status: Mapping[str, int]
     #: Results that could not be exported (not in the documented schema), and the first few of
     #: them as ``(item id, why)``.
@@ -89,6 +89,8 @@ class ExportReport:
     kept: bool = True
     #: ``logprobs``: results of the selected statuses that carry no log-probabilities.
     without_logprobs: int = 0
+    #: Records in the file: one per item, or for ``logprobs`` one per sample and turn.
+    rows: int = 0
 
 
 # ------------------------------------------------------------------------------------ options
@@ -101,8 +103,11 @@ def default_output(run_dir: str | Path, fmt: str) -> Path:
     return Path(run_dir) / f"export.{fmt}.jsonl"
 
 
-def parse_statuses(values: Iterable[str | Status]) -> tuple[Status, ...]:
-    """Statuses from names (comma-separated lists allowed), in order, without repeats."""
+def parse_statuses(values: str | Status | Iterable[str | Status]) -> tuple[Status, ...]:
+    """Statuses from names (comma-separated lists allowed; one string is one name or list, never
+    its letters), in order, without repeats."""
+    if isinstance(values, (str, Status)):
+        values = (values,)
     out: list[Status] = []
     for value in values:
         for name in (value.value,) if isinstance(value, Status) else str(value).split(","):
@@ -369,6 +374,8 @@ def _with_sample(make: Callable[[ResultRow], dict[str, Any]], fmt: str) -> Calla
 class _Tally:
     def __init__(self) -> None:
         self.by_status: Counter[str] = Counter()
+        #: logprobs: rows written (one per sample and turn).
+        self.rows = 0
         self.malformed = 0
         self.examples: list[tuple[str, str]] = []
 
@@ -414,8 +421,35 @@ def _write_parquet(path: Path | BinaryIO, rows: Iterable[ResultRow], tally: _Tal
             writer.write_table(pa.Table.from_pylist(batch, schema=schema), row_group_size=len(batch))
 
 
+def nothing_selected(run_dir: str | Path, fmt: str, statuses: Sequence[Status], report: ExportReport, *,
+                     flags: bool = True) -> str:
+    """Why an export wrote nothing, with what the run holds and the fix, in the command's words
+    (``flags``: ``--status``, ``--allow-empty``) or the Python API's (``statuses=``, ``allow_empty=True``)."""
+    if fmt == "logprobs" and report.without_logprobs:
+        return (f"--format logprobs: none of the run's {report.without_logprobs:,} selected results carries "
+                f"log-probabilities (they ran with [sampling] logprobs = 0): set [sampling] logprobs = K for a new "
+                f"run, or export another format; no file written")
+    other, empty = ("--status", "--allow-empty") if flags else ("statuses=", "allow_empty=True")
+    return (f"--format {fmt}: no item of status {', '.join(s.value for s in statuses)} to export "
+            f"({_what_is_there(run_dir)}): pick other statuses with {other}, or {empty} to write an empty file; "
+            f"no file written")
+
+
+def _what_is_there(run_dir: str | Path) -> str:
+    """The run's items per status, e.g. ``the run holds skipped 20``."""
+    try:
+        ledger = Ledger.open_readonly(run_dir)
+    except LedgerError:
+        return "the run holds no readable ledger"
+    try:
+        counts = {s.value: n for s, n in ledger.counts().items() if n}
+    finally:
+        ledger.close()
+    return "the run holds " + (", ".join(f"{s} {n:,}" for s, n in counts.items()) if counts else "no item")
+
+
 def export_run(run_dir: str | Path, fmt: str, *, output: str | Path | None = None,
-               statuses: Iterable[str | Status] = DEFAULT_STATUSES, sharegpt_style: str = "role-content",
+               statuses: str | Status | Iterable[str | Status] = DEFAULT_STATUSES, sharegpt_style: str = "role-content",
                row_group_size: int = ROW_GROUP_SIZE, fetch: int = 1000, allow_empty: bool = True) -> ExportReport:
     """Write the items of ``statuses`` from the run's ledger to ``output`` (default
     :func:`default_output`) in ``fmt``, atomically, in input order.
@@ -447,9 +481,7 @@ def export_run(run_dir: str | Path, fmt: str, *, output: str | Path | None = Non
             if fmt == "logprobs":
                 from harvest.campaign.outputs.export_logprobs import write_logprobs
 
-                written, without = write_logprobs(ledger, rows, tmp)
-                if written:
-                    tally.by_status["rows"] = written
+                tally.rows, without = write_logprobs(ledger, rows, tmp, tally.by_status)
             elif fmt == "parquet":
                 _write_parquet(tmp, rows, tally, row_group_size)
             else:
@@ -474,7 +506,8 @@ def export_run(run_dir: str | Path, fmt: str, *, output: str | Path | None = Non
     written = sum(tally.by_status.values())
     return ExportReport(path=path, format=fmt, written=written, by_status=dict(tally.by_status),
                         malformed=tally.malformed, malformed_examples=tuple(tally.examples),
-                        kept=allow_empty or written > 0, without_logprobs=without)
+                        kept=allow_empty or written > 0, without_logprobs=without,
+                        rows=tally.rows if fmt == "logprobs" else written)
 
 
 # ------------------------------------------------------------------------------------ checking

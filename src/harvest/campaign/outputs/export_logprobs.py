@@ -16,6 +16,8 @@ Zstd-compressed; float16 stays float16 (Parquet FLOAT16 logical type, pyarrow >=
 
 from __future__ import annotations
 
+from collections import Counter
+
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -75,9 +77,10 @@ def _nested(pa: Any, arrays: list[np.ndarray], typ: Any) -> Any:
     return pa.ListArray.from_arrays(pa.array(outer), lists)
 
 
-def write_logprobs(ledger: Ledger, rows: Iterable[ResultRow], path: Path | BinaryIO) -> tuple[int, int]:
+def write_logprobs(ledger: Ledger, rows: Iterable[ResultRow], path: Path | BinaryIO,
+                   by_status: Counter[str] | None = None) -> tuple[int, int]:
     """Write the logprobs of ``rows`` to ``path``. Returns (sample-turn rows written, results without
-    logprobs passed over)."""
+    logprobs passed over); ``by_status`` counts the results written, per status."""
     pa, pq = pyarrow_for("logprobs")
     schema = logprobs_schema(pa)
     written = without = 0
@@ -102,6 +105,8 @@ def write_logprobs(ledger: Ledger, rows: Iterable[ResultRow], path: Path | Binar
             if turns is None:
                 without += 1
                 continue
+            if by_status is not None:
+                by_status[row.status.value] += 1
             for t, turn in enumerate(turns):
                 cols["id"].append(row.item_id)
                 cols["sample"].append(row.sample)

@@ -11,6 +11,7 @@ small file write.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -25,6 +26,8 @@ from harvest.events import Event, Phases
 from harvest.redact import redact_doc
 
 PROGRESS_FILE = "progress.json"
+
+log = logging.getLogger("harvest.campaign")
 
 
 @dataclass(frozen=True)
@@ -129,9 +132,15 @@ class Progress:
         self.queue_wait_s = 0.0
         #: The client's fixed concurrency (None with "auto": see ``concurrency`` targets).
         self.concurrency_limit: int | None = None
-        #: Streamed answers (``[client] stream``): the latest items' TTFT and TPOT, seconds.
+        #: Streamed answers (``[client] stream``): the latest items' TTFT and TPOT, and the latest
+        #: gaps between their tokens (ITL), seconds.
         self.ttft_recent: deque[float] = deque(maxlen=STREAM_RECENT)
         self.tpot_recent: deque[float] = deque(maxlen=STREAM_RECENT)
+        self.itl_recent: deque[float] = deque(maxlen=ITL_RECENT)
+        #: Where progress.json's writes go: None writes on the caller's thread; a session running in
+        #: an event loop hands its one file-writer thread (the loop never waits on the disk).
+        self.defer: Callable[[Callable[[], None]], Any] | None = None
+        self._write_failed = False
 
     # --- phases ----------------------------------------------------------------------------------
 
@@ -228,6 +237,7 @@ class Progress:
                 self.ttft_recent.append(ttft_s)
             if tpot_s is not None:
                 self.tpot_recent.append(tpot_s)
+            self.itl_recent.extend(itl_s)
             if self.timeline is not None:
                 self.timeline.stream_times(ttft_s, tpot_s, itl_s)
             if self.metrics is not None:
@@ -280,7 +290,7 @@ class Progress:
             "concurrency": self.concurrency_limit,
             "server_endpoints": dict(self.server_endpoints),
             "prefix_cache": dict(self.prefix_cache),
-            "stream": stream_view(self.ttft_recent, self.tpot_recent),
+            "stream": stream_view(self.ttft_recent, self.tpot_recent, self.itl_recent),
             "phases": self.phases.active(),
             "phase_states": phase_states(self.phases),
             **{k: round(v, 3) for k, v in rates.items()},
@@ -345,14 +355,25 @@ class Progress:
         snap = self.snapshot()
         if self.metrics is not None:
             self.metrics.observe(snap, self.client_stats() if self.client_stats is not None else None)
-        try:
-            if self.folder is not None:
-                self.folder.write_atomic(PROGRESS_FILE, json.dumps(redact_doc(snap), indent=1, sort_keys=True),
-                                         fsync=False)
-            else:
-                write_json_atomic(self.run_dir / PROGRESS_FILE, snap)
-        except OSError as exc:  # a full disk must not end the run here; the ledger write will say so
-            snap["note"] = f"progress.json not written: {exc}"
+        text = json.dumps(redact_doc(snap), indent=1, sort_keys=True)
+        folder, path = self.folder, self.run_dir / PROGRESS_FILE
+
+        def write() -> None:
+            try:
+                if folder is not None:
+                    folder.write_atomic(PROGRESS_FILE, text, fsync=False)
+                else:
+                    safefiles.write_atomic(path, text, fsync=False)
+                self._write_failed = False
+            except OSError as exc:  # a full disk must not end the run here; the ledger write will say so
+                if not self._write_failed:
+                    log.warning("progress.json not written: %s", exc)
+                self._write_failed = True
+
+        if self.defer is not None:
+            self.defer(write)
+        else:
+            write()
         if self.timeline is not None:
             self.timeline.interval(snap)
         if self.watch is not None:
@@ -374,6 +395,8 @@ class Progress:
 
 #: Streamed items whose TTFT and TPOT the panel and progress.json summarize (the latest ones).
 STREAM_RECENT = 2048
+#: Gaps between tokens (ITL) they summarize (the latest ones, of the latest items).
+ITL_RECENT = 8192
 
 
 def phase_states(phases: Phases) -> list[dict[str, Any]]:
@@ -396,12 +419,12 @@ def _quantiles(values: Sequence[float]) -> dict[str, float] | None:
     return {"p50": round(pick[0], 6), "p90": round(pick[1], 6), "p99": round(pick[2], 6), "n": len(ordered)}
 
 
-def stream_view(ttft: Sequence[float], tpot: Sequence[float]) -> dict[str, Any] | None:
-    """``{"ttft_s": {p50, p90, p99, n}, "tpot_s": {...}}`` of the latest streamed items; None when
-    nothing was streamed."""
+def stream_view(ttft: Sequence[float], tpot: Sequence[float], itl: Sequence[float] = ()) -> dict[str, Any] | None:
+    """``{"ttft_s": {p50, p90, p99, n}, "tpot_s": {...}, "itl_s": {...}}`` of the latest streamed
+    items (ITL: their latest gaps between tokens); None when nothing was streamed."""
     if not ttft and not tpot:
         return None
-    return {"ttft_s": _quantiles(list(ttft)), "tpot_s": _quantiles(list(tpot))}
+    return {"ttft_s": _quantiles(list(ttft)), "tpot_s": _quantiles(list(tpot)), "itl_s": _quantiles(list(itl))}
 
 
 def _file_size(path: str | None) -> int | None:

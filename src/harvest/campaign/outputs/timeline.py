@@ -208,6 +208,9 @@ class Timeline:
         #: Streamed answers' TTFT, TPOT and ITL (``[client] stream``); empty otherwise.
         self.stream = {name: Histogram.from_dict(hist.get(name), *STREAM) for name in STREAM_NAMES}
         self.session = len(self.sessions)
+        #: Where the file's writes go: None writes on the caller's thread; a session running in an
+        #: event loop hands its one file-writer thread.
+        self.defer: Any = None
         now = clock()
         self.sessions.append({"index": self.session, "started_at": now, "ended_at": None, "outcome": None,
                               "note": None, "pid": os.getpid()})
@@ -414,18 +417,26 @@ class Timeline:
                                **{name: h.to_dict() for name, h in self.stream.items() if h.n}}}
 
     def write(self) -> None:
+        """The document as it is now, written (through :attr:`defer` when set)."""
         self._last_write = self._clock()
-        try:
-            text = json.dumps(redact_doc(self.to_dict()), separators=(",", ":"))
-            if self.folder is not None:
-                self.folder.write_atomic(TIMELINE_FILE, text, fsync=False)
-            else:
-                safefiles.write_atomic(self.path, text, fsync=False)
-            self._write_failed = False
-        except OSError as exc:  # a full disk must not end the run here; the ledger write will say so
-            if not self._write_failed:
-                log.warning("%s not written: %s", self.path, exc)
-            self._write_failed = True
+        text = json.dumps(redact_doc(self.to_dict()), separators=(",", ":"))
+
+        def put() -> None:
+            try:
+                if self.folder is not None:
+                    self.folder.write_atomic(TIMELINE_FILE, text, fsync=False)
+                else:
+                    safefiles.write_atomic(self.path, text, fsync=False)
+                self._write_failed = False
+            except OSError as exc:  # a full disk must not end the run here; the ledger write will say so
+                if not self._write_failed:
+                    log.warning("%s not written: %s", self.path, exc)
+                self._write_failed = True
+
+        if self.defer is not None:
+            self.defer(put)
+        else:
+            put()
 
 
 def read_timeline(run_dir: Path | str) -> tuple[dict[str, Any] | None, str | None]:

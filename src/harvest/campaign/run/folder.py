@@ -2,6 +2,7 @@
 and whether its skipped rows or its failed items fail the run.
 
     other_job(run_dir, settings, data_path)   # why the folder is another job's (settings named), or None
+    job_change(run_dir, settings, data_path)  # the same, as an OtherJob: its refusal, or the line of a take-over
     resume_line(counts, recovered, ingest, ingesting)   # "resuming: 470 done, 1530 pending; ..."
     skipped_problem(totals, max_share)         # every row skipped, or more than the share, or None
     failed_problem(totals, max_share)          # more items failed than the share, or None
@@ -12,6 +13,7 @@ It reads the ledger read-only and only formats; the runner decides what to do wi
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -86,11 +88,35 @@ def _shown(value: Any) -> str:
     return "(unset)" if value is None else json.dumps(value) if not isinstance(value, (int, float)) else str(value)
 
 
-def other_job(run_dir: Path, settings: dict[str, Any], data_path: str | None,
-              fingerprint: str | None = None) -> str | None:
-    """Why the run folder ``run_dir`` belongs to another job (its output ``settings`` differ, or its
-    dataset is another file: another path with another ``fingerprint``; each named), or None when
-    it holds no ledger or the same job (a dataset moved, same content, is the same job)."""
+@dataclass(frozen=True)
+class OtherJob:
+    """A run folder that holds another job's ledger: who made it and what differs, each named."""
+
+    run_dir: Path
+    #: The job file that made it, when it was recorded.
+    job_file: str | None
+    #: ``[sampling] max_tokens: 256 -> 64``, ``[data] path: a.jsonl -> b.jsonl``, ...
+    differences: tuple[str, ...]
+
+    def refusal(self) -> str:
+        """Why the folder cannot be continued by this job, and the two ways on."""
+        made_by = f" (made by {self.job_file})" if self.job_file else ""
+        return (f"{self.run_dir} belongs to another job{made_by}; this job differs in " + "; ".join(self.differences)
+                + ". Give this job its own [output] dir, or --allow-mixed to continue that run with these settings")
+
+    def taken(self, held: dict[str, int]) -> str:
+        """What a folder that held no result did: it takes this job, having held ``held`` (items per status)."""
+        items = ", ".join(f"{n:,} {status}" for status, n in held.items() if n) or "no items"
+        return (f"{self.run_dir} held no results (an earlier attempt left {items}): it takes this job's settings "
+                f"and starts afresh; it differed in " + "; ".join(self.differences))
+
+
+def job_change(run_dir: Path, settings: dict[str, Any], data_path: str | None,
+               fingerprint: str | None = None) -> OtherJob | None:
+    """The run folder ``run_dir`` as another job's (its output ``settings`` differ, or its dataset
+    is another file: another path with another ``fingerprint``, or the same path whose content
+    changed; each named), or None when it holds no ledger or the same job (a dataset moved, same
+    content, is the same job)."""
     if not (run_dir / LEDGER_FILE).is_file():
         return None
     try:
@@ -110,14 +136,22 @@ def other_job(run_dir: Path, settings: dict[str, Any], data_path: str | None,
             "a value shown as *** (a secret: only the settings hash, made from the values as given, says it changed)"]
     old_path = ((meta.get("job") or {}).get("data") or {}).get("path")
     new_path = data_path
+    known = meta.get("dataset_fingerprint")
     if old_path and new_path and Path(old_path).resolve() != Path(new_path).resolve() \
-            and (fingerprint is None or meta.get("dataset_fingerprint") != fingerprint):
+            and (fingerprint is None or known != fingerprint):
         differences.append(f"[data] path: {old_path} -> {new_path}")
+    elif new_path and fingerprint is not None and known is not None and known != fingerprint:
+        differences.append(f"[data] {new_path} changed since the run read it (its size, or its first or last MiB)")
     if not differences:
         return None
-    made_by = f" (made by {meta['job_file']})" if meta.get("job_file") else ""
-    return (f"{run_dir} belongs to another job{made_by}; this job differs in " + "; ".join(differences)
-            + ". Give this job its own [output] dir, or --allow-mixed to continue that run with these settings")
+    return OtherJob(run_dir, str(meta["job_file"]) if meta.get("job_file") else None, tuple(differences))
 
 
-__all__ = ["other_job", "resume_line", "settings_diff", "skipped_problem"]
+def other_job(run_dir: Path, settings: dict[str, Any], data_path: str | None,
+              fingerprint: str | None = None) -> str | None:
+    """Why the run folder ``run_dir`` belongs to another job (:func:`job_change`), or None."""
+    change = job_change(run_dir, settings, data_path, fingerprint)
+    return change.refusal() if change is not None else None
+
+
+__all__ = ["OtherJob", "job_change", "other_job", "resume_line", "settings_diff", "skipped_problem"]

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from harvest.campaign.run.distill import check_logprob_space, describe_samples
-from harvest.campaign.run.folder import other_job
+from harvest.campaign.run.folder import job_change
 from harvest.campaign.run.state import RunState
 from harvest.campaign.outputs.progress import Progress
-from harvest.config import HarvestConfig
+from harvest.config import RELATIVE_PATHS, HarvestConfig
 from harvest.dataset import iter_items
 from harvest.dataset.skips import SkipReason, describe_skips, shape_settings
 from harvest.errors import ConfigError, LedgerError
@@ -125,6 +125,8 @@ class Intake:
         self._task: asyncio.Task[None] | None = None
         self._ingested = asyncio.Event()
         self._stop = False
+        #: What a folder that held no result did (took this job's settings), said once the session shows it.
+        self.taken: str | None = None
         #: (error class, reason) -> rows skipped by this session's ingest, for the input line.
         self._skip_reasons: dict[tuple[str, str], int] = {}
 
@@ -138,18 +140,20 @@ class Intake:
         except OSError as exc:
             raise ConfigError(self.config.source, [(f"{self.config.source} [data] path",
                                                     f"cannot read {data.path}: {exc.strerror or exc}; nothing "
-                                                    f"was created (a relative path is read from the folder "
-                                                    f"harvest runs in)")]) from None
-        if not self.allow_mixed:
-            foreign = other_job(self.run_dir, output_settings(self.config), data.path, fingerprint)
-            if foreign is not None:
-                raise LedgerError(foreign)
+                                                    f"was created ({RELATIVE_PATHS})")]) from None
+        # A folder of another job is refused, unless it holds no result: then this job takes it.
+        change = None if self.allow_mixed else job_change(self.run_dir, output_settings(self.config), data.path,
+                                                           fingerprint)
         # The settings are stored as shown (a secret in extra_body as ***); their hash, from the
         # values as given, is what a resume compares.
         meta = {"job": self.config.recorded(), "job_file": self.config.source,
                 "output_settings": redact_doc(output_settings(self.config))}
         ledger = Ledger.open(self.run_dir, settings_hash=self.state.settings_hash, meta=meta,
-                             allow_mixed=self.allow_mixed, samples=self.config.sampling.n)
+                             allow_mixed=self.allow_mixed, samples=self.config.sampling.n,
+                             other_job=change.refusal() if change is not None else None)
+        if change is not None and ledger.replaced is not None:
+            self.taken = change.taken(ledger.replaced)
+            log.info("%s", self.taken)
         known = ledger.meta().get("dataset_fingerprint")
         if known is not None and known != fingerprint and not self.allow_mixed:
             ledger.close()
@@ -276,7 +280,7 @@ class Intake:
                 progress.already_final += report.new_skipped * self.config.sampling.n  # final without any work
                 self._ingested.set()
                 if report.complete:
-                    self._log_input(report)
+                    await asyncio.to_thread(self._log_input, report)  # it may read the ledger
                     progress.ingesting = False
                     return
         finally:

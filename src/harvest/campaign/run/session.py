@@ -38,6 +38,7 @@ import contextlib
 import logging
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,7 @@ from harvest.campaign.run.supervise import Supervision
 from harvest.campaign.outputs.timeline import TIMELINE_FILE, Timeline
 from harvest.client import Client, RetryPolicy
 from harvest.client.endpoints import normalize_url
-from harvest.config import HarvestConfig
+from harvest.config import COMMAND_LINE, HarvestConfig
 from harvest.dataset.skips import SkipReason
 from harvest.errors import ConfigError, LaunchError, LedgerError, PreflightFailed
 from harvest.events import Event, Listener
@@ -124,8 +125,10 @@ class Session:
                  watch: RunWatch | None, all_hosts: bool = False,
                  on_preflight: OnPreflight | None = None, retry: tuple[str, ...] = (), writes: tuple[str, ...] = (),
                  launcher: Launcher | None = None):
-        if config.data is None:
-            raise ConfigError(config.source, [(f"{config.source} [data]", "`harvest run` needs a [data] table")])
+        if config.data is None:  # the dataset, said the way this job was given
+            how = ("give --data FILE (data= from Python)" if config.source == COMMAND_LINE else
+                   f"add a [data] table with its path to {config.source}, or give --data FILE")
+            raise ConfigError(config.source, [(f"{config.source} [data]", f"`harvest run` needs a dataset: {how}")])
         if config.server is None and not config.client.endpoints:
             raise ConfigError(config.source, [(f"{config.source} [server]",
                                                "`harvest run` needs a [server] table or [client] endpoints")])
@@ -146,31 +149,57 @@ class Session:
 
     async def run(self) -> RunReport:
         """Open the ledger, then (under the display) stop what an earlier session left, launch,
-        dispatch, stop; then the totals check. Signals taken for the session are given back. How it
-        ended is written down (runner.json) and told (``[notify]``), whatever ended it."""
+        dispatch, stop; then the totals check. Signals taken for the session are given back.
+        Cancelling the task that awaits it is a clean stop, as SIGINT is (the items in flight go
+        back to pending, the servers get their verified stop); then the cancellation goes on."""
+        inner = asyncio.ensure_future(self._run())
         try:
-            report = await self._session()
+            return await asyncio.shield(inner)
+        except asyncio.CancelledError:
+            if inner.done():
+                raise
+            self.state.request_stop()
+            try:
+                await asyncio.shield(inner)  # bounded by the stop's own deadlines
+            except asyncio.CancelledError:
+                inner.cancel()  # cancelled again while stopping: no clean stop then
+                raise
+            except Exception as exc:  # noqa: BLE001 - the caller cancelled: that is what it hears
+                log.warning("the run ended with an error while it stopped for a cancellation: %s", exc)
+            raise
+
+    async def _run(self) -> RunReport:
+        """The session's steps (:meth:`_steps`); how it ended is written down (runner.json) and told
+        (``[notify]``), whatever ended it."""
+        try:
+            report = await self._steps()
         except BaseException as exc:
             await self.outside.end(*ended_by(exc), ok=False)
             raise
         await self.outside.end(report.outcome, report.exit_code, report.note, ok=report.ok)
         return report
 
-    async def _session(self) -> RunReport:
+    async def _steps(self) -> RunReport:
+        """The session's steps; file and SQLite work runs on worker threads, so the event loop the
+        session shares (a notebook's, an application's) is never held up by the disk."""
         t0 = time.monotonic()
         state, intake = self.state, self.intake
         server = self.config.server
         if server is not None and server.launched:
-            self.placement.hold_state_dir()  # e.g. a state dir another user owns: refused before any write
-        ledger = intake.open_ledger()
+            # e.g. a state dir another user owns: refused before any write
+            await asyncio.to_thread(self.placement.hold_state_dir)
+        ledger = await asyncio.to_thread(intake.open_ledger)
         assert ledger.folder is not None  # opened for writing: the run folder is held
         state.folder = ledger.folder.dup()
         installed = self._take_signals()
+        files = ThreadPoolExecutor(max_workers=1, thread_name_prefix="harvest-files")  # in order, off the loop
         try:
-            self._refuse_unsafe_files(ledger)
+            counts = await asyncio.to_thread(self._open_files, ledger)
             self.outside.begin()  # runner.json, /metrics, [notify]: refused (a port taken) before any launch
-            counts = ledger.counts()
-            progress = self._open_progress(ledger, counts, t0)
+            progress = await asyncio.to_thread(self._open_progress, ledger, counts, t0)
+            progress.defer = lambda write: files.submit(_logged, write)
+            if state.timeline is not None:
+                state.timeline.defer = progress.defer
             self.outside.attach(progress)
             with progress:
                 await asyncio.to_thread(self.supervision.stop_leftover)  # also when nothing is left to generate
@@ -182,17 +211,32 @@ class Session:
                 progress.state = state.outcome
                 progress.note = state.note
                 progress.update()
-            if state.model is not None:
-                ledger.set_meta("model_used", state.model)
-            totals = ledger.check_totals()
-            skip_reasons = tuple(ledger.skip_reasons())
+            totals, skip_reasons = await asyncio.to_thread(self._settle, ledger)
         finally:
-            if state.timeline is not None:
-                state.timeline.close(state.outcome, state.note)
             self._give_back_signals(installed)
-            intake.close_records()
-            ledger.close()
+            await asyncio.to_thread(self._close, ledger, files)
         return self._report(totals, progress.done, time.monotonic() - t0, skip_reasons, ledger.recovered)
+
+    def _open_files(self, ledger: Ledger) -> dict[Status, int]:
+        """The run folder's files checked (:meth:`_refuse_unsafe_files`), and the items per status."""
+        self._refuse_unsafe_files(ledger)
+        return ledger.counts()
+
+    def _settle(self, ledger: Ledger) -> tuple[Totals, tuple[SkipReason, ...]]:
+        """What the ledger holds at the end: the model used written down, the totals, the skip reasons."""
+        if self.state.model is not None:
+            ledger.set_meta("model_used", self.state.model)
+        return ledger.check_totals(), tuple(ledger.skip_reasons())
+
+    def _close(self, ledger: Ledger, files: ThreadPoolExecutor) -> None:
+        """The timeline's last write, every file write done, the dataset and the ledger closed."""
+        try:
+            if self.state.timeline is not None:
+                self.state.timeline.close(self.state.outcome, self.state.note)
+        finally:
+            files.shutdown(wait=True)
+            self.intake.close_records()
+            ledger.close()
 
     def _refuse_unsafe_files(self, ledger: Ledger) -> None:
         """Every file this session (and its caller) will write in the run folder, checked before
@@ -258,6 +302,8 @@ class Session:
         if not ledger.created:
             self.state.resumed = resume_line(counts, ledger.recovered, ledger.ingest_state(), ongoing)
             log.info("%s", self.state.resumed)
+        elif self.intake.taken is not None:  # a folder of an earlier attempt that produced nothing
+            self.state.resumed = self.intake.taken
         final = (Status.DONE, Status.TRUNCATED, Status.FAILED, Status.SKIPPED)
         assert ledger.folder is not None  # opened for writing: the run folder is held
         progress = Progress(ledger.folder, total=total, already_final=sum(counts[s] for s in final),
@@ -348,6 +394,15 @@ class Session:
                          state.trip, state.requeued, skip_reasons,
                          skipped_problem(totals, data.max_skipped_share) if totals.ok else None, state.resumed,
                          state.folder, failed_problem(totals, self.config.run.max_failed_share), state.hung)
+
+
+def _logged(write: Any) -> None:
+    """A file write of the run's records, on the session's writer thread: what it raises is said,
+    never lost in a future nobody reads (the ledger, written apart, stays the truth)."""
+    try:
+        write()
+    except Exception as exc:  # noqa: BLE001 - a record not written must not end the run
+        log.warning("a run record was not written: %s", exc)
 
 
 async def run_campaign(config: HarvestConfig, *, placement: Placement, all_hosts: bool = False,

@@ -110,6 +110,7 @@ def far_preflight(server: dict[str, Any], preflight: dict[str, Any], output_dir:
     from harvest.gpu import NoGpuProbe, open_probe, run_preflight
     from harvest.gpu.payload import preflight_payload
     from harvest.gpu.preflight import GPUS_BY_RAY, NO_GPUS_LISTED
+    from harvest.server import engine_paths
 
     # The rules look where a run's server binds: the node's address (whether a key is needed there
     # is the driver's check when it places servers, not a preflight rule).
@@ -119,7 +120,7 @@ def far_preflight(server: dict[str, Any], preflight: dict[str, Any], output_dir:
     unlisted = GPUS_BY_RAY if gpus_by_ray else NO_GPUS_LISTED
     try:
         report = run_preflight(cfg, rules, probe=probe, output_dir=Path(output_dir or tempfile.gettempdir()),
-                               unlisted_gpus=unlisted)
+                               unlisted_gpus=unlisted, paths=engine_paths(cfg))
     finally:
         probe.close()
     return preflight_payload(report, config=config, engine=cfg.engine)

@@ -1,7 +1,7 @@
 """What a session tells the world beyond its own terminal, for a run that lasts days.
 
     outside = Outside(state, launcher)     # one per session (campaign/run/session.py)
-    outside.begin()                        # runner.json written; /metrics served; notifier started
+    await outside.begin()                  # runner.json written; /metrics served; notifier started
     outside.attach(progress)               # the watch beside the run begins
     state.notice("relaunched", why)        # from the steps: told to [notify], counted in /metrics
     await outside.end(report)              # runner.json's end; "finished" or "ended" told; all stopped
@@ -74,8 +74,9 @@ class Outside:
 
     # --- the session's steps --------------------------------------------------------------------
 
-    def begin(self) -> None:
-        """runner.json, /metrics and the notifier, once the run folder is held (the ledger open)."""
+    async def begin(self) -> None:
+        """runner.json (written on a worker thread: the loop does no file work), /metrics and the
+        notifier, once the run folder is held (the ledger open)."""
         folder = self.state.folder
         assert folder is not None  # held from the ledger's open
         server = self.config.server
@@ -84,7 +85,7 @@ class Outside:
         self.record = runner.RunnerRecord.mine(detached=self.launcher.detached, log=self.launcher.log, stop_s=stop_s,
                                                argv=self.launcher.command,
                                                metrics=self.metrics.url if self.metrics is not None else None)
-        runner.write(folder, self.record)
+        await asyncio.to_thread(runner.write, folder, self.record)
         self.state.on_notice = self.notice
         self.notifier.start()
 

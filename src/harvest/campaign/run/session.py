@@ -195,7 +195,7 @@ class Session:
         files = ThreadPoolExecutor(max_workers=1, thread_name_prefix="harvest-files")  # in order, off the loop
         try:
             counts = await asyncio.to_thread(self._open_files, ledger)
-            self.outside.begin()  # runner.json, /metrics, [notify]: refused (a port taken) before any launch
+            await self.outside.begin()  # runner.json, /metrics, [notify]: refused (a port taken) before any launch
             progress = await asyncio.to_thread(self._open_progress, ledger, counts, t0)
             progress.defer = lambda write: files.submit(_logged, write)
             if state.timeline is not None:

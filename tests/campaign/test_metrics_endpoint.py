@@ -73,14 +73,21 @@ async def test_metrics_scraped_during_a_run_parse_and_count_what_status_counts(t
             "client": {"endpoints": [ep.url], "concurrency": 4, "stream": True, "metrics_port": 0},
             "run": {"progress_interval": 0.2}, "output": {"dir": str(run_dir)}})
         task = asyncio.create_task(run_campaign(config))
-        for _ in range(600):  # the 40 answers committed, the rest held
+        url = None
+        for _ in range(600):  # the 40 answers committed, the rest held, and the gauges of that moment
             await asyncio.sleep(0.05)
             assert not task.done(), task.result()
-            if ep.answered >= HOLD and await asyncio.to_thread(done_in_ledger, run_dir) == HOLD:
+            if url is None and (run_dir / "runner.json").exists():
+                record = json.loads((run_dir / "runner.json").read_text())
+                url = record["metrics"]
+                assert url.startswith("http://127.0.0.1:") and url.endswith("/metrics"), record
+            if url is None or ep.answered < HOLD or await asyncio.to_thread(done_in_ledger, run_dir) != HOLD:
+                continue
+            # the gauges are set at each progress update (0.2 s): the one after the 4 held went out
+            held = (await asyncio.to_thread(scrape, url)).get("harvest_requests_in_flight", {})
+            if held.get((("endpoint", ep.url),)) == 4:
                 break
-        record = json.loads((run_dir / "runner.json").read_text())
-        url = record["metrics"]
-        assert url.startswith("http://127.0.0.1:") and url.endswith("/metrics"), record
+        assert url is not None
         first = await asyncio.to_thread(scrape, url)
         counts = await asyncio.to_thread(status_counts, run_dir)
         second = await asyncio.to_thread(scrape, url)

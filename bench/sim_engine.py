@@ -14,7 +14,13 @@ measures harvest (its client, its ledger, the placement) and not this machine's 
   x0.63-0.65 of its tok/s on the H200 with one streamed request beside 512: F about 0.55);
 - a request generates ``min(max_tokens, --output-tokens)`` tokens (``--output-tokens 0``: always
   ``max_tokens``); ``finish_reason`` is ``length`` when it stopped at ``max_tokens``, else ``stop``;
-- ``--prefill S``: each request waits S seconds before it joins the batch (a known time to first token).
+- ``--prefill S``: each request waits S seconds before it joins the batch (a known time to first token);
+- ``--preset transformers-h100``: the curve of ``transformers serve`` 5.17 with a random 1.0B Llama on
+  an H100 as an endpoint harvest did not launch (measured 2026-12-06): a decode step of 0.117 s at
+  64 running that grows 35 % to 0.158 s at 512 (0.11115 s + 0.0914 ms per running request), a
+  0.27 s prefill, 1024 requests at once (its ``max_requests_per_batch``), no /metrics, nothing that
+  publishes its capacity; answers of equal length are the default (``--output-tokens 0``);
+- ``--dialect``: which engine's capacity endpoints and metric names it speaks (below).
 
 Endpoints:
 
@@ -23,10 +29,23 @@ Endpoints:
     POST /v1/completions        the same for ``prompt``
     GET  /v1/models             one model (``--model``, default ``sim-model``)
     GET  /health                200 once listening
-    GET  /metrics               vLLM-style Prometheus text: ``vllm:num_requests_running``,
-                                ``vllm:num_requests_waiting`` (gauges), ``vllm:generation_tokens_total``,
-                                ``vllm:prompt_tokens_total``, ``vllm:request_success_total`` (counters),
-                                ``sim:steps_total``
+    GET  /metrics               Prometheus text in the dialect's names (404 with ``--no-metrics``):
+                                running and waiting requests (gauges), generated tokens (a counter),
+                                ``sim:steps_total``; vLLM's also ``vllm:prompt_tokens_total``,
+                                ``vllm:request_success_total`` and ``vllm:cache_config_info`` (labels
+                                ``block_size``, ``num_gpu_blocks``: its KV capacity)
+
+Capacity endpoints, by ``--dialect`` (the shapes harvest reads, docs/engines.md):
+
+    vllm          (the default) nothing but /metrics; with ``--dev-mode`` (vLLM's
+                  ``VLLM_SERVER_DEV_MODE=1``) ``GET /server_info?config_format=json`` answers
+                  ``{"vllm_config": {"scheduler_config": {"max_num_seqs": MAX_BATCH}, ...}}``
+    sglang        ``GET /server_info`` (and the deprecated ``/get_server_info``): SGLang 0.5.23's
+                  shape, ``max_running_requests``, ``max_total_num_tokens`` and ``internal_states``
+                  with ``effective_max_running_requests_per_dp`` (MAX_BATCH); metrics ``sglang:``
+    llamacpp      ``GET /props``: ``total_slots`` (MAX_BATCH) and ``default_generation_settings.n_ctx``;
+                  metrics ``llamacpp:``
+    transformers  none, and /metrics 404 (``transformers serve``)
 
 Run: ``python bench/sim_engine.py --port 0 --token-latency 0.02 --max-batch 16``. It binds first and
 then prints ``listening on HOST:PORT``, so a caller reads the real port instead of guessing a free
@@ -141,8 +160,24 @@ def _text(n: int) -> str:
     return " ".join(_WORDS[i % len(_WORDS)] for i in range(n))
 
 
-def build_app(engine: SimEngine, *, model: str, output_tokens: int, metrics_on: bool = True) -> web.Application:
-    """The aiohttp application serving ``engine``."""
+#: Metric names by dialect: (running, waiting, generated tokens).
+_NAMES = {"vllm": ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:generation_tokens_total"),
+          "sglang": ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:generation_tokens_total"),
+          "llamacpp": ("llamacpp:requests_processing", "llamacpp:requests_deferred",
+                       "llamacpp:tokens_predicted_total")}
+DIALECTS = ("vllm", "sglang", "llamacpp", "transformers")
+#: KV tokens the simulated engines publish (vLLM's blocks of 16, SGLang's token capacity).
+KV_TOKENS = 262_144
+#: A context per slot for llama-server's /props.
+N_CTX = 4096
+
+
+def build_app(engine: SimEngine, *, model: str, output_tokens: int, metrics_on: bool = True,
+              dialect: str = "vllm", dev_mode: bool = False) -> web.Application:
+    """The aiohttp application serving ``engine`` in ``dialect`` (see the module docstring)."""
+    if dialect not in DIALECTS:
+        raise ValueError(f"dialect must be one of {', '.join(DIALECTS)}")
+    metrics_on = metrics_on and dialect != "transformers"
 
     async def _request(request: web.Request, chat: bool) -> web.Response:
         try:
@@ -234,23 +269,47 @@ def build_app(engine: SimEngine, *, model: str, output_tokens: int, metrics_on: 
         label = f'{{model_name="{model}"}}'
         running = sum(1 for s in engine.running if not s.future.done())
         waiting = sum(1 for s in engine.waiting if not s.future.done())
+        run_name, wait_name, gen_name = _NAMES[dialect]
         text = (
-            "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
-            "# TYPE vllm:num_requests_running gauge\n"
-            f"vllm:num_requests_running{label} {float(running)}\n"
-            "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
-            "# TYPE vllm:num_requests_waiting gauge\n"
-            f"vllm:num_requests_waiting{label} {float(waiting)}\n"
-            "# TYPE vllm:generation_tokens_total counter\n"
-            f"vllm:generation_tokens_total{label} {float(engine.generated)}\n"
-            "# TYPE vllm:prompt_tokens_total counter\n"
-            f"vllm:prompt_tokens_total{label} {float(engine.prompt_tokens)}\n"
-            "# TYPE vllm:request_success_total counter\n"
-            f"vllm:request_success_total{label} {float(engine.finished)}\n"
+            f"# TYPE {run_name} gauge\n{run_name}{label} {float(running)}\n"
+            f"# TYPE {wait_name} gauge\n{wait_name}{label} {float(waiting)}\n"
+            f"# TYPE {gen_name} counter\n{gen_name}{label} {float(engine.generated)}\n"
             "# TYPE sim:steps_total counter\n"
             f"sim:steps_total {float(engine.steps)}\n"
         )
+        if dialect == "vllm":
+            # vLLM 0.32 (v1/metrics/loggers.py log_metrics_info): CacheConfig's fields as labels of a
+            # gauge set to 1; num_gpu_blocks x block_size is its KV capacity in tokens.
+            text += (
+                "# TYPE vllm:prompt_tokens_total counter\n"
+                f"vllm:prompt_tokens_total{label} {float(engine.prompt_tokens)}\n"
+                "# TYPE vllm:request_success_total counter\n"
+                f"vllm:request_success_total{label} {float(engine.finished)}\n"
+                "# TYPE vllm:cache_config_info gauge\n"
+                f'vllm:cache_config_info{{block_size="16",engine="0",gpu_memory_utilization="0.92",'
+                f'num_gpu_blocks="{KV_TOKENS // 16}"}} 1.0\n'
+            )
         return web.Response(text=text, content_type="text/plain")
+
+    async def server_info(request: web.Request) -> web.Response:
+        if dialect == "vllm":  # only in its development mode, and only the JSON form carries numbers
+            if request.query.get("config_format") != "json":
+                return web.json_response({"vllm_config": f"max_num_seqs={engine.max_batch}", "vllm_env": {}})
+            return web.json_response({"vllm_config": {"scheduler_config": {"max_num_seqs": engine.max_batch},
+                                                      "cache_config": {"block_size": 16}}, "vllm_env": {}})
+        # SGLang 0.5.23 (srt/entrypoints/http_server.py server_info): the resolved server args, the
+        # scheduler's init info, and one internal state per data-parallel rank.
+        return web.json_response({"model_path": model, "max_running_requests": engine.max_batch, "dp_size": 1,
+                                  "max_total_num_tokens": KV_TOKENS, "max_req_input_len": N_CTX - 1,
+                                  "internal_states": [{"effective_max_running_requests_per_dp": engine.max_batch,
+                                                       "last_gen_throughput": 0.0}],
+                                  "version": "0.5.23", "frontend": "python"})
+
+    async def props(request: web.Request) -> web.Response:
+        # llama-server (tools/server/server.cpp, GET /props): slots and the context of one.
+        return web.json_response({"default_generation_settings": {"n_ctx": N_CTX, "params": {}},
+                                  "total_slots": engine.max_batch, "model_path": f"/models/{model}.gguf",
+                                  "build_info": "b11434-sim"})
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)
@@ -258,6 +317,12 @@ def build_app(engine: SimEngine, *, model: str, output_tokens: int, metrics_on: 
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
+    if dialect == "sglang" or (dialect == "vllm" and dev_mode):
+        app.router.add_get("/server_info", server_info)
+    if dialect == "sglang":
+        app.router.add_get("/get_server_info", server_info)
+    if dialect == "llamacpp":
+        app.router.add_get("/props", props)
     return app
 
 
@@ -276,11 +341,15 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 async def serve(args: argparse.Namespace) -> None:
     engine = SimEngine(args.token_latency, args.max_batch, args.step_per_seq, args.stream_cost, args.prefill)
+    print(f"engine: step {args.token_latency} s + {args.step_per_seq} s per running request, batch "
+          f"{args.max_batch}, prefill {args.prefill} s, dialect {args.dialect}"
+          + (", no /metrics" if args.no_metrics or args.dialect == "transformers" else ""), file=sys.stderr)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))
     runner = web.AppRunner(build_app(engine, model=args.model, output_tokens=args.output_tokens,
-                                        metrics_on=not args.no_metrics), access_log=None,
+                                        metrics_on=not args.no_metrics, dialect=args.dialect,
+                                        dev_mode=args.dev_mode), access_log=None,
                             shutdown_timeout=1.0)  # SIGTERM with requests open: gone in a second, as an engine
     await runner.setup()
     site = web.SockSite(runner, sock, backlog=1024)
@@ -299,7 +368,15 @@ async def serve(args: argparse.Namespace) -> None:
         await runner.cleanup()
 
 
-def main(argv: list[str] | None = None) -> int:
+#: Measured engines' curves (see the module docstring).
+PRESETS: dict[str, dict[str, float | int | str]] = {
+    "transformers-h100": {"token_latency": 0.11115, "step_per_seq": 0.0000914, "prefill": 0.27,
+                          "max_batch": 1024, "dialect": "transformers"},
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, a ``--preset`` applied over it."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 = let the OS choose; the port is printed")
@@ -317,10 +394,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefill", type=float, default=0.0,
                         help="seconds each request waits before joining the batch (its time to first token is "
                              "this plus up to one step)")
+    parser.add_argument("--dialect", choices=DIALECTS, default="vllm",
+                        help="the engine whose capacity endpoints and metric names it speaks (transformers: none)")
+    parser.add_argument("--dev-mode", action="store_true",
+                        help="--dialect vllm: answer GET /server_info as vLLM's development mode does")
+    parser.add_argument("--preset", choices=tuple(PRESETS),
+                        help="a measured engine's curve: the defaults of --token-latency, --step-per-seq, --prefill, "
+                             "--max-batch and --dialect (a flag given too wins)")
+    preset = parser.parse_known_args(argv)[0].preset
+    if preset:
+        parser.set_defaults(**PRESETS[preset])
     args = parser.parse_args(argv)
     if args.token_latency <= 0 or args.max_batch < 1:
         parser.error("--token-latency must be > 0 and --max-batch >= 1")
-    asyncio.run(serve(args))
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    asyncio.run(serve(parse_args(argv)))
     return 0
 
 

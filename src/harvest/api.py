@@ -146,17 +146,18 @@ def status(run_dir: str | Path, *, errors_limit: int = 10) -> Any:
 
 
 def export(run_dir: str | Path, format: str = "sharegpt", *, output: str | Path | None = None,
-           statuses: str | Iterable[str] = ("done",), allow_empty: bool = False, **options: Any) -> Any:
+           statuses: str | Iterable[str] = (), allow_empty: bool = False, **options: Any) -> Any:
     """Write the run's results of ``statuses`` (one status, ``"done,truncated"``, or a sequence)
     to ``output`` (default: in the run folder) in ``format`` (``harvest export --format``: sharegpt,
-    openai-batch, parquet, logprobs, specforge), as ``harvest export`` does: an ``ExportReport`` with
+    openai-batch, parquet, logprobs, specforge), as ``harvest export`` does (no ``statuses``: ``done``;
+    for openai-batch every item that ended: done, truncated, failed, skipped): an ``ExportReport`` with
     ``path``, ``written`` and ``malformed``. Selecting no item writes nothing and raises
     :class:`harvest.errors.NothingToExport` (what the run holds, the fix), as the command exits 1;
     ``allow_empty=True`` writes the empty file. ``options``: ``sharegpt_style``, ``row_group_size``."""
-    from harvest.campaign.outputs.export import export_run, nothing_selected, parse_statuses
+    from harvest.campaign.outputs.export import export_run, nothing_selected, selected_statuses
     from harvest.errors import NothingToExport
 
-    wanted = parse_statuses(statuses)
+    wanted = selected_statuses(format, statuses)
     report = export_run(run_dir, format, output=output, statuses=wanted, allow_empty=allow_empty, **options)
     if not report.kept:
         raise NothingToExport(nothing_selected(run_dir, format, wanted, report, flags=False), report)

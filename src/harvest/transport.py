@@ -23,7 +23,8 @@ piece at a time, as it is read: a 2 MB gzip body that inflates to 2 GB costs the
 error status's body is kept to its first :data:`ERROR_BODY_BYTES`, a stream stops at its
 ``max_bytes`` and at a line longer than ``max_line``, and each streamed ``data:`` payload is handed
 to the caller's sink as it arrives (nothing of the stream is kept here); the sink may end the
-stream early. aiohttp's own bounds hold for the head (128 headers, 8190 bytes a line).
+stream early; past :data:`FREE_READ` an answer is read in one of :data:`BIG_READS` turns, and a
+failure keeps nothing read. aiohttp's own bounds hold for the head (128 headers, 8190 bytes a line).
 
 :class:`AiohttpTransport` is the production transport: one long-lived ``aiohttp.ClientSession`` per
 client with explicit connection limits and timeouts, never an environment proxy. aiohttp is harvest's one
@@ -57,6 +58,10 @@ ERROR_BODY_BYTES = 64 << 10
 #: The caps of a stream when the caller names none (the canary of ``concurrency = "auto"``).
 DEFAULT_STREAM_BYTES = 16 << 20
 DEFAULT_MAX_LINE = 1 << 20
+#: What an answer may hold while read without a turn (4,096 tokens are ~20 KB of JSON): past it, an
+#: answer (or a streamed line) waits for one of BIG_READS turns: 1,024 huge ones cost a few caps.
+FREE_READ = 64 << 10
+BIG_READS = 8
 #: How much of what a server sent an error message quotes.
 _QUOTED_CHARS = 300
 
@@ -222,6 +227,8 @@ class AiohttpTransport:
         self._urls: dict[str, URL] = {}
         self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
         self._lost = _LostBodies()
+        self._turns: asyncio.Semaphore | None = None  # made with the session, on its loop
+
 
     def _open(self) -> aiohttp.ClientSession:
         if self._closed:
@@ -230,6 +237,7 @@ class AiohttpTransport:
                                          keepalive_timeout=self._keepalive_timeout, ttl_dns_cache=300)
         self._session = aiohttp.ClientSession(connector=connector, auto_decompress=True,
                                               raise_for_status=False, trust_env=False)
+        self._turns = asyncio.Semaphore(BIG_READS)
         return self._session
 
     def _timeout(self, seconds: float) -> aiohttp.ClientTimeout:
@@ -281,7 +289,7 @@ class AiohttpTransport:
                                        timeout=self._timeout(timeout), allow_redirects=False) as resp:
                 status = resp.status
                 if 200 <= status < 300:
-                    return RawResponse(status, await _read_body(resp, max_bytes, self._lost))
+                    return RawResponse(status, await _read_body(resp, max_bytes, self._lost, turns=self._turns))
                 data = await _read_body(resp, min(max_bytes, ERROR_BODY_BYTES), self._lost, keep_first=True)
                 return RawResponse(status, data, *_extra_headers(resp))
 
@@ -310,14 +318,15 @@ class AiohttpTransport:
                     return StreamedResponse(resp.status, False, data, *_extra_headers(resp))
                 events = EventReader(sink, started, max_bytes, max_line)
                 content = resp.content
-                watch = self._lost.watch(resp)
+                watch, turn = self._lost.watch(resp), _Turn(self._turns)
                 try:
-                    while chunk := await content.readany():
+                    while await turn.fits(events.held) and (chunk := await content.readany()):
                         if not events.feed(chunk):
                             resp.close()  # the sink had enough: the rest of the stream is not read
                             return StreamedResponse(resp.status, True)
                 finally:
                     self._lost.done(watch)
+                    turn.end()
                 return StreamedResponse(resp.status, not events.end())
 
     async def aclose(self) -> None:
@@ -328,9 +337,35 @@ class AiohttpTransport:
         self._session = self._fresh = None
 
 
-async def _read_body(resp: aiohttp.ClientResponse, cap: int, lost: _LostBodies, *, keep_first: bool = False) -> bytes:
+class _Turn:
+    """An answer's turn among BIG_READS: held while what it holds is past FREE_READ, or until it ends."""
+
+    __slots__ = ("_turns", "_held")
+
+    def __init__(self, turns: asyncio.Semaphore | None):
+        self._turns, self._held = turns, False
+
+    async def fits(self, holding: int) -> bool:
+        """True once holding ``holding`` bytes may read on (waits for a turn past FREE_READ)."""
+        if self._turns is not None and (holding > FREE_READ) != self._held:
+            if self._held:
+                self._turns.release()
+            else:
+                await self._turns.acquire()
+            self._held = not self._held
+        return True
+
+    def end(self) -> None:
+        if self._held and self._turns is not None:
+            self._turns.release()
+        self._held = False
+
+
+async def _read_body(resp: aiohttp.ClientResponse, cap: int, lost: _LostBodies, *, keep_first: bool = False,
+                     turns: asyncio.Semaphore | None = None) -> bytes:
     """The body of ``resp``, decompressed, at most ``cap`` bytes: :class:`Oversized` past it (or,
-    with ``keep_first``, its first ``cap`` bytes, the rest left unread)."""
+    with ``keep_first``, its first ``cap`` bytes, the rest left unread). Past :data:`FREE_READ`, read
+    in one of ``turns``."""
     declared = resp.content_length
     if declared is not None and declared > cap and not keep_first and "Content-Encoding" not in resp.headers:
         resp.close()
@@ -340,16 +375,18 @@ async def _read_body(resp: aiohttp.ClientResponse, cap: int, lost: _LostBodies, 
     if not first or (len(first) <= cap and content.at_eof()):
         return first
     parts, size = [first], len(first)
-    watch = lost.watch(resp)
+    watch, turn = lost.watch(resp), _Turn(turns)
     try:
-        while size <= cap and (chunk := await content.readany()):
+        while size <= cap and await turn.fits(size) and (chunk := await content.readany()):
             parts.append(chunk)
             size += len(chunk)
     finally:
         lost.done(watch)
+        turn.end()
     if size > cap:
         resp.close()  # the rest is never read: this connection is not used again
         if not keep_first:
+            parts, first, chunk = [], b"", b""  # the exception's traceback holds this frame: not what was read
             raise Oversized(f"the answer passed its cap of {cap:,} bytes"
                             f"{' (decompressed)' if 'Content-Encoding' in resp.headers else ''}")
         return b"".join(parts)[:cap]
@@ -370,6 +407,11 @@ class EventReader:
     more than the line being read."""
 
     __slots__ = ("_sink", "_started", "_max_bytes", "_max_line", "_rest", "_total")
+
+    @property
+    def held(self) -> int:
+        """The bytes of the line being read."""
+        return len(self._rest)
 
     def __init__(self, sink: Sink, started: float, max_bytes: int, max_line: int):
         self._sink, self._started = sink, started
@@ -392,6 +434,7 @@ class EventReader:
             start = end + 1
         self._rest = buf[start:] if start else buf
         if len(self._rest) > self._max_line:
+            self._rest = buf = chunk = b""  # kept by no traceback
             raise Oversized(f"a streamed line passed its cap of {self._max_line:,} bytes")
         return True
 

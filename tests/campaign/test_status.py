@@ -228,6 +228,30 @@ def test_auto_concurrency_targets_pass_from_progress_json_to_status_json(running
     assert status_payload(run_status(run_dir))["progress"]["concurrency_targets"] == {}
 
 
+def test_why_each_level_is_where_it_is_passes_from_the_steering_to_status_json(running_run, tmp_path):
+    """The level's reason, from the controller (``Target.why``) through progress.json (written as the
+    dispatch writes it) to ``harvest status --json``; a progress.json of an older harvest has none."""
+    from harvest.campaign.outputs.progress import Progress
+    from harvest.cli.status import status_payload
+    from harvest.client.steer import Target
+
+    run_dir, _ = running_run
+    targets = (Target("http://127.0.0.1:8000", 1024, "start", "initial", None, False,
+                      why="engine capacity 1024 from /props"),
+               Target("http://127.0.0.1:8001", 512, "backoff", "latency", 900.0, False,
+                      why="ceiling: latency x2.4 without gain at 1024"))
+    progress = Progress(run_dir, total=10, already_final=0)
+    progress.concurrency = {t.url: t.target for t in targets}  # as Dispatch does at each update
+    progress.concurrency_reasons = {t.url: t.why for t in targets}
+    progress.update()
+    doc = status_payload(run_status(run_dir))["progress"]
+    assert doc["concurrency_targets"] == {"http://127.0.0.1:8000": 1024, "http://127.0.0.1:8001": 512}
+    assert doc["concurrency_reasons"] == {"http://127.0.0.1:8000": "engine capacity 1024 from /props",
+                                          "http://127.0.0.1:8001": "ceiling: latency x2.4 without gain at 1024"}
+    write_progress(run_dir, concurrency_targets={"http://127.0.0.1:8000": 24})  # written before reasons existed
+    assert status_payload(run_status(run_dir))["progress"]["concurrency_reasons"] == {}
+
+
 def test_token_counts_out_of_range_in_a_ledger_give_no_inf_or_negative_rate(tmp_path):
     run_dir = tmp_path / "run"
     items = [item(f"i{k}", k + 1, ("user", f"q{k}")) for k in range(3)]

@@ -187,3 +187,31 @@ def test_a_snapshot_read_back_from_progress_json_draws_the_same_panel(tmp_path):
     drawn = console.export_text()
     assert "1 / 10" in drawn and "server_down" in drawn
     assert "every endpoint stayed down past [client] health_deadline" in drawn
+
+
+def test_the_level_and_why_it_is_there_have_their_own_row(tmp_path):
+    """Under ``concurrency = "auto"`` the panel shows each endpoint's level and the reason for it
+    ("engine capacity 1024 from /props", "probing: 512 paid x1.9"), so a bad decision can be seen;
+    a fixed concurrency has no such row."""
+    progress = Progress(tmp_path, total=10, already_final=0)
+    progress.concurrency = {"http://a:1": 1024}
+    progress.concurrency_reasons = {"http://a:1": "probing: 512 paid x1.90 over 256"}
+    progress.update()
+    snap = json.loads((tmp_path / PROGRESS_FILE).read_text())
+    console = Console(file=io.StringIO(), width=130, record=True)
+    console.print(run_panel(ProgressView(tmp_path, snap), PhaseBoard(), 120))
+    drawn = console.export_text()
+    assert re.search(r"level\s+1024: probing: 512 paid x1\.90 over 256", drawn), drawn
+    assert "(auto target 1024)" in drawn
+    progress.concurrency = {"http://a:1": 1024, "http://b:2?api_key=SECRET": 3}
+    progress.concurrency_reasons = {"http://a:1": "nothing published (/server_info, /props, /metrics): starting high",
+                                    "http://b:2?api_key=SECRET": "engine capacity 3 from /props"}
+    console = Console(file=io.StringIO(), width=130, record=True)
+    console.print(run_panel(progress.view(), PhaseBoard(), 120))
+    drawn = console.export_text()
+    assert "http://a:1  1024: nothing published (/server_info, /props, /metrics): starting high" in drawn
+    assert "3: engine capacity 3 from /props" in drawn and "SECRET" not in drawn, drawn
+    fixed = Progress(tmp_path / "f", total=10, already_final=0)
+    console = Console(file=io.StringIO(), width=130, record=True)
+    console.print(run_panel(fixed.view(), PhaseBoard(), 120))
+    assert "│ level" not in console.export_text()

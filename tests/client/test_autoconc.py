@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import statistics
 from dataclasses import dataclass, field
 
 import pytest
 
-from harvest.client.autoconc import AutoConcurrency, AutoSettings, Canary, Gauges
+from harvest.client.autoconc import AutoConcurrency, AutoSettings, Canary, Decision, Gauges
 
 OUT_TOKENS = 64
 
@@ -857,3 +858,111 @@ def test_with_a_canary_a_start_at_the_batch_limit_is_held_and_read_within_the_ca
     targets = drive_paced(CanaryEngine(capacity=560), ctl, 90)
     down = next(i for i, t in enumerate(targets) if t < 1024)
     assert targets[down] <= 0.75 * 1024 and max(targets[down:]) == targets[down], targets  # and stays down
+
+
+def whys(engine: Engine, ctl: AutoConcurrency, steps: int) -> list[str]:
+    """The level's reasons in words (``AutoConcurrency.why``) over ``steps`` steps of ``drive``."""
+    said: list[str] = []
+    for i in range(steps):
+        ctl.step(float(i + 1), engine.tick(ctl.target, ctl.settings.interval_s, ctl))
+        if not said or said[-1] != ctl.why:
+            said.append(ctl.why)
+    return said
+
+
+@pytest.mark.parametrize(("engine", "start", "said"), [
+    # gauges with a token counter: a step up judged on tok/s, kept where it paid
+    (Engine(), 8, r"probing: \d+ paid x\d\.\d\d over \d+"),
+    # gauges: the engine runs 8 and queues the rest
+    (Engine(max_seqs=8), 4, r"engine queue: it runs 8 at most, \+2 queued"),
+    # answers alone: a level that made more, then one whose latency rose without tok/s growing
+    (Engine(metrics=False), 8, r"probing: \d+ paid x\d\.\d\d"),
+    (Engine(metrics=False, max_seqs=8, knee=4), 4, r"ceiling: latency x\d\.\d without gain at \d+"),
+    # KV thrashing
+    (Engine(peak=3000, knee=16, kv_seqs=40), 8, r"preemption at \d+: backed off x0\.7"),
+])
+def test_each_move_says_why_in_words(engine, start, said):
+    """What the panel and ``status --json`` show beside the level: where it started and why, then the
+    measurement behind each move ("probing: 512 paid x1.9", "ceiling: latency x2.4 without gain")."""
+    ctl = AutoConcurrency(AutoSettings(start=start, max_concurrency=512, origin="where it started"))
+    assert ctl.why == "where it started"
+    seen = whys(engine, ctl, 150)
+    assert any(re.fullmatch(said, why) for why in seen), seen
+
+
+@dataclass
+class WaveEngine:
+    """``transformers serve`` on an H100 as an endpoint harvest did not launch (measured 2026-12-06; the curve of
+    ``bench/sim_engine.py --preset transformers-h100``): a decode step of 0.11115 s + 0.0914 ms per
+    running request (0.117 s at 64, +35 % at 512), a 0.27 s prefill, up to 1024 at once, answers of
+    64 tokens. The client keeps the target in flight, so the answers sent together come back
+    together: a train of waves one answer latency apart."""
+
+    base: float = 0.11115
+    per_seq: float = 0.0000914
+    prefill: float = 0.27
+    capacity: int = 1024
+    tokens: int = 64
+
+    def run(self, ctl: AutoConcurrency, seconds: float) -> list[Decision]:
+        now, tick = 0.0, 1.0
+        requests: list[list[float]] = []  # sent at, in the batch from, tokens so far
+        out: list[Decision] = []
+        while now < seconds:
+            requests += [[now, now + self.prefill, 0] for _ in range(ctl.target - len(requests))]
+            running = [r for r in requests if r[1] <= now][:self.capacity]
+            if running:
+                now += self.base + self.per_seq * len(running)
+                for r in running:
+                    r[2] += 1
+            else:
+                now = min(r[1] for r in requests)
+            for r in running:
+                if r[2] >= self.tokens:
+                    ctl.record(self.tokens, now - r[0])
+            requests = [r for r in requests if r[2] < self.tokens]
+            while tick <= now:
+                out.append(ctl.step(tick, None, busy=True))
+                tick += 1.0
+        return out
+
+
+def test_judged_by_answers_alone_the_h100_endpoint_curve_reads_steady_tok_s_and_is_climbed_to_the_top():
+    """On the curve measured on the H100 on 2026-12-06 (per token +35 % from 64 to 512 while tok/s grew
+    x6, answers of equal length), judged by its answers alone (an endpoint that streams no canary):
+    answers sent together come back together, so the tokens counted in one answer latency read one
+    wave, two or none (here 3277-6554 tok/s at 1024 for a steady 4900). Judged on the work done,
+    requests held x each answer's tokens over its latency, every reading of a level is the same, the
+    target climbs to 1024, the best level here, and no step is a back-off on latency."""
+    ctl = AutoConcurrency(AutoSettings(start=64, max_concurrency=1024))
+    decisions = WaveEngine().run(ctl, 200.0)
+    targets = [d.target for d in decisions]
+    assert 1024 in targets, targets
+    top = targets.index(1024)
+    assert min(targets[top:]) >= 512 and statistics.median(targets[top:]) == 1024, targets
+    assert not any(d.reason == "latency" for d in decisions), [d for d in decisions if d.phase == "backoff"]
+    steady = 1024 * 64 / (0.27 + 64 * (0.11115 + 0.0000914 * 1024))  # tok/s of 1024 held, waves and all
+    readings = [d.tok_s for d in decisions[top + 30:] if d.tok_s is not None]
+    assert readings and all(abs(r / steady - 1) < 0.05 for r in readings), (steady, readings)
+
+
+def test_at_the_top_a_whole_wave_of_answers_shows_no_queue_and_the_canary_rests():
+    """Simulated H100 (``--preset transformers-h100``), 4096 x 64 streamed: a canary read at the top 40 s
+    in took one of the places a wave's refill wanted, and the run's last item waited a canary's length
+    (x0.974 of fixed 1024). Answers of equal length that ran at once come back at once, which shows
+    there is no queue, all a canary at the top looks for: it rests ``ceiling_steps`` after each such
+    wave. Answers that come back as a flow show nothing of the kind: the canary reads."""
+
+    def rests(wave: bool) -> list[bool]:
+        ctl = AutoConcurrency(AutoSettings(start=1024, max_concurrency=1024, canary_share=1.0))
+        out = []
+        for t in range(1, 80):
+            for _ in range((1024 if t % 13 == 0 else 0) if wave else 79):  # 1024 answers of 13 s each
+                ctl.record(OUT_TOKENS, 13.0)
+            ctl.step(float(t), None, busy=True, paced=True)
+            out.append(ctl.canary_rests())
+        return out
+
+    waves, flow = rests(True), rests(False)
+    assert not all(waves[2:12]) and all(waves[12:]), waves  # reads until the first wave, then rests
+    assert not any(flow[5:]), flow

@@ -80,3 +80,24 @@ async def test_auto_target_rises_from_start_and_settles_on_vllm(vllm_server):
     assert decisions[-1][1] in ("settled", "probe", "backoff"), decisions
     assert all(1 <= t <= 64 for t in targets), decisions
     assert gauges_fed, "vLLM's /metrics should feed the controller"
+
+
+async def test_vllm_pointed_at_publishes_no_batch_but_its_gauges_and_kv(vllm_server):
+    """vLLM 0.32 as an endpoint harvest did not launch: no ``/server_info`` outside its development
+    mode, no ``/props``; its /metrics has the queue gauges and ``vllm:cache_config_info``, whose
+    ``num_gpu_blocks`` x ``block_size`` labels are its KV capacity in tokens."""
+    from harvest.client.capacity import GAUGED_START, ask_capacity
+    from harvest.client.metrics import parse_prometheus_text
+    from harvest.transport import AiohttpTransport
+
+    transport = AiohttpTransport(max_connections=4)
+    try:
+        limit = await ask_capacity(transport, {}, vllm_server.url, 30.0)
+        text = (await transport.request("GET", vllm_server.url + "/metrics", timeout=30.0)).body.decode()
+    finally:
+        await transport.aclose()
+    info = [dict(s.labels) for s in parse_prometheus_text(text) if s.name == "vllm:cache_config_info"]
+    assert len(info) == 1, info
+    kv = int(info[0]["num_gpu_blocks"]) * int(info[0]["block_size"])
+    assert (limit.batch, limit.exact, limit.metrics) == (GAUGED_START, False, True)
+    assert limit.source.startswith(f"no batch limit published (KV {kv} tokens): 256"), limit.source

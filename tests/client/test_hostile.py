@@ -122,3 +122,38 @@ async def test_a_4xx_whose_message_is_not_valid_unicode_fails_the_item_with_a_me
     exc = await failure(server)
     assert exc.error_class == "http_400" and "bad \ufffd prompt \\x1b[2J" in str(exc)
     str(exc).encode("utf-8")  # what the ledger stores as the item's error
+
+
+
+@pytest.mark.parametrize("case, stream", [("big_string", False), ("sse_long_line", True)])
+async def test_many_huge_answers_in_flight_at_once_cost_a_few_caps_not_one_each(case, stream):
+    """A default that starts high sends an endpoint it knows nothing of hundreds of requests at once:
+    when every answer is huge, what the client holds is bounded across them (a turn to read past
+    ``FREE_READ``, nothing kept by a failure's traceback), not one cap per request in flight. The
+    server is a subprocess, so that only the client's allocations are traced."""
+    import asyncio
+    import subprocess
+    import sys
+
+    from harvest.transport import BIG_READS, FREE_READ
+    n, cap = 128, 300 << 10  # an answer's cap at 64 tokens (~260 KiB) and a read past it
+    proc = subprocess.Popen([sys.executable, "bench/hostile_server.py", "--case", case, "--port", "0"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        url = "http://" + (proc.stdout.readline() if proc.stdout else "").split()[-1]
+        config = ClientConfig(concurrency=n, max_retries=0, request_timeout=30, stream=stream)
+        async with Client([url], config, SamplingConfig(max_tokens=MAX_TOKENS), model="hostile-model",
+                          retry=RetryPolicy(backoff_base=0.01, backoff_cap=0.02, probe_timeout=5)) as c:
+            tracemalloc.start()
+            try:
+                outcomes = await asyncio.gather(*(c.chat([{"role": "user", "content": f"q{i}"}]) for i in range(n)),
+                                                return_exceptions=True)
+                _, peak = tracemalloc.get_traced_memory()
+            finally:
+                tracemalloc.stop()
+    finally:
+        proc.terminate()  # the server this test started, by its pid
+        proc.wait(timeout=10)
+    assert all(isinstance(o, RequestError) and o.error_class == "oversized" for o in outcomes), outcomes[:3]
+    print(f"{case}: peak {peak / 2**20:.1f} MiB for {n} in flight (one cap each: {n * cap / 2**20:.0f} MiB)")
+    assert peak < n * (FREE_READ + (64 << 10)) + BIG_READS * cap, f"{peak:,} bytes allocated"

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from harvest.errors import LedgerError
-from harvest.ledger import Completion, Failure, Ledger, Status
+from harvest.ledger import SCHEMA_VERSION, Completion, Failure, Ledger, Status
 from harvest.ledger.logprobs import LOGPROB_DIR, TurnLogprobs, decode, encode, from_openai, shard_name
 from tests.ledger.ledger_testdata import synthetic
 
@@ -146,7 +146,7 @@ def test_version2_ledger_is_migrated(run_dir):
     with Ledger.open_readonly(run_dir) as ro:
         assert ro.get(rows[0].id).output == "kept" and ro.logprob_usage() == (0, 0)
     with Ledger.open(run_dir, settings_hash="h") as ledger:
-        assert ledger.meta()["schema_version"] == 3
+        assert ledger.meta()["schema_version"] == SCHEMA_VERSION
         assert ledger.recovered == 1
         assert ledger.get(rows[0].id).output == "kept"
         assert ledger.recount() == (ledger.counts(), 1)

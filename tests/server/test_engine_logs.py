@@ -118,6 +118,12 @@ def _package_dir(python: str, package: str) -> Path:
     ("srt/utils/common.py", 'format = f"[%(asctime)s{maybe_ms}{prefix}] %(message)s"'),
     ("srt/entrypoints/http_server.py", '@app.get("/server_info")'),
     ("srt/mem_cache/pool_host/base.py", "HICACHE_HOST_MEMORY_RESERVE_BYTES: int = 10 * (1024**3)"),
+    # what an endpoint's capacity is read from (client/capacity.py): /server_info's internal states,
+    # one per data-parallel rank, with what each rank's scheduler runs at once
+    ("srt/entrypoints/http_server.py", '"internal_states": internal_states,'),
+    ("srt/managers/scheduler_components/internal_state.py",
+     'state["effective_max_running_requests_per_dp"] = scheduler.max_running_requests'),
+    ("srt/managers/scheduler.py", '"max_total_num_tokens": self.max_total_num_tokens,'),
 ])
 def test_sglang_source_still_has_the_text(sglang_python, path, text):
     assert text in (_package_dir(sglang_python, "sglang") / path).read_text()
@@ -129,6 +135,13 @@ def test_sglang_source_still_has_the_text(sglang_python, path, text):
     ("v1/worker/cpu_worker.py", 'f"Available memory on node {cpu_core.numa_node} "'),
     ("v1/worker/cpu_worker.py", '"is less than desired CPU memory utilization "'),
     ("config/cache.py", "gpu_memory_utilization: float = Field(default=0.92, gt=0, le=1)"),
+    # an endpoint's capacity (client/capacity.py): the cache config as labels of an info gauge, and
+    # the whole config (max_num_seqs in scheduler_config) only on the development-mode /server_info
+    ("v1/metrics/loggers.py", 'name = "vllm:cache_config_info"'),
+    ("config/cache.py", "return {key: str(value) for key, value in self.__dict__.items()}"),
+    ("entrypoints/serve/dev/server_info/api_router.py",
+     'else PydanticVllmConfig.dump_python(vllm_config, mode="json", fallback=str)'),
+    ("config/vllm.py", "scheduler_config: SchedulerConfig = Field("),
 ])
 def test_vllm_source_still_has_the_text(vllm_python, path, text):
     assert text in (_package_dir(vllm_python, "vllm") / path).read_text()

@@ -17,7 +17,7 @@ from harvest.campaign.outputs.export import (
     ROW_GROUP_SIZE,
     SHAREGPT_STYLES,
     nothing_selected,
-    parse_statuses,
+    selected_statuses,
 )
 from harvest.cli.render import make_console
 from harvest.errors import LedgerError, NothingToExport
@@ -27,9 +27,10 @@ from harvest.redact import escape_controls
 @click.command("export")
 @click.argument("run_dir", metavar="RUN_DIR|JOB.toml", type=click.Path(path_type=str))
 @click.option("--format", "fmt", type=click.Choice(FORMATS), required=True, help="what to write")
-@click.option("--status", "statuses", multiple=True, default=("done",), show_default=True,
+@click.option("--status", "statuses", multiple=True, default=(),
               help="item statuses to export, comma-separated or repeated (done, truncated, failed, skipped,"
-                   " pending, running; which ones a format can hold is checked)")
+                   " pending, running; which ones a format can hold is checked)  [default: done; openai-batch: "
+                   "done,truncated,failed,skipped]")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="file to write (default: RUN_DIR/export.<format>.jsonl or RUN_DIR/export.parquet)")
 @click.option("--sharegpt-style", type=click.Choice(SHAREGPT_STYLES), default="role-content",
@@ -53,7 +54,7 @@ def export(run_dir: str, fmt: str, statuses: tuple[str, ...], output: str | None
         err.print(escape_controls(f"error: {run_dir} is not a readable harvest run folder: {exc}"), markup=False)
         raise SystemExit(2) from None
     except NothingToExport as exc:  # nothing selected: no file written, the cause and the fix (in flags)
-        said = (nothing_selected(run_dir, fmt, parse_statuses(statuses), exc.report)
+        said = (nothing_selected(run_dir, fmt, selected_statuses(fmt, statuses), exc.report)
                 if isinstance(exc.report, ExportReport) else str(exc))
         err.print(escape_controls(f"error: {said}"), markup=False)
         raise SystemExit(1) from None

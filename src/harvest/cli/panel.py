@@ -29,7 +29,7 @@ from harvest.cli.live import PANEL_WIDTH, PhaseDisplay
 from harvest.cli.phases import PhaseBoard, duration, phase_table
 from harvest.cli.text import as_text
 from harvest.events import Event
-from harvest.redact import redact_doc
+from harvest.redact import redact_doc, redact_text
 
 #: The panel's label column: its longest label ("endpoint").
 LABEL_WIDTH = 8
@@ -129,6 +129,8 @@ def run_panel(view: ProgressView, board: PhaseBoard, width: int = 0) -> Panel:
         if server.get("running") is not None:
             load += f"   server running {server['running']:.0f}   waiting {server.get('waiting') or 0:.0f}"
         body.add_row("load", load)
+    for row in level_rows(view.snap):
+        body.add_row("level", as_text(row))
     for e in snap.get("sick") or []:
         body.add_row("endpoint", Text(_sick(e), style="yellow"))
     for e in snap.get("no_answer") or []:
@@ -219,6 +221,20 @@ def short_time(seconds: float) -> str:
     if seconds >= 0.001:
         return f"{seconds * 1e3:.1f} ms"
     return f"{seconds * 1e6:.0f} µs"
+
+
+def level_rows(snap: Mapping[str, Any]) -> list[str]:
+    """Under ``concurrency = "auto"``, each endpoint's level and why it is there (``1024: engine
+    capacity 1024 from /props``; the URL first when there are several, as shown: no user part, no
+    query key); [] when fixed. ``snap`` as recorded: a reason is found by its endpoint's URL before
+    that is redacted (a key named in a URL's query would hide the reason with it)."""
+    targets = snap.get("concurrency_targets") or {}
+    reasons = snap.get("concurrency_reasons") or {}
+    rows = []
+    for url, target in targets.items():
+        why = f": {redact_text(str(reasons[url]))}" if reasons.get(url) else ""
+        rows.append(f"{redact_text(url)}  {target}{why}" if len(targets) > 1 else f"{target}{why}")
+    return rows
 
 
 def stream_line(view: Mapping[str, Any]) -> str:

@@ -68,6 +68,7 @@ def status_payload(st: RunStatus) -> dict[str, Any]:
             "errors_by_class": dict(p.errors_by_class),
             "server": {"running": p.server_running, "waiting": p.server_waiting}, "note": p.note,
             "concurrency_targets": dict(p.concurrency_targets), "sent": p.sent,
+            "concurrency_reasons": dict(p.concurrency_reasons),
             "prefix_cache_hit_rate": p.prefix_cache_hit_rate, "no_answer": [dict(e) for e in p.no_answer],
         },
         "skipped_reasons": [r.to_dict() for r in st.skip_reasons],

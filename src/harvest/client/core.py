@@ -52,7 +52,7 @@ from harvest.client.canary import TOKENS as CANARY_TOKENS
 from harvest.client.canary import canary_body
 from harvest.client.endpoints import Endpoint, EndpointPool, endpoint_url, normalize_url
 from harvest.client.hang import Watchdog
-from harvest.client.engine import EngineLimit, auto_settings
+from harvest.client.engine import EngineLimit, auto_settings, to_ask
 from harvest.client.health import Health
 from harvest.client.metrics import scrape_metrics
 from harvest.client.policy import (
@@ -155,12 +155,12 @@ class Client:
             default = EngineLimit(batch_limit, limit_exact, engine_metrics, hint=not self.config.endpoints)
             settings = auto or auto_settings(default, self.config)
             own = {normalize_url(url): limit for url, limit in (limits or {}).items()}
-            unknown = set(own) - {e.url for e in self._pool.endpoints}
-            if unknown:
-                raise ValueError(f"limits for URLs that are not endpoints: {', '.join(sorted(unknown))}")
+            if stray := set(own) - {e.url for e in self._pool.endpoints}:
+                raise ValueError(f"limits for URLs that are not endpoints: {', '.join(sorted(stray))}")
             per_endpoint = {url: auto_settings(limit, self.config, auto) for url, limit in own.items()}
-            self._steer = Steering(self._pool, settings, self._scrape_gauges, clock, sleep,
-                                   canary=self._send_canary, per_endpoint=per_endpoint)
+            self._steer = Steering(self._pool, settings, self._scrape_gauges, clock, sleep, canary=self._send_canary,
+                                   per_endpoint=per_endpoint, unknown=to_ask(self.endpoints, own, default, self.config),
+                                   settings_for=lambda limit: auto_settings(limit, self.config, auto))
         self._health = Health(self._pool, self._transport, self._headers, self.retry,
                               self.config.health_deadline, clock=clock, sleep=sleep, redact=self._redact,
                               closed=lambda: self._closed)
@@ -445,6 +445,7 @@ class Client:
         given up (:meth:`Endpoint.abandon`) while the request is on the wire."""
         request = asyncio.ensure_future(streaming.post(self._transport, url, data, self._headers, timeout,
                                                        self.config.stream, limits))
+        request.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved if the caller left
         endpoint.wire.add(request)
         try:
             await asyncio.wait((request,))  # the caller's own cancellation propagates from here
@@ -454,7 +455,10 @@ class Client:
                 request.cancel()
         if request.cancelled():
             raise _Abandoned
-        return request.result()
+        try:
+            return request.result()
+        finally:  # a failure's traceback holds this frame: no cycle through the task to what it read
+            del request
 
     async def _send_canary(self, url: str, arrivals: list[float]) -> TimedEvents:
         """One canary to ``url`` (see :mod:`harvest.client.canary`): not an item, never retried."""
@@ -523,16 +527,18 @@ class Client:
     async def start_check(self, model: str | None, deadline_s: float,
                           on_wait: Callable[[str, float, str], None] | None = None) -> list[Listing]:
         """What each endpoint serves, asked before any item (:mod:`harvest.client.startcheck`): its
-        model list, or, where it cannot list them, whether it is up at all and what a first
-        one-token request for ``model`` answered. Within ``deadline_s`` for all of them together;
-        ``on_wait(url, waited_s, what_came_back)`` while one does not answer yet. Nothing here
-        changes the endpoints' health state."""
+        model list, or, where it cannot list them, whether it is up and what a one-token request for
+        ``model`` answered; under auto, what an engine not described publishes of its capacity
+        (:meth:`Steering.learn`). Within ``deadline_s`` for all together; ``on_wait(url, waited_s,
+        what_came_back)`` while one does not answer yet. Health states stay as they were."""
         check = StartCheck(self._transport, self._headers, probe_timeout=self.retry.probe_timeout,
                            clock=self._clock, sleep=self._sleep)
         start, out = self._clock(), []
         for endpoint in self._pool.endpoints:
             left = max(0.0, deadline_s - (self._clock() - start))
             listing = await check.endpoint(endpoint.url, model, left, on_wait)
+            if self._steer is not None and listing.up:
+                await self._steer.learn(endpoint.url, self._transport, self._headers, self.retry.probe_timeout)
             out.append(dataclasses.replace(listing, models_answer=self._redact(listing.models_answer))
                        if listing.models_answer else listing)
         return out

@@ -387,21 +387,24 @@ def read_chat(response: RawResponse, limits: ReplyLimits, *, endpoint: str, late
 
 def read_text(response: RawResponse, limits: ReplyLimits, *, endpoint: str, latency_s: float,
               attempts: int) -> Completion:
-    """A text completion (whole, or a stream's :class:`StreamedReply`) -> :class:`Completion` (choice 0)."""
+    """A text completion (whole, or a stream's :class:`StreamedReply`) -> :class:`Completion` (choice 0,
+    the others in ``others``)."""
     if isinstance(response, StreamedReply):
         return response.assembled.completion(endpoint=endpoint, latency_s=latency_s, attempts=attempts)
     reply, replaced = _validate(_TextReply, response.body, "the answer", "text completion")
     prompt, total = _usage(reply.usage, limits)
     choices = _ordered(reply.choices)
-    choice = choices[0]
-    tokens = _choice_tokens(choice.logprobs, total, 0, len(choices))
-    reason, sent = _finish(choice.finish_reason, tokens, limits.max_tokens)
-    return Completion(
-        text=choice.text or "", reasoning_content=None, finish_reason=reason, prompt_tokens=prompt,
-        completion_tokens=tokens, endpoint=endpoint, latency_s=latency_s, attempts=attempts,
-        model=_model(reply.model), logprobs=choice.logprobs,
-        prompt_logprobs=choice.prompt_logprobs if choice.prompt_logprobs is not None else reply.prompt_logprobs,
-        finish_reason_sent=sent, replaced=replaced)
+    out = []
+    for i, choice in enumerate(choices):
+        tokens = _choice_tokens(choice.logprobs, total, i, len(choices))
+        reason, sent = _finish(choice.finish_reason, tokens, limits.max_tokens)
+        out.append(Completion(
+            text=choice.text or "", reasoning_content=None, finish_reason=reason, prompt_tokens=prompt,
+            completion_tokens=tokens, endpoint=endpoint, latency_s=latency_s, attempts=attempts,
+            model=_model(reply.model), logprobs=choice.logprobs,
+            prompt_logprobs=choice.prompt_logprobs if choice.prompt_logprobs is not None else reply.prompt_logprobs,
+            finish_reason_sent=sent, replaced=replaced))
+    return dataclasses.replace(out[0], others=tuple(out[1:])) if len(out) > 1 else out[0]
 
 
 def loads(raw: bytes) -> Any:

@@ -12,21 +12,28 @@ whose scrapes bring the same settled decision with nothing left to move soon
 cores one a second cost vLLM CPU x0.94 of its tok/s (BENCHMARKS P7 A2), and the engine's counters
 and gauges carry over the gap (tok/s is tokens over the seconds between two scrapes). The loop never
 raises into the client: a failed step is logged and the targets stay where they were.
+
+An endpoint whose engine the client was not told about (``unknown``) is asked once, before its first
+item (:meth:`Steering.learn`, from the client's start check), what the engine publishes of its
+capacity (:mod:`harvest.client.capacity`); its controller then starts there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 
 from harvest.client.autoconc import AutoConcurrency, AutoSettings, Canary, Decision, Gauges
 from harvest.client.canary import MIN_TARGET as CANARY_MIN_TARGET
 from harvest.client.canary import CanaryRunner, Send
+from harvest.client.capacity import ask_capacity
 from harvest.client.endpoints import Endpoint, EndpointPool
+from harvest.client.engine import EngineLimit
 from harvest.client.every import Every
 from harvest.client.records import EndpointState
+from harvest.transport import Transport
 
 log = logging.getLogger("harvest.client")
 
@@ -50,6 +57,9 @@ class Target:
     gauges: bool
     #: Requests waiting in the engine's queue at the steering's last scrape (None: no gauges).
     queue: float | None = None
+    #: Why the target is where it is, in words: where it started and why, or its last move and the
+    #: measurement behind it ("engine capacity 4 from /props", "probing: 512 paid x1.9").
+    why: str = ""
 
 
 class Steering:
@@ -58,10 +68,12 @@ class Steering:
     def __init__(self, pool: EndpointPool, settings: AutoSettings, scrape: Scrape,
                  clock: Callable[[], float], sleep: Callable[[float], Awaitable[object]],
                  rescrape_every: int = 15, canary: Send | None = None,
-                 per_endpoint: Mapping[str, AutoSettings] | None = None):
+                 per_endpoint: Mapping[str, AutoSettings] | None = None,
+                 unknown: Collection[str] = (), settings_for: Callable[[EngineLimit], AutoSettings] | None = None):
         """``settings``: every endpoint's knobs, but those in ``per_endpoint`` (by URL: a server
-        launched with a batch limit of its own starts and stops there). The loop steps every
-        ``settings.interval_s``."""
+        launched with a batch limit of its own starts and stops there). ``unknown``: the URLs whose
+        engine nobody described, asked by :meth:`learn`, and ``settings_for`` turns what one
+        publishes into its knobs. The loop steps every ``settings.interval_s``."""
         self._pool = pool
         self.settings = settings
         self._scrape = scrape
@@ -74,17 +86,33 @@ class Steering:
         self._quiet: dict[str, tuple[int, int]] = {}
         self._canary = canary
         self._canaries: dict[str, CanaryRunner] = {}
+        self._unknown = set(unknown) if settings_for is not None else set()
+        self._settings_for = settings_for
         # Steering is an optimisation: a step that fails leaves the targets as they are, never the client.
         self._loop = Every(self.step, interval_s=settings.interval_s, sleep=sleep,
                            failed="auto concurrency step failed; targets unchanged")
         for endpoint in pool.endpoints:
             pool.set_limit(endpoint, self._controllers[endpoint.url].target)
 
+    async def learn(self, url: str, transport: Transport, headers: Mapping[str, str], timeout: float) -> None:
+        """Before the endpoint ``url``'s first item: ask what its engine publishes of its capacity
+        and start its controller there (once; nothing for an engine whose batch was given)."""
+        if url not in self._unknown or self._settings_for is None:
+            return
+        self._unknown.discard(url)
+        limit = await ask_capacity(transport, headers, url, timeout)
+        controller = self._controllers[url] = AutoConcurrency(self._settings_for(limit))
+        endpoint = next(e for e in self._pool.endpoints if e.url == url)
+        self._pool.set_limit(endpoint, controller.target)
+        log.info("auto concurrency %s: starts at %d (%s)", url, controller.target, controller.why)
+
     def renamed(self, old: str, new: str) -> None:
         """An endpoint now points at another server (``Client.replace_endpoint``): its controller follows."""
         self._controllers[new] = self._controllers.pop(old)
         if old in self._no_metrics:
             self._no_metrics[new] = self._no_metrics.pop(old)
+        if old in self._unknown:
+            self._unknown = (self._unknown - {old}) | {new}
         self._quiet.pop(old, None)  # the new server is scraped at once
         self._canaries.pop(old, None)  # a canary of the old server says nothing of the new one
 
@@ -101,7 +129,7 @@ class Steering:
             seen = controller.seen
             queue = seen.waiting if seen is not None and last.gauges else None
             out.append(Target(endpoint.url, controller.target, last.phase, last.reason, last.tok_s,
-                              last.gauges, queue))
+                              last.gauges, queue, controller.why))
         return tuple(out)
 
     def ensure_started(self) -> None:
@@ -145,7 +173,7 @@ class Steering:
             # a full engine it would wait for a place the level never asked for (and read as a
             # queue). Below it, it goes on top and the items keep the whole target.
             # A canary at rest (nothing to judge until a ceiling lifts) takes no place and none is sent.
-            resting = runner is not None and controller.canary_rests()
+            resting = runner is not None and not runner.going and controller.canary_rests()
             place = runner is not None and not resting and controller.canary_place()
             self._pool.set_limit(endpoint, max(1, decision.target - (1 if place else 0)))
             if runner is not None and not resting and decision.target == before and (

@@ -32,9 +32,10 @@ class DataConfig(StrictModel):
     path: str = Field(description="the dataset: JSONL, a JSON array, Parquet, CSV, or a `save_to_disk` folder")
     format: Literal["auto", "jsonl", "json", "parquet", "csv", "hf"] = Field(
         "auto", description="the file format; auto: from the name (a folder is `hf`)")
-    shape: Literal["auto", "prompt", "messages", "sharegpt", "specforge"] = Field(
-        "auto", description="a prompt field, OpenAI `messages`, or ShareGPT / SpecForge `conversations`; "
-        "auto: detected per row")
+    shape: Literal["auto", "prompt", "messages", "sharegpt", "specforge", "openai-batch"] = Field(
+        "auto", description="a prompt field, OpenAI `messages`, ShareGPT / SpecForge `conversations`, or "
+        "`openai-batch` (an OpenAI batch input file: each line's `body` is its request, docs/batch-files.md); "
+        "auto: detected per row, a file whose first record has `custom_id` and `body` is a batch file")
     id_field: str | None = Field(None, description="the rows' id field, kept in the export; unset: a field "
                                  "named `id` where a row has one, else a content hash; \"\": always the hash")
     prompt_field: str = Field("prompt", description="the prompt's field (shape `prompt`)")
@@ -92,7 +93,8 @@ class ClientConfig(StrictModel):
                                                "`max_concurrency` (harvest.client.autoconc). A number fixes it")
     max_concurrency: int = Field(1024, ge=1, description="upper bound per endpoint of concurrency = \"auto\"")
     auto_start: int | None = Field(None, ge=1, description="where concurrency = \"auto\" starts; unset: the "
-                                   "batch limit of the engine harvest launched, else 64")
+                                   "batch limit of the engine harvest launched, else what the engine publishes "
+                                   "(/server_info, /props), else 256 with queue gauges, else 1024")
     request_timeout: float = Field(600.0, gt=0, description="seconds one request may take")
     max_retries: int = Field(3, ge=0, description="attempts charged to an item beyond its first before it "
                              "fails; a sick or dead server holds requests instead of charging them")

@@ -20,6 +20,7 @@ from harvest.config import DataConfig
 from harvest.dataset.arrow import read_hf, read_parquet
 from harvest.dataset.readers import read_csv, read_json, read_jsonl
 from harvest.dataset.records import Item, Row, Skipped
+from harvest.dataset.batch import MARKERS, CustomIds, batch_item, is_batch_record
 from harvest.dataset.shapes import normalize
 from harvest.errors import ConfigError
 
@@ -93,21 +94,38 @@ def _skipping(rows: Generator[Row | Skipped, None, None], n: int) -> Generator[R
 
 def used_columns(config: DataConfig) -> set[str]:
     """The columns a row can be read from under ``config`` (columnar readers load only these)."""
-    names = {config.prompt_field, config.messages_field, config.conversations_field, "id"}
+    names = {config.prompt_field, config.messages_field, config.conversations_field, "id",
+             *MARKERS, "method", "url"}
     if config.id_field:
         names.add(config.id_field)
     return names
 
 
-def iter_items(config: DataConfig, skip: int = 0) -> Iterator[Item | Skipped]:
+def is_batch_file(config: DataConfig) -> bool:
+    """Whether the dataset is read as an OpenAI batch file: ``shape = "openai-batch"``, or ``auto``
+    and its first record is a batch line (``custom_id`` and ``body``)."""
+    if config.shape != "auto":
+        return config.shape == "openai-batch"
+    rows = read_rows(config.path, config.format, used_columns(config))
+    with contextlib.closing(rows):
+        first = next((r for r in rows if isinstance(r, Row)), None)
+    return first is not None and is_batch_record(first.data)
+
+
+def iter_items(config: DataConfig, skip: int = 0, *, models: Collection[str] | None = None) -> Iterator[Item | Skipped]:
     """Stream the dataset of ``config`` as normalized items and skipped rows, in file order.
 
     The same file and config give the same sequence (ids, lines, order) every time, which is what
     lets the ledger resume an interrupted ingest by position. ``skip`` records are passed over
     first, cheaply (never normalized): ``iter_items(c, skip=n)`` yields what ``iter_items(c)``
-    yields after its first ``n``.
+    yields after its first ``n``. A batch file (:func:`is_batch_file`) is read from its start
+    whatever ``skip`` (a repeated custom_id is known by the lines before it); ``models`` are the
+    names a batch line's ``body.model`` may hold (None: any).
     """
     if config.limit is not None and skip >= config.limit:
+        return
+    if is_batch_file(config):
+        yield from itertools.islice(_batch_items(config, models), skip, config.limit)
         return
     rows = read_rows(config.path, config.format, used_columns(config), skip)
     with contextlib.closing(rows):
@@ -119,4 +137,15 @@ def iter_items(config: DataConfig, skip: int = 0) -> Iterator[Item | Skipped]:
                 return
 
 
-__all__ = ["EXTENSIONS", "detect_format", "iter_items", "read_rows", "used_columns"]
+def _batch_items(config: DataConfig, models: Collection[str] | None) -> Iterator[Item | Skipped]:
+    rows = read_rows(config.path, config.format, used_columns(config))
+    ids = CustomIds()
+    with contextlib.closing(rows):
+        for row in rows:
+            if isinstance(row, Skipped):
+                yield row
+            else:
+                yield ids.check(batch_item(row, models=models, system_prompt=config.system_prompt))
+
+
+__all__ = ["EXTENSIONS", "detect_format", "is_batch_file", "iter_items", "read_rows", "used_columns"]

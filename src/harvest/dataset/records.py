@@ -23,6 +23,44 @@ USER: Role = "user"
 ASSISTANT: Role = "assistant"
 ROLES: tuple[Role, ...] = (SYSTEM, USER, ASSISTANT)
 
+#: The two urls of an OpenAI batch line that harvest runs (dataset/batch.py).
+CHAT_URL = "/v1/chat/completions"
+COMPLETIONS_URL = "/v1/completions"
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    """A batch row's own request: where it goes and the body fields sent on top of ``[sampling]``.
+
+    ``fields`` holds only what the row set (``max_completion_tokens`` read as ``max_tokens``), as
+    sorted ``(name, value)`` pairs, values as JSON; ``prompt`` is the text of a completions row.
+    """
+
+    url: str
+    fields: tuple[tuple[str, Any], ...] = ()
+    prompt: str | None = None
+
+    @property
+    def chat(self) -> bool:
+        return self.url == CHAT_URL
+
+    def overrides(self) -> dict[str, Any]:
+        """The fields to send on top of the job's sampling settings (a new dict)."""
+        return dict(self.fields)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return next((v for k, v in self.fields if k == name), default)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"url": self.url, "fields": dict(self.fields)}
+        if self.prompt is not None:
+            out["prompt"] = self.prompt
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BatchRequest:
+        return cls(url=data["url"], fields=tuple(sorted(data["fields"].items())), prompt=data.get("prompt"))
+
 
 @dataclass(frozen=True)
 class Message:
@@ -56,6 +94,10 @@ class Skipped:
     #: mapping may read it); ``"input"``: the row itself cannot be read (bad JSON, bad encoding...).
     #: It is the skipped item's error class in the ledger.
     kind: str = "input"
+    #: The row's own id as it gave it, where one could be read (an OpenAI batch line's
+    #: ``custom_id``, a row's id field): what an export that echoes ids (``openai-batch``) names
+    #: the row by. None when the row has none (not JSON, no id, an id that is not text).
+    raw_id: str | None = None
 
     @property
     def id(self) -> str:
@@ -83,6 +125,9 @@ class Item:
     source_line: int
     messages: tuple[Message, ...]
     raw_id: str | None = None
+    #: An OpenAI batch line's own request (dataset/batch.py): one request, sent as the row asks, on
+    #: top of the job's ``[sampling]``; None for every other shape.
+    request: BatchRequest | None = None
 
     @property
     def system(self) -> str | None:
@@ -130,11 +175,10 @@ class Item:
 
         The id, source and line are not included: the ledger keeps them in their own columns.
         """
-        return json.dumps(
-            {"raw_id": self.raw_id, "messages": [[m.role, m.content] for m in self.messages]},
-            ensure_ascii=False,
-            separators=(",", ":"),
-        )
+        data: dict[str, Any] = {"raw_id": self.raw_id, "messages": [[m.role, m.content] for m in self.messages]}
+        if self.request is not None:
+            data["request"] = self.request.to_dict()
+        return json.dumps(data, ensure_ascii=False, separators=(",", ":"), sort_keys=self.request is not None)
 
     @classmethod
     def from_json(cls, item_id: str, source: str, source_line: int, text: str) -> Item:
@@ -146,7 +190,8 @@ class Item:
             source_line=source_line,
             messages=tuple([Message(role, content) for role, content in data["messages"]]),
             raw_id=data["raw_id"],
+            request=BatchRequest.from_dict(data["request"]) if "request" in data else None,
         )
 
 
-__all__ = ["ASSISTANT", "Item", "Message", "ROLES", "Role", "Row", "SYSTEM", "Skipped", "USER"]
+__all__ = ["ASSISTANT", "BatchRequest", "CHAT_URL", "COMPLETIONS_URL", "Item", "Message", "ROLES", "Role", "Row", "SYSTEM", "Skipped", "USER"]

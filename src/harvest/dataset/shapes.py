@@ -57,8 +57,9 @@ SHAPE_KIND = "shape"
 SKIP_PREFIX = "skip:"
 
 
-class _Bad(Exception):
-    """Internal: the row is unusable for ``reason``; turned into a ``Skipped`` by ``normalize``."""
+class BadRow(Exception):
+    """The row is unusable for ``reason``: raised by the readers of a row's parts (here and in
+    dataset/batch.py), turned into a ``Skipped`` by the function that reads the whole row."""
 
     def __init__(self, reason: str):
         super().__init__(reason)
@@ -92,27 +93,27 @@ def _text(value: Any, where: str) -> str:
                 parts.append(part["text"])
             else:
                 kind = part.get("type") if isinstance(part, Mapping) else _type_name(part)
-                raise _Bad(f"{where}[{j}]: content part of type {kind!r} is not text")
+                raise BadRow(f"{where}[{j}]: content part of type {kind!r} is not text")
         return "\n".join(parts)
-    raise _Bad(f"{where}: content is {_type_name(value)}, expected text")
+    raise BadRow(f"{where}: content is {_type_name(value)}, expected text")
 
 
 def _message(raw: Any, where: str) -> Message:
     if not isinstance(raw, Mapping):
-        raise _Bad(f"{where}: is {_type_name(raw)}, expected an object with role/content or from/value")
+        raise BadRow(f"{where}: is {_type_name(raw)}, expected an object with role/content or from/value")
     if "role" in raw:
         role_raw, content_raw, content_key = raw["role"], raw.get("content"), "content"
     elif "from" in raw:
         role_raw, content_raw, content_key = raw["from"], raw.get("value"), "value"
     else:
-        raise _Bad(f"{where}: has neither 'role' nor 'from'")
+        raise BadRow(f"{where}: has neither 'role' nor 'from'")
     if not isinstance(role_raw, str):
-        raise _Bad(f"{where}: role is {_type_name(role_raw)}, expected text")
+        raise BadRow(f"{where}: role is {_type_name(role_raw)}, expected text")
     role = ROLE_ALIASES.get(role_raw.strip().lower())
     if role is None:
-        raise _Bad(f"{where}: role {role_raw!r} is not supported (system, user or assistant)")
+        raise BadRow(f"{where}: role {role_raw!r} is not supported (system, user or assistant)")
     if content_raw is None:
-        raise _Bad(f"{where}: no {content_key!r}")
+        raise BadRow(f"{where}: no {content_key!r}")
     return Message(role, _text(content_raw, f"{where}.{content_key}"))
 
 
@@ -122,15 +123,22 @@ def _conversation(value: Any, field: str) -> list[Message]:
         try:
             value = json.loads(value)
         except (ValueError, RecursionError):
-            raise _Bad(f"field {field!r} is text that is not a JSON list of messages") from None
+            raise BadRow(f"field {field!r} is text that is not a JSON list of messages") from None
     if not isinstance(value, list):
-        raise _Bad(f"field {field!r} is {_type_name(value)}, expected a list of messages")
+        raise BadRow(f"field {field!r} is {_type_name(value)}, expected a list of messages")
     return [_message(raw, f"{field}[{i}]") for i, raw in enumerate(value)]
+
+
+def read_conversation(value: Any, field: str, system_prompt: str | None) -> tuple[Message, ...]:
+    """The conversation held by ``field`` (a list of messages, or JSON text of one), validated:
+    leading system messages (``system_prompt`` added when there is none), then user and assistant
+    alternating from user. Raises :class:`BadRow` naming the field and message."""
+    return _validate(_conversation(value, field), field, system_prompt)
 
 
 def _validate(messages: list[Message], field: str, system_prompt: str | None) -> tuple[Message, ...]:
     if not messages:
-        raise _Bad(f"empty conversation in {field!r}")
+        raise BadRow(f"empty conversation in {field!r}")
     n_system = 0
     while n_system < len(messages) and messages[n_system].role == SYSTEM:
         n_system += 1
@@ -141,24 +149,24 @@ def _validate(messages: list[Message], field: str, system_prompt: str | None) ->
         offset = 0
     body = messages[n_system:]
     if not body:
-        raise _Bad(f"{field!r} holds only system messages, no user turn")
+        raise BadRow(f"{field!r} holds only system messages, no user turn")
     expected: Role = USER
     for k, m in enumerate(body):
         where = f"{field}[{k + n_system + offset}]"
         if m.role == SYSTEM:
-            raise _Bad(f"{where}: system message after the conversation started")
+            raise BadRow(f"{where}: system message after the conversation started")
         if m.role != expected:
             if k == 0:
-                raise _Bad(f"{where}: conversation starts with {m.role}, expected user")
-            raise _Bad(f"{where}: {m.role} follows {body[k - 1].role} (user and assistant must alternate)")
+                raise BadRow(f"{where}: conversation starts with {m.role}, expected user")
+            raise BadRow(f"{where}: {m.role} follows {body[k - 1].role} (user and assistant must alternate)")
         if m.role == USER and not m.content.strip():
-            raise _Bad(f"{where}: user message is empty")
+            raise BadRow(f"{where}: user message is empty")
         expected = ASSISTANT if expected == USER else USER
     for k, m in enumerate(messages):
         try:
             m.content.encode("utf-8")
         except UnicodeEncodeError:
-            raise _Bad(
+            raise BadRow(
                 f"{field}[{k + offset}]: text is not valid UTF-8 (undecodable bytes or an unpaired surrogate)"
             ) from None
     return tuple(messages)
@@ -167,31 +175,39 @@ def _validate(messages: list[Message], field: str, system_prompt: str | None) ->
 def _raw_id(data: Mapping[str, Any], field: str, required: bool) -> str | None:
     if field not in data or data[field] is None:
         if required:
-            raise _Bad(f"missing id field {field!r}")
+            raise BadRow(f"missing id field {field!r}")
         return None
     value = data[field]
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         if required:
-            raise _Bad(f"id field {field!r} is {_type_name(value)}, expected text or an integer")
+            raise BadRow(f"id field {field!r} is {_type_name(value)}, expected text or an integer")
         return None
     text = str(value)
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
         if required:
-            raise _Bad(f"id field {field!r} is not valid UTF-8") from None
+            raise BadRow(f"id field {field!r} is not valid UTF-8") from None
         return None
     if required:
         if not text.strip():
-            raise _Bad(f"id field {field!r} is empty")
+            raise BadRow(f"id field {field!r} is empty")
         if text.startswith(SKIP_PREFIX):
-            raise _Bad(f"id {text!r} uses the prefix {SKIP_PREFIX!r}, reserved for skipped rows")
+            raise BadRow(f"id {text!r} uses the prefix {SKIP_PREFIX!r}, reserved for skipped rows")
     return text
 
 
 def _usable_id(raw_id: str | None) -> bool:
     """Whether a row's own ``id`` (found without ``id_field``) can be its item id."""
     return raw_id is not None and bool(raw_id.strip()) and not raw_id.startswith(SKIP_PREFIX)
+
+
+def _skipped_id(data: Any, config: DataConfig) -> str | None:
+    """A skipped row's own id where it has a usable one (what its item's id would have been)."""
+    if config.id_field == "" or not isinstance(data, Mapping):
+        return None
+    raw_id = _raw_id(data, config.id_field or DEFAULT_ID_FIELD, required=False)
+    return raw_id if _usable_id(raw_id) else None
 
 
 def _pick_shape(data: Mapping[str, Any], config: DataConfig) -> str:
@@ -204,7 +220,7 @@ def _pick_shape(data: Mapping[str, Any], config: DataConfig) -> str:
     if config.prompt_field in data:
         return "prompt"
     fields = ", ".join(repr(str(k)) for k in list(data)[:8]) + (", ..." if len(data) > 8 else "")
-    raise _Bad(
+    raise BadRow(
         f"no {config.prompt_field!r}, {config.messages_field!r} or {config.conversations_field!r} field"
         f"; the row has {fields or 'no fields'}"
     )
@@ -215,17 +231,17 @@ def _messages(data: Mapping[str, Any], config: DataConfig) -> tuple[Message, ...
     if shape == "prompt":
         field = config.prompt_field
         if field not in data:
-            raise _Bad(f"missing field {field!r}")
+            raise BadRow(f"missing field {field!r}")
         prompt = data[field]
         if not isinstance(prompt, str):
-            raise _Bad(f"field {field!r} is {_type_name(prompt)}, expected text")
+            raise BadRow(f"field {field!r} is {_type_name(prompt)}, expected text")
         if not prompt.strip():
-            raise _Bad(f"field {field!r} is empty")
+            raise BadRow(f"field {field!r} is empty")
         return _validate([Message(USER, prompt)], field, config.system_prompt)
     field = config.messages_field if shape == "messages" else config.conversations_field
     if data.get(field) is None:
-        raise _Bad(f"missing field {field!r}")
-    return _validate(_conversation(data[field], field), field, config.system_prompt)
+        raise BadRow(f"missing field {field!r}")
+    return read_conversation(data[field], field, config.system_prompt)
 
 
 def normalize(row: Row, config: DataConfig) -> Item | Skipped:
@@ -236,7 +252,7 @@ def normalize(row: Row, config: DataConfig) -> Item | Skipped:
     """
     try:
         if not isinstance(row.data, Mapping):
-            raise _Bad(f"row is {_type_name(row.data)}, expected an object")
+            raise BadRow(f"row is {_type_name(row.data)}, expected an object")
         messages = _messages(row.data, config)
         if config.id_field:
             raw_id = _raw_id(row.data, config.id_field, required=True)
@@ -246,9 +262,10 @@ def normalize(row: Row, config: DataConfig) -> Item | Skipped:
             raw_id = _raw_id(row.data, DEFAULT_ID_FIELD, required=False)
             item_id = raw_id if config.id_field is None and raw_id is not None and _usable_id(raw_id) \
                 else content_hash(messages)
-    except _Bad as bad:
-        return Skipped(row.source, row.line, bad.reason, SHAPE_KIND)
+    except BadRow as bad:
+        return Skipped(row.source, row.line, bad.reason, SHAPE_KIND, raw_id=_skipped_id(row.data, config))
     return Item(id=item_id, source=row.source, source_line=row.line, messages=messages, raw_id=raw_id)
 
 
-__all__ = ["DEFAULT_ID_FIELD", "ROLE_ALIASES", "SHAPE_KIND", "SKIP_PREFIX", "content_hash", "normalize"]
+__all__ = ["BadRow", "DEFAULT_ID_FIELD", "ROLE_ALIASES", "SHAPE_KIND", "SKIP_PREFIX", "content_hash", "normalize",
+           "read_conversation"]

@@ -22,8 +22,8 @@ from harvest.ledger.handle import LedgerHandle, dumps, read_meta
 from harvest.ledger.records import IngestReport, Status
 
 SQL_INGEST = (
-    "INSERT INTO items(id, sample, status, last_error, error_class, source, source_line, input_hash, updated_at)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "INSERT INTO items(id, sample, status, last_error, error_class, source, source_line, input_hash, updated_at,"
+    " raw_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
     " ON CONFLICT(id, sample) DO UPDATE SET dup_count = dup_count + 1,"
     " dup_conflicts = dup_conflicts + (items.input_hash IS NOT excluded.input_hash)"
 )
@@ -67,15 +67,15 @@ def prepare_ingest(records: Iterator[Item | Skipped], batch_size: int = 10_000, 
             skipped += 1
             key = (rec.kind, reason_key(rec.reason))
             reasons[key] = reasons.get(key, 0) + 1
-            params.extend((rec.id, k, Status.SKIPPED.value, rec.reason, rec.kind, rec.source, rec.line, None, now)
-                          for k in range(samples))
+            params.extend((rec.id, k, Status.SKIPPED.value, rec.reason, rec.kind, rec.source, rec.line, None, now,
+                           rec.raw_id) for k in range(samples))
         else:
             text = rec.to_json()
             own_ids += rec.id == rec.raw_id
             inputs.setdefault(rec.id, text)
             digest = input_hash(text)
-            params.extend((rec.id, k, Status.PENDING.value, None, None, rec.source, rec.source_line, digest, now)
-                          for k in range(samples))
+            params.extend((rec.id, k, Status.PENDING.value, None, None, rec.source, rec.source_line, digest, now,
+                           None) for k in range(samples))
     return IngestBatch(params, inputs, len(batch), skipped, len(batch) < batch_size, own_ids, reasons)
 
 
@@ -87,7 +87,8 @@ class Ingest(LedgerHandle):
 
         An id seen before only increments that row's ``dup_count`` (and ``dup_conflicts`` when the
         input differs): it is generated once. Skipped rows become ``skipped`` items with id
-        ``skip:<file>:<line>`` and the reason as ``last_error``. Resumable: the number of records
+        ``skip:<file>:<line>``, the reason as ``last_error`` and the row's own id, where it had one, as
+        ``raw_id``. Resumable: the number of records
         committed is stored with each batch, and a later call skips that many records first, so
         ``records`` must be the same sequence each time (same dataset and config). Once complete,
         further calls read nothing.
@@ -187,8 +188,8 @@ class Ingest(LedgerHandle):
         now = time.time()
         with self._write() as conn:
             # Every sample row of the skipped line: its id names the file and line.
-            conn.executemany("UPDATE items SET last_error = ?, error_class = ?, updated_at = ? WHERE id = ?",
-                             [(rec.reason, rec.kind, now, rec.id) for seq, rec in found
+            conn.executemany("UPDATE items SET last_error = ?, error_class = ?, raw_id = ?, updated_at = ? WHERE id = ?",
+                             [(rec.reason, rec.kind, rec.raw_id, now, rec.id) for seq, rec in found
                               if isinstance(rec, Skipped)])
             conn.executemany("DELETE FROM items WHERE id = (SELECT id FROM items WHERE seq = ?)",
                              [(seq,) for seq, rec in found if isinstance(rec, Item)])
@@ -200,7 +201,7 @@ class Ingest(LedgerHandle):
                 inputs.setdefault(rec.id, text)
                 digest = input_hash(text)
                 params.extend((rec.id, k, Status.PENDING.value, None, None, rec.source, rec.source_line,
-                               digest, now) for k in range(self.samples))
+                               digest, now, None) for k in range(self.samples))
             conn.executemany(SQL_INGEST, params)
             new = conn.execute("SELECT seq, id FROM items WHERE seq > ? AND sample = 0", (before,)).fetchall()
             conn.executemany("INSERT INTO inputs(item, input) VALUES (?, ?)",

@@ -1,5 +1,5 @@
 """Bringing a ledger file to this harvest's schema when it is opened: the checks of a resume
-(schema version, settings hash, samples per input), the migration of version 1 and 2 files, and
+(schema version, settings hash, samples per input), the migration of version 1, 2 and 3 files, and
 the recovery of rows a crashed process left ``running``. The SQL itself is in ``schema.py``.
 
 Everything a writable open changes happens in one transaction: it all commits or none does.
@@ -15,11 +15,11 @@ from typing import Any
 from harvest.version import __version__
 from harvest.errors import LedgerError
 from harvest.ledger.handle import dumps, read_meta
-from harvest.ledger.schema import DDL, MIGRATE_3, RETALLY, SCHEMA_VERSION
+from harvest.ledger.schema import DDL, MIGRATE_3, MIGRATE_4, RESULT_LP_COLUMNS, RETALLY, SCHEMA_VERSION
 
 #: Schema versions this harvest opens: older ones are migrated on a writable open (see ``migrate``)
 #: and read with full counts on a read-only one.
-READABLE_VERSIONS = (1, 2, SCHEMA_VERSION)
+READABLE_VERSIONS = (1, 2, 3, SCHEMA_VERSION)
 
 
 def prepare(conn: sqlite3.Connection, path: Path, settings_hash: str, meta: dict[str, Any],
@@ -37,7 +37,7 @@ def prepare(conn: sqlite3.Connection, path: Path, settings_hash: str, meta: dict
                       "ingest": {"rows": 0, "duplicates": 0, "skipped": 0, "complete": False}}
         elif stored.get("schema_version") not in READABLE_VERSIONS:
             raise LedgerError(f"{path}: ledger schema version {stored.get('schema_version')!r},"
-                              f" this harvest writes {SCHEMA_VERSION} (and migrates 1 and 2); open it"
+                              f" this harvest writes {SCHEMA_VERSION} (and migrates 1 to 3); open it"
                               " with the harvest that wrote it, or start a new run folder")
         _check_settings(stored, path, settings_hash, allow_mixed)
         _check_samples(stored, path, samples)
@@ -85,20 +85,24 @@ def _check_samples(stored: dict[str, Any], path: Path, samples: int) -> None:
 
 
 def migrate(conn: sqlite3.Connection, version: int) -> None:
-    """Version 1/2 -> 3, inside the open's write transaction (all of it commits or none does).
+    """Version 1/2/3 -> 4, inside the open's write transaction (all of it commits or none does).
     The DDL (run just before, its own transaction) added ``tallies`` and its triggers and
-    ``lp_shards``; ``items`` is rebuilt with its ``sample`` column (every old row sample 0),
-    ``results`` gains the logprob columns, and the tallies are counted once from scratch."""
-    columns = {r[1] for r in conn.execute("PRAGMA table_info(items)")}
-    if "sample" not in columns:
-        for sql in MIGRATE_3:
+    ``lp_shards``. Below 3: ``items`` is rebuilt with its ``sample`` column (every old row sample
+    0), ``results`` gains the logprob columns, and the tallies are counted once from scratch.
+    Below 4: ``items`` gains ``raw_id`` (NULL: the rows skipped so far keep no id of their own)."""
+    if version < 3:
+        columns = {r[1] for r in conn.execute("PRAGMA table_info(items)")}
+        if "sample" not in columns:
+            for sql in MIGRATE_3:
+                conn.execute(sql)
+        columns = {r[1] for r in conn.execute("PRAGMA table_info(results)")}
+        for column in RESULT_LP_COLUMNS:
+            if column not in columns:
+                conn.execute(f"ALTER TABLE results ADD COLUMN {column} INTEGER")
+        for sql in RETALLY:
             conn.execute(sql)
-    columns = {r[1] for r in conn.execute("PRAGMA table_info(results)")}
-    for column in ("lp_shard", "lp_offset", "lp_bytes"):
-        if column not in columns:
-            conn.execute(f"ALTER TABLE results ADD COLUMN {column} INTEGER")
-    for sql in RETALLY:
-        conn.execute(sql)
+    if "raw_id" not in {r[1] for r in conn.execute("PRAGMA table_info(items)")}:
+        conn.execute(MIGRATE_4)
 
 
 def status_counts(conn: sqlite3.Connection, *, tallied: bool = True) -> dict[str, int]:

@@ -131,6 +131,17 @@ class ResultRow:
     sample: int = 0
     #: Where the result's logprob record lies: ``(shard, offset, bytes)``, or None.
     logprobs_at: tuple[int, int, int] | None = None
+    #: A row skipped at ingest: its own id where it had one (an OpenAI batch line's ``custom_id``);
+    #: None for every other row (an item's own id is ``item.raw_id``) and for rows a schema 3
+    #: ledger skipped.
+    raw_id: str | None = None
+
+    @property
+    def join_id(self) -> str:
+        """The id a user joins this row's output to its input by (a batch output's ``custom_id``):
+        the item id; for a row skipped at ingest the id the row gave, where it had one, else the
+        ledger's ``skip:<file>:<line>``."""
+        return self.raw_id if self.item is None and self.raw_id is not None else self.item_id
 
 
 @dataclass(frozen=True)

@@ -24,14 +24,16 @@ from harvest.ledger.shards import committed_usage
 SQL_SELECT = (
     "SELECT i.id, i.status, i.attempts, i.source, i.source_line, n.input, i.dup_count, i.last_error,"
     " i.error_class, r.output, r.settings_hash, r.finish_reason, r.prompt_tokens, r.completion_tokens,"
-    " r.created_at, i.sample, r.lp_shard, r.lp_offset, r.lp_bytes FROM items AS i"
+    " r.created_at, i.sample, r.lp_shard, r.lp_offset, r.lp_bytes, i.raw_id FROM items AS i"
     " LEFT JOIN inputs AS n ON n.item = i.seq - i.sample LEFT JOIN results AS r ON r.item = i.seq "
 )
+# The same for a version 3 ledger opened read-only: no skipped row's own id.
+SQL_SELECT_V3 = SQL_SELECT.replace("i.raw_id", "NULL")
 # The same for a version 1/2 ledger opened read-only: every row is sample 0, no logprobs.
 SQL_SELECT_V2 = (
     "SELECT i.id, i.status, i.attempts, i.source, i.source_line, n.input, i.dup_count, i.last_error,"
     " i.error_class, r.output, r.settings_hash, r.finish_reason, r.prompt_tokens, r.completion_tokens,"
-    " r.created_at, 0, NULL, NULL, NULL FROM items AS i LEFT JOIN inputs AS n ON n.item = i.seq"
+    " r.created_at, 0, NULL, NULL, NULL, NULL FROM items AS i LEFT JOIN inputs AS n ON n.item = i.seq"
     " LEFT JOIN results AS r ON r.item = i.seq "
 )
 
@@ -142,7 +144,8 @@ class Results(LedgerHandle):
         return by_class, recent
 
     def _select(self, where: str, params: Sequence[Any], fetch: int = 1000) -> Iterator[ResultRow]:
-        cur = self.conn.execute((SQL_SELECT if self._version >= 3 else SQL_SELECT_V2) + where, params)
+        sql = SQL_SELECT if self._version >= 4 else SQL_SELECT_V3 if self._version == 3 else SQL_SELECT_V2
+        cur = self.conn.execute(sql + where, params)
         try:
             while True:
                 rows = cur.fetchmany(fetch)
@@ -156,7 +159,7 @@ class Results(LedgerHandle):
                         output=json.loads(r[9]) if r[9] is not None else None, settings_hash=r[10],
                         finish_reason=r[11], prompt_tokens=r[12], completion_tokens=r[13],
                         created_at=r[14], sample=r[15],
-                        logprobs_at=(r[16], r[17], r[18]) if r[16] is not None else None)
+                        logprobs_at=(r[16], r[17], r[18]) if r[16] is not None else None, raw_id=r[19])
         finally:
             cur.close()
 

@@ -6,7 +6,8 @@ One file, ``ledger.sqlite``, in the run folder:
              engine version, creation time, ingest progress
     items    one row per unique input id and sample (``[sampling] n`` rows per input, samples
              0..n-1 at consecutive seqs): status, attempts, last error, source and line,
-             duplicate counts (small rows: status changes are cheap)
+             duplicate counts, and for a row skipped at ingest its own id where it had one
+             (schema version 4) (small rows: status changes are cheap)
     inputs   the normalized input (JSON) of each input, keyed by the seq of its sample 0 (a
              sample's input is at ``seq - sample``)
     results  at most one row per item row (the row's seq is the primary key): the output, the
@@ -38,7 +39,12 @@ from harvest.errors import LedgerError
 #: 3 added samples (``items.sample``, unique with the id) and the logprob references (``results``
 #: lp_* columns, ``lp_shards``); older ledgers are migrated on a writable open (the items table is
 #: rebuilt once, every row sample 0) and read as sample 0 without logprobs when opened read-only.
-SCHEMA_VERSION = 3
+#: 4 added ``items.raw_id``: a row skipped at ingest keeps its own id (an OpenAI batch line's
+#: ``custom_id``), which ``inputs`` cannot hold: there an input means a runnable item (requeue and
+#: re-reading of skipped rows go by it), so an older harvest would take such a row for one. Older
+#: ledgers gain the column on a writable open (``ALTER TABLE ... ADD COLUMN``: no rewrite; their
+#: skipped rows keep no id) and read NULL for it when opened read-only.
+SCHEMA_VERSION = 4
 LEDGER_FILE = "ledger.sqlite"
 LOCK_FILE = "ledger.lock"
 
@@ -91,6 +97,9 @@ CREATE TABLE IF NOT EXISTS items (
     dup_count     INTEGER NOT NULL DEFAULT 0,
     dup_conflicts INTEGER NOT NULL DEFAULT 0,
     updated_at    REAL,
+    -- A row skipped at ingest: the id it gave (an OpenAI batch line's custom_id, a row's id field)
+    -- where it could be read, else NULL; an item's own id is in its input (schema version 4).
+    raw_id        TEXT,
     UNIQUE(id, sample)
 );
 CREATE INDEX IF NOT EXISTS items_status ON items(status);
@@ -136,6 +145,7 @@ COMMIT;
 
 #: Version 1/2 -> 3 (inside the open's write transaction, after the DDL): rebuild ``items`` with a
 #: ``sample`` column (every old row is sample 0) and the (id, sample) key; add the logprob columns.
+#: (The version 4 column is added after it, as for a version 3 ledger: :data:`MIGRATE_4`.)
 MIGRATE_3 = (
     "DROP TABLE IF EXISTS items_v3",
     "CREATE TABLE items_v3 (seq INTEGER PRIMARY KEY, id TEXT NOT NULL, sample INTEGER NOT NULL DEFAULT 0,"
@@ -152,6 +162,8 @@ MIGRATE_3 = (
 )
 #: Columns the version 3 results table has beyond version 2's (added by the migration).
 RESULT_LP_COLUMNS = ("lp_shard", "lp_offset", "lp_bytes")
+#: Version 3 -> 4: the skipped rows' own ids (NULL for every row there already).
+MIGRATE_4 = "ALTER TABLE items ADD COLUMN raw_id TEXT"
 
 #: Rebuild the tallies from full counts (the version 1 -> 2 migration; inside a write transaction).
 RETALLY = (
@@ -209,4 +221,4 @@ def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
     return conn
 
 
-__all__ = ["DDL", "ITEMS_TRIGGERS", "MIGRATE_3", "RESULT_LP_COLUMNS", "LEDGER_FILE", "LOCK_FILE", "MIN_SQLITE", "RETALLY", "SCHEMA_VERSION", "connect"]
+__all__ = ["DDL", "ITEMS_TRIGGERS", "MIGRATE_3", "MIGRATE_4", "RESULT_LP_COLUMNS", "LEDGER_FILE", "LOCK_FILE", "MIN_SQLITE", "RETALLY", "SCHEMA_VERSION", "connect"]

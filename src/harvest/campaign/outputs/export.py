@@ -13,8 +13,10 @@ Formats (docs/result-schema.md has every line's schema):
   data: such a row is reported as malformed, never written as a success.
 - ``sharegpt``: the same conversations without ``status``; ``sharegpt_style="from-value"`` writes
   ``{"from": "system"|"human"|"gpt", "value"}`` turns instead.
-- ``openai-batch``: JSONL lines of an OpenAI Batch API output file, one per item; failed and skipped
-  items carry ``response: null`` and ``error: {code, message}``.
+- ``openai-batch``: JSONL lines of an OpenAI Batch API output file, one per item (by default every
+  item that ended: one line per input line of a complete run, in input order); failed and skipped
+  items carry ``response: null`` and ``error: {code, message}``. A batch row's body is its own
+  request's answer (``chat.completion`` or ``text_completion``, every choice, logprobs as sent).
 - ``parquet``: one row per item (pyarrow, the ``parquet`` extra), written in row groups.
 
 Guarantees: rows are streamed from the ledger (``Ledger.iter_results``) and written as they come, so
@@ -30,7 +32,6 @@ This module only reads the ledger; it never changes an item's status and never g
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import json
 import os
@@ -42,12 +43,19 @@ from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
 from harvest import safefiles
-from harvest.errors import ConfigError, LedgerError
+from harvest.campaign.outputs.batch_output import MalformedResult, batch_body, hex_id
+from harvest.campaign.outputs.selection import (
+    DEFAULT_STATUSES,
+    FORMAT_DEFAULT_STATUSES,
+    nothing_selected,
+    parse_statuses,
+    selected_statuses,
+)
+from harvest.errors import ConfigError
 from harvest.ledger import RESULT_STATUSES, Ledger, ResultRow, Status
 
 FORMATS = ("specforge", "sharegpt", "openai-batch", "parquet", "logprobs")
 SHAREGPT_STYLES = ("role-content", "from-value")
-DEFAULT_STATUSES: tuple[Status, ...] = (Status.DONE,)
 #: Statuses each format can hold: conversation formats need a result; the batch output file has a
 #: line per request that ended (answered or not); Parquet holds any row.
 ALLOWED_STATUSES: Mapping[str, tuple[Status, ...]] = {
@@ -65,10 +73,6 @@ _ROW_GROUP_CHARS = 64 * 2**20
 _MALFORMED_EXAMPLES = 20
 
 _THINK_BLOCK = re.compile(r"<think>(.*?)(?:</think>|\Z)", re.DOTALL)
-
-
-class MalformedResult(ValueError):
-    """A stored result that does not follow docs/result-schema.md (the row is reported, not written)."""
 
 
 @dataclass(frozen=True)
@@ -101,28 +105,6 @@ def default_output(run_dir: str | Path, fmt: str) -> Path:
     if fmt in ("parquet", "logprobs"):
         return Path(run_dir) / ("export.parquet" if fmt == "parquet" else "export.logprobs.parquet")
     return Path(run_dir) / f"export.{fmt}.jsonl"
-
-
-def parse_statuses(values: str | Status | Iterable[str | Status]) -> tuple[Status, ...]:
-    """Statuses from names (comma-separated lists allowed; one string is one name or list, never
-    its letters), in order, without repeats."""
-    if isinstance(values, (str, Status)):
-        values = (values,)
-    out: list[Status] = []
-    for value in values:
-        for name in (value.value,) if isinstance(value, Status) else str(value).split(","):
-            name = name.strip().lower()
-            if not name:
-                continue
-            try:
-                status = Status(name)
-            except ValueError:
-                known = ", ".join(s.value for s in Status)
-                raise ConfigError("harvest export options", [
-                    ("--status", f"unknown status {name!r} (one of {known})")]) from None
-            if status not in out:
-                out.append(status)
-    return tuple(out)
 
 
 def _check_options(fmt: str, statuses: Sequence[Status], sharegpt_style: str) -> None:
@@ -256,22 +238,32 @@ def sharegpt_record(row: ResultRow, style: str = "role-content") -> dict[str, An
     return {"id": row.item_id, "conversations": turns}
 
 
-def _hex(kind: str, item_id: str) -> str:
-    return hashlib.blake2b(f"{kind}\0{item_id}".encode(), digest_size=12).hexdigest()
-
-
 def openai_batch_record(row: ResultRow) -> dict[str, Any]:
     """One line of an OpenAI Batch API output file. Ids are derived from the item id, so a second
-    export writes the same lines. The body is the completion of the item's last assistant turn;
-    ``system_fingerprint`` is the settings hash the result came from."""
-    head = {"id": f"batch_req_{_hex('batch_req', row.item_id)}", "custom_id": row.item_id}
+    export writes the same lines. ``custom_id`` is :attr:`ResultRow.join_id`: a skipped line's own
+    custom_id where it had one (``id`` stays unique: it derives from the ledger's id). The body is
+    the completion of the item's last assistant turn, or for a batch row (an OpenAI batch input
+    line) its own request's answer, every choice with its log-probabilities as the engine sent
+    them; ``system_fingerprint`` is the settings hash the result came from."""
+    head = {"id": f"batch_req_{hex_id('batch_req', row.item_id)}", "custom_id": row.join_id}
     if row.status not in RESULT_STATUSES:
         code = row.error_class or ("input" if row.status is Status.SKIPPED else row.status.value)
         error = {"code": code, "message": row.last_error or row.status.value}
         return {**head, "response": None, "error": error}
+    out = row.output
+    if isinstance(out, Mapping) and isinstance(out.get("batch"), Mapping):
+        conversation(row)  # the stored result is checked as every other (MalformedResult)
+        body = batch_body(row.item_id, out, created=row.created_at, settings_hash=row.settings_hash)
+    else:
+        body = _last_turn_body(row, out)
+    response = {"status_code": 200, "request_id": f"req_{hex_id('req', row.item_id)}", "body": body}
+    return {**head, "response": response, "error": None}
+
+
+def _last_turn_body(row: ResultRow, out: Any) -> dict[str, Any]:
+    """The ``chat.completion`` of a conversation's last assistant turn."""
     messages = conversation(row)
     answer = messages[-1]
-    out = row.output
     turns = out.get("turns") if isinstance(out.get("turns"), list) else []
     last = turns[-1] if turns and isinstance(turns[-1], Mapping) else {}
     prompt = last.get("prompt_tokens", row.prompt_tokens) if last else row.prompt_tokens
@@ -279,8 +271,8 @@ def openai_batch_record(row: ResultRow) -> dict[str, Any]:
     message = {"role": "assistant", "content": answer["content"]}
     if "reasoning_content" in answer:
         message["reasoning_content"] = answer["reasoning_content"]
-    body = {
-        "id": f"chatcmpl-{_hex('chatcmpl', row.item_id)}",
+    return {
+        "id": f"chatcmpl-{hex_id('chatcmpl', row.item_id)}",
         "object": "chat.completion",
         "created": int(row.created_at or 0),
         "model": out.get("model") if isinstance(out.get("model"), str) else "",
@@ -290,8 +282,6 @@ def openai_batch_record(row: ResultRow) -> dict[str, Any]:
         "usage": {"prompt_tokens": prompt or 0, "completion_tokens": completion or 0,
                   "total_tokens": (prompt or 0) + (completion or 0)},
     }
-    response = {"status_code": 200, "request_id": f"req_{_hex('req', row.item_id)}", "body": body}
-    return {**head, "response": response, "error": None}
 
 
 def parquet_record(row: ResultRow) -> dict[str, Any]:
@@ -363,7 +353,7 @@ def _with_sample(make: Callable[[ResultRow], dict[str, Any]], fmt: str) -> Calla
     def wrapped(row: ResultRow) -> dict[str, Any]:
         record = make(row)
         if fmt == "openai-batch":
-            record["custom_id"] = f"{row.item_id}#{row.sample}"
+            record["custom_id"] = f"{row.join_id}#{row.sample}"
         else:
             record["sample"] = row.sample
         return record
@@ -421,45 +411,19 @@ def _write_parquet(path: Path | BinaryIO, rows: Iterable[ResultRow], tally: _Tal
             writer.write_table(pa.Table.from_pylist(batch, schema=schema), row_group_size=len(batch))
 
 
-def nothing_selected(run_dir: str | Path, fmt: str, statuses: Sequence[Status], report: ExportReport, *,
-                     flags: bool = True) -> str:
-    """Why an export wrote nothing, with what the run holds and the fix, in the command's words
-    (``flags``: ``--status``, ``--allow-empty``) or the Python API's (``statuses=``, ``allow_empty=True``)."""
-    if fmt == "logprobs" and report.without_logprobs:
-        return (f"--format logprobs: none of the run's {report.without_logprobs:,} selected results carries "
-                f"log-probabilities (they ran with [sampling] logprobs = 0): set [sampling] logprobs = K for a new "
-                f"run, or export another format; no file written")
-    other, empty = ("--status", "--allow-empty") if flags else ("statuses=", "allow_empty=True")
-    return (f"--format {fmt}: no item of status {', '.join(s.value for s in statuses)} to export "
-            f"({_what_is_there(run_dir)}): pick other statuses with {other}, or {empty} to write an empty file; "
-            f"no file written")
-
-
-def _what_is_there(run_dir: str | Path) -> str:
-    """The run's items per status, e.g. ``the run holds skipped 20``."""
-    try:
-        ledger = Ledger.open_readonly(run_dir)
-    except LedgerError:
-        return "the run holds no readable ledger"
-    try:
-        counts = {s.value: n for s, n in ledger.counts().items() if n}
-    finally:
-        ledger.close()
-    return "the run holds " + (", ".join(f"{s} {n:,}" for s, n in counts.items()) if counts else "no item")
-
-
 def export_run(run_dir: str | Path, fmt: str, *, output: str | Path | None = None,
-               statuses: str | Status | Iterable[str | Status] = DEFAULT_STATUSES, sharegpt_style: str = "role-content",
+               statuses: str | Status | Iterable[str | Status] | None = None, sharegpt_style: str = "role-content",
                row_group_size: int = ROW_GROUP_SIZE, fetch: int = 1000, allow_empty: bool = True) -> ExportReport:
-    """Write the items of ``statuses`` from the run's ledger to ``output`` (default
-    :func:`default_output`) in ``fmt``, atomically, in input order.
+    """Write the items of ``statuses`` (default: :data:`FORMAT_DEFAULT_STATUSES`, else ``done``) from
+    the run's ledger to ``output`` (default :func:`default_output`) in ``fmt``, atomically, in input
+    order.
 
     Raises :class:`~harvest.errors.LedgerError` when ``run_dir`` holds no readable ledger and
     :class:`~harvest.errors.ConfigError` for options that do not fit (an unknown format, a status
     the format cannot hold, Parquet without pyarrow, a missing output folder). Without
     ``allow_empty`` an export that selects nothing leaves no file (``kept`` False).
     """
-    wanted = parse_statuses(statuses)
+    wanted = selected_statuses(fmt, statuses)
     _check_options(fmt, wanted, sharegpt_style)
     if fmt in ("parquet", "logprobs"):
         _pyarrow(fmt)
@@ -587,9 +551,10 @@ def check_export(path: str | Path, fmt: str, *, sharegpt_style: str = "role-cont
 
 
 __all__ = [
-    "ALLOWED_STATUSES", "DEFAULT_STATUSES", "FORMATS", "FROM_NAMES", "ExportCheck", "ExportReport",
+    "ALLOWED_STATUSES", "DEFAULT_STATUSES", "FORMATS", "FORMAT_DEFAULT_STATUSES", "FROM_NAMES", "ExportCheck", "ExportReport",
     "MalformedResult", "ROW_GROUP_SIZE", "SHAREGPT_STYLES", "check_export", "conversation",
     "conversation_problems", "default_output",
     "export_run", "openai_batch_record", "parquet_record", "parquet_schema", "parse_statuses",
+    "selected_statuses", "nothing_selected",
     "sharegpt_record", "specforge_record", "split_think",
 ]

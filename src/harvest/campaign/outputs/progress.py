@@ -99,6 +99,8 @@ class Progress:
         self.server: dict[str, float | None] = {"running": None, "waiting": None}
         #: ``concurrency = "auto"``: each endpoint's current target (url -> requests); {} when fixed.
         self.concurrency: dict[str, int] = {}
+        #: The same, why each target is where it is (url -> words: "engine capacity 4 from /props").
+        self.concurrency_reasons: dict[str, str] = {}
         #: The same per endpoint (URL -> {"running", "waiting"}), shown when there are several.
         self.server_endpoints: dict[str, dict[str, float | None]] = {}
         #: The engines' prefix-cache hit rate over this session (``PrefixCacheMeter.snapshot``); {}
@@ -287,6 +289,7 @@ class Progress:
             "statuses_this_session": dict(self.statuses), "errors_by_class": dict(self.errors),
             "server": dict(self.server),
             "concurrency_targets": dict(self.concurrency),
+            "concurrency_reasons": dict(self.concurrency_reasons),
             "concurrency": self.concurrency_limit,
             "server_endpoints": dict(self.server_endpoints),
             "prefix_cache": dict(self.prefix_cache),

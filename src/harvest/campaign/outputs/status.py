@@ -77,6 +77,8 @@ class Progress:
     note: str | None = None
     #: ``concurrency = "auto"``: each endpoint's target when progress.json was written ({} when fixed).
     concurrency_targets: Mapping[str, int] = field(default_factory=dict)
+    #: ... and why each target is where it is, in words ({} when fixed, or written before 2026-12-06).
+    concurrency_reasons: Mapping[str, str] = field(default_factory=dict)
     #: Requests on the wire (``in_flight`` counts the items claimed, some waiting in harvest's queue).
     sent: int | None = None
     #: The engines' prefix-cache hit rate over the session (0..1), None when none reported it.
@@ -225,6 +227,7 @@ def read_progress(run_dir: str | Path) -> tuple[Progress | None, str | None]:
     note = _of(data, "note", str)
     targets = {str(k): int(v) for k, v in (_of(data, "concurrency_targets", dict) or {}).items()
                if isinstance(v, int) and not isinstance(v, bool)}
+    reasons = {str(k): v for k, v in (_of(data, "concurrency_reasons", dict) or {}).items() if isinstance(v, str)}
     cache = _of(data, "prefix_cache", dict) or {}
     quiet = _of(data, "no_answer", list) or []
     no_answer = tuple({"url": str(e["url"]), "quiet_s": float(e["quiet_s"]), "bound_s": float(e["bound_s"]),
@@ -239,6 +242,7 @@ def read_progress(run_dir: str | Path) -> tuple[Progress | None, str | None]:
         prompt_tokens_per_s=_num(data, "prompt_tokens_per_s", float), in_flight=_num(data, "in_flight", int),
         errors_by_class=errors, server_running=_num(server, "running", float),
         server_waiting=_num(server, "waiting", float), note=note, concurrency_targets=targets,
+        concurrency_reasons=reasons,
         sent=_num(data, "sent", int),
         prefix_cache_hit_rate=_num(cache, "hit_rate", float), no_answer=no_answer,
     ), None

@@ -188,11 +188,12 @@ class ContextGuard:
                 return ContextLimit(n, f"{Path(self.model_dir).name}/config.json")
         return ContextLimit(None, "the server reports none and the model has no local config.json")
 
-    def prompt_limit(self) -> int | None:
-        """Most prompt tokens an item may have, or None when nothing bounds it."""
+    def prompt_limit(self, max_tokens: int | None = None) -> int | None:
+        """Most prompt tokens an item may have, or None when nothing bounds it. ``max_tokens``: the
+        item's own (a batch row's body), else ``[sampling] max_tokens``."""
         limits = [n for n in (self.max_prompt_tokens,) if n is not None]
         if self.limit is not None and self.limit.tokens is not None:
-            limits.append(self.limit.tokens - self.max_tokens)
+            limits.append(self.limit.tokens - (max_tokens or self.max_tokens))
         return min(limits) if limits else None
 
     def prompt_messages(self, item: Item) -> list[dict[str, str]]:
@@ -207,7 +208,8 @@ class ContextGuard:
         """None when the item may be sent; else the reason it is skipped, with its length and the limit."""
         if self.limit is None or self._misfit is not None:
             await self.learn(client)
-        limit = self.prompt_limit()
+        own = item.request.get("max_tokens") if item.request is not None else None
+        limit = self.prompt_limit(own)
         if limit is None:
             return None
         messages = self.prompt_messages(item)
@@ -221,7 +223,7 @@ class ContextGuard:
             tokens, how = math.ceil(size / MAX_BYTES_PER_TOKEN), f"at least, from {size} bytes"
         if tokens <= limit:
             return None
-        return self._reason(tokens, how)
+        return self._reason(tokens, how, own or self.max_tokens)
 
     async def skipped(self, client: Any, writer: Any, progress: Any, row_id: str | Key, item: Item) -> bool:
         """The runner's hook: check the item; when it cannot fit, record it ``skipped`` (class
@@ -235,11 +237,11 @@ class ContextGuard:
         progress.error(CONTEXT_CLASS)
         return True
 
-    def _reason(self, tokens: int, how: str) -> str:
+    def _reason(self, tokens: int, how: str, max_tokens: int) -> str:
         context = self.limit.tokens if self.limit is not None else None
-        if context is not None and tokens + self.max_tokens > context and (
-                self.max_prompt_tokens is None or context - self.max_tokens <= self.max_prompt_tokens):
-            return (f"prompt of {tokens} tokens ({how}) + max_tokens {self.max_tokens} does not fit the model's "
+        if context is not None and tokens + max_tokens > context and (
+                self.max_prompt_tokens is None or context - max_tokens <= self.max_prompt_tokens):
+            return (f"prompt of {tokens} tokens ({how}) + max_tokens {max_tokens} does not fit the model's "
                     f"context of {context} tokens ({self.limit.source})")  # type: ignore[union-attr]
         return f"prompt of {tokens} tokens ({how}) is over [data] max_prompt_tokens = {self.max_prompt_tokens}"
 

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from harvest.campaign.run.batchrow import generate_rows
 from harvest.campaign.run.breaker import Breaker
 from harvest.campaign.run.context import ContextGuard
 from harvest.campaign.run.generate import generate_samples, logprobs_to_ask
@@ -205,10 +206,14 @@ class Dispatch:
         for group in _by_item(batch):  # the samples of one item sent together: one request
             item = group[0].item
             affinity = prefix_key(item) if cfg.client.prefix_affinity else None
-            samples = _Samples(functools.partial(
-                generate_samples, client, item, [r.sample for r in group], run=cfg.run, sampling=cfg.sampling,
-                settings_hash=self.state.settings_hash, one_request=d.one_request, affinity=affinity,
-                logprobs_ask=logprobs_to_ask(cfg)))
+            if item.request is not None:  # an OpenAI batch row: its own request, as the row asks
+                samples = _Samples(functools.partial(generate_rows, client, item,
+                                                     settings_hash=self.state.settings_hash, affinity=affinity))
+            else:
+                samples = _Samples(functools.partial(
+                    generate_samples, client, item, [r.sample for r in group], run=cfg.run, sampling=cfg.sampling,
+                    settings_hash=self.state.settings_hash, one_request=d.one_request, affinity=affinity,
+                    logprobs_ask=logprobs_to_ask(cfg)))
             for index, row in enumerate(group):
                 task = asyncio.create_task(self._one(row, samples, index, d.claimed_at.pop(row.key, None)))
                 task.add_done_callback(d.finished.put_nowait)
@@ -325,7 +330,9 @@ class Dispatch:
         if self._scrape_task is None or self._scrape_task.done():
             self._scrape_task = asyncio.create_task(
                 scrape(self.client, self.progress, self.prefix_cache, self.state.timeline))
-        self.progress.concurrency = {t.url: t.target for t in self.client.concurrency_targets()}
+        targets = self.client.concurrency_targets()
+        self.progress.concurrency = {t.url: t.target for t in targets}
+        self.progress.concurrency_reasons = {t.url: t.why for t in targets}
         self.progress.update()
 
     @staticmethod

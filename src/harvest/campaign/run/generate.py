@@ -43,6 +43,8 @@ class ChatClient(Protocol):
 
     async def chat(self, messages: Sequence[dict[str, Any]], **overrides: Any) -> Any: ...
 
+    async def complete(self, prompt: str, **overrides: Any) -> Any: ...
+
 
 def _empty(text: str, run: RunConfig) -> bool:
     """An answer with nothing but white space once reasoning is set apart is no answer."""

@@ -26,7 +26,7 @@ from harvest.campaign.run.folder import job_change
 from harvest.campaign.run.state import RunState
 from harvest.campaign.outputs.progress import Progress
 from harvest.config import RELATIVE_PATHS, HarvestConfig
-from harvest.dataset import iter_items
+from harvest.dataset import is_batch_file, iter_items
 from harvest.dataset.skips import SkipReason, describe_skips, shape_settings
 from harvest.errors import ConfigError, LedgerError
 from harvest.ledger import IngestBatch, IngestReport, Ledger, LedgerWriter, Status, prepare_ingest
@@ -66,6 +66,29 @@ def _sampling_settings(config: HarvestConfig) -> dict[str, Any]:
         if out.get(key) == default:
             out.pop(key)
     return out
+
+
+def batch_models(config: HarvestConfig) -> set[str] | None:
+    """The names a batch row's ``body.model`` may hold: the job's served name and model (None: no
+    ``[server]``, any name)."""
+    server = config.server
+    if server is None:
+        return None
+    return {name for name in (server.served_model_name, server.model) if name}
+
+
+def check_batch_sampling(config: HarvestConfig) -> None:
+    """A batch file's rows set ``n`` and ``logprobs`` in their bodies: the job's own are refused."""
+    data = config.data
+    if data is None or not is_batch_file(data):
+        return
+    problems = [(f"{config.source} [sampling] {name}",
+                 f"is {value}, but {data.path} is an OpenAI batch file: set {name} in the rows' bodies "
+                 f"(each row is one request; docs/batch-files.md)")
+                for name, value, unset in (("n", config.sampling.n, 1), ("logprobs", config.sampling.logprobs, 0))
+                if value != unset]
+    if problems:
+        raise ConfigError(config.source, problems)
 
 
 def dataset_fingerprint(path: str) -> str:
@@ -141,6 +164,7 @@ class Intake:
             raise ConfigError(self.config.source, [(f"{self.config.source} [data] path",
                                                     f"cannot read {data.path}: {exc.strerror or exc}; nothing "
                                                     f"was created ({RELATIVE_PATHS})")]) from None
+        check_batch_sampling(self.config)
         # A folder of another job is refused, unless it holds no result: then this job takes it.
         change = None if self.allow_mixed else job_change(self.run_dir, output_settings(self.config), data.path,
                                                            fingerprint)
@@ -171,7 +195,7 @@ class Intake:
         ingested = ledger.ingest_state()
         if not ingested["complete"]:
             # The first batch now, before any launch: a dataset that cannot be read fails here.
-            self.records = iter_items(data, skip=ingested["rows"])
+            self.records = iter_items(data, skip=ingested["rows"], models=batch_models(self.config))
             try:
                 first = prepare_ingest(self.records, INGEST_BATCH, self.config.sampling.n)
                 self._count_skips(first)
@@ -203,7 +227,7 @@ class Intake:
             why = ("[data] " + ", ".join(f"{k} {before.get(k)!r} -> {v!r}" for k, v in shape.items()
                                          if before.get(k) != v)) if changed else "--retry skipped"
             rows = ledger.ingest_state()["rows"]
-            records = iter_items(data)
+            records = iter_items(data, models=batch_models(self.config))
             try:
                 recovered, still = ledger.reread_skipped(itertools.islice(records, rows),
                                                          ("shape", "input"), reason=why)
@@ -319,4 +343,4 @@ class Intake:
             log.warning("the ingest stopped: %s", exc)
 
 
-__all__ = ["INGEST_BATCH", "Intake", "dataset_fingerprint", "describe_ids", "output_settings"]
+__all__ = ["INGEST_BATCH", "Intake", "batch_models", "check_batch_sampling", "dataset_fingerprint", "describe_ids", "output_settings"]

@@ -3,14 +3,19 @@
 **Answers alone** (no /metrics and no canary: it does not stream, or the target is under the canary's
 minimum), once per control step, in four named steps:
 
-    measure   generation tok/s over the step (the engine's token counter when /metrics has one,
-              otherwise the tokens of the answers that came back), latency per output token of
-              those answers, and the engine's gauges: running, waiting, KV-cache use, preemptions
+    measure   generation tok/s over the step: the engine's token counter when /metrics has one;
+              otherwise the *work done* while the client held the level, requests held x the
+              answers' tokens over their latencies (Little's law: each answer is a reading, where
+              the tokens of the answers that came back in one window count whole waves of equal
+              answers, or none), or, held short of the level, the tokens that came back; latency per
+              output token of those answers, and the engine's gauges: running, waiting, KV-cache
+              use, preemptions. A window lasts one answer latency at least (a wave is not a trend)
     pressure  is the engine past what it can take?  preemptions appeared; KV use >= ``kv_high``;
               the queue is longer than ``queue_slack`` x running; or, for an engine without queue
               gauges only (no /metrics), the median latency per output token rose ``latency_rise`` x
               above the accepted level's without tok/s growing with it, two steps in a row (one
-              is noise: a heavy latency tail, newcomers still in prefill)
+              is noise: a heavy latency tail, newcomers still in prefill), at a level that never made
+              ``gain`` more than the accepted one (a level that paid is never a ceiling from latency)
     decide    under pressure: back off (to what the engine runs plus a little headroom when its
               queue is the reason, to the last level that paid when latency is, else
               x ``decrease``) and remember the level as a ceiling; otherwise, while starting:
@@ -68,6 +73,13 @@ class AnswerSteps(ControllerState):
     _latency_strikes: int
     #: Latency per output token of the accepted level (what a rise is measured against).
     _ref_tpot: float | None
+    #: The most tok/s any window measured at each level.
+    _best_at: dict[int, float]
+    #: The window's answers: their tokens and their latencies summed (the work done).
+    _work_tokens: int
+    _work_s: float
+    #: The tok/s of the last judged level over the one below it (None: nothing below).
+    _grew_by: float | None
     # Kept across restarts:
     #: Median answer latency of the last measured window (how long a new level takes to show).
     _answer_s: float
@@ -87,11 +99,15 @@ class AnswerSteps(ControllerState):
         self._flat = 0
         self._latency_strikes = 0
         self._ref_tpot = None
+        self._best_at = {}
+        self._grew_by = None
+        self._work_tokens, self._work_s = 0, 0.0
 
-    def _answers_step(self, now: float, gauges: Gauges | None) -> Decision:
+    def _answers_step(self, now: float, gauges: Gauges | None, busy: bool | None = None) -> Decision:
         """One control step on answers (and the token counter and KV gauges of ``gauges``, when
-        /metrics has them): measure, pressure, decide, bound."""
-        obs = self._measure(now, gauges)
+        /metrics has them): measure, pressure, decide, bound. ``busy``: the client held the level
+        (None: taken as held)."""
+        obs = self._measure(now, gauges, busy is not False)
         if obs is None:
             return self.last
         if obs.restarted:
@@ -100,13 +116,32 @@ class AnswerSteps(ControllerState):
             self.last = Decision(self.target, "restart", "engine counters reset", None, True)
             return self.last
         pressure = self._pressure(obs)
+        rise = obs.tpot / self._ref_tpot if obs.tpot and self._ref_tpot else None
         target, phase, reason = self._decide(obs, pressure)
         before, self.target = self.target, self._bound(target)
         self._warming = self.target != before
+        self._say_answers(before, phase, reason, rise)
         self.last = Decision(self.target, phase, reason, obs.tok_s, obs.gauges is not None)
         return self.last
 
-    def _measure(self, now: float, gauges: Gauges | None) -> _Observation | None:
+    def _say_answers(self, before: int, phase: str, reason: str, rise: float | None) -> None:
+        """The level's reason in words (:attr:`why`) after a step that moved or settled it
+        (``rise``: latency per token over the accepted level's)."""
+        if reason == "latency":
+            self.why = f"ceiling: latency x{rise or self.settings.latency_rise:.1f} without gain at {before}"
+        elif phase == "backoff":
+            self.why = f"{reason} at {before}"
+        elif reason in ("tok/s grew", "probe gained", "probe gained: growing again") and self._grew_by:
+            self.why = f"probing: {before} paid x{self._grew_by:.2f}"
+        elif reason in ("no gain", "at max_concurrency"):
+            self.why = f"{reason}: settled on {self.target}, the smallest level within " \
+                       f"{self.settings.settle_within:.0%} of the best tok/s"
+        elif reason == "probe gave nothing":
+            self.why = f"probe gave nothing: back to {self.target}"
+        elif self.target != before:
+            self.why = f"{reason}: {self.target}"
+
+    def _measure(self, now: float, gauges: Gauges | None, busy: bool = True) -> _Observation | None:
         """This step's tok/s and latency per token; None while the step is not over (or no data)."""
         s = self.settings
         seen, self._seen = self._seen, gauges if gauges is not None else self._seen
@@ -145,7 +180,12 @@ class AnswerSteps(ControllerState):
             if gauges.preemptions is not None and previous.preemptions is not None:
                 preempted = gauges.preemptions > previous.preemptions
         if tok_s is None and self._answers:
-            tok_s = self._tokens / elapsed
+            # Work done at the level: its requests held x each answer's tokens over its latency.
+            # Counted as the answers came back, a window of one answer latency holds one wave of
+            # equal answers, two or none: on the H100's curve, windows at 1024 read 3277-6554 tok/s
+            # where it made a steady 4900 (tests/client/test_autoconc.py, WaveEngine).
+            worked = self.target * self._work_tokens / self._work_s if busy and self._work_s > 0 else None
+            tok_s = worked if worked is not None else self._tokens / elapsed
         # The median, not the mean: at low batch one answer in ten can take 3 x the median (measured
         # on transformers serve), and one such tail must not read as "latency rose".
         tpot = statistics.median(self._tpots_now) if len(self._tpots_now) >= 3 else None
@@ -175,7 +215,11 @@ class AnswerSteps(ControllerState):
             # less would cut tok/s as much as latency (Little's law); seen on the H200, where a
             # back-off from the accepted 512 to 358 held the run at x0.82 of fixed 512.
             above = self._accepted is not None and self.target > self._accepted
-            rose = obs.tpot > s.latency_rise * self._ref_tpot and not grew and above
+            # A level that ever made ``gain`` more than the accepted one did pay for its latency
+            # (tok/s x6 with latency +35 % from 64 to 512 on the H100): never a ceiling from latency.
+            paid = self._level_tok_s is not None and \
+                self._best_at.get(self.target, 0.0) >= self._level_tok_s * (1 + s.gain)
+            rose = obs.tpot > s.latency_rise * self._ref_tpot and not grew and above and not paid
             self._latency_strikes = self._latency_strikes + 1 if rose else 0
             # Only where no queue gauge speaks (an engine without /metrics), and only when it lasts two
             # steps: one step's rise is noise (a heavy latency tail, newcomers in prefill), and a
@@ -205,6 +249,7 @@ class AnswerSteps(ControllerState):
         if tok_s is None:
             return self.target, self.last.phase, "hold"
         self._levels[self.target] = tok_s
+        self._best_at[self.target] = max(tok_s, self._best_at.get(self.target, 0.0))
         if obs.tpot is not None:
             self._tpots[self.target] = obs.tpot
         if not self._settled:
@@ -217,6 +262,7 @@ class AnswerSteps(ControllerState):
         s = self.settings
         previous = self._level_tok_s
         grew = previous is None or tok_s >= previous * (1 + s.gain)
+        self._grew_by = tok_s / previous if previous else None
         # One step without growth (flat, or even lower: one step of a loaded machine can read 20 %
         # low) is given the benefit of the doubt; the second in a row settles.
         flat = not grew and self._flat < 1
@@ -247,6 +293,7 @@ class AnswerSteps(ControllerState):
         if self._probing is not None:
             base, base_tok_s = self._probing
             self._probing = None
+            self._grew_by = tok_s / base_tok_s if base_tok_s else None
             if tok_s >= base_tok_s * (1 + s.gain):
                 self._level_tok_s = tok_s
                 self._ref_tpot = self._tpots.get(self.target, self._ref_tpot)
@@ -288,6 +335,7 @@ class AnswerSteps(ControllerState):
         self._tokens = self._answers = 0
         self._tpots_now = []
         self._latencies_now = []
+        self._work_tokens, self._work_s = 0, 0.0
 
 
 __all__ = ["AnswerSteps"]

@@ -69,6 +69,14 @@ class CanarySteps(ControllerState):
     _probe_wait: int
     #: (step time, answers so far) of the last steps, for the answer rate.
     _rates_at: list[tuple[float, int]]
+    #: A step up just kept, in words ("512 paid x1.90 over 256"), for :attr:`why`.
+    _paid: str | None
+    #: (step time, answers so far) of the last three steps, and until when the level is vouched
+    #: for by a whole wave of its answers (the canary rests until then at the top).
+    _answers_at: list[tuple[float, int]]
+    _vouched_until: float
+    #: The latency of the last answer (kept across restarts).
+    _last_latency: float
     # Kept across restarts:
     #: A canary that waited without a place of its own: from then on it takes one.
     _reserve: bool
@@ -92,11 +100,15 @@ class CanarySteps(ControllerState):
         self._holding = False
         self._probe_wait = self.settings.ceiling_steps
         self._rates_at = []
+        self._paid = None
+        self._answers_at = []
+        self._vouched_until = float("-inf")
 
     def _init_canary_kept(self) -> None:
         """What a restart of the engine does not reset: the canary's place and its cost so far."""
         self._reserve = False
         self._paced_answers = 0
+        self._last_latency = 0.0
         self._first_at = None
         self._last_at = 0.0
         self._canary_s = 0.0
@@ -108,6 +120,7 @@ class CanarySteps(ControllerState):
         yet, or it rests)."""
         self._held_start()
         self._count_canary(now, canary)
+        self._note_wave(now)
         if canary is None:
             if self.canary_rests():
                 # Nothing to judge until the ceiling lifts: the canary rests, the ceiling ages.
@@ -168,8 +181,11 @@ class CanarySteps(ControllerState):
         # queue it is most often a burst of admissions: a wave of equal answers ends together
         # and the requests that refill it reach the engine's front end at once, ahead of the
         # canary (seen on the H200: 512 -> 495 four times in a 4096-request run, each costing
-        # a wave). There only three waits in a row are a queue; above it one long wait is.
-        known = self._accepted is not None and self.target <= self._accepted
+        # a wave). There only three waits in a row are a queue; above it one long wait is. So too
+        # at a start held high on an engine that published nothing of its size (``UNKNOWN_START``):
+        # it is a level until the canary shows a queue that lasts, not one refill's burst.
+        known = (self._accepted is not None and self.target <= self._accepted) or (
+            self._holding and self._accepted is None and self.settings.batch_hint is None)
         if self._waits < (3 if known else 1 if long_wait else 2):
             return self._hold("measuring", self.last.phase)
         if not self.canary_place():
@@ -180,13 +196,16 @@ class CanarySteps(ControllerState):
             return self._hold("measuring", self.last.phase)
         self._ceiling, self._ceiling_left = self.target, s.ceiling_steps
         self._settled = True
+        waited = f"queue: a canary waited {c.ttft if c.ttft is not None else c.age:.1f} s for its first token " \
+                 f"at {self.target}"
         if self._accepted is not None and self._accepted < self.target:
-            return self._move(now, self._accepted, "backoff", "queue")
+            return self._move(now, self._accepted, "backoff", "queue", why=f"{waited}: back to {self._accepted}")
         rate = self._answer_rate()
         if c.ttft is not None and rate:
             runs = max(1.0, c.outstanding - c.ttft * rate)  # it waited behind ttft x rate requests
-            return self._move(now, runs + max(2.0, math.ceil(s.queue_slack * runs)), "backoff", "queue")
-        return self._move(now, self.target * s.decrease, "backoff", "queue")
+            return self._move(now, runs + max(2.0, math.ceil(s.queue_slack * runs)), "backoff", "queue",
+                              why=f"{waited}: the engine runs about {runs:.0f}")
+        return self._move(now, self.target * s.decrease, "backoff", "queue", why=f"{waited}: x{s.decrease:g}")
 
     def _judge_look_up(self, now: float, base: int, tok_s: float) -> tuple[Decision | None, float]:
         """A step up above ``base``, the accepted level: the decision when this canary settles it
@@ -201,6 +220,7 @@ class CanarySteps(ControllerState):
         if len(self._judged) < 2 and tok_s >= base_tok_s * (1 + s.gain):
             return self._hold("measuring", self.last.phase, tok_s), tok_s
         tok_s = statistics.fmean(self._judged)
+        ratio = f"x{tok_s / base_tok_s:.2f}" if base_tok_s > 0 else "more"
         if tok_s < base_tok_s * (1 + s.gain):
             # A look up that did not pay: the next waits longer, each time twice as long (up to
             # ``8 x ceiling_steps``): a level that stays right costs fewer canaries and waves.
@@ -209,8 +229,10 @@ class CanarySteps(ControllerState):
                 self._probe_wait = min(2 * self._probe_wait, 8 * s.ceiling_steps)
             self._ceiling, self._ceiling_left = self.target, wait
             self._settled = True
-            return self._move(now, base, "settled", "no gain", tok_s), tok_s
+            return self._move(now, base, "settled", "no gain", tok_s,
+                              why=f"no gain: {self.target} read {ratio} the tok/s of {base}"), tok_s
         self._probe_wait = s.ceiling_steps  # it paid: looks come at the usual pace again
+        self._paid = f"{self.target} paid {ratio} over {base}"
         return None, tok_s
 
     def _read_level(self, now: float, tok_s: float, busy: bool) -> Decision:
@@ -243,9 +265,12 @@ class CanarySteps(ControllerState):
             return self._hold("measuring", "settled", tok_s)
         if not busy or up < self.target + 1 or self.target >= s.max_concurrency:
             return self._hold("hold", "settled" if self._settled else "start", tok_s)
+        paid, self._paid = self._paid, None
         if self._settled:  # a look up once a ceiling lifted: shown with the level's tok/s it must beat
-            return self._move(now, up, "probe", "look up", self._level_tok_s)
-        return self._move(now, up, "start", "tok/s grew", tok_s)
+            return self._move(now, up, "probe", "look up", self._level_tok_s,
+                              why=f"looking up: {self.target} read {self._level_tok_s or 0:.0f} tok/s")
+        return self._move(now, up, "start", "tok/s grew", tok_s,
+                          why=f"probing: {paid}" if paid else f"probing: {self.target} read {tok_s:.0f} tok/s")
 
     def _held_start(self) -> None:
         """A start below a batch limit harvest knows (``auto_start``) is a level, not a guess:
@@ -280,9 +305,29 @@ class CanarySteps(ControllerState):
             return False
         if not (self.target == self._accepted or (self._holding and self._accepted is None)):
             return False
+        s = self.settings
+        if self.target >= min(s.max_concurrency, s.batch_hint or s.max_concurrency) and \
+                self._last_at < self._vouched_until:
+            return True  # at the top, a wave of the whole level just showed there is no queue
         # The next canary must fit the share too: a run too short to afford a look makes none.
         spent = self._canary_s + (self._canary_len or _CANARY_GUESS_STEPS * self.settings.interval_s)
         return self._ceiling_left > 0 or spent > self.settings.canary_share * self._endpoint_s()
+
+    def _note_wave(self, now: float) -> None:
+        """Answers of equal length that ran at once come back at once: (nearly) the whole level's
+        answers within two steps say the engine ran all it was sent, no queue, which is all a canary
+        at the top looks for. Reading it anyway costs a wave's last item a canary's length: the
+        canary takes one of the places the refill wanted (simulated H100, 4096 x 64 streamed: the
+        default made x0.974 of fixed 1024 with one canary at 40 s). Such a wave vouches for the level
+        for ``ceiling_steps``; answers of mixed lengths never come in such waves."""
+        self._answers_at.append((now, self._paced_answers))
+        del self._answers_at[:-3]
+        since, before = self._answers_at[0]
+        # A wave, not a flow: a steady flow at the level brings back ``target x window / latency``
+        # answers, under a quarter of the level in a window under a quarter of an answer's latency.
+        if len(self._answers_at) == 3 and self._paced_answers - before >= 0.9 * self.target and \
+                now - since <= 0.25 * self._last_latency:
+            self._vouched_until = now + self.settings.ceiling_steps * self.settings.interval_s
 
     def _count_canary(self, now: float, canary: Canary | None) -> None:
         """The endpoint's time so far and the canary's share of it (each finished canary once)."""
@@ -306,10 +351,13 @@ class CanarySteps(ControllerState):
         hint = self.settings.batch_hint or self.settings.engine_limit
         return hint is None or self.target >= hint or self._reserve
 
-    def _move(self, now: float, target: float, phase: str, reason: str, tok_s: float | None = None) -> Decision:
+    def _move(self, now: float, target: float, phase: str, reason: str, tok_s: float | None = None, *,
+              why: str = "") -> Decision:
         before, self.target = self.target, self._bound(target)
         if self.target != before:
             self._changed_at, self._waits, self._judged = now, 0, []
+            self._answers_at, self._vouched_until = [], float("-inf")
+            self.why = why or reason
         self.last = Decision(self.target, phase, reason, tok_s, False)
         return self.last
 

@@ -68,6 +68,8 @@ class GaugeSteps(ControllerState):
     _transit: int
     _dry: list[float | None]
     _trial_transit: int | None
+    #: What the last judged step up came to, in words, for :attr:`why` (None: none this scrape).
+    _verdict: str | None
 
     def _reset_gauges(self) -> None:
         self._fill_prev = None
@@ -79,6 +81,7 @@ class GaugeSteps(ControllerState):
         self._transit = 0
         self._dry = []
         self._trial_transit = None
+        self._verdict = None
 
     def _fill(self, now: float, g: Gauges, busy: bool | None) -> Decision:
         """One scrape of an engine with queue gauges: keep its queue short but never empty."""
@@ -105,8 +108,30 @@ class GaugeSteps(ControllerState):
             self._rates, self._settling = [], 1
         if self._trial is not None and self.target <= self._trial[0]:
             self._trial, self._trial_transit = None, None  # backed off or bounded: nothing left to judge
+        self._say_gauges(before, reason, peak, slack)
         self.last = Decision(self.target, phase, reason, tok_s, True)
         return self.last
+
+    def _say_gauges(self, before: int, reason: str, peak: float, slack: float) -> None:
+        """The level's reason in words (:attr:`why`) after a scrape moved it, or settled it on a queue."""
+        said, self._verdict = self._verdict, None
+        if reason in ("no gain", "fewer tokens") and said:
+            self.why = said
+        elif reason == "queue":
+            self.why = f"engine queue: it runs {peak:.0f} at most, +{slack:.0f} queued"
+        elif self.target == before:
+            if said:  # a step up that paid, held there
+                self.why = said
+        elif reason == "engine takes more":
+            self.why = f"probing: {said}" if said else f"probing: the engine ran all {before} it was sent"
+        elif reason == "preemption":
+            self.why = f"preemption at {before}: backed off x{self.settings.decrease:g}"
+        elif reason.startswith("engine's queue ran dry"):
+            self.why = f"deepening: the engine's queue ran dry at its batch limit {self.settings.engine_limit}"
+        elif reason == "at the engine's batch limit":
+            self.why = f"at the engine's batch limit {self.settings.engine_limit}, +a short queue"
+        elif reason == "at max_concurrency":
+            self.why = f"at max_concurrency {self.settings.max_concurrency}"
 
     def _note(self, running: float, waiting: float, tok_s: float | None) -> tuple[float, float]:
         """Add one scrape to the windows; what the engine ran at most lately, and the queue
@@ -238,9 +263,13 @@ class GaugeSteps(ControllerState):
         before_transit = self._trial_transit  # the allowance before a deepening; None: a step up
         deepening = before_transit is not None
         bar = base_tok_s * (1 - s.gain) if deepening else base_tok_s * (1 + s.gain)
-        if statistics.fmean(self._rates[-_TRIAL_SCRAPES:]) >= bar:
+        made = statistics.fmean(self._rates[-_TRIAL_SCRAPES:])
+        ratio = made / base_tok_s if base_tok_s > 0 else float("inf")
+        if made >= bar:
             self._trial_transit = None
+            self._verdict = f"{self.target} paid x{ratio:.2f} over {base}"
             return None  # it paid: the usual rules (grow again, hold, queue) go on from here
+        self._verdict = f"no gain: {self.target} made x{ratio:.2f} the tok/s of {base}"
         # No growth above ``base`` for a while; then one more look (the engine or the work changes).
         self._ceiling, self._ceiling_left = base + 1, s.ceiling_steps
         if before_transit is not None:  # a deeper queue that cost tokens: back to the old one

@@ -42,6 +42,7 @@ class AutoConcurrency(GaugeSteps, CanarySteps, AnswerSteps):
         self._init_canary_kept()
         self._reset(self.settings.start)
         self.last = Decision(self.target, "start", "initial")
+        self.why = self.settings.origin or f"start {self.target}"
 
     @property
     def seen(self) -> Gauges | None:
@@ -56,10 +57,14 @@ class AutoConcurrency(GaugeSteps, CanarySteps, AnswerSteps):
         self._tokens += tokens
         self._answers += 1
         self._paced_answers += 1
+        self._last_latency = max(latency_s, 0.0)
         if tokens > 0 and latency_s > 0 and len(self._tpots_now) < _TPOT_SAMPLE:
             self._tpots_now.append(latency_s / tokens)
         if latency_s > 0 and len(self._latencies_now) < _TPOT_SAMPLE:
             self._latencies_now.append(latency_s)
+        if tokens > 0 and latency_s > 0:
+            self._work_tokens += tokens
+            self._work_s += latency_s
 
     def step(self, now: float, gauges: Gauges | None = None, *, busy: bool | None = None,
              canary: Canary | None = None, paced: bool = False) -> Decision:
@@ -75,10 +80,11 @@ class AutoConcurrency(GaugeSteps, CanarySteps, AnswerSteps):
             return self.last
         if paced or canary is not None:
             return self._canary_step(now, canary, busy)
-        return self._answers_step(now, gauges)
+        return self._answers_step(now, gauges, busy)
 
     def _reset(self, target: int) -> None:
         self.target = max(1, target)
+        self.why = f"the engine restarted (its counters went back): from {self.target} again"
         self._settled = False
         self._ceiling = None
         self._ceiling_left = 0

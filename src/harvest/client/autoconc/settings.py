@@ -53,6 +53,9 @@ class AutoSettings:
     #: while a canary streams, transformers serve on the H200 made about a third fewer tokens, so
     #: canaries at this share cost under 2 % of the tok/s, less than a look can find.
     canary_share: float = 0.05
+    #: Why ``start`` is where it is, in words: the level's reason until the first move ("engine
+    #: capacity 4 from /props"; the panel and ``status --json`` show it).
+    origin: str = ""
 
     def __post_init__(self) -> None:
         if not 1 <= self.start <= self.max_concurrency:
@@ -80,10 +83,23 @@ class Decision:
     gauges: bool = False
 
 
+#: The first target of an endpoint whose engine publishes nothing of its size and has no /metrics
+#: (``transformers serve`` harvest did not launch, an unknown OpenAI-compatible server): the largest
+#: batch an engine harvest knows runs by default (transformers' 1024 requests per batch; vLLM's
+#: ``max_num_seqs`` on an H100 or H200). Requests an engine cannot run yet wait in its queue at
+#: little cost to its tok/s, where a start below its best level costs a whole wave of answers at
+#: each step up: on an H100 (2026-12-06) the default started at 64 made x0.41-0.64 the tok/s of
+#: fixed 512 over 1024 requests; the canary, within its share of the time, brings the level down
+#: where the engine queues (BENCHMARKS.md, "P7 on an endpoint harvest did not launch").
+UNKNOWN_START = 1024
+
+
 def start_for(limit: int | None, *, metrics: bool, max_concurrency: int, fallback: int = 64,
               exact: bool = False) -> int:
     """The first target of an endpoint: the engine's batch limit when harvest knows it (it launched
-    the engine), else ``fallback``; within [1, ``max_concurrency``].
+    the engine, or the engine publishes it: :mod:`harvest.client.capacity`); unknown, ``fallback``
+    for an engine with /metrics (its gauges find the level within seconds) and :data:`UNKNOWN_START`
+    for one without; within [1, ``max_concurrency``].
 
     A limit known ``exact`` on an engine with /metrics starts where the controller would settle at
     once: the batch plus a short queue (``AutoSettings.queue_slack``), so the batch is full from the
@@ -100,10 +116,10 @@ def start_for(limit: int | None, *, metrics: bool, max_concurrency: int, fallbac
     within its share of the time, waits behind the queue and the level comes down
     (``AutoConcurrency._waited``).
     """
-    start = fallback if limit is None else limit
+    start = limit if limit is not None else fallback if metrics else UNKNOWN_START
     if limit is not None and metrics and exact:
         start = limit + max(2, math.ceil(AutoSettings.queue_slack * limit))
     return max(1, min(start, max_concurrency))
 
 
-__all__ = ["AutoSettings", "Decision", "start_for"]
+__all__ = ["UNKNOWN_START", "AutoSettings", "Decision", "start_for"]

@@ -21,6 +21,9 @@ class ControllerState:
     target: int
     #: The last step's decision.
     last: Decision
+    #: Why the target is where it is, in words (the panel and ``status --json``): where it started
+    #: and why (``AutoSettings.origin``), or the last move and what was measured for it.
+    why: str
     #: The last scrape seen at any step (a restart shows as a counter that went back).
     _seen: Gauges | None
     #: Out of the start: the level was judged (growth stopped, or a back-off).

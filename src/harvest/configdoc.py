@@ -29,6 +29,7 @@ TABLES: tuple[tuple[str, type[BaseModel]], ...] = (
     ("[client]", cfg.ClientConfig),
     ("[run]", cfg.RunConfig),
     ("[output]", cfg.OutputConfig),
+    ("[notify]", cfg.NotifyConfig),
     ("[host] / [[hosts]]", cfg.HostConfig),
     ("[cluster]", cfg.ClusterConfig),
 )

@@ -90,6 +90,16 @@ def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
     return _HEADER_IN_TEXT.sub(lambda m: m.group(1) + REDACTED, text)
 
 
+def hide_url_path(url: str) -> str:
+    """``https://hooks.example.com/***``: a URL with its user part, path, query and fragment hidden,
+    for a URL whose path is itself the key (a chat webhook's ``/services/T/B/KEY``)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return REDACTED
+    host = re.split(r"[/?#]", rest, maxsplit=1)[0].rpartition("@")[2]
+    return f"{scheme}://{host}/{REDACTED}"
+
+
 def is_secret_key(name: str) -> bool:
     """Whether a document key names a secret (its string value is one): a header that carries a
     credential (:data:`SECRET_HEADERS`: ``authorization``, ``cookie``, ``x-api-key`` ...), a name
@@ -238,6 +248,6 @@ def redact_server_settings(server: Mapping[str, Any], secrets: Sequence[str] = (
 
 
 __all__ = ["AUTH_VALUE", "QUERY_SECRET", "REDACTED", "SECRET_ENV", "SECRET_FLAG", "SECRET_HEADERS", "URL_PASSWORD",
-           "URL_USER", "escape_controls", "is_secret_key", "is_secret_variable", "redact_argv", "redact_doc", "redact_env", "redact_server_settings",
+           "URL_USER", "escape_controls", "hide_url_path", "is_secret_key", "is_secret_variable", "redact_argv", "redact_doc", "redact_env", "redact_server_settings",
            "redact_text", "safe_line", "secret_assignment", "secret_assignment_problem",
            "secret_env_values"]

@@ -17,6 +17,9 @@ SERVE = "harvest.serve/2"
 STOP = "harvest.stop/1"
 PS = "harvest.ps/1"
 STATUS = "harvest.status/1"
+#: What ``[notify]`` sends (docs/notify.md), and a run folder's record of who runs it (runner.json).
+NOTIFY = "harvest.notify/1"
+RUNNER = "harvest.runner/1"
 PLACEMENT_RECORD = "harvest.placement/1"
 
 #: What a far harvest answers to each JSON command (checked on the near side).
@@ -31,5 +34,5 @@ def version_payload() -> dict[str, object]:
     return {"schema": VERSION, "version": __version__, "schemas": dict(FAR)}
 
 
-__all__ = ["FAR", "GPUS", "GPUS_PLACES", "PLACEMENT_RECORD", "PREFLIGHT", "PREFLIGHT_PLACES", "PS", "SERVE",
-           "STATUS", "STOP", "VERSION", "version_payload"]
+__all__ = ["FAR", "GPUS", "GPUS_PLACES", "NOTIFY", "PLACEMENT_RECORD", "PREFLIGHT", "PREFLIGHT_PLACES", "PS",
+           "RUNNER", "SERVE", "STATUS", "STOP", "VERSION", "version_payload"]

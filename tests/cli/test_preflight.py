@@ -125,7 +125,9 @@ def test_wait_times_out_and_prints_what_still_fails(tmp_path, listener):
     assert result.exit_code == 1
     doc = only_answer(result.stdout)
     assert problems(doc, SCHEMA) == []
-    assert doc["waited_s"] >= 1 and doc["attempts"] >= 5  # polled at 5 Hz
+    # checked again until the wait ran out (every 0.2 s, or as soon as a check that took longer ended:
+    # each reads the engine's paths, and on a loaded machine one may take most of the second)
+    assert doc["waited_s"] >= 1 and doc["attempts"] >= 2
     text = invoke(config(tmp_path, cpu_server(taken)), "--wait", "0.4")
     assert text.exit_code == 1
     tail = text.output[text.output.index("still failing"):]

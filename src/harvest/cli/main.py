@@ -72,8 +72,9 @@ EXIT_CODES: dict[str, str] = {
     "serve": "0 stopped clean (or detached once ready); 1 refused by preflight, the engine failed to start "
              "or exited on its own, or the stop was dirty; 2 usage or configuration error; "
              "130 interrupted during start-up",
-    "stop": "0 every server stopped clean, or nothing to stop; 1 a stop was dirty (GPU memory or the port "
-            "not freed, a process left); 2 no such folder, or a record that cannot be read or is refused",
+    "stop": "0 every server stopped clean (a run going on: stopped, nothing left running), or nothing to "
+            "stop; 1 a stop was dirty (GPU memory or the port not freed, a process left); 2 no such folder, "
+            "or a record that cannot be read or is refused",
     "ps": "0 listed (also when nothing runs); 2 usage or configuration error",
     "run": "0 every item accounted for (done + truncated + failed + skipped = unique input) within the "
            "limits; 1 the run did not finish (server down, stopped early by the breaker, refused by "
@@ -81,7 +82,8 @@ EXIT_CODES: dict[str, str] = {
            "2 usage or configuration error; 130 interrupted (run it again to resume)",
     "demo": "0 the demo ran and exported; 1 it did not finish; 2 usage or configuration error; "
             "130 interrupted",
-    "status": "0 the run folder was read, whatever state the run is in; 2 no readable harvest ledger there",
+    "status": "0 the run folder was read, whatever state the run is in; 2 no readable harvest ledger there; "
+              "with --watch: 0 the run finished, 1 it ended otherwise, 130 Ctrl-C (the run goes on)",
     "export": "0 the file holds every selected item; 1 no item selected (unless --allow-empty) or "
               "malformed results left out (named); 2 no readable ledger, or the options do not fit",
     "compare": "0 every candidate passed the quality gate; 1 one did not; 2 usage or configuration error; "

@@ -43,6 +43,13 @@ class RunPanel(PhaseDisplay):
     def __init__(self, console: Console, *, live: bool | None = None):
         super().__init__(console, "harvest run", live=live)
         self._look: Callable[[], ProgressView] | None = None
+        #: Told every event too (``harvest run --detach``'s runner says "started" through it).
+        self.also: Callable[[Event], None] | None = None
+
+    def on_event(self, event: Event) -> None:
+        super().on_event(event)
+        if self.also is not None:
+            self.also(event)
 
     def opened(self, look: Callable[[], ProgressView]) -> None:
         self._look = look
@@ -84,9 +91,10 @@ def progress_line(snap: Mapping[str, Any]) -> str:
     more = "+ (ingesting)" if snap.get("ingesting") else ""
     sick = "".join(f", {_sick(e)}" for e in snap.get("sick") or []) + \
         "".join(f", {no_answer(e)}" for e in snap.get("no_answer") or [])
+    eta_text = "ETA - (nothing comes back)" if snap.get("stalled") else f"ETA {duration(eta)}"
     return (f"[harvest] {final}/{snap['total']}{more} items, {snap['items_per_s']:.1f} items/s, "
             f"gen {snap['gen_tokens_per_s']:.0f} tok/s, prompt {snap['prompt_tokens_per_s']:.0f} tok/s, "
-            f"{_load(snap)}{queue}{sick}{_cache(snap)}, ETA {duration(eta)}{errors}")
+            f"{_load(snap)}{queue}{sick}{_cache(snap)}, {eta_text}{errors}")
 
 
 def run_panel(view: ProgressView, board: PhaseBoard, width: int = 0) -> Panel:
@@ -137,6 +145,8 @@ def run_panel(view: ProgressView, board: PhaseBoard, width: int = 0) -> Panel:
                                     style="red"))
     if snap["state"] != "running":
         body.add_row("result", Text(str(snap["state"]), style="green" if snap["state"] == "finished" else "yellow"))
+    elif snap.get("stalled"):  # nothing comes back (the endpoint rows say why): the last minute's rate says nothing
+        body.add_row("ETA", Text("-  (nothing comes back: none until answers do)", style="yellow"))
     else:
         eta = duration(snap["eta_s"])
         body.add_row("ETA", eta + (f"  (rate over the last {view.window_s:.0f} s)" if snap["eta_s"] else ""))
@@ -162,19 +172,31 @@ def _load(snap: Mapping[str, Any]) -> str:
 
 
 def _sick(e: Mapping[str, Any]) -> str:
-    """``http://h:8000 not answering: 35 s waited of the 600 s health_deadline (last: ...)``."""
+    """``http://h:8000 not answering: 35 s waited of the 600 s health_deadline (last: ...)``; a server
+    harvest launched: ``... of the 120 s hang_deadline, then relaunched``; during its relaunch:
+    ``http://h:8000 being relaunched (...)``; one harvest does not own, found hung: ``...; restart
+    the server``."""
+    last = e.get("last_error")
+    if e.get("state") == "relaunching":
+        return f"{e['url']} being relaunched" + (f" ({last})" if last else "")
     if e.get("state") == "hung":  # last_error: "hung: no answer for 152 s while /health answered"
-        return f"{e['url']} {e.get('last_error') or 'hung'}: no new requests to it for {e['waited_s']:.0f} s"
+        advice = "" if e.get("managed", True) else "; restart the server"
+        return f"{e['url']} {last or 'hung'}: no new requests to it for {e['waited_s']:.0f} s{advice}"
     deadline = e.get("deadline_s")
-    of = f" of the {deadline:g} s health_deadline" if deadline else ""
-    last = f" (last: {e['last_error']})" if e.get("last_error") else ""
-    return f"{e['url']} {e.get('state', 'sick')}, not answering: {e['waited_s']:.0f} s waited{of}{last}"
+    name = e.get("deadline_name") or "health_deadline"
+    then = ", then relaunched" if e.get("managed") else ""
+    of = f" of the {deadline:g} s {name}{then}" if deadline else ""
+    return f"{e['url']} {e.get('state', 'sick')}, not answering: {e['waited_s']:.0f} s waited{of}" + \
+        (f" (last: {last})" if last else "")
 
 
 def no_answer(e: Mapping[str, Any]) -> str:
     """``http://h:8000 no answer for 41 s (12 requests in flight; shown past 30 s of nothing back)``;
-    found hung (``/health`` answering): ``...; hung, no new requests to it``."""
+    found hung (``/health`` answering): ``...; hung, no new requests to it``, and for an endpoint
+    harvest does not own (nothing relaunches it) ``; restart the server``."""
     hung = "; hung while /health answers: no new requests to it" if e.get("hung") else ""
+    if e.get("hung") and e.get("managed") is False:
+        hung += "; restart the server"
     return (f"{e['url']} no answer for {e['quiet_s']:.0f} s ({e['outstanding']} requests in flight; shown past "
             f"{e['bound_s']:.0f} s of nothing back{hung})")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+import shlex
 import shutil
 import sys
 import textwrap
@@ -12,6 +13,7 @@ import click
 
 from harvest import aio
 from harvest.campaign.run import RunReport, run_campaign
+from harvest.campaign.run.runner import RUN_LOG
 from harvest.checks import PreflightReport
 from harvest.cli.options import job_flags, load_config_arg
 from harvest.cli.render import make_console, print_refusal, show_preflight
@@ -79,6 +81,8 @@ def print_report(report: RunReport, job: str | None = None) -> None:
         pending = report.totals.counts[Status.PENDING] + report.totals.counts[Status.RUNNING]
         fix = ("read why the server harvest launched kept failing (server/server.log in the run folder)"
                if report.stop_reports else
+               f"restart the server at {', '.join(report.hung)} (hung: it held requests while /health answered)"
+               if report.hung else
                "start the server (or correct [server] base_url / [client] endpoints)")
         _say(f"what to do: {fix}, then run `{redact_text(again)}` again: the "
                    f"{counted(pending, 'item')} not finished will resume, no attempt charged", err=True)
@@ -123,10 +127,16 @@ def _check_retry(ctx: click.Context, param: click.Parameter, values: tuple[str, 
                    "from the source under the current [data]) or an error class such as 'http_400' or "
                    "'empty' (repeatable; recorded in the ledger).")
 @click.option("--all-hosts", is_flag=True, help="with [[hosts]]: refuse to run unless every host passes preflight.")
+@click.option("--detach", is_flag=True, help="run in a session of its own, immune to the terminal's hangup, its "
+              "output in the run folder's run.log; return once it passed its start checks (launch, model "
+              "served), exit 0, printing how to watch it (harvest status RUN_DIR --watch) and stop it (harvest "
+              "stop RUN_DIR); a run that ends before that: its own exit code.")
 def run(job: str | None, overrides: tuple[Override, ...], allow_mixed: bool, force: bool, live: bool | None,
-        retry: tuple[str, ...], all_hosts: bool) -> None:
+        retry: tuple[str, ...], all_hosts: bool, detach: bool) -> None:
     """Run or resume a campaign (JOB.toml, flags, or both): dataset -> ledger -> server -> results.
     The same command again resumes it."""
+    from harvest.campaign.run import Launcher
+    from harvest.cli.detach import child_fd, start_detached, started_on
     from harvest.cli.live import live_console, setup_console_logging
     from harvest.cli.panel import RunPanel
     from harvest.placement import from_config
@@ -135,10 +145,17 @@ def run(job: str | None, overrides: tuple[Override, ...], allow_mixed: bool, for
     if job is None and not overrides:
         raise click.UsageError("give a job file (JOB.toml) or the job as flags: --engine, --model, --data "
                                "(`harvest init` writes a job file to start from)")
+    pipe = child_fd() if detach else None  # this process is the detached runner
     console = live_console()  # the panel, the log lines and the preflight rules share it
     setup_console_logging(console)
-    panel = RunPanel(console, live=live)  # the run's display: a panel on a terminal, lines off it
-    config = load_config_arg(job, overrides)
+    config = load_config_arg(job, overrides)  # a mistake: exit 2 here, at the terminal, also with --detach
+    args = sys.argv[1:] if sys.argv[1:2] == ["run"] else ["run", *shlex.split(resume_args(job, overrides)), "--detach"]
+    if detach and pipe is None:
+        sys.exit(start_detached(config, args))
+    panel = RunPanel(console, live=False if detach else live)  # a panel on a terminal, lines off it
+    if pipe is not None:
+        panel.also = started_on(pipe)
+    launcher = Launcher(detached=detach, log=RUN_LOG if detach else None, command=("harvest", *args))
     shown: list[PreflightReport] = []  # preflight reports already on screen
 
     def on_preflight(report: PreflightReport) -> None:
@@ -149,7 +166,7 @@ def run(job: str | None, overrides: tuple[Override, ...], allow_mixed: bool, for
         report = aio.run(run_campaign(config, placement=from_config(config), all_hosts=all_hosts,
                                       allow_mixed=allow_mixed, force=force, watch=panel,
                                       on_preflight=on_preflight, retry=retry,
-                                      writes=(REPORT_FILE,)))
+                                      writes=(REPORT_FILE,), launcher=launcher))
     except PreflightFailed as exc:
         print_refusal(make_console(stderr=True), exc, rules_shown=bool(shown))  # its rules on screen once
         sys.exit(1)
@@ -165,6 +182,4 @@ def run(job: str | None, overrides: tuple[Override, ...], allow_mixed: bool, for
     click.echo(report_line(report.run_dir, held=report.folder))
     if report.folder is not None:
         report.folder.close()
-    if report.outcome == "interrupted":
-        sys.exit(130)
-    sys.exit(0 if report.ok else 1)
+    sys.exit(report.exit_code)

@@ -3,6 +3,7 @@
     harvest serve CONFIG [--run-dir D | --run-name N] [--detach [--json]] [--force] [--give-up-after S]
                                                                          (CONFIG "-": read from stdin)
     harvest stop [RUN_DIR] [--deadline S] [--json] [--config F | --host USER@NAME ...]
+                                        (a run folder whose run goes on: the run stopped, cli/stoprun.py)
     harvest ps [--all] [--json] [--config F | --host USER@NAME ...]
 
 Where the servers run is the placement's (:mod:`harvest.placement`): chosen once from CONFIG (its
@@ -316,7 +317,15 @@ def stop(run_dir: Path | None, deadline: float | None, grace: float | None, marg
 
     RUN_DIR's record says where its servers run (this machine, a far host, a Ray cluster); with
     --config F or --host the far harvest of that host stops its RUN_DIR (a far folder). Nothing to
-    stop (a folder without a launch record, or no RUN_DIR and nothing running) is said and exits 0."""
+    stop (a folder without a launch record, or no RUN_DIR and nothing running) is said and exits 0.
+    A run folder whose `harvest run` goes on (detached or not) is stopped as Ctrl-C stops it: its
+    items back to pending, its servers' verified stop; the same `harvest run` resumes it."""
+    if run_dir is not None and config_path is None and far_host is None:
+        from harvest.cli.stoprun import live_runner, stop_run
+
+        record = live_runner(run_dir)
+        if record is not None:
+            sys.exit(stop_run(run_dir, record, deadline, as_json))
     try:
         _stop(run_dir, deadline, grace, margin_mib, as_json, config_path, far_host)
     except NothingToStop as exc:

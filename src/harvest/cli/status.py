@@ -223,10 +223,21 @@ def run_dir_of(target: str, command: str = "status") -> str:
 @click.option("--json", "as_json", is_flag=True, help="print the documented JSON document (harvest.status/1)")
 @click.option("--errors", "errors_limit", type=click.IntRange(min=0), default=10, show_default=True,
               help="how many of the most recent failures to list")
-def status(run_dir: str, as_json: bool, errors_limit: int) -> None:
+@click.option("--watch", "watch_live", is_flag=True, help="the live panel of the run going on, from any terminal, "
+              "until its session ends (exit 0 when it finished, else 1); Ctrl-C stops watching, not the run")
+def status(run_dir: str, as_json: bool, errors_limit: int, watch_live: bool) -> None:
     """Show where a run stands: counts by status, totals, throughput, ETA, skip reasons, last errors.
     RUN_DIR is the run folder, or the job file whose [output] dir it is."""
     run_dir = run_dir_of(run_dir)
+    if watch_live:
+        if as_json:
+            raise click.UsageError("--watch draws the live panel; --json prints one document: give one")
+        from pathlib import Path
+
+        from harvest.cli.live import live_console
+        from harvest.cli.watch import watch
+
+        raise SystemExit(watch(Path(run_dir), live_console()))
     try:
         st = api.status(run_dir, errors_limit=errors_limit)
     except LedgerError as exc:

@@ -10,8 +10,10 @@ The :class:`Watchdog` judges an endpoint by what it does instead, every ``interv
    ``floor_s`` at least; the bound the panel draws as "no answer for");
 2. idle: where the engine has ``/metrics``, its generated-token counter did not move between a
    reading taken half-way through that spell and now (long answers on a busy engine move it);
-3. then ``/health``: not answering, the endpoint is sick (the client's usual polling and deadline);
-   answering, it is HUNG.
+3. past the bound, the token counter and ``/health`` are read side by side (one moment, one
+   verdict): ``/health`` not answering, the endpoint is sick (the client's usual polling and
+   deadline; a server harvest launched is relaunched after ``[client] hang_deadline``); answering,
+   it is HUNG. The line says which, with the seconds of nothing back when it was seen.
 
 A HUNG endpoint gets no new request; the requests on the wire stay there, and an answer puts it back
 in rotation (the client's request path does). ``health_deadline`` seconds after it was found hung it
@@ -42,10 +44,14 @@ log = logging.getLogger("harvest.client")
 #: Seconds between two looks at the endpoints.
 CHECK_INTERVAL_S = 2.0
 
-def hung_line(quiet_s: float) -> str:
-    """``hung: no answer for 152 s while /health answered``: what the panel, the log, the timeline
-    and the report say of a hung endpoint."""
-    return f"hung: no answer for {quiet_s:.0f} s while /health answered"
+def hung_line(quiet_s: float, health: bool = True) -> str:
+    """What the panel, the log, the timeline and the report say of an endpoint found quiet, with
+    the seconds of nothing back at the moment ``/health``'s answer (or its silence) was seen:
+    ``hung: no answer for 152 s while /health answered``, or, ``health`` False (a frozen engine, a
+    paused container), ``not answering: no answer for 45 s and /health did not answer``."""
+    if health:
+        return f"hung: no answer for {quiet_s:.0f} s while /health answered"
+    return f"not answering: no answer for {quiet_s:.0f} s and /health did not answer"
 
 
 class Watchdog:
@@ -90,30 +96,36 @@ class Watchdog:
             self._readings.pop(endpoint.url, None)
             return
         spell = max(endpoint.busy_since or now, endpoint.last_heard or 0.0)
-        tokens = await self._tokens(endpoint)
         seen = self._readings.get(endpoint.url)
-        if seen is None or seen[0] != spell:
-            self._readings[endpoint.url] = (spell, tokens)
+        if seen is None or seen[0] != spell or quiet < bound:
+            tokens = await self._tokens(endpoint)
+            if seen is None or seen[0] != spell or (tokens is not None and seen[1] is not None and tokens > seen[1]):
+                self._readings[endpoint.url] = (spell, tokens)  # a new spell, or generating: long answers
             return
+        # Past the bound: the token counter and /health read side by side, so the verdict is what
+        # the engine was doing at one moment (one after the other, a frozen engine that came back
+        # during the first reading would be said to answer /health while it never did).
+        tokens, healthy = await asyncio.gather(self._tokens(endpoint), self._health.probe(endpoint))
         if tokens is not None and seen[1] is not None and tokens > seen[1]:
             self._readings[endpoint.url] = (spell, tokens)  # generating: long answers, not a hang
             return
-        if quiet < bound or endpoint.state is not EndpointState.HEALTHY or endpoint.quiet_s(now) is None:
-            return
-        self._readings.pop(endpoint.url, None)
-        if not await self._health.probe(endpoint):
-            endpoint.failed(now, f"no answer for {quiet:.0f} s, and /health did not answer", None)
-            endpoint.seen_down = True
-            self._health.make_sick(endpoint, f"no answer for {quiet:.0f} s and /health did not answer")
-            return
-        if endpoint.state is not EndpointState.HEALTHY or endpoint.quiet_s(time.monotonic()) is None:
+        seen_at = time.monotonic()
+        quiet_now = endpoint.quiet_s(seen_at)
+        if endpoint.state is not EndpointState.HEALTHY or quiet_now is None:
             return  # it answered meanwhile, or another check took it out
-        endpoint.hung_s = quiet
-        endpoint.failing_since = time.monotonic()
-        endpoint.last_error = hung_line(quiet)
+        self._readings.pop(endpoint.url, None)
+        line = hung_line(quiet_now, healthy)
+        if not healthy:
+            endpoint.failed(seen_at, line, None)
+            endpoint.seen_down = True
+            self._health.make_sick(endpoint, line)
+            return
+        endpoint.hung_s = quiet_now
+        endpoint.failing_since = seen_at
+        endpoint.last_error = line
         if self._pool.set_state(endpoint, EndpointState.HUNG):
             log.warning("endpoint %s %s (%d requests in flight, bound %.0f s): no new requests to it",
-                        endpoint.url, hung_line(quiet), endpoint.outstanding, bound)
+                        endpoint.url, line, endpoint.outstanding, bound)
 
     def _give_up_if_due(self, endpoint: Endpoint, now: float) -> None:
         since = endpoint.failing_since if endpoint.failing_since is not None else now

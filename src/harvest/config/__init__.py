@@ -9,6 +9,7 @@ A file holds any of these tables; each command reads the ones it needs:
     [sampling]    generation parameters
     [client]      concurrency, timeouts, retries, extra endpoints
     [output]      the run folder
+    [notify]      who is told when a run ends, stalls, relaunches its server or trips its breaker
     [host]        the box (over SSH, and/or inside a container) where the server runs; absent: here
     [[hosts]]     several such boxes, one server each, driven as one campaign
     [cluster]     a Ray cluster: servers placed as Ray actors, one supervised server each
@@ -18,7 +19,7 @@ no probing, no folders created; relative paths are resolved against the config f
 
 Its modules, from the bottom: ``base.py`` (the strict base model and the checks tables share),
 ``server.py`` ([server]), ``job.py`` ([preflight], [data], [sampling], [client], [run], [output]),
-``hosts.py`` ([host], [[hosts]], [cluster]), ``file.py`` (``HarvestConfig``, the whole file) and
+``hosts.py`` ([host], [[hosts]], [cluster]), ``notify.py`` ([notify]), ``file.py`` (``HarvestConfig``, the whole file) and
 ``load.py`` (TOML in, one message per mistake out). Import from ``harvest.config``.
 """
 
@@ -47,6 +48,7 @@ from harvest.config.job import (
     RunConfig,
     SamplingConfig,
 )
+from harvest.config.notify import NOTIFY_EVENTS, NotifyConfig, NotifyEvent
 from harvest.config.load import COMMAND_LINE, RELATIVE_PATHS, Override, load_config, parse_config, parse_set
 from harvest.config.server import VLLM_MAX_LOGPROBS, ServerConfig, engine_logprobs_limit
 
@@ -63,6 +65,9 @@ __all__ = [
     "MAX_CONCURRENCY",
     "MAX_INT",
     "NAME_MAX",
+    "NOTIFY_EVENTS",
+    "NotifyConfig",
+    "NotifyEvent",
     "OutputConfig",
     "Override",
     "PATH_MAX",

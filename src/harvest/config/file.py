@@ -19,6 +19,7 @@ from harvest.config.job import (
     RunConfig,
     SamplingConfig,
 )
+from harvest.config.notify import NotifyConfig
 from harvest.config.server import ServerConfig, engine_logprobs_limit
 from harvest.errors import ConfigError
 
@@ -33,6 +34,7 @@ class HarvestConfig(StrictModel):
     client: ClientConfig = Field(default_factory=ClientConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+    notify: NotifyConfig = Field(default_factory=NotifyConfig)
     host: HostConfig | None = None
     hosts: list[HostConfig] = Field(default_factory=list)
     cluster: ClusterConfig | None = None
@@ -44,10 +46,12 @@ class HarvestConfig(StrictModel):
         table secrets by shape (:func:`harvest.redact.redact_doc`: URL user parts and query keys,
         header-like keys and values in ``[sampling] extra_body``, secret-named variables in
         ``[cluster] runtime_env.env_vars``) redacted."""
-        from harvest.redact import redact_doc
+        from harvest.redact import hide_url_path, redact_doc
 
         data = self.model_dump(mode="json", exclude={"source"})
         server = self.server.recorded() if self.server is not None else None
+        if data["notify"].get("url"):  # a webhook's path is its key (hooks.slack.com/services/T/B/KEY)
+            data["notify"]["url"] = hide_url_path(data["notify"]["url"])
         return {table: server if table == "server" else redact_doc(value) for table, value in data.items()}
 
     @model_validator(mode="after")

@@ -99,10 +99,12 @@ class ClientConfig(StrictModel):
     max_retries: int = Field(3, ge=0, description="attempts charged to an item beyond its first before it "
                              "fails; a sick or dead server holds requests instead of charging them")
     endpoints: list[str] = Field(default_factory=list, description="extra base URLs served by the same model")
-    health_deadline: float = Field(600.0, gt=0, description="seconds a sick server may take to recover")
+    health_deadline: float = Field(600.0, gt=0, description="seconds a sick server may take to recover (a "
+                                   "server harvest launched is relaunched after hang_deadline instead)")
     hang_deadline: float = Field(120.0, gt=0, description="seconds a server harvest launched may stay hung "
                                  "(requests in flight, nothing back past 3 x the p90 of its recent answers, "
-                                 "`hang_floor` at least, and no generated token counted) before it is stopped and "
+                                 "`hang_floor` at least, and no generated token counted) or sick (`/health` "
+                                 "silent too: a frozen engine, a paused container) before it is stopped and "
                                  "relaunched; an endpoint harvest does not manage gets no more requests while "
                                  "hung and is given up after health_deadline")
     hang_floor: float = Field(30.0, gt=0, description="seconds of quiet (requests in flight, nothing back) that "
@@ -120,6 +122,13 @@ class ClientConfig(StrictModel):
                                        "`oversized` and nothing of it is kept. A stream is also cut once a choice "
                                        "streamed past max_tokens (truncated). Raise it for an endpoint whose "
                                        "answers carry more per token")
+    metrics_port: int | None = Field(None, ge=0, le=65535, description="serve harvest's own Prometheus /metrics "
+                                     "on this port while a run goes (items by status as the ledger holds them, "
+                                     "tokens, requests in flight and concurrency per endpoint, latency, TTFT and "
+                                     "TPOT histograms, relaunches, hangs, errors by class: docs/metrics.md); 0: "
+                                     "a free port the system picks (its URL in the log and runner.json); unset: off")
+    metrics_host: str = Field("127.0.0.1", min_length=1, description="the address /metrics listens on "
+                              "(loopback by default; 0.0.0.0 exposes it to the network)")
     prefix_affinity: bool = Field(True, description="with several endpoints, an item's turns and a shared "
                                   "system prompt go to the server likely holding that prefix (load bounded at "
                                   "1.25 x the average); false: least outstanding")

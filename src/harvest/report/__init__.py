@@ -12,6 +12,7 @@ records. Module map: :mod:`.html` (page, tables), :mod:`.charts` (figures, and w
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,9 +38,10 @@ def folder_kind(folder: str | Path) -> str:
                                                   "or a compare folder (compare.json)")])
 
 
-def render_report(folder: str | Path, *, shown_as: Path | None = None) -> tuple[str, str]:
+def render_report(folder: str | Path, *, shown_as: Path | None = None, link_base: str = "") -> tuple[str, str]:
     """(HTML text, kind) of the report of ``folder``; ``shown_as``: the run folder's name on the page
-    when ``folder`` is a path through its held descriptor."""
+    when ``folder`` is a path through its held descriptor; ``link_base``: the folder as seen from
+    the page's (its links to files of the folder, the launches' logs)."""
     from harvest.report.html import page
 
     kind = folder_kind(folder)
@@ -48,7 +50,7 @@ def render_report(folder: str | Path, *, shown_as: Path | None = None) -> tuple[
         from harvest.report.run import run_page
 
         def make(where: str | Path) -> tuple[str, str, list[str]]:
-            return run_page(where, shown_as=shown_as)
+            return run_page(where, shown_as=shown_as, link_base=link_base)
     elif kind == "tune":
         from harvest.report.tune import tune_page as make
     else:
@@ -68,8 +70,9 @@ def write_report(folder: str | Path, output: str | Path | None = None, *,
         text, _ = render_report(held.via(), shown_as=Path(folder))
         held.write_atomic(REPORT_FILE, text)
         return held.where_now() / REPORT_FILE
-    text, _ = render_report(folder)
     out = Path(output) if output is not None else Path(folder) / REPORT_FILE
+    base = "" if output is None else os.path.relpath(os.path.abspath(folder), os.path.abspath(out.parent))
+    text, _ = render_report(folder, link_base="" if base == "." else base)
     # The run folder: this user's own. An --output folder: missing ones made 0700 (whatever the
     # umask), an existing one no other user can rename things in; the file is written in it, held.
     with safefiles.Folder.hold(out.parent, create=output is not None, strict=output is None) as held:

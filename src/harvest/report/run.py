@@ -26,6 +26,7 @@ from harvest.ledger import Ledger, Status
 from harvest.report import charts
 from harvest.redact import redact_doc
 from harvest.report.html import Cell, esc, figure, kv, num, seconds, table, val, when
+from harvest.server.history import log_of
 
 SERVER_DIR = "server"
 
@@ -371,8 +372,52 @@ def _errors(st: RunStatus, doc: dict[str, Any] | None) -> str:
     return "".join(out)
 
 
-def launches_section(launches: list[dict[str, Any]], *, title: str = "Server launches and stops") -> str:
-    """Each launch (readiness, KV capacity) and its StopReport: verdict, timings, GPU memory per GPU."""
+def sessions_section(doc: dict[str, Any]) -> str:
+    """Every session of the run (timeline.json): when it ran, its runner's pid, the items it settled,
+    and how it ended, with why; one that recorded no end was killed (or its machine stopped)."""
+    sessions = doc.get("sessions") or []
+    items: dict[Any, int] = {}
+    for p in doc.get("intervals") or []:
+        items[p.get("session")] = items.get(p.get("session"), 0) + int(p.get("items") or 0)
+    rows = []
+    for i, x in enumerate(sessions):
+        ended = x.get("ended_at") is not None
+        how = (f"{x.get('outcome') or '-'}" + (f": {x['note']}" if x.get("note") else "")) if ended else \
+            "no end recorded: killed or crashed (the next session put what it left running back to pending)"
+        cls = "ok" if x.get("outcome") == "finished" else "bad"
+        rows.append((x.get("index", i), when(x.get("started_at")), when(x.get("ended_at")),
+                     Cell(esc(x.get("pid") if x.get("pid") is not None else "-"), numeric=True),
+                     Cell(f"{items.get(x.get('index', i), 0):,}", numeric=True),
+                     Cell(f'<span class="{cls}" data-session-end="{esc(x.get("outcome"))}">{esc(how)}</span>')))
+    return "<h2>Sessions</h2>" + table(("session", "started", "ended", "runner pid", "items settled",
+                                        "how it ended"), rows, name="sessions")
+
+
+def _ended(x: dict[str, Any]) -> str:
+    """How a launch ended: its stop and why (a crash, a hang, a leftover), or still running."""
+    stop = x.get("stop")
+    if not stop:
+        return "no stop recorded (running, or stopped as a leftover by a later session)"
+    why = stop.get("why") or ("the run's end" if not stop.get("leftover") else "left running by an earlier session")
+    return f"stopped ({why}): {stop.get('verdict') or '-'}"
+
+
+def _log_link(run_dir: Path | None, x: dict[str, Any], link_base: str) -> Cell:
+    """A link to the launch's log, where it is kept now (``server/launches/N/server.log``)."""
+    number = x.get("launch")
+    if run_dir is None or not isinstance(number, int):
+        return Cell("-")
+    found = log_of(run_dir / SERVER_DIR, number)
+    if found is None:
+        return Cell("not kept")
+    rel = os.path.join(link_base, os.path.relpath(found, run_dir)) if link_base else os.path.relpath(found, run_dir)
+    return Cell(f'<a href="{esc(rel)}" data-launch-log="{number}">{esc(os.path.relpath(found, run_dir))}</a>')
+
+
+def launches_section(launches: list[dict[str, Any]], *, title: str = "Server launches and stops",
+                     run_dir: Path | None = None, link_base: str = "") -> str:
+    """Each launch (its number in the folder, pid, readiness, KV capacity), how it ended, a link to
+    its log (``run_dir`` given), and its StopReport: verdict, timings, GPU memory per GPU."""
     out = [f"<h2>{esc(title)}</h2>"]
     if not launches:
         return out[0] + "<p>No server was launched by harvest for this folder.</p>"
@@ -386,9 +431,10 @@ def launches_section(launches: list[dict[str, Any]], *, title: str = "Server lau
                      Cell(esc(x.get("pid") if x.get("pid") is not None else "-"), numeric=True),  # 19548, not 19,548
                      seconds(x.get("ready_s")), x.get("kv_capacity_tokens"),
                      Cell(f'<span class="{cls}" data-stop-verdict="{esc(verdict)}">{esc(verdict or "-")}</span>'),
-                     seconds(stop.get("total_s")), "yes" if stop.get("escalated") else "no"))
+                     seconds(stop.get("total_s")), "yes" if stop.get("escalated") else "no", _ended(x),
+                     _log_link(run_dir, x, link_base)))
     out.append(table(("#", "session / label", "launched", "engine", "pid", "ready in", "KV tokens", "stop",
-                      "stop took", "SIGKILL"), rows, name="launches"))
+                      "stop took", "SIGKILL", "how it ended", "log"), rows, name="launches"))
     for i, x in enumerate(launches, start=1):
         stop = x.get("stop")
         if not stop:
@@ -415,9 +461,11 @@ def launches_section(launches: list[dict[str, Any]], *, title: str = "Server lau
     return "".join(out)
 
 
-def run_page(run_dir: str | Path, *, shown_as: Path | None = None) -> tuple[str, str, list[str]]:
+def run_page(run_dir: str | Path, *, shown_as: Path | None = None, link_base: str = "") -> tuple[str, str, list[str]]:
     """(title, subtitle, sections) of the run in ``run_dir``; LedgerError when it holds no ledger.
-    ``shown_as``: the folder's name on the page, when ``run_dir`` is a path through its descriptor."""
+    ``shown_as``: the folder's name on the page, when ``run_dir`` is a path through its descriptor;
+    ``link_base``: the run folder as seen from the page's own folder ("" when the page is in it),
+    for the links to the launches' logs."""
     run_dir = Path(run_dir)
     name = shown_as if shown_as is not None else run_dir
     st = run_status(run_dir)
@@ -435,7 +483,9 @@ def run_page(run_dir: str | Path, *, shown_as: Path | None = None) -> tuple[str,
         sections.append("<h2>Over time</h2><p>" + esc(problem or "This run has no timeline.json (written by an "
                                                      "older harvest): no time series or distributions.") + "</p>")
     sections.append(_errors(st, doc))
-    sections.append(launches_section(launches))
+    if doc is not None:
+        sections.append(sessions_section(doc))
+    sections.append(launches_section(launches, run_dir=run_dir, link_base=link_base))
     for note in st.notes:
         sections.append(f'<p class="sub">note: {esc(note)}</p>')
     t = st.totals
@@ -444,4 +494,4 @@ def run_page(run_dir: str | Path, *, shown_as: Path | None = None) -> tuple[str,
     return f"harvest run report: {name.name}", subtitle, sections
 
 
-__all__ = ["launches_section", "run_page"]
+__all__ = ["launches_section", "run_page", "sessions_section"]

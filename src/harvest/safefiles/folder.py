@@ -241,6 +241,28 @@ class Folder:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(name, dir_fd=self.fd)
 
+    def move_to(self, name: str, dest: Folder, new_name: str) -> None:
+        """Rename ``name`` of this folder to ``new_name`` in ``dest`` (another held folder on the same
+        file system), both relative to their descriptors: ``name`` must be this user's own regular
+        file, and ``new_name`` must not exist (nothing is overwritten)."""
+        self.check_file(name)
+        if dest.lstat(new_name) is not None:
+            raise UnsafePathError(dest.path / new_name, "exists already; harvest does not overwrite it")
+        os.rename(name, new_name, src_dir_fd=self.fd, dst_dir_fd=dest.fd)
+
+    def remove_folder(self, name: str) -> None:
+        """Remove the folder ``name`` in this folder and the regular files in it (nothing is
+        followed; a folder holding anything else is left, and so said by the error)."""
+        with self.subfolder(name, create=False) as inner:
+            for entry in os.listdir(inner.fd):
+                st = inner.lstat(entry)
+                if st is not None and stat.S_ISREG(st.st_mode):
+                    inner.unlink(entry)
+        try:
+            os.rmdir(name, dir_fd=self.fd)
+        except OSError as exc:
+            raise UnsafePathError(self.path / name, f"cannot be removed: {exc.strerror or exc}") from None
+
     def write_atomic(self, name: str, data: str | bytes, *, encoding: str = "utf-8", fsync: bool = True) -> Path:
         """Replace ``name`` with ``data`` atomically: a temp file created ``O_EXCL`` 0600, renamed."""
         self.check_file(name)

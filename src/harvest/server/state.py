@@ -84,6 +84,9 @@ class LaunchRecord:
     stop_deadline: float
     #: The process that launched the server (it may be gone since; informative only).
     launcher_pid: int = 0
+    #: This launch's number in its run folder (1, 2, ...; 0 in records written before numbering):
+    #: earlier launches' files are kept under ``launches/N/`` (:mod:`harvest.server.history`).
+    launch: int = 0
 
     @property
     def leader(self) -> ProcessRef:
@@ -154,7 +157,7 @@ def state_from_dict(data: dict[str, Any]) -> RunState:
         baseline_mib={int(k): int(v) for k, v in r["baseline_mib"].items()},
         engine_version=r.get("engine_version"), started_at=float(r["started_at"]), log_path=r["log_path"],
         stop_grace=float(r["stop_grace"]), stop_deadline=float(r["stop_deadline"]),
-        launcher_pid=int(r.get("launcher_pid", 0)),
+        launcher_pid=int(r.get("launcher_pid", 0)), launch=int(r.get("launch") or 0),
     )
     watcher = data.get("watcher")
     return RunState(

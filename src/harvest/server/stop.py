@@ -1,7 +1,8 @@
 """The verified stop of a server harvest launched, from its state file alone.
 
     record    read the launch record; add descendants alive now (children, group and session members)
-    sigterm   SIGTERM to the recorded process group (if still ours) and to recorded processes outside it
+    sigterm   SIGTERM to the recorded process group (if still ours) and to recorded processes outside it;
+              SIGCONT after it to those that are stopped (SIGSTOP), so they can act on it
     grace     wait for every recorded process to exit (bounded by the grace and the budget)
     sigkill   SIGKILL to the group and to every recorded process still alive with its create time
     reap      wait for them to be gone (bounded)
@@ -149,6 +150,29 @@ def _record_step(sf: StateFile, state: RunState) -> tuple[RunState, StopStep]:
     return state, StopStep("record", round(time.monotonic() - t, 3), outcome)
 
 
+def _continue_stopped(state: RunState, live: Sequence[ProcessRef], in_group: bool) -> list[str]:
+    """SIGCONT after the SIGTERM, to the group and the recorded processes that are stopped (a
+    SIGSTOP, a debugger, a terminal's job control): a stopped process acts on SIGTERM only once
+    continued, so without it a frozen engine would wait out the grace period for its SIGKILL.
+    A cgroup frozen by its freezer stays frozen: SIGKILL after the grace still ends it."""
+    stopped = [r for r in live if (p := procs.verified(r)) is not None and _is_stopped(p)]
+    if not stopped:
+        return []
+    if in_group:
+        procs.signal_group(state, signal.SIGCONT)
+    sent = procs.signal_verified([r for r in stopped if _pgid(r) != state.record.pgid or not in_group],
+                                 signal.SIGCONT)
+    return [f"SIGCONT to {len(stopped)} stopped process(es) ({_names(stopped)})"
+            + ("" if in_group or sent else ": not sent")]
+
+
+def _is_stopped(p: psutil.Process) -> bool:
+    try:
+        return p.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
+        return False
+
+
 def _terminate(sf: StateFile, state: RunState, clock: _Clock, grace: float, poll: float,
                steps: list[StopStep]) -> tuple[bool, RunState]:
     """SIGTERM, grace, SIGKILL, reap. Returns whether SIGKILL was needed, and the state with any
@@ -167,6 +191,7 @@ def _terminate(sf: StateFile, state: RunState, clock: _Clock, grace: float, poll
     what = [f"group {state.record.pgid}" if in_group else "group gone or no longer ours: not signalled"]
     if sent_outside:
         what.append(f"{len(sent_outside)} recorded process(es) outside the group: {_names(sent_outside)}")
+    what += _continue_stopped(state, live, in_group)
     steps.append(StopStep("sigterm", clock.since(t), "sent to " + "; ".join(what)))
 
     t = time.monotonic()

@@ -6,7 +6,8 @@
 
 Order of a launch: a public address without its API key refused -> preflight (refused on failure
 unless ``force``) -> GPU baseline measured -> spawn with ``start_new_session=True``, output to
-``RUN_DIR/server.log`` -> launch record written (0600) -> a background thread records descendants
+``RUN_DIR/server.log`` (the last launch's log, record and stop report first moved to
+``RUN_DIR/launches/N/``: :mod:`harvest.server.history`) -> launch record written (0600) -> a background thread records descendants
 every ~2 s -> readiness with a deadline, failing fast on exit or a fatal log line. A failed start-up
 is followed by the same verified stop, so nothing is left behind. The sync methods (``launch``,
 ``shutdown``) serve the CLI; the async ones wrap them.
@@ -48,6 +49,7 @@ from harvest.server.base import (
     missing_executable,
     private_files,
 )
+from harvest.server.history import keep_last_launch
 from harvest.server.milestones import LaunchReporter
 from harvest.server.readiness import LogWatcher, Ready, wait_ready
 from harvest.server.state import (
@@ -400,6 +402,7 @@ class Server:
         with self._spawn_lock:
             if self._cancel.is_set():
                 raise LaunchError("start-up was cancelled before the spawn", argv=shown, reason="cancelled")
+            number = keep_last_launch(folder)  # the last launch's log, record and stop report kept
             baseline = probe.memory_used(gpus) if gpus else {}
             fd = folder.open(LOG_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             try:
@@ -417,6 +420,7 @@ class Server:
                 host=cfg.host, port=cfg.port, url=cfg.url, gpus=tuple(gpus), baseline_mib=dict(baseline),
                 engine_version=version, started_at=time.time(), log_path=str(log_path),
                 stop_grace=cfg.stop_grace, stop_deadline=cfg.stop_deadline, launcher_pid=os.getpid(),
+                launch=number,
             )
             self._spawned = RunState(record=record, status=RunStatus.STARTING)
             self.state_file.write(self._spawned)  # refused or failed: the stop goes by _spawned

@@ -114,12 +114,22 @@ class Progress:
         self._window_s = window_s
         #: The run's timeline recorder (harvest.campaign.outputs.timeline), fed beside the counts; optional.
         self.timeline: Any = None
+        #: harvest's own /metrics (``campaign/outputs/prometheus.py``), fed beside it; None when off.
+        self.metrics: Any = None
+        #: ``time.monotonic()`` of the last :meth:`update` (progress.json written).
+        self.last_update = time.monotonic()
         #: The client's ``stats`` (a callable returning ClientStats) while requests go out: what is
         #: *sent* (on the wire), as opposed to ``in_flight`` (claimed from the ledger, some of them
         #: still waiting in harvest's own queue for a slot).
         self.client_stats: Any = None
         #: ``[client] health_deadline``: how long a sick endpoint may take before the run gives up.
         self.health_deadline: float | None = None
+        #: ``[client] hang_deadline`` and the endpoints of the servers harvest launched (normalized
+        #: URLs): a managed endpoint that stops answering is relaunched after that bound instead.
+        self.hang_deadline: float | None = None
+        self.managed: frozenset[str] = frozenset()
+        #: True from a relaunch's start until dispatch resumes (the phases say it).
+        self._relaunching = False
         #: Seconds items waited in harvest's own queue (claimed, not yet sent), this session.
         self.queue_wait_s = 0.0
         #: The client's fixed concurrency (None with "auto": see ``concurrency`` targets).
@@ -146,6 +156,8 @@ class Progress:
                 self._window.append((self._t0, self.done, self.prompt_tokens, self.completion_tokens))
         elif event.kind == "start" and event.phase == "stopping":
             self.server, self.server_endpoints = {"running": None, "waiting": None}, {}
+        if event.phase == "generating":  # a relaunch pauses generation: from its end to the next start
+            self._relaunching = event.kind == "end" and event.info.get("outcome") == "relaunching"
         if self.watch is not None:
             self.watch.on_event(event)
 
@@ -216,6 +228,8 @@ class Progress:
             self.queue_wait_s += queue_s
         if self.timeline is not None:
             self.timeline.item(status, latency_s, prompt_tokens, completion_tokens, queue_s)
+        if self.metrics is not None:
+            self.metrics.item(status, prompt_tokens, completion_tokens, latency_s)
 
     def stream_times(self, ttft_s: float | None, tpot_s: float | None, itl_s: Sequence[float]) -> None:
         """A streamed item's time to first token, per output token and its inter-token gaps: kept for
@@ -228,10 +242,14 @@ class Progress:
             self.itl_recent.extend(itl_s)
             if self.timeline is not None:
                 self.timeline.stream_times(ttft_s, tpot_s, itl_s)
+            if self.metrics is not None:
+                self.metrics.stream_times(ttft_s, tpot_s)
 
     def error(self, error_class: str) -> None:
         with self._lock:  # the display's thread copies the counters under the same lock
             self.errors[error_class] += 1
+        if self.metrics is not None:
+            self.metrics.error(error_class)
 
     # --- rates -----------------------------------------------------------------------------------
 
@@ -256,13 +274,18 @@ class Progress:
     def snapshot(self) -> dict[str, Any]:
         rates = self.rates()
         remaining = max(self.total - self.already_final - self.done, 0)
-        eta = remaining / rates["items_per_s"] if rates["items_per_s"] > 0 and not self.ingesting else None
+        stats = self.client_stats() if self.client_stats is not None and self.state == "running" else None
+        client = self._client_view(stats)
+        stalled = self._stalled(client, stats)
+        # No ETA while nothing comes back: the rate of the last minute says nothing of when it will.
+        eta = remaining / rates["items_per_s"] if rates["items_per_s"] > 0 and not self.ingesting \
+            and stalled is None else None
         return {
             "started_at": self.started_at, "updated_at": time.time(), "pid": os.getpid(), "state": self.state,
             "note": self.note, "total": self.total, "ingesting": self.ingesting,
-            "final_before_session": self.already_final,
-            "done_this_session": self.done, "in_flight": self.in_flight, "eta_s": eta,
-            **self._client_view(),
+            "final_before_session": self.already_final, "final_before_by_status": dict(self.before),
+            "done_this_session": self.done, "in_flight": self.in_flight, "eta_s": eta, "stalled": stalled,
+            **client,
             "statuses_this_session": dict(self.statuses), "errors_by_class": dict(self.errors),
             "server": dict(self.server),
             "concurrency_targets": dict(self.concurrency),
@@ -272,17 +295,32 @@ class Progress:
             "prefix_cache": dict(self.prefix_cache),
             "stream": stream_view(self.ttft_recent, self.tpot_recent, self.itl_recent),
             "phases": self.phases.active(),
+            "phase_states": phase_states(self.phases),
             **{k: round(v, 3) for k, v in rates.items()},
         }
 
-    def _client_view(self) -> dict[str, Any]:
+    def _stalled(self, client: Mapping[str, Any], stats: Any) -> str | None:
+        """Why nothing comes back now (a relaunch under way; every endpoint holding requests with
+        nothing back past its bound, or sick), else None."""
+        if self.state != "running":
+            return None
+        if self._relaunching:
+            return "the server is being relaunched"
+        if stats is None or not stats.endpoints:
+            return None
+        quiet = {e["url"] for e in client["no_answer"]} | {e["url"] for e in client["sick"]}
+        if quiet and all(e.url in quiet for e in stats.endpoints):
+            first = (client["no_answer"] or client["sick"])[0]
+            return first.get("last_error") or f"no answer for {first.get('quiet_s') or 0:.0f} s"
+        return None
+
+    def _client_view(self, stats: Any) -> dict[str, Any]:
         """``sent`` (requests on the wire), ``queued`` (claimed, waiting in harvest for a slot),
         ``concurrency``, ``sick`` endpoints with the seconds waited and the deadline, and the mean
         queue wait of the items finished this session."""
         out: dict[str, Any] = {"sent": None, "queued": None, "sick": [], "no_answer": [],
                                "queue_wait_s_mean": round(self.queue_wait_s / self.done, 3) if self.done else None}
-        stats = self.client_stats() if self.client_stats is not None and self.state == "running" else None
-        if stats is None:
+        if stats is None:  # the client's stats (ClientStats), or None when no client sends
             if self.state != "running":
                 out["sent"], out["queued"] = 0, 0
             return out
@@ -290,13 +328,20 @@ class Progress:
         out["queued"] = max(self.in_flight - stats.in_flight, 0)
         now = time.monotonic()
         for e in stats.endpoints:
+            managed = e.url in self.managed
             if e.hung and e.state.value in ("healthy", "hung"):
                 # holding requests and sending nothing back (found hung: no new requests to it either)
                 out["no_answer"].append({"url": e.url, "quiet_s": e.quiet_s, "bound_s": e.hung_after_s,
-                                         "outstanding": e.outstanding, "hung": e.state.value == "hung"})
+                                         "outstanding": e.outstanding, "hung": e.state.value == "hung",
+                                         "managed": managed, "last_error": e.last_error if e.hung_s else None})
             elif e.state.value != "healthy" and e.failing_since is not None:
-                out["sick"].append({"url": e.url, "state": e.state.value, "waited_s": round(now - e.failing_since, 1),
-                                    "deadline_s": self.health_deadline, "last_error": e.last_error})
+                # a managed server is relaunched after hang_deadline; one harvest does not own is given
+                # up after health_deadline
+                out["sick"].append({"url": e.url, "state": "relaunching" if self._relaunching else e.state.value,
+                                    "waited_s": round(now - e.failing_since, 1), "managed": managed,
+                                    "deadline_s": self.hang_deadline if managed else self.health_deadline,
+                                    "deadline_name": "hang_deadline" if managed else "health_deadline",
+                                    "last_error": e.last_error})
         return out
 
     # --- output ----------------------------------------------------------------------------------
@@ -308,8 +353,11 @@ class Progress:
                                 self.data_path, self._window_s)
 
     def update(self) -> dict[str, Any]:
-        """Write progress.json, feed the timeline, tell the watch; returns the snapshot."""
+        """Write progress.json, feed the timeline and /metrics, tell the watch; returns the snapshot."""
+        self.last_update = time.monotonic()
         snap = self.snapshot()
+        if self.metrics is not None:
+            self.metrics.observe(snap, self.client_stats() if self.client_stats is not None else None)
         text = json.dumps(redact_doc(snap), indent=1, sort_keys=True)
         folder, path = self.folder, self.run_dir / PROGRESS_FILE
 
@@ -354,6 +402,18 @@ STREAM_RECENT = 2048
 ITL_RECENT = 8192
 
 
+def phase_states(phases: Phases) -> list[dict[str, Any]]:
+    """The phases as progress.json keeps them, for a display in another process (``harvest status
+    --watch``): name, start and end as epoch seconds, how it ended, its info (JSON values only)."""
+    offset = time.time() - time.monotonic()
+    out = []
+    for p in phases.states():
+        info = json.loads(json.dumps(p.info, default=str))
+        out.append({"name": p.name, "started_at": round(p.started + offset, 3),
+                    "ended_at": None if p.ended is None else round(p.ended + offset, 3), "ok": p.ok, "info": info})
+    return out
+
+
 def _quantiles(values: Sequence[float]) -> dict[str, float] | None:
     if not values:
         return None
@@ -380,5 +440,5 @@ def _file_size(path: str | None) -> int | None:
         return None
 
 
-__all__ = ["PROGRESS_FILE", "Progress", "ProgressView", "RunWatch", "STREAM_RECENT", "stream_view",
+__all__ = ["PROGRESS_FILE", "Progress", "ProgressView", "RunWatch", "STREAM_RECENT", "phase_states", "stream_view",
            "write_json_atomic"]

@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from array import array
 from collections import Counter
@@ -211,7 +212,8 @@ class Timeline:
         #: event loop hands its one file-writer thread.
         self.defer: Any = None
         now = clock()
-        self.sessions.append({"index": self.session, "started_at": now, "ended_at": None, "outcome": None})
+        self.sessions.append({"index": self.session, "started_at": now, "ended_at": None, "outcome": None,
+                              "note": None, "pid": os.getpid()})
         # the interval being filled: deltas since the last point, and progress updates it covers
         self._statuses: Counter[str] = Counter()
         # per status: latency (-1: not measured), prompt tokens, completion tokens of unbinned items
@@ -363,7 +365,7 @@ class Timeline:
         if rec is not None:
             entry.update(engine=rec.engine, engine_version=rec.engine_version, pid=rec.pid, url=rec.url,
                          gpus=list(rec.gpus), baseline_mib={str(k): v for k, v in rec.baseline_mib.items()},
-                         launched_at=rec.started_at, argv=list(rec.argv))
+                         launched_at=rec.started_at, argv=list(rec.argv), launch=rec.launch or None)
         ready = server.ready
         entry["ready_s"] = round(ready.seconds, 3) if ready is not None else None
         entry["kv_capacity_tokens"] = server.kv_capacity_tokens
@@ -380,18 +382,28 @@ class Timeline:
         doc["stopped_at"] = self._clock()
         if why is not None:
             doc["why"] = why
-        target = None if leftover else next((x for x in reversed(self.launches) if x.get("stop") is None), None)
+        if leftover:  # the launch of the session that left it, when this timeline has it (same pid)
+            doc["leftover"] = True
+            target = next((x for x in reversed(self.launches) if x.get("stop") is None and report.pid is not None
+                           and x.get("pid") == report.pid), None)
+            if target is not None:
+                # the launch's row names the session that left it (the report's "session" column)
+                doc["why"] = why or "left running by an earlier session; stopped as a later one began"
+        else:
+            target = next((x for x in reversed(self.launches) if x.get("stop") is None), None)
         if target is None:
-            target = {"session": self.session, "launched_at": None, "leftover": True, "ready_s": None}
+            target = {"session": self.session, "launched_at": None, "leftover": True, "ready_s": None,
+                      "engine": report.engine, "pid": report.pid}
             self.launches.append(target)
         target["stop"] = doc
         self.write()
 
-    def close(self, outcome: str | None) -> None:
-        """End the session: the last interval is kept whatever the stride, and the file written."""
+    def close(self, outcome: str | None, note: str | None = None) -> None:
+        """End the session (``note``: why it ended so): the last interval is kept whatever the
+        stride, and the file written."""
         self._flush()
         self._push()
-        self.sessions[-1].update(ended_at=self._clock(), outcome=outcome)
+        self.sessions[-1].update(ended_at=self._clock(), outcome=outcome, note=note)
         self.write()
 
     # --- the file ------------------------------------------------------------------------------------

@@ -288,6 +288,7 @@ class Dispatch:
                 await client.check_health()
                 d.server_down, d.exhausted = False, False
                 return _AGAIN
+            state.hung = tuple(e.url for e in client.stats().endpoints if e.hung_s is not None)
             state.end("server_down", why)
             return _END
         if supervision.exited() and not d.server_down:

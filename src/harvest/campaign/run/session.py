@@ -50,16 +50,20 @@ from harvest.campaign.run.dispatch import Dispatch
 from harvest.campaign.run.folder import failed_problem, resume_line, skipped_problem
 from harvest.campaign.run.intake import Intake, dataset_fingerprint, output_settings
 from harvest.campaign.outputs.progress import PROGRESS_FILE, Progress, RunWatch
+from harvest.campaign.run.outside import Launcher, Outside
+from harvest.campaign.run.runner import RUNNER_FILE
 from harvest.campaign.run.state import RunState
 from harvest.campaign.run.supervise import Supervision
 from harvest.campaign.outputs.timeline import TIMELINE_FILE, Timeline
 from harvest.client import Client, RetryPolicy
+from harvest.client.endpoints import normalize_url
 from harvest.config import COMMAND_LINE, HarvestConfig
 from harvest.dataset.skips import SkipReason
-from harvest.errors import ConfigError, LaunchError
+from harvest.errors import ConfigError, LaunchError, LedgerError, PreflightFailed
 from harvest.events import Event, Listener
 from harvest.ledger import Ledger, LedgerWriter, Status, Totals, hash_settings
 from harvest.placement import OnPreflight, Placement, engine_limit
+from harvest.redact import redact_text
 from harvest.stops import StopReport
 
 log = logging.getLogger("harvest.campaign")
@@ -97,6 +101,13 @@ class RunReport:
     folder: safefiles.Folder | None = None
     #: Set when more than ``[run] max_failed_share`` of the items failed.
     failed_problem: str | None = None
+    #: Endpoints found hung (requests held, ``/health`` answering) when the run gave up: restart them.
+    hung: tuple[str, ...] = ()
+
+    @property
+    def exit_code(self) -> int:
+        """What ``harvest run`` exits with: 0 ok, 130 interrupted (resume by running it again), else 1."""
+        return 0 if self.ok else 130 if self.outcome == "interrupted" else 1
 
     @property
     def ok(self) -> bool:
@@ -112,7 +123,8 @@ class Session:
 
     def __init__(self, config: HarvestConfig, placement: Placement, *, allow_mixed: bool, force: bool,
                  watch: RunWatch | None, all_hosts: bool = False,
-                 on_preflight: OnPreflight | None = None, retry: tuple[str, ...] = (), writes: tuple[str, ...] = ()):
+                 on_preflight: OnPreflight | None = None, retry: tuple[str, ...] = (), writes: tuple[str, ...] = (),
+                 launcher: Launcher | None = None):
         if config.data is None:  # the dataset, said the way this job was given
             how = ("give --data FILE (data= from Python)" if config.source == COMMAND_LINE else
                    f"add a [data] table with its path to {config.source}, or give --data FILE")
@@ -132,6 +144,8 @@ class Session:
         self.intake = Intake(self.state, allow_mixed=allow_mixed, force=force, retry=retry)
         self.supervision = Supervision(self.state, placement, placement.fleet(all_hosts=all_hosts), force=force,
                                        on_preflight=on_preflight)
+        #: runner.json, /metrics, [notify] and the watch beside the run.
+        self.outside = Outside(self.state, launcher)
 
     async def run(self) -> RunReport:
         """Open the ledger, then (under the display) stop what an earlier session left, launch,
@@ -155,6 +169,17 @@ class Session:
             raise
 
     async def _run(self) -> RunReport:
+        """The session's steps (:meth:`_steps`); how it ended is written down (runner.json) and told
+        (``[notify]``), whatever ended it."""
+        try:
+            report = await self._steps()
+        except BaseException as exc:
+            await self.outside.end(*ended_by(exc), ok=False)
+            raise
+        await self.outside.end(report.outcome, report.exit_code, report.note, ok=report.ok)
+        return report
+
+    async def _steps(self) -> RunReport:
         """The session's steps; file and SQLite work runs on worker threads, so the event loop the
         session shares (a notebook's, an application's) is never held up by the disk."""
         t0 = time.monotonic()
@@ -170,10 +195,12 @@ class Session:
         files = ThreadPoolExecutor(max_workers=1, thread_name_prefix="harvest-files")  # in order, off the loop
         try:
             counts = await asyncio.to_thread(self._open_files, ledger)
+            await self.outside.begin()  # runner.json, /metrics, [notify]: refused (a port taken) before any launch
             progress = await asyncio.to_thread(self._open_progress, ledger, counts, t0)
             progress.defer = lambda write: files.submit(_logged, write)
             if state.timeline is not None:
                 state.timeline.defer = progress.defer
+            self.outside.attach(progress)
             with progress:
                 await asyncio.to_thread(self.supervision.stop_leftover)  # also when nothing is left to generate
                 if intake.first_batch_all_skipped(counts):
@@ -205,7 +232,7 @@ class Session:
         """The timeline's last write, every file write done, the dataset and the ledger closed."""
         try:
             if self.state.timeline is not None:
-                self.state.timeline.close(self.state.outcome)
+                self.state.timeline.close(self.state.outcome, self.state.note)
         finally:
             files.shutdown(wait=True)
             self.intake.close_records()
@@ -217,7 +244,7 @@ class Session:
         timeline's, the caller's, and the server folder's records as the placement keeps them (the
         ledger's own were checked as it opened)."""
         assert ledger.folder is not None  # opened for writing: the run folder is held
-        for name in (PROGRESS_FILE, TIMELINE_FILE, *self.writes):
+        for name in (PROGRESS_FILE, TIMELINE_FILE, RUNNER_FILE, *self.writes):
             ledger.folder.check_file(name)
         server = self.config.server
         if server is not None and server.launched:
@@ -342,6 +369,9 @@ class Session:
             state.fleet.attach(client)  # Ray: the endpoints follow replacement servers
         progress.client_stats = client.stats
         progress.health_deadline = self.config.client.health_deadline
+        progress.hang_deadline = self.config.client.hang_deadline
+        progress.managed = frozenset(normalize_url(u) for u in state.fleet.urls) if state.fleet is not None \
+            else frozenset()
         if not self.config.client.auto:
             progress.concurrency_limit = int(self.config.client.concurrency)
         if await check_endpoints(state, client, progress):
@@ -363,7 +393,7 @@ class Session:
                          state.relaunches, tuple(state.stop_reports), recovered, state.note,
                          state.trip, state.requeued, skip_reasons,
                          skipped_problem(totals, data.max_skipped_share) if totals.ok else None, state.resumed,
-                         state.folder, failed_problem(totals, self.config.run.max_failed_share))
+                         state.folder, failed_problem(totals, self.config.run.max_failed_share), state.hung)
 
 
 def _logged(write: Any) -> None:
@@ -378,7 +408,7 @@ def _logged(write: Any) -> None:
 async def run_campaign(config: HarvestConfig, *, placement: Placement, all_hosts: bool = False,
                        allow_mixed: bool = False, force: bool = False, watch: RunWatch | None = None,
                        on_preflight: OnPreflight | None = None, retry: tuple[str, ...] = (),
-                       writes: tuple[str, ...] = ()) -> RunReport:
+                       writes: tuple[str, ...] = (), launcher: Launcher | None = None) -> RunReport:
     """Run (or resume) the campaign described by ``config``; see the module docstring.
 
     ``placement``: where the servers run, as the command chose it (``harvest run``:
@@ -390,9 +420,25 @@ async def run_campaign(config: HarvestConfig, *, placement: Placement, all_hosts
     snapshots; None shows nothing.
     ``writes``: names of files the caller writes in the run folder afterwards (the report): refused
     with the run's own before anything is launched.
+    ``launcher``: how the session was started (``harvest run --detach``: its log), for runner.json.
     """
     return await Session(config, placement, allow_mixed=allow_mixed, force=force, watch=watch, all_hosts=all_hosts,
-                         on_preflight=on_preflight, retry=retry, writes=writes).run()
+                         on_preflight=on_preflight, retry=retry, writes=writes, launcher=launcher).run()
 
 
-__all__ = ["RunReport", "dataset_fingerprint", "engine_limit", "output_settings", "run_campaign"]
+def ended_by(exc: BaseException) -> tuple[str, int, str]:
+    """(outcome, exit code, note) of a session an exception ended, as ``harvest run`` exits on it."""
+    if isinstance(exc, PreflightFailed):
+        return "refused", 1, "refused by preflight"
+    if isinstance(exc, LaunchError):
+        return ("interrupted", 130, "interrupted during the launch") if exc.reason == "cancelled" else \
+            ("server_down", 1, f"the server did not start: {redact_text(str(exc).splitlines()[0])}")
+    if isinstance(exc, (ConfigError, LedgerError)):
+        return "failed", 2, redact_text(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    if isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError)):
+        return "interrupted", 130, "interrupted"
+    return "failed", 1, f"{type(exc).__name__}: {redact_text(str(exc))[:300]}"
+
+
+__all__ = ["Launcher", "RunReport", "dataset_fingerprint", "ended_by", "engine_limit", "output_settings",
+           "run_campaign"]

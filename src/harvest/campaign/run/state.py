@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -69,11 +69,17 @@ class RunState:
     timeline: Timeline | None = None
     #: The display's phase listener, once it exists.
     on_event: Listener | None = None
+    #: Who is told at once of what a person may want to know (``[notify]``, ``/metrics``): an event
+    #: (``relaunched``, ``breaker``) and its reason (set by ``session.py``'s outside, ``outside.py``).
+    on_notice: Callable[[str, str], None] | None = None
     #: The run folder, held from the ledger's open to the caller's report: every file of the run
     #: (the server's records and logs too) goes through it and :meth:`server_dir`.
     folder: safefiles.Folder | None = None
     #: Why the run folder's name stopped naming the folder held (set by :meth:`folder_moved`).
     moved: str | None = None
+    #: The endpoints found hung (holding requests, ``/health`` answering) when every endpoint was
+    #: given up: restarting them is what to do (written by ``dispatch.py`` only).
+    hung: tuple[str, ...] = ()
     _server_dir: safefiles.Folder | None = None
 
     def end(self, outcome: Outcome, note: str | None = None) -> None:
@@ -90,6 +96,15 @@ class RunState:
         """The circuit breaker stopped the run: the outcome "stopped", with the trip as its note."""
         self.trip = trip
         self.end("stopped", trip.describe())
+        self.notice("breaker", trip.describe())
+
+    def notice(self, event: str, reason: str) -> None:
+        """Tell ``event`` to whoever listens (``[notify]``, ``/metrics``); never raises."""
+        if self.on_notice is not None:
+            try:
+                self.on_notice(event, redact_text(reason))
+            except Exception as exc:  # noqa: BLE001 - telling never ends the run
+                log.warning("%s not told: %s", event, exc)
 
     def stopped(self, reports: Iterable[StopReport], *, why: str | None = None, leftover: bool = False) -> None:
         """Servers' verified stops: kept for the report and the timeline. ``why``: the reason of a

@@ -6,7 +6,9 @@ session is gone); then the job's server is launched (preflight -> launch -> read
 placement chosen once for the run. A server that dies, or stays hung past ``[client] hang_deadline``
 (requests in flight, nothing back, ``/health`` answering: ``harvest.client.hang``), is stopped
 (verified) and launched again, at most ``run.max_relaunches`` times for the run, replacements a
-placement made itself included. The endpoints' check before any request is ``connect.py``'s. This
+placement made itself included; so is one neither healthy nor answering for ``hang_deadline`` (frozen
+whole: ``/health`` silent too), rather than after ``health_deadline``. The endpoints' check before
+any request is ``connect.py``'s. This
 module never kills a process itself: the supervisor does, by its record.
 """
 
@@ -88,6 +90,7 @@ class Supervision:
             return False
         state.relaunches += 1
         log.warning("%s (relaunch %d of %d)", why, state.relaunches, most)
+        state.notice("relaunched", f"{why} (relaunch {state.relaunches} of {most})")
         relaunch = {"relaunch": state.relaunches, "of": most, "why": why}
         state.phase(Event("generating", "end", {"outcome": "relaunching", **relaunch}, ok=False))
         await self.stop(why)
@@ -98,17 +101,24 @@ class Supervision:
         return True
 
     def hung(self, client: Client) -> str | None:
-        """``hung: no answer for N s while /health answered`` when an endpoint of the managed server
-        has been hung (:mod:`harvest.client.hang`) for ``[client] hang_deadline``; else None."""
+        """Why an endpoint of the managed server must be relaunched, once it has been for ``[client]
+        hang_deadline``: hung (:mod:`harvest.client.hang`: ``hung: no answer for N s while /health
+        answered``), or neither healthy nor answering (sick: a frozen engine, a paused container,
+        ``/health`` silent too), which would otherwise wait out ``health_deadline``; else None."""
         fleet = self.state.fleet
         if fleet is None:
             return None
         managed = {normalize_url(url) for url in fleet.urls}
         now = time.monotonic()
         for e in client.stats().endpoints:
-            if (e.url in managed and e.state is EndpointState.HUNG and e.failing_since is not None
-                    and now - e.failing_since >= self.config.client.hang_deadline):
+            if e.url not in managed or e.failing_since is None or now - e.failing_since < self.config.client.hang_deadline:
+                continue
+            if e.state is EndpointState.HUNG:
                 return hung_line(e.quiet_s if e.quiet_s is not None else e.hung_s or 0.0)
+            if e.state in (EndpointState.SICK, EndpointState.DOWN):
+                what = e.last_error or "not healthy"
+                return (f"{what}; not healthy for {now - e.failing_since:.0f} s (past [client] hang_deadline "
+                        f"{self.config.client.hang_deadline:g} s)")
         return None
 
     @staticmethod

@@ -41,6 +41,9 @@ FIRST_PROMPT = "Say OK."
 #: Statuses of a first answer that say the job is wrong for this endpoint (the key, the model
 #: name or the path): the run stops before any item is sent, with the engine's own text.
 REFUSING = (401, 403, 404)
+#: The least time a probe is given, even past the deadline: a refused connection shows at once, and a
+#: loaded machine may not run the connect's callback within a tenth of a second.
+PROBE_FLOOR_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -160,7 +163,7 @@ class StartCheck:
             left = deadline_s - (self._clock() - start)
             try:
                 response, why = await self._get(endpoint_url(url, protocol.MODELS_PATH),
-                                                max(0.1, min(self._probe_timeout, left)))
+                                                max(PROBE_FLOOR_S, min(self._probe_timeout, left)))
             except _NotHttp as exc:  # not a server to wait for: something else listens there
                 return Listing(url, None, False, f"answered with {exc}", malformed=str(exc))
             ids = _listed(response) if response is not None else None
@@ -181,9 +184,10 @@ class StartCheck:
                         models_answer: str) -> Listing | None:
         """An endpoint whose list could not be read: up if ``/health`` answers 2xx or, failing
         that, a one-token request is answered; the model is checked by that answer."""
-        left = max(0.1, deadline_s - (self._clock() - start))
+        left = max(PROBE_FLOOR_S, deadline_s - (self._clock() - start))
         try:
-            health, _ = await self._get(endpoint_url(url, "/health"), max(0.1, min(self._probe_timeout, left)))
+            health, _ = await self._get(endpoint_url(url, "/health"),
+                                        max(PROBE_FLOOR_S, min(self._probe_timeout, left)))
         except _NotHttp:
             health = None
         status = health.status if health is not None else None

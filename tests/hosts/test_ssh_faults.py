@@ -161,7 +161,9 @@ def test_preflight_runs_on_the_far_host(tmp_path, sshd):
     held.bind(("127.0.0.1", 0))
     held.listen(1)
     port = held.getsockname()[1]
-    server = {"engine": "llamacpp", "model": str(tmp_path / "m.gguf"), "port": port, "command": ["llama-server"]}
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")  # the paths rule finds the model and the binary (never run): only the port fails
+    server = {"engine": "llamacpp", "model": str(model), "port": port, "command": [sys.executable]}
     box = write_toml(tmp_path / "box.toml", {"server": server, "preflight": {"min_disk_free_gib": 0.1,
                                                                              "ram_reserve_gib": 0},
                                               "host": sshd.host_table()})

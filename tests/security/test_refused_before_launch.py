@@ -32,7 +32,7 @@ from harvest.errors import UnsafePathError
 from harvest.ledger.schema import LEDGER_FILE, LOCK_FILE
 from harvest.net import port_listening
 from harvest.report import REPORT_FILE
-from harvest.server import Server
+from harvest.server import Server, supervisor
 from harvest.server.state import RUN_FILES
 from tests import engines
 from tests.realparts import require
@@ -204,21 +204,27 @@ def test_a_linked_logprob_folder_is_refused_before_any_engine_is_spawned(tmp_pat
     assert not (run / "server" / "server.log").exists()  # the engine never ran
 
 
-def test_a_record_refused_after_the_spawn_stops_the_engine_first(tmp_path, llama_server_bin, tiny_gguf):
-    """``launch.json`` planted as a hard link after the launch checked the folder (here: while its
-    preflight runs), so the record's write right after the spawn is refused: the engine is stopped,
-    verified, before the refusal reaches the caller, and nothing of it is left."""
+def test_a_record_refused_after_the_spawn_stops_the_engine_first(tmp_path, llama_server_bin, tiny_gguf,
+                                                                 monkeypatch):
+    """``launch.json`` planted as a hard link after the launch checked the folder (here: right after
+    the last launch's files were moved aside, the last check before the spawn), so the record's write
+    right after the spawn is refused: the engine is stopped, verified, before the refusal reaches the
+    caller, and nothing of it is left."""
     folder = tmp_path / "served"
     victim = tmp_path / "victim"
     victim.write_bytes(VICTIM)
+    keep = supervisor.keep_last_launch
 
-    def plant(report: object) -> None:
+    def keep_then_plant(held: object) -> int:
+        number = keep(held)
         os.link(victim, folder / "launch.json")
+        return number
 
+    monkeypatch.setattr(supervisor, "keep_last_launch", keep_then_plant)
     cfg = ServerConfig(engine="llamacpp", model=str(tiny_gguf), command=[llama_server_bin],
                        port=engines.free_port(), extra_args=["-c", "2048"], ready_timeout=60, stop_grace=2,
                        stop_deadline=15)
-    server = Server(cfg, run_dir=folder, preflight=TEST_PREFLIGHT, on_preflight=plant)
+    server = Server(cfg, run_dir=folder, preflight=TEST_PREFLIGHT)
     with pytest.raises(UnsafePathError, match="launch.json: has 2 hard links"):
         server.launch()
 

@@ -3,8 +3,8 @@
 - The disk fills up during the run: `harvest run` stops with one clear error line and a non-zero
   exit code (no traceback), the ledger stays consistent (integrity_check, result <=> done/truncated)
   and keeps every result it committed; once the file system is grown, the resume completes.
-- The disk is already full when the run starts: the same clear error; after the filler file is
-  deleted the run completes.
+- The disk is already full when the run starts (a 16 MiB tmpfs, filled): the same clear error; after
+  the filler file is deleted the run completes.
 
 The endpoint is the shared llama-server. The tmpfs is unmounted in a finally; where mounting is not
 permitted (not root, or no CAP_SYS_ADMIN in a container) the tests fail in CI and skip elsewhere,
@@ -92,7 +92,12 @@ def test_disk_fills_during_the_run_then_resume_after_space_is_freed(tmp_path, sm
     assert check_after_kill(view, read_ledger(run_dir)) == []  # every result of the first session kept
 
 
-@pytest.mark.parametrize("small_disk", ["4m"], indirect=True)
+# 16 MiB: the run after the filler is deleted must fit. The folder then holds the ledger, whose WAL
+# SQLite checkpoints only after WAL_CHECKPOINT_PAGES (16,384 pages, 64 MiB; ledger/schema.py), so a
+# run this small keeps every commit's pages in ledger.sqlite-wal: 15-20 KB an item measured (3-4 MB
+# for 200 items, which 4 MiB no longer held), up to about 40 KB where each answer commits alone;
+# beside it the -shm (32 KiB), progress/timeline/runner.json (a few KB) and report.html (~70 KB).
+@pytest.mark.parametrize("small_disk", ["16m"], indirect=True)
 def test_disk_already_full_at_start_then_run_after_the_filler_is_deleted(tmp_path, small_disk, llama_server,
                                                                          env):
     run_dir, _ = small_disk

@@ -19,7 +19,7 @@ from typing import Any
 from aiohttp import web
 
 
-class _Server:
+class LoopbackServer:
     """An aiohttp app served from its own loop in a daemon thread, on 127.0.0.1, a port the OS picks."""
 
     def __init__(self) -> None:
@@ -59,7 +59,7 @@ class _Server:
         return f"http://127.0.0.1:{self.port}"
 
 
-class Endpoint(_Server):
+class Endpoint(LoopbackServer):
     """A model ``m`` that answers (``mode="answer"``) or refuses every request (``"bad_request"``)."""
 
     def __init__(self, mode: str = "answer"):
@@ -123,7 +123,7 @@ class Endpoint(_Server):
         return resp
 
 
-class Receiver(_Server):
+class Receiver(LoopbackServer):
     """Takes POSTs at ``/hook`` (their JSON bodies in :attr:`docs`); ``status`` is what it answers,
     ``delay`` how long it waits first."""
 

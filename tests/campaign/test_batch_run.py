@@ -6,9 +6,7 @@ in input order, in the documented schema."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -20,21 +18,19 @@ from harvest.campaign.run.intake import check_batch_sampling
 from harvest.config import parse_config
 from harvest.errors import ConfigError
 from harvest.ledger import Ledger
+from tests.campaign.loopback import LoopbackServer
 from tests.campaign.test_export import documented
 from tests.dataset.test_batch import ROWS, own_id
 from tests.gpu.schema_doc import problems
 
 
-class Echo:
+class Echo(LoopbackServer):
     """Answers chat and text completions with ``n`` choices of ``max_tokens`` words each (cut at
     max_tokens: finish_reason "length"), log-probabilities where asked; keeps every body."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.bodies: list[dict[str, Any]] = []
-        self._ready = threading.Event()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self.port = 0
 
     async def _complete(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -67,30 +63,13 @@ class Echo:
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(text="")
 
-    def _serve(self) -> None:
-        asyncio.set_event_loop(self._loop)
+    def app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._complete)
         app.router.add_post("/v1/completions", self._complete)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
-        self._runner = web.AppRunner(app, access_log=None)
-        self._loop.run_until_complete(self._runner.setup())
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        self._loop.run_until_complete(site.start())
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self._ready.set()
-        self._loop.run_forever()
-
-    def __enter__(self) -> Echo:
-        self._thread.start()
-        assert self._ready.wait(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
+        return app
 
 
 def _job(tmp_path: Path, port: int) -> Path:

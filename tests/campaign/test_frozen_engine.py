@@ -70,8 +70,17 @@ class Output:
         self._thread.join(timeout=30)
 
 
-def launch(run_dir: Path) -> dict:
-    return json.loads((run_dir / "server" / "launch.json").read_text())
+def launch(run_dir: Path, within: float = 30.0) -> dict:
+    """The current launch record. Between a launch's files moved into launches/N and the next
+    launch's record written it is briefly absent: read again, within ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            return json.loads((run_dir / "server" / "launch.json").read_text())
+        except FileNotFoundError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def wait(what: str, predicate, proc: subprocess.Popen[str], out: Output, timeout: float) -> float:  # type: ignore[no-untyped-def]

@@ -14,6 +14,9 @@ time, in a random order, each once a random share of the items is committed (bet
 - ``engine_hang``: the proxy holds every completion from now on (SIGUSR1), ``/health`` answering;
 - ``client_sigkill``: SIGKILL of ``harvest run``, then the same command again (a resume that must
   stop the engine the killed session left running, by its record);
+- ``engine_frozen`` (only when named in ``--faults``): SIGSTOP of that group, left so: harvest must
+  stop it, verified, and relaunch it within the hang bound (``replaced in`` is the time from the
+  SIGSTOP to the new engine's record);
 - ``engine_ignores_sigterm``: the engine is made to ignore SIGTERM, then the client is SIGKILLed:
   the resumed session's verified stop of the leftover must escalate to SIGKILL.
 
@@ -50,6 +53,9 @@ from tests.chaos.killer import final_check, harvest_argv, write_data  # noqa: E4
 
 HANG_ENGINE = ROOT / "tests" / "hang_engine.py"
 KINDS = ("engine_sigkill", "engine_sigstop", "engine_hang", "client_sigkill", "engine_ignores_sigterm")
+#: Kinds injected only when named in --faults: ``engine_frozen`` (SIGSTOP of the group, left so) takes
+#: the hang bound itself, about 3 minutes at the default [client] settings.
+NAMED_KINDS = ("engine_frozen",)
 
 
 class Soak:
@@ -112,6 +118,8 @@ class Soak:
                 os.killpg(pgid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
+        elif kind == "engine_frozen":  # frozen whole and left so: harvest's verified stop and relaunch end it
+            os.killpg(pgid, signal.SIGSTOP)
         elif kind == "engine_hang":
             os.kill(pid, signal.SIGUSR1)
         elif kind in ("client_sigkill", "engine_ignores_sigterm"):
@@ -124,6 +132,7 @@ class Soak:
         if kind != "engine_sigstop":  # every other fault ends this engine: the run goes on with a new one
             new = self.wait_new_engine(pid)
             fault["replaced"] = new is not None
+            fault["replaced_s"] = round(time.monotonic() - t0, 1) if new is not None else None
             fault["old_engine_gone"] = new is not None and not group_alive(pgid)
             self.flag.unlink(missing_ok=True)
         # Recovered: a result committed by the engine that now serves (after SIGCONT, or the new one).
@@ -293,8 +302,10 @@ def check(soak: Soak, unique: int, mem_before: int, port: int,
 
 def table(faults: list[dict[str, object]], figures: dict[str, object]) -> str:
     lines = ["| fault | injected | survived | longest recovery (s) |", "|---|---|---|---|"]
-    for kind in KINDS:
+    for kind in KINDS + NAMED_KINDS:
         mine = [f for f in faults if f["kind"] == kind]
+        if not mine and kind in NAMED_KINDS:
+            continue
         survived = [f for f in mine if f.get("recovered_s") is not None and f.get("old_engine_gone", True)]
         rec = max((float(f["recovered_s"]) for f in survived), default=0.0)  # type: ignore[arg-type]
         lines.append(f"| {kind} | {len(mine)} | {len(survived)} | {rec:.0f} |")
@@ -320,9 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--end-timeout", type=float, default=1200.0, help="seconds the run may take after the faults")
     args = ap.parse_args(argv)
     kinds = [k for k in args.faults.split(",") if k]
-    unknown = sorted(set(kinds) - set(KINDS))
+    unknown = sorted(set(kinds) - set(KINDS + NAMED_KINDS))
     if unknown:
-        ap.error(f"unknown fault kinds: {unknown}; known: {', '.join(KINDS)}")
+        ap.error(f"unknown fault kinds: {unknown}; known: {', '.join(KINDS + NAMED_KINDS)}")
     work = args.dir or Path(tempfile.mkdtemp(prefix="harvest-soak-"))
     work.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(work / "run", ignore_errors=True)
@@ -350,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
             fault = soak.inject(kind)
             fault["t"] = round(time.monotonic() - t0, 1)
             soak.faults.append(fault)
-            print(f"[soak] {fault['t']:7.1f} s  {kind:<24} recovered in {fault.get('recovered_s')} s "
+            replaced = f", replaced in {fault['replaced_s']} s" if fault.get("replaced_s") is not None else ""
+            print(f"[soak] {fault['t']:7.1f} s  {kind:<24} recovered in {fault.get('recovered_s')} s{replaced} "
                   f"({committed(soak.run_dir):,} committed)", flush=True)
         assert soak.proc is not None
         try:

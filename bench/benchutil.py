@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 
 
 def load() -> str:
@@ -19,3 +20,14 @@ def exit_on_sigterm() -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, handler)
+
+
+def stop(proc: subprocess.Popen[str], grace: float = 5.0) -> None:
+    """SIGTERM the process we started, then SIGKILL it if it outlives ``grace``."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=grace)

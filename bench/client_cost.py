@@ -52,7 +52,7 @@ import time
 from pathlib import Path
 
 import psutil
-from benchutil import load  # bench/benchutil.py
+from benchutil import load, stop  # bench/benchutil.py
 
 HERE = Path(__file__).resolve().parent
 ALL_CLIENTS = ["harvest", "openai-async", "openai-threads", "raw-aiohttp", "raw-httpx"]
@@ -211,17 +211,6 @@ def start_null_server(timeout: float = 15.0) -> tuple[subprocess.Popen[str], str
         raise RuntimeError(f"null server did not start: {line!r}")
     host_port = line.split("listening on ", 1)[1].strip()
     return proc, f"http://{host_port}"
-
-
-def stop(proc: subprocess.Popen[str], grace: float = 5.0) -> None:
-    """SIGTERM the process we started, then SIGKILL it if it outlives ``grace``."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=grace)
 
 
 def run_client(kind: str, base: str, args: argparse.Namespace, server_pid: int) -> dict[str, float]:

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 import psutil
-from benchutil import load  # bench/benchutil.py
+from benchutil import load, stop  # bench/benchutil.py
 
 HERE = Path(__file__).resolve().parent
 SERVER = HERE / "hostile_server.py"
@@ -75,17 +75,6 @@ def start_server(case: str, size: int | None, timeout: float = 120.0) -> tuple[s
         stop(proc)
         raise RuntimeError(f"the {case} server did not start: {line!r}")
     return proc, f"http://{m.group(1)}"
-
-
-def stop(proc: subprocess.Popen[str], grace: float = 5.0) -> None:
-    """SIGTERM the process we started, then SIGKILL it if it outlives ``grace``."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=grace)
 
 
 def write_job(folder: Path, url: str, items: int, stream: bool) -> Path:

@@ -158,34 +158,37 @@ class _Message(_Wire):
     reasoning: Optional[str] = None
 
 
-class _ChatChoice(_Wire):
+class _WireChoice(_Wire):
+    """What a chat and a text choice both carry."""
+
     index: Any = None
+    finish_reason: Any = None
+    logprobs: Any = None
+    prompt_logprobs: Any = None
+
+
+class _ChatChoice(_WireChoice):
     message: _Message
-    finish_reason: Any = None
-    logprobs: Any = None
-    prompt_logprobs: Any = None
 
 
-class _TextChoice(_Wire):
-    index: Any = None
+class _TextChoice(_WireChoice):
     text: Optional[str]
-    finish_reason: Any = None
-    logprobs: Any = None
+
+
+class _WireReply(_Wire):
+    """What a chat and a text reply both carry besides their choices."""
+
+    usage: Any = None
+    model: Any = None
     prompt_logprobs: Any = None
 
 
-class _ChatReply(_Wire):
+class _ChatReply(_WireReply):
     choices: list[_ChatChoice] = Field(min_length=1)
-    usage: Any = None
-    model: Any = None
-    prompt_logprobs: Any = None
 
 
-class _TextReply(_Wire):
+class _TextReply(_WireReply):
     choices: list[_TextChoice] = Field(min_length=1)
-    usage: Any = None
-    model: Any = None
-    prompt_logprobs: Any = None
 
 
 class _Delta(_Wire):

@@ -19,7 +19,7 @@ from harvest.placement import record
 from tests import engines
 from tests.campaign.ledger_peek import attempts
 from tests.chaos.killer import harvest_argv, read_ledger, wait_committed
-from tests.cluster.test_ray_run import engine_process, ray_record, wait_record, write_job
+from tests.cluster.test_ray_run import Driver, engine_process, ray_record, wait_record, write_job
 from tests.placement.matrix import Place, every_command
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -55,13 +55,11 @@ def test_max_relaunches_spent(tmp_path, ray_cluster, llama_server_bin, tiny_gguf
     the run ends (items left pending, nothing charged) and says the budget is used up."""
     n = 3000  # far more than one server does while the test kills two
     job, run_dir = write_job(tmp_path, ray_cluster, llama_server_bin, tiny_gguf, n, servers="1", max_relaunches=1)
-    proc = subprocess.Popen(harvest_argv("run", str(job), "--no-live"), env=ray_cluster.env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
+    with Driver(job, run_dir, ray_cluster.env) as driver:
         # The first engine is killed once the run generates (a result committed): a managed server
         # that dies before that, during the endpoints' start check, is waited for by the check
         # (start_deadline) instead of being relaunched; this test is about the relaunch budget.
-        wait_committed(run_dir, 1, proc, timeout=180)
+        wait_committed(run_dir, 1, driver.proc, timeout=180)
         for round_ in range(2):
             rec = wait_record(run_dir, 1)
             ready = [m for m in rec["members"] if m["state"] == "ready"]
@@ -74,12 +72,8 @@ def test_max_relaunches_spent(tmp_path, ray_cluster, llama_server_bin, tiny_gguf
                 if states.get(ready[-1]["name"]) != "ready":
                     break
                 time.sleep(0.3)
-        output, _ = proc.communicate(timeout=400)
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)  # the driver this test started, by its pid
-            proc.wait(timeout=30)
-    assert proc.returncode == 1, output[-3000:]
+        output = driver.wait(timeout=400)
+    assert driver.proc.returncode == 1, output[-3000:]
     assert "run.max_relaunches (1) used up" in output, output[-4000:]
     assert "(server_down; the managed server exited and relaunches are used up)" in output, output[-4000:]
     members = ray_record(run_dir)["members"]

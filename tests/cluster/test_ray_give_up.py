@@ -20,7 +20,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import time
 
 import psutil
@@ -30,6 +29,7 @@ from harvest.placement.ray.servers import POLL_MISSES, POLL_S, POLL_TIMEOUT_S, S
 from tests.campaign.ledger_peek import attempts
 from tests.chaos.killer import final_check, harvest_argv, wait_committed
 from tests.cluster.test_ray_run import (
+    Driver,
     engine_process,
     ray_record,
     run,
@@ -65,31 +65,26 @@ def test_an_engine_that_dies_while_its_actor_lives_is_replaced(tmp_path, ray_clu
                                                                 tiny_gguf):
     n = 200
     job, run_dir = write_job(tmp_path, ray_cluster, llama_server_bin, tiny_gguf, n)
-    proc = subprocess.Popen(harvest_argv("run", str(job), "--no-live"), env=ray_cluster.env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     paused: psutil.Process | None = None
-    output = ""
-    try:
-        rec = wait_record(run_dir, 2)
-        wait_committed(run_dir, 10, proc, timeout=120)
-        victim, survivor = rec["members"][0], rec["members"][1]
-        engine, other = engine_process(victim["info"]), engine_process(survivor["info"])
-        assert engine is not None and other is not None
-        os.killpg(other.pid, signal.SIGSTOP)
-        paused = other
-        os.killpg(engine.pid, signal.SIGKILL)  # the engine's group (recorded at launch); actor and node live
-        wait_replacement(run_dir, rec)
-        time.sleep(2.0)  # the client's health probe finds the replacement
-        os.killpg(other.pid, signal.SIGCONT)
-        paused = None
-        output, _ = proc.communicate(timeout=400)
-    finally:
-        if paused is not None and paused.is_running():
-            os.killpg(paused.pid, signal.SIGCONT)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(timeout=30)
-    assert proc.returncode == 0, output[-4000:]
+    with Driver(job, run_dir, ray_cluster.env) as driver:
+        try:
+            rec = wait_record(run_dir, 2)
+            wait_committed(run_dir, 10, driver.proc, timeout=120)
+            victim, survivor = rec["members"][0], rec["members"][1]
+            engine, other = engine_process(victim["info"]), engine_process(survivor["info"])
+            assert engine is not None and other is not None
+            os.killpg(other.pid, signal.SIGSTOP)
+            paused = other
+            os.killpg(engine.pid, signal.SIGKILL)  # the engine's group (recorded at launch); actor and node live
+            wait_replacement(run_dir, rec)
+            time.sleep(2.0)  # the client's health probe finds the replacement
+            os.killpg(other.pid, signal.SIGCONT)
+            paused = None
+            output = driver.wait(timeout=400)
+        finally:
+            if paused is not None and paused.is_running():
+                os.killpg(paused.pid, signal.SIGCONT)
+    assert driver.proc.returncode == 0, output[-4000:]
     assert f"server {victim['name']} on" in output and "lost: its engine exited" in output, output[-4000:]
     # The actor still answered: the stop of the written-off server ran on its node, verified there.
     after = written_off_and_replaced(run_dir, n, rec, victim, verdict="clean")
@@ -116,43 +111,38 @@ def test_missed_polls_write_a_frozen_server_off(tmp_path, ray_cluster, llama_ser
     n = 200
     job, run_dir = write_job(tmp_path, ray_cluster, llama_server_bin, tiny_gguf, n,
                              stop_deadline=STOP_DEADLINE)
-    proc = subprocess.Popen(harvest_argv("run", str(job), "--no-live"), env=ray_cluster.env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     frozen: list[tuple[str, int]] = []  # ("group"|"pid", id) this test stopped, resumed in any case
-    output = ""
-    try:
-        rec = wait_record(run_dir, 2)
-        wait_committed(run_dir, 10, proc, timeout=120)
-        victim, survivor = rec["members"][0], rec["members"][1]
-        engine, other = engine_process(victim["info"]), engine_process(survivor["info"])
-        assert engine is not None and other is not None
-        actor_pid = int(victim["info"]["actor_pid"])  # the actor's own report of its pid, at its launch
-        os.killpg(other.pid, signal.SIGSTOP)
-        frozen.append(("group", other.pid))
-        # The victim's node hangs: its actor (the supervisor) and its engine, both alive, both silent.
-        os.kill(actor_pid, signal.SIGSTOP)
-        frozen.append(("pid", actor_pid))
-        os.killpg(engine.pid, signal.SIGSTOP)
-        frozen.append(("group", engine.pid))
-        frozen_at = time.monotonic()
-        wait_replacement(run_dir, rec)
-        took = time.monotonic() - frozen_at
-        time.sleep(2.0)  # the client's health probe finds the replacement
-        for kind, ident in reversed(frozen):  # the hang ends: what still exists goes on
-            with contextlib.suppress(ProcessLookupError):
-                (os.killpg if kind == "group" else os.kill)(ident, signal.SIGCONT)
-        frozen = []
-        output, _ = proc.communicate(timeout=400)
-        # What the dirty report tells the user to do on that machine: harvest stop of the node's folder.
-        hinted = run(harvest_argv("stop", victim["info"]["run_dir"], "--json"), ray_cluster.env, timeout=120)
-    finally:
-        for kind, ident in reversed(frozen):
-            with contextlib.suppress(ProcessLookupError):
-                (os.killpg if kind == "group" else os.kill)(ident, signal.SIGCONT)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)  # the driver this test started, by its pid
-            proc.wait(timeout=30)
-    assert proc.returncode == 0, output[-4000:]
+    with Driver(job, run_dir, ray_cluster.env) as driver:
+        try:
+            rec = wait_record(run_dir, 2)
+            wait_committed(run_dir, 10, driver.proc, timeout=120)
+            victim, survivor = rec["members"][0], rec["members"][1]
+            engine, other = engine_process(victim["info"]), engine_process(survivor["info"])
+            assert engine is not None and other is not None
+            actor_pid = int(victim["info"]["actor_pid"])  # the actor's own report of its pid, at its launch
+            os.killpg(other.pid, signal.SIGSTOP)
+            frozen.append(("group", other.pid))
+            # The victim's node hangs: its actor (the supervisor) and its engine, both alive, both silent.
+            os.kill(actor_pid, signal.SIGSTOP)
+            frozen.append(("pid", actor_pid))
+            os.killpg(engine.pid, signal.SIGSTOP)
+            frozen.append(("group", engine.pid))
+            frozen_at = time.monotonic()
+            wait_replacement(run_dir, rec)
+            took = time.monotonic() - frozen_at
+            time.sleep(2.0)  # the client's health probe finds the replacement
+            for kind, ident in reversed(frozen):  # the hang ends: what still exists goes on
+                with contextlib.suppress(ProcessLookupError):
+                    (os.killpg if kind == "group" else os.kill)(ident, signal.SIGCONT)
+            frozen = []
+            output = driver.wait(timeout=400)
+            # What the dirty report tells the user to do on that machine: harvest stop of the node's folder.
+            hinted = run(harvest_argv("stop", victim["info"]["run_dir"], "--json"), ray_cluster.env, timeout=120)
+        finally:
+            for kind, ident in reversed(frozen):
+                with contextlib.suppress(ProcessLookupError):
+                    (os.killpg if kind == "group" else os.kill)(ident, signal.SIGCONT)
+    assert driver.proc.returncode == 0, output[-4000:]
     # The line the user reads names the server, its node and why.
     label = f"node 127.0.0.1 ({victim['info']['node_id'][:8]})"
     why = f"lost: no answer to {POLL_MISSES} polls of {POLL_TIMEOUT_S:g} s"

@@ -89,6 +89,46 @@ def run(argv: list[str], env: dict[str, str], timeout: float = 400) -> subproces
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+class Driver:
+    """``harvest run JOB --no-live`` in the background, its output to a file beside the run.
+
+    A file, not a pipe: a test reads the output only at the end, and a pipe nobody reads fills
+    (64 KiB) and blocks the driver mid-write, so a slow machine's longer output stalled the run the
+    test waited on. On the way out (``with``) a driver still running is killed by the pid this test
+    started, and the servers its run left on the cluster (detached actors) are stopped by ``harvest
+    stop RUN_DIR``, so a failed test leaves the shared cluster as it found it."""
+
+    def __init__(self, job: Path, run_dir: Path, env: dict[str, str]):
+        self.run_dir, self.env = run_dir, env
+        self.log = job.parent / "driver.log"
+        with self.log.open("w") as out:  # the child holds its own copy of the descriptor
+            self.proc = subprocess.Popen(harvest_argv("run", str(job), "--no-live"), env=env, stdout=out,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
+
+    def __enter__(self) -> Driver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """A driver still running killed, and its run's servers stopped (see the class)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)  # the driver this test started, by its pid
+            self.proc.wait(timeout=30)
+            if (self.run_dir / "server" / "placement.json").exists():
+                run(harvest_argv("stop", str(self.run_dir), "--json"), self.env, timeout=180)
+
+    def wait(self, timeout: float) -> str:
+        """The driver's exit (bounded), then everything it printed."""
+        self.proc.wait(timeout=timeout)
+        return self.output()
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
 def test_ray_run_end_to_end(tmp_path, ray_cluster, llama_server_bin, tiny_gguf):
     n = 40
     job, run_dir = write_job(tmp_path, ray_cluster, llama_server_bin, tiny_gguf, n, servers='"per_node"')
@@ -214,45 +254,42 @@ def test_worker_node_lost_mid_run(tmp_path, ray_cluster, llama_server_bin, tiny_
     declared the node dead and harvest handled the loss; the victim must end up ``lost``."""
     n = 200
     job, run_dir = write_job(tmp_path, ray_cluster, llama_server_bin, tiny_gguf, n)
-    proc = subprocess.Popen(harvest_argv("run", str(job), "--no-live"), env=ray_cluster.env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     engine: psutil.Process | None = None
     paused: list[psutil.Process] = []
-    try:
-        rec = wait_record(run_dir, 2)
-        wait_committed(run_dir, 10, proc, timeout=120)
-        victim = next(m for m in rec["members"] if m["info"]["node_id"] == ray_cluster.node_id("node_a"))
-        survivor = next(m for m in rec["members"] if m["info"]["node_id"] == ray_cluster.node_id("node_b"))
-        engine = engine_process(victim["info"])  # the leaders harvest recorded, checked by pid and create time
-        other = engine_process(survivor["info"])
-        assert engine is not None and other is not None
-        paused = [other] if what == "node" else [other, engine]
-        for p in paused:
-            os.killpg(p.pid, signal.SIGSTOP)
-        os.kill(ray_cluster.raylet_pid("node_a"), signal.SIGKILL)  # the raylet the fixture started, by its pid
-        if what == "node":
-            os.killpg(engine.pid, signal.SIGKILL)  # the engine's group (its own session, recorded at launch)
-            paused = [other]
-        wait_replacement(run_dir, rec)
-        time.sleep(2.0)  # the client's health probe finds it (polls every 0.5 s at first)
-        for p in paused:
-            os.killpg(p.pid, signal.SIGCONT)
-        paused = []
-        output, _ = proc.communicate(timeout=400)
-        if what == "raylet":  # what the DIRTY report tells the user to do on that machine: harvest stop there
-            hinted = run(harvest_argv("stop", victim["info"]["run_dir"], "--json"), ray_cluster.env, timeout=120)
-    finally:
-        for p in paused:
-            if p.is_running():
+    with Driver(job, run_dir, ray_cluster.env) as driver:
+        try:
+            rec = wait_record(run_dir, 2)
+            wait_committed(run_dir, 10, driver.proc, timeout=120)
+            victim = next(m for m in rec["members"] if m["info"]["node_id"] == ray_cluster.node_id("node_a"))
+            survivor = next(m for m in rec["members"] if m["info"]["node_id"] == ray_cluster.node_id("node_b"))
+            engine = engine_process(victim["info"])  # the leaders harvest recorded, checked by pid and create time
+            other = engine_process(survivor["info"])
+            assert engine is not None and other is not None
+            paused = [other] if what == "node" else [other, engine]
+            for p in paused:
+                os.killpg(p.pid, signal.SIGSTOP)
+            os.kill(ray_cluster.raylet_pid("node_a"), signal.SIGKILL)  # the raylet the fixture started, by its pid
+            if what == "node":
+                os.killpg(engine.pid, signal.SIGKILL)  # the engine's group (its own session, recorded at launch)
+                paused = [other]
+            wait_replacement(run_dir, rec)
+            time.sleep(2.0)  # the client's health probe finds it (polls every 0.5 s at first)
+            for p in paused:
                 os.killpg(p.pid, signal.SIGCONT)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(timeout=30)
-        if engine is not None and engine.is_running():  # the engine that outlived its raylet
-            os.killpg(engine.pid, signal.SIGKILL)
-        ray_cluster.cluster.remove_node(ray_cluster.workers.pop("node_a"), allow_graceful=False)
-        ray_cluster.add_worker("node_a")  # a fresh node_a for the tests that follow
-    assert proc.returncode == 0, output[-4000:]
+            paused = []
+            output = driver.wait(timeout=400)
+            if what == "raylet":  # what the DIRTY report tells the user to do on that machine: harvest stop there
+                hinted = run(harvest_argv("stop", victim["info"]["run_dir"], "--json"), ray_cluster.env, timeout=120)
+        finally:
+            for p in paused:
+                if p.is_running():
+                    os.killpg(p.pid, signal.SIGCONT)
+            driver.close()
+            if engine is not None and engine.is_running():  # the engine that outlived its raylet
+                os.killpg(engine.pid, signal.SIGKILL)
+            ray_cluster.cluster.remove_node(ray_cluster.workers.pop("node_a"), allow_graceful=False)
+            ray_cluster.add_worker("node_a")  # a fresh node_a for the tests that follow
+    assert driver.proc.returncode == 0, output[-4000:]
     assert final_check(run_dir, n) == []  # nothing lost, nothing duplicated
     assert max(attempts(run_dir)) == 1, "no attempt charged for the lost node"
     after = ray_record(run_dir)

@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import psutil
@@ -18,8 +19,9 @@ import pytest
 from harvest.placement import record
 from tests import engines
 from tests.campaign.ledger_peek import attempts
-from tests.chaos.killer import harvest_argv, read_ledger, wait_committed
-from tests.cluster.test_ray_run import Driver, engine_process, ray_record, wait_record, write_job
+from tests.chaos.killer import final_check, harvest_argv, read_ledger, wait_committed
+from tests.cluster.conftest import ENGINE_SLOTS
+from tests.cluster.test_ray_run import Driver, engine_process, ray_record, run, wait_record, write_job
 from tests.placement.matrix import Place, every_command
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -93,3 +95,58 @@ def test_max_relaunches_spent(tmp_path, ray_cluster, llama_server_bin, tiny_gguf
     assert doc == {"schema": "harvest.stop/1", "verdict": "clean", "servers": []}
     assert not any(p.info["name"] == "llama-server" and p.info["pid"] in
                    {(m["info"] or {}).get("pid") for m in members} for p in psutil.process_iter(["pid", "name"]))
+
+
+#: Holds every engine slot of one node in a placement group of its own (another user's work on a
+#: shared cluster) until its stdin closes, then removes the group and exits.
+OCCUPIER = """
+import sys, ray
+from ray.util.placement_group import placement_group, remove_placement_group
+ray.init(address=sys.argv[1], log_to_driver=False)
+pg = placement_group([{sys.argv[2]: 1.0, "engine": float(sys.argv[3])}], strategy="STRICT_PACK")
+ray.get(pg.ready(), timeout=60)
+print("held", flush=True)
+sys.stdin.readline()
+remove_placement_group(pg)
+"""
+
+
+def test_a_busy_node_is_not_chosen_while_another_has_room(tmp_path, ray_cluster, llama_server_bin, tiny_gguf):
+    """Another job holds every engine slot of the node harvest would pick first by its totals. With
+    ``servers = 1`` the server goes to the node with room now, at once; with ``per_node`` the busy
+    node's server waits ``connect_timeout`` and is left out with a line naming that node and what is
+    free there, and the run finishes on the other."""
+    (tmp_path / "one").mkdir()
+    (tmp_path / "each").mkdir()
+    busy = min(("node_a", "node_b"), key=ray_cluster.node_id)  # the first node by harvest's order
+    free = "node_b" if busy == "node_a" else "node_a"
+    holder = subprocess.Popen([sys.executable, "-c", OCCUPIER, ray_cluster.address, busy, str(ENGINE_SLOTS)],
+                              env=ray_cluster.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        n = 12
+        job, run_dir = write_job(tmp_path / "one", ray_cluster, llama_server_bin, tiny_gguf, n, servers="1")
+        out = run(harvest_argv("run", str(job), "--no-live"), ray_cluster.env)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        (member,) = ray_record(run_dir)["members"]  # one placement, no server left out on the busy node
+        assert member["info"]["node_id"] == ray_cluster.node_id(free) and member["state"] == "stopped", member
+
+        job, run_dir = write_job(tmp_path / "each", ray_cluster, llama_server_bin, tiny_gguf, n,
+                                 servers='"per_node"', connect_timeout=5)
+        out = run(harvest_argv("run", str(job), "--no-live"), ray_cluster.env)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        members = ray_record(run_dir)["members"]
+        served = [m for m in members if m["state"] == "stopped"]
+        assert [m["info"]["node_id"] for m in served] == [ray_cluster.node_id(free)], members
+        where = f"on node 127.0.0.1 ({ray_cluster.node_id(busy)[:8]}) within 5 s (one server per node); free there now:"
+        assert where in out.stdout + out.stderr, out.stdout[-3000:] + out.stderr[-3000:]
+        assert final_check(run_dir, n) == []
+    finally:
+        if holder.stdin is not None:
+            holder.stdin.close()  # the holder removes its group and exits
+        try:
+            holder.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            holder.kill()  # the holder this test started, by its pid
+            holder.wait(timeout=30)

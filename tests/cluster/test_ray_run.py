@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 def write_job(tmp_path: Path, cluster, llama_server_bin: str, tiny_gguf: Path, n: int, *, servers: str = "2",
               resources: str = "{ engine = 1 }", max_relaunches: int = 3, slots: int = 4,
-              stop_deadline: float = 20) -> tuple[Path, Path]:
+              stop_deadline: float = 20, connect_timeout: float = 60) -> tuple[Path, Path]:
     data = write_data(tmp_path / "in.jsonl", n)
     run_dir = tmp_path / "run"
     job = tmp_path / "job.toml"
@@ -41,7 +41,7 @@ def write_job(tmp_path: Path, cluster, llama_server_bin: str, tiny_gguf: Path, n
         f'ready_timeout = 90\nstop_grace = 3\nstop_deadline = {stop_deadline:g}\n'
         f'[preflight]\nmin_disk_free_gib = 0.1\nram_reserve_gib = 0\n'
         f'[cluster]\nbackend = "ray"\naddress = "{cluster.address}"\nservers = {servers}\n'
-        f'gpus_per_server = 0\nresources = {resources}\nconnect_timeout = 60\n'
+        f'gpus_per_server = 0\nresources = {resources}\nconnect_timeout = {connect_timeout:g}\n'
         f'[data]\npath = "{data}"\nid_field = "id"\n'
         f'[sampling]\nmax_tokens = 8\n'
         f'[client]\nconcurrency = 8\nhealth_deadline = 120\n'

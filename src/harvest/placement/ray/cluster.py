@@ -207,6 +207,21 @@ class RayConnection:
     def alive_nodes(self) -> list[dict[str, Any]]:
         return sorted_alive_nodes(self.ray)
 
+    def free_by_node(self) -> dict[str, dict[str, float]] | None:
+        """What each node has free now, by node id, as Ray accounts it (its resources less what
+        actors and placement groups hold); None where this Ray cannot say (a private API of Ray's,
+        the only per-node one: read guarded, never trusted to exist)."""
+        try:
+            from ray._private.state import available_resources_per_node  # private; guarded
+
+            got = available_resources_per_node()
+        except Exception:  # noqa: BLE001 - another Ray, or the cluster did not answer: use the totals
+            return None
+        if not isinstance(got, dict):
+            return None
+        return {str(nid): {str(k): float(v) for k, v in res.items()} for nid, res in got.items()
+                if isinstance(res, dict)}
+
     def remove(self, actor: Any, pg: Any) -> None:
         """Remove this run's actor and placement group from the cluster (after its verified stop, or
         once it is gone)."""
@@ -218,6 +233,20 @@ class RayConnection:
         if pg is not None:
             with contextlib.suppress(Exception):
                 remove_placement_group(pg)
+
+    def placed(self, pg: Any, wait: float = 1.0) -> bool:
+        """Whether ``pg`` is placed, looked at now (bounded by ``wait``). An actor in a group that was
+        never placed never ran: there is nothing on a node to stop, and a call to it would only wait
+        out its timeout. A group of unknown state counts as placed (its actor is asked)."""
+        if pg is None:
+            return True
+        try:
+            self.ray.get(pg.ready(), timeout=wait)
+        except self.ray.exceptions.GetTimeoutError:
+            return False
+        except Exception:  # noqa: BLE001 - removed, or Ray could not say: ask the actor as before
+            return True
+        return True
 
     def placement_group(self, name: str) -> Any:
         """This run's placement group of that name, or None."""

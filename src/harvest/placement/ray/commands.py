@@ -95,6 +95,8 @@ def stop_ray_run(folder: Path, deadline: float | None = None) -> list[StopReport
             report: StopReport | None = None
             if m.actor is None:
                 report = lost_report(m.label, (m.info or {}).get("run_dir", "?"), "its actor is gone")
+            elif doc.get("state") == "new" and not conn.placed(m.pg):
+                pass  # never placed: its actor never ran (removed below)
             else:
                 try:
                     got = conn.get(m.actor.stop.remote(deadline), budget + STOP_SLACK_S)

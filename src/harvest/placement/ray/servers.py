@@ -27,7 +27,12 @@ Steps, each with its budget:
    (``poll``, ``POLL_TIMEOUT_S``); the others are replaced.
 3. Place: one placement group per server (one bundle, STRICT_PACK, so a tensor-parallel server
    never spans nodes), spread round-robin over the nodes with room (each group pinned to its node
-   by Ray's ``ray.io/node-id`` label); waits ``connect_timeout`` for Ray to place it.
+   by Ray's ``ray.io/node-id`` label); waits ``connect_timeout`` for Ray to place it. A number of
+   servers goes to the nodes with room *now* (what Ray says each node has free: a node busy with
+   other work is not chosen while another has room), any left over where Ray finds room;
+   ``per_node`` pins one to each node, busy or not. A group not placed in time leaves its server
+   out, naming the bundle, the node it waited on and what is free there; its actor never ran, so
+   it is removed without the stop calls that could only time out.
 4. Launch: each actor's preflight, launch and readiness on its node, all together (each bounded by
    ``[server] ready_timeout`` + ``LAUNCH_SLACK_S``). A server that fails is named and left out;
    none left is a LaunchError.
@@ -114,6 +119,8 @@ class Member:
     adopted: bool = False
     misses: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
+    pinned: str | None = None  # the node id its placement group was pinned to (None: where Ray has room)
+    placed: bool = False  # its placement group was seen placed (its actor may have run)
 
     @property
     def label(self) -> str:
@@ -251,15 +258,36 @@ class RayServerGroup:
         public = sorted({n["NodeManagerAddress"] for n in nodes if fit[n["NodeID"]]
                          and not is_loopback(n["NodeManagerAddress"])})
         check_node_addresses(self.config.source, self.server_config, public)
+        free = self.conn.free_by_node()  # before adoption: an adopted server's bundle is not free
         record = read_ray_record(self.folder or self.run_dir) or {}
         adopted = self._adopt(record)
         self.budget["next_slot"] = max(int(record.get("next_slot", 0)), self.budget["next_slot"],
                                        *(m.slot + 1 for m in adopted))
         self.members = list(adopted)
-        plan = self._spread(nodes, fit, wanted - len(adopted), adopted)
+        count = wanted - len(adopted)
+        plan: list[str | None]
+        if self.cluster.servers == "per_node":  # one on each node that can hold one, busy or not
+            plan = list(self._spread(nodes, fit, count, adopted))
+        else:  # on the nodes with room now; the rest where Ray finds room (bounded by connect_timeout)
+            plan = list(self._spread(nodes, self._room_now(fit, free, bundle, adopted), count, adopted))
+            plan += [None] * (count - len(plan))
         for node_id in plan:
             self.members.append(self._place(node_id))
         self._save()
+
+    @staticmethod
+    def _room_now(fit: dict[str, int], free: dict[str, dict[str, float]] | None, bundle: dict[str, float],
+                  adopted: list[Member]) -> dict[str, int]:
+        """Per node, the servers of this run it can hold now: those it holds (adopted) and the bundles
+        its free resources take, never more than its totals take; the totals where Ray cannot say
+        what is free. A node busy with other work is then not chosen while another has room."""
+        if free is None:
+            return fit
+        mine: dict[str, int] = {}
+        for m in adopted:
+            if m.info and m.info.get("node_id"):
+                mine[m.info["node_id"]] = mine.get(m.info["node_id"], 0) + 1
+        return {nid: min(n, mine.get(nid, 0) + bundles_that_fit(free.get(nid, {}), bundle)) for nid, n in fit.items()}
 
     def _adopt(self, record: dict[str, Any]) -> list[Member]:
         """Members of the record whose actor still answers with a running engine."""
@@ -276,12 +304,13 @@ class RayServerGroup:
             except Exception as exc:  # noqa: BLE001 - any Ray error: that actor cannot be used
                 log.warning("server %s of an earlier session does not answer (%s); it is replaced", doc["name"],
                             short_error(exc))
-                gone = Member(int(doc["slot"]), doc["name"], actor=actor, info=doc.get("info"), state="lost")
+                gone = Member(int(doc["slot"]), doc["name"], actor=actor, info=doc.get("info"), state="lost",
+                              placed=True)
                 gone.pg = self.conn.placement_group(doc["name"])
                 self._stop_member(gone, "it did not answer when this session began")
                 self.retired.append(gone)
                 continue
-            m = Member(int(doc["slot"]), doc["name"], actor=actor, info=state["info"], adopted=True)
+            m = Member(int(doc["slot"]), doc["name"], actor=actor, info=state["info"], adopted=True, placed=True)
             m.pg = self.conn.placement_group(doc["name"])
             if state["returncode"] is not None or state["info"] is None or state["stopped"]:
                 log.warning("server %s of an earlier session has exited; it is stopped and replaced", doc["name"])
@@ -320,7 +349,7 @@ class RayServerGroup:
         slot = self.budget["next_slot"]
         self.budget["next_slot"] = slot + 1
         name = f"harvest-{self.run_id}-{slot}"
-        m = Member(slot, name)
+        m = Member(slot, name, pinned=node_id)
         bundle = self.cluster.bundle()
         kwargs: dict[str, Any] = {"strategy": "STRICT_PACK", "name": name, "lifetime": "detached"}
         if node_id is not None:
@@ -338,6 +367,17 @@ class RayServerGroup:
         del ray
         return m
 
+    def _no_room(self, m: Member) -> str:
+        """Why ``m``'s placement timed out: the bundle, where it waited and what is free there now."""
+        asked = f"Ray placed no bundle {json.dumps(self.cluster.bundle(), sort_keys=True)}"
+        waited = f"within {self.cluster.connect_timeout:g} s"
+        free = self.conn.free_by_node() if m.pinned else None
+        if m.pinned and free is not None:
+            ip = next((n.get("NodeManagerAddress") for n in self.conn.alive_nodes() if n["NodeID"] == m.pinned), None)
+            return (f"{asked} on {node_label(ip, m.pinned)} {waited} (one server per node); free there now: "
+                    f"{plain_resources(free.get(m.pinned, {}))}")
+        return f"{asked} {waited}; available now: {plain_resources(self.conn.ray.available_resources())}"
+
     def _launch(self, m: Member) -> None:
         """Wait for the placement, then the actor's launch on its node (bounded); records the outcome."""
         cfg = self.server_config
@@ -345,15 +385,14 @@ class RayServerGroup:
             try:
                 self.conn.get(m.pg.ready(), self.cluster.connect_timeout)
             except self.conn.ray.exceptions.GetTimeoutError:
-                raise LaunchError(f"Ray placed no bundle {json.dumps(self.cluster.bundle(), sort_keys=True)} within "
-                                  f"{self.cluster.connect_timeout:g} s; available now: "
-                                  f"{plain_resources(self.conn.ray.available_resources())}", reason="spawn_failed") from None
+                raise LaunchError(self._no_room(m), reason="spawn_failed") from None
+            m.placed = True
             key = cfg.api_key()
             m.info = self.conn.get(m.actor.launch.remote(key.get_secret_value() if key is not None else None),
                                    cfg.ready_timeout + LAUNCH_SLACK_S)
         except Exception as exc:  # noqa: BLE001 - Ray wraps the actor's error; its text names the cause
             why = short_error(exc)
-            if m.info is None and m.actor is not None:  # name the node the error was raised on
+            if m.info is None and m.actor is not None and m.placed:  # name the node the error was raised on
                 with contextlib.suppress(Exception):
                     here = self.conn.get(m.actor.where.remote(), POLL_TIMEOUT_S)
                     why = f"{node_label(here.get('node_ip'), here.get('node_id'))}: {why}"
@@ -457,7 +496,9 @@ class RayServerGroup:
         and placement group are removed."""
         deadline = self.server_config.stop_deadline
         report: StopReport | None = None
-        if m.actor is not None:
+        if m.actor is not None and not m.placed and not self.conn.placed(m.pg):
+            pass  # never placed: its actor never ran, nothing on a node to stop (removed below)
+        elif m.actor is not None:
             try:
                 doc = self.conn.get(m.actor.stop.remote(deadline), deadline + STOP_SLACK_S)
                 if doc is not None:

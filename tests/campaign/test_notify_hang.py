@@ -33,6 +33,13 @@ RECORDER = ("import json, os, sys, time; doc = json.load(sys.stdin); event = os.
             "event == 'stalled' and time.sleep(600)")
 
 
+def assert_spells(events: list[str], what: object, out: str) -> None:
+    """``stalled``, ``relaunched``, at most one later spell (``stalled``), then ``finished``."""
+    assert events[:2] == ["stalled", "relaunched"] and events[-1] == "finished", (what, out[-3000:])
+    assert set(events[2:-1]) <= {"stalled"}, (what, out[-3000:])  # no second relaunch: the engine hangs once
+    assert all(a != b for a, b in zip(events, events[1:])), (what, out[-3000:])  # one notice per spell
+
+
 def test_hang_relaunch_and_end_are_told_once_each_and_a_stuck_notifier_holds_nothing_up(
         tmp_path, llama_server_bin, tiny_gguf):
     run_dir, marker, lines = tmp_path / "run", tmp_path / "hung-once", tmp_path / "told.jsonl"
@@ -56,13 +63,16 @@ def test_hang_relaunch_and_end_are_told_once_each_and_a_stuck_notifier_holds_not
         posted = list(rx.docs)
     assert proc.returncode == 0, out
     told = [json.loads(line) for line in lines.read_text().splitlines()]
-    assert [t[0] for t in told] == ["stalled", "relaunched", "finished"], told
-    assert [d["event"] for d in posted] == ["stalled", "relaunched", "finished"], posted
+    # The hang's spell is told once, then the relaunch, then the end. A later spell is a new notice:
+    # on a loaded machine the relaunched engine's answers can pass this tiny hang bound (3 s) for a
+    # while, a stall of its own, told once too (never twice in a row, never after the end).
+    assert_spells([t[0] for t in told], told, out)
+    assert_spells([d["event"] for d in posted], posted, out)
     for event, doc, _, _ in told:
         check_document(doc, event, run_dir)
     for doc in posted:
         check_document(doc, doc["event"], run_dir)
-    stalled, relaunched, finished = (t[1] for t in told)
+    stalled, relaunched, finished = told[0][1], told[1][1], told[-1][1]
     assert stalled["reason"].endswith("while /health answered") and "hung: no answer for" in stalled["reason"]
     assert "while /health answered; relaunched (relaunch 1 of 5)" in relaunched["reason"]
     assert relaunched["relaunches"] == 1 and finished["counts"]["done"] + finished["counts"]["truncated"] == N

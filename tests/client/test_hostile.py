@@ -125,35 +125,59 @@ async def test_a_4xx_whose_message_is_not_valid_unicode_fails_the_item_with_a_me
 
 
 
-@pytest.mark.parametrize("case, stream", [("big_string", False), ("sse_long_line", True)])
-async def test_many_huge_answers_in_flight_at_once_cost_a_few_caps_not_one_each(case, stream):
-    """A default that starts high sends an endpoint it knows nothing of hundreds of requests at once:
-    when every answer is huge, what the client holds is bounded across them (a turn to read past
-    ``FREE_READ``, nothing kept by a failure's traceback), not one cap per request in flight. The
-    server is a subprocess, so that only the client's allocations are traced."""
-    import asyncio
-    import subprocess
-    import sys
+#: The measured side of the test below, in a fresh interpreter of its own: tracemalloc counts every
+#: thread of its process, and a test worker may still run another test's threads (an in-process
+#: server finishing an endless answer), whose allocations would be charged to this client.
+HUGE_ANSWERS = """
+import asyncio, json, subprocess, sys, tracemalloc
+from harvest.client import Client, RetryPolicy
+from harvest.config import ClientConfig, SamplingConfig
+case, stream, n, max_tokens = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3]), int(sys.argv[4])
 
-    from harvest.transport import BIG_READS, FREE_READ
-    n, cap = 128, 300 << 10  # an answer's cap at 64 tokens (~260 KiB) and a read past it
+async def main():
     proc = subprocess.Popen([sys.executable, "bench/hostile_server.py", "--case", case, "--port", "0"],
                             stdout=subprocess.PIPE, text=True)
     try:
         url = "http://" + (proc.stdout.readline() if proc.stdout else "").split()[-1]
         config = ClientConfig(concurrency=n, max_retries=0, request_timeout=30, stream=stream)
-        async with Client([url], config, SamplingConfig(max_tokens=MAX_TOKENS), model="hostile-model",
+        async with Client([url], config, SamplingConfig(max_tokens=max_tokens), model="hostile-model",
                           retry=RetryPolicy(backoff_base=0.01, backoff_cap=0.02, probe_timeout=5)) as c:
             tracemalloc.start()
             try:
-                outcomes = await asyncio.gather(*(c.chat([{"role": "user", "content": f"q{i}"}]) for i in range(n)),
-                                                return_exceptions=True)
+                got = await asyncio.gather(*(c.chat([{"role": "user", "content": f"q{i}"}]) for i in range(n)),
+                                           return_exceptions=True)
                 _, peak = tracemalloc.get_traced_memory()
             finally:
                 tracemalloc.stop()
     finally:
-        proc.terminate()  # the server this test started, by its pid
+        proc.terminate()  # the server this script started, by its pid
         proc.wait(timeout=10)
-    assert all(isinstance(o, RequestError) and o.error_class == "oversized" for o in outcomes), outcomes[:3]
+    classes = [getattr(o, "error_class", type(o).__name__) for o in got]
+    print(json.dumps({"peak": peak, "classes": classes}))
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("case, stream", [("big_string", False), ("sse_long_line", True)])
+def test_many_huge_answers_in_flight_at_once_cost_a_few_caps_not_one_each(case, stream):
+    """A default that starts high sends an endpoint it knows nothing of hundreds of requests at once:
+    when every answer is huge, what the client holds is bounded across them (a turn to read past
+    ``FREE_READ``, nothing kept by a failure's traceback), not one cap per request in flight. The
+    server is a subprocess of the client's own process (HUGE_ANSWERS), so that only the client's
+    allocations are traced."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from harvest.transport import BIG_READS, FREE_READ
+    n, cap = 128, 300 << 10  # an answer's cap at 64 tokens (~260 KiB) and a read past it
+    out = subprocess.run([sys.executable, "-c", HUGE_ANSWERS, case, "1" if stream else "0", str(n), str(MAX_TOKENS)],
+                         capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    peak, classes = got["peak"], got["classes"]
+    assert classes == ["oversized"] * n, classes[:3]
     print(f"{case}: peak {peak / 2**20:.1f} MiB for {n} in flight (one cap each: {n * cap / 2**20:.0f} MiB)")
     assert peak < n * (FREE_READ + (64 << 10)) + BIG_READS * cap, f"{peak:,} bytes allocated"

@@ -61,6 +61,17 @@ def written_off_and_replaced(run_dir, n: int, rec: dict, victim: dict, *, verdic
     return after
 
 
+def serving(run_dir, driver: Driver) -> tuple[dict, dict, psutil.Process, psutil.Process]:
+    """Once both servers are ready and 10 results are in: the record, the victim (its first member),
+    the victim's engine and the survivor's (the leaders recorded at launch)."""
+    rec = wait_record(run_dir, 2)
+    wait_committed(run_dir, 10, driver.proc, timeout=120)
+    victim, survivor = rec["members"][0], rec["members"][1]
+    engine, other = engine_process(victim["info"]), engine_process(survivor["info"])
+    assert engine is not None and other is not None
+    return rec, victim, engine, other
+
+
 def test_an_engine_that_dies_while_its_actor_lives_is_replaced(tmp_path, ray_cluster, llama_server_bin,
                                                                 tiny_gguf):
     n = 200
@@ -68,11 +79,7 @@ def test_an_engine_that_dies_while_its_actor_lives_is_replaced(tmp_path, ray_clu
     paused: psutil.Process | None = None
     with Driver(job, run_dir, ray_cluster.env) as driver:
         try:
-            rec = wait_record(run_dir, 2)
-            wait_committed(run_dir, 10, driver.proc, timeout=120)
-            victim, survivor = rec["members"][0], rec["members"][1]
-            engine, other = engine_process(victim["info"]), engine_process(survivor["info"])
-            assert engine is not None and other is not None
+            rec, victim, engine, other = serving(run_dir, driver)
             os.killpg(other.pid, signal.SIGSTOP)
             paused = other
             os.killpg(engine.pid, signal.SIGKILL)  # the engine's group (recorded at launch); actor and node live
@@ -114,11 +121,7 @@ def test_missed_polls_write_a_frozen_server_off(tmp_path, ray_cluster, llama_ser
     frozen: list[tuple[str, int]] = []  # ("group"|"pid", id) this test stopped, resumed in any case
     with Driver(job, run_dir, ray_cluster.env) as driver:
         try:
-            rec = wait_record(run_dir, 2)
-            wait_committed(run_dir, 10, driver.proc, timeout=120)
-            victim, survivor = rec["members"][0], rec["members"][1]
-            engine, other = engine_process(victim["info"]), engine_process(survivor["info"])
-            assert engine is not None and other is not None
+            rec, victim, engine, other = serving(run_dir, driver)
             actor_pid = int(victim["info"]["actor_pid"])  # the actor's own report of its pid, at its launch
             os.killpg(other.pid, signal.SIGSTOP)
             frozen.append(("group", other.pid))

@@ -374,7 +374,7 @@ class RayServerGroup:
         free = self.conn.free_by_node() if m.pinned else None
         if m.pinned and free is not None:
             ip = next((n.get("NodeManagerAddress") for n in self.conn.alive_nodes() if n["NodeID"] == m.pinned), None)
-            return (f"{asked} on {node_label(ip, m.pinned)} {waited} (one server per node); free there now: "
+            return (f"{asked} on {node_label(ip, m.pinned)} {waited}; free there now: "
                     f"{plain_resources(free.get(m.pinned, {}))}")
         return f"{asked} {waited}; available now: {plain_resources(self.conn.ray.available_resources())}"
 

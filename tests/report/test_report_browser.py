@@ -181,7 +181,9 @@ def llama_run(tmp_path_factory: pytest.TempPathFactory, llama_server_bin: str, t
                    "port": engines.free_port(), "extra_args": ["-c", "4096"], "ready_timeout": 120,
                    "stop_grace": 5, "stop_deadline": 60},
         "preflight": {"min_disk_free_gib": 0.05},
-        "data": {"path": str(_prompts(root / "in.jsonl", 160, long=2)), "id_field": "id"},
+        # 400 items: the run outlasts several 0.5 s scrapes of /metrics after the relaunch (with 160 it
+        # took 3 s on a loaded machine, and none of its five scrapes landed).
+        "data": {"path": str(_prompts(root / "in.jsonl", 400, long=2)), "id_field": "id"},
         "sampling": {"max_tokens": 24},
         "client": {"concurrency": 8, "health_deadline": 120, "max_retries": 0},
         "output": {"dir": str(run_dir)}, "run": {"progress_interval": 0.5}})

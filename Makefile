@@ -9,12 +9,12 @@ PYTEST_ARGS ?=
 # 117 s with 5 (tests/README.md "The suite's time").
 TEST_WORKERS ?= $(shell $(PY) -c 'import os; print(min(16, max(3, 2 * len(os.sched_getaffinity(0)) + 1)))')
 # The pytest time each tier may take (tests/budget.py: over it a CI run fails, elsewhere it warns).
-# The fast tier's target is 120 s; its budget is the slowest of seven runs on the 2-core machine
-# with nothing else of ours running (113-162 s, 2026-12-06: the host's own load moves it by x1.4)
-# plus 10 %: a test that adds a minute still fails it, a slow hour of the host does not. The
-# suite's target is 15 min; its budget is the 20-minute rule itself. Figures: tests/README.md
-# "The suite's time".
-FAST_BUDGET_S ?= 180
+# The fast tier's target is 120 s; its budget is the slowest of nine runs on the 2-core machine
+# with nothing else of ours running (113-168 s, 2026-12-06: the host's own load moves it by x1.5)
+# plus 25 %: a test that adds a minute and a half still fails it, a slow evening of the host does
+# not. The suite's target is 15 min; its budget is the 20-minute rule itself. Figures:
+# tests/README.md "The suite's time".
+FAST_BUDGET_S ?= 210
 SUITE_BUDGET_S ?= 1200
 # The suite starts hundreds of Python processes (harvest's commands, stand-in engines, child pytest
 # runs): bytecode is written (into __pycache__, ignored by git) even where the environment turns it

@@ -13,36 +13,36 @@ GPUs and the port are really free.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from harvest.lazy import lazy
 from harvest.version import __version__
 
-from harvest.config import (
-    ClientConfig,
-    DataConfig,
-    HarvestConfig,
-    OutputConfig,
-    PreflightConfig,
-    SamplingConfig,
-    ServerConfig,
-    load_config,
-    parse_config,
-)
-from harvest.errors import (
-    ConfigError,
-    HarvestError,
-    InputError,
-    LaunchError,
-    LedgerError,
-    NoDriverError,
-    NothingToExport,
-    PreflightFailed,
-    ProbeError,
-    RequestError,
-    ServerError,
-    ServerSick,
-    StopError,
-)
+#: What the package's top offers, and the module each comes from. Imported on first use (PEP 562):
+#: ``import harvest`` alone, or any ``harvest.<module>``, loads neither the config models (pydantic)
+#: nor the client, so a command that needs neither (``harvest stop``, ``status``) starts without them.
+_LAZY = {
+    **dict.fromkeys(("ClientConfig", "DataConfig", "HarvestConfig", "OutputConfig", "PreflightConfig",
+                     "SamplingConfig", "ServerConfig", "load_config", "parse_config"), "harvest.config"),
+    **dict.fromkeys(("ConfigError", "HarvestError", "InputError", "LaunchError", "LedgerError", "NoDriverError",
+                     "NothingToExport", "PreflightFailed", "ProbeError", "RequestError", "ServerError",
+                     "ServerSick", "StopError"), "harvest.errors"),
+}
+
+if TYPE_CHECKING:
+    from harvest.config import (ClientConfig, DataConfig, HarvestConfig, OutputConfig, PreflightConfig,
+                                SamplingConfig, ServerConfig, load_config, parse_config)
+    from harvest.errors import (ConfigError, HarvestError, InputError, LaunchError, LedgerError, NoDriverError,
+                                NothingToExport, PreflightFailed, ProbeError, RequestError, ServerError,
+                                ServerSick, StopError)
+
+
+__getattr__ = lazy(__name__, _LAZY)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 # A library says nothing unless its caller configures logging (the command line does): without a
 # handler of its own, Python's last-resort handler would print harvest's warnings to stderr.

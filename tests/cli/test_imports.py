@@ -31,3 +31,33 @@ def test_the_client_package_still_gives_every_name_it_lists():
     for name in client.__all__:
         assert getattr(client, name) is not None, name
     assert client.Client.__module__ == "harvest.client.core"
+
+
+def _imported(code: str) -> list[str]:
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_commands_that_read_a_run_folder_do_not_import_numpy():
+    """``status``, ``export``, ``report`` and ``stop RUN_DIR`` read a run folder: numpy (the timeline's
+    binning, logprob records, the report's figures) loads only where one of those is made."""
+    modules = ["harvest.cli.status", "harvest.cli.export", "harvest.cli.report", "harvest.cli.stoprun"]
+    heavy = ("numpy", "matplotlib", "harvest.campaign.run.session")
+    code = ("import importlib, json, sys\n"
+            f"for m in {modules!r}: importlib.import_module(m)\n"
+            f"print(json.dumps([h for h in {heavy!r} if h in sys.modules]))")
+    assert _imported(code) == [], modules
+
+
+def test_the_package_top_loads_its_names_on_first_use():
+    """``import harvest`` (which every ``harvest.<module>`` import runs first) loads no config model
+    (pydantic); each name the top offers still resolves to the class it names."""
+    code = ("import json, sys\nimport harvest\n"
+            "before = [h for h in ('pydantic', 'harvest.config') if h in sys.modules]\n"
+            "got = {n: getattr(harvest, n).__module__ for n in harvest.__all__ if n not in ('__version__',)}\n"
+            "print(json.dumps([before, got, 'ClientConfig' in dir(harvest)]))")
+    before, got, listed = _imported(code)
+    assert before == []
+    assert got["ClientConfig"] == "harvest.config.job" and got["StopError"] == "harvest.errors", got
+    assert got["run"] == "harvest" and listed

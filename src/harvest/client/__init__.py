@@ -19,7 +19,9 @@ the attempts the item paid for.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from harvest.lazy import lazy
 
 if TYPE_CHECKING:
     from harvest.client.core import Client
@@ -59,16 +61,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:  # Any: whichever object the name is
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'harvest.client' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
+__getattr__ = lazy(__name__, _LAZY)
 
 __all__ = [
     "AiohttpTransport",

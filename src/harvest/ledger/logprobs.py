@@ -31,11 +31,12 @@ import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from harvest.errors import LedgerError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 LOGPROB_DIR = "logprobs"
 MAGIC = b"HLP1"
@@ -98,6 +99,8 @@ def from_openai(logprobs: Any, k: int) -> TurnLogprobs:
     each token's candidates sorted by log-probability, the k highest kept. vLLM lists the sampled
     token first, so harvest asks one more than k (``campaign/run/generate.py`` ``logprobs_to_ask``)
     and the sorted top k is the true top k, whatever was sampled."""
+    import numpy as np  # here: a ledger opened without logprobs (status, stop) needs no numpy
+
     if not isinstance(logprobs, Mapping) or not isinstance(logprobs.get("content"), list):
         raise ValueError("the server sent no logprobs.content although logprobs were asked for")
     content = logprobs["content"]
@@ -126,6 +129,8 @@ def _from_vllm(content: list[Any], k: int) -> TurnLogprobs | None:
     """The common case in bulk (vLLM ``token_id:N`` tokens, the same m >= k candidates per token):
     lists built by comprehension and converted once, each row sorted by log-probability and cut to
     k; None when anything differs (the general path)."""
+    import numpy as np
+
     cut = len(_TOKEN_ID_PREFIX)
     try:
         tops = [e["top_logprobs"] for e in content]
@@ -154,6 +159,8 @@ def _from_vllm(content: list[Any], k: int) -> TurnLogprobs | None:
 
 def encode(turns: Sequence[TurnLogprobs], k: int) -> bytes:
     """One record (every turn of one sample)."""
+    import numpy as np
+
     parts = [struct.pack(f"<{len(turns)}I", *(len(t) for t in turns))]
     for t in turns:
         if t.top_ids.shape[1] != k:
@@ -168,6 +175,8 @@ def encode(turns: Sequence[TurnLogprobs], k: int) -> bytes:
 
 def decode(buf: bytes, where: str = "logprob record") -> list[TurnLogprobs]:
     """The turns of one record; :class:`LedgerError` when it is not one (or its checksum fails)."""
+    import numpy as np
+
     if len(buf) < _HEADER.size:
         raise LedgerError(f"{where}: {len(buf)} bytes, shorter than a record header")
     magic, turns, k, crc = _HEADER.unpack_from(buf)

@@ -18,7 +18,8 @@ Bounds (a run of 10^7 items writes the same few hundred KB as a run of 10^3):
   values. Quantiles read from them are exact to one bin (a factor of 2^(1/4), 19 %). Per item the
   runner only appends three numbers to a typed array (P3's results/s must hold); they are binned
   with numpy at each interval, or every :data:`FLUSH_EVERY` items (numpy comes with matplotlib, which
-  ``harvest report`` needs anyway).
+  ``harvest report`` needs anyway; it is imported where binning starts, so a command that only reads
+  a timeline starts without it).
 - launches: one entry per server launch of the run (its record and, once stopped, its StopReport);
   at most :data:`MAX_LAUNCHES`, the oldest dropped first.
 
@@ -41,13 +42,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from harvest import safefiles
 from harvest.errors import UnsafePathError
 from harvest.redact import redact_doc
 
 if TYPE_CHECKING:  # the report reads timelines without loading the placement layer
+    import numpy as np
     from harvest.placement import Fleet
     from harvest.stops import StopReport
 
@@ -107,6 +107,8 @@ class Histogram:
         """``add`` for every value of a float array, binned at once."""
         if not len(values):
             return
+        import numpy as np  # here, not at the top: reading a timeline (status, stop) needs no numpy
+
         idx = np.zeros(len(values), dtype=np.int64)
         above = values >= self.lo
         idx[above] = np.minimum((np.log(values[above]) - self._log_lo) * self._scale + 1, len(self.counts) - 1)
@@ -271,10 +273,14 @@ class Timeline:
         if tpot_s is not None:
             self.stream["tpot_s"].add(tpot_s)
         if itl_s:
+            import numpy as np
+
             self.stream["itl_s"].add_many(np.asarray(itl_s, dtype=np.float64))
 
     def _flush(self) -> None:
         """Bin the buffered items into the histograms and the interval's counts."""
+        import numpy as np
+
         for status, buf in list(self._buffer.items()):
             if not buf:
                 continue

@@ -43,6 +43,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# The timeline bins and the logprob records encode with numpy on the event loop; its modules import
+# it where that starts (a command that only reads a run needs none), so the campaign imports it
+# here, before its loop runs: an import on the loop would stall every request in flight.
+import numpy  # noqa: F401
+
 from harvest import safefiles
 from harvest.campaign.run.breaker import Trip
 from harvest.campaign.run.connect import check_endpoints

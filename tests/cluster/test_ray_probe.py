@@ -223,14 +223,15 @@ def test_missing_ray_is_one_line_exit_2() -> None:
 
 def test_a_node_that_does_not_answer_is_named_with_the_time_waited(cluster: dict) -> None:
     """Last in the module: the worker's raylet is paused (SIGSTOP, a process of the group this test
-    started), so the task pinned to it cannot run; the head still answers."""
+    started), so the task pinned to it cannot run; the head still answers. 20 s: the head's answer
+    took over 6 s on a 2-core machine under the suite's load."""
     worker: Node = cluster["worker"]  # type: ignore[assignment]
     raylets = [p for p in worker.members() if p.name() == "raylet"]
     assert len(raylets) == 1, [p.name() for p in worker.members()]
     raylet = raylets[0]
     raylet.suspend()
     try:
-        done = harvest_cli("gpus", "--cluster", str(cluster["address"]), "--json", "--timeout", "6")
+        done = harvest_cli("gpus", "--cluster", str(cluster["address"]), "--json", "--timeout", "20")
     finally:
         raylet.resume()
     assert done.returncode == 1, done.stderr
@@ -238,4 +239,4 @@ def test_a_node_that_does_not_answer_is_named_with_the_time_waited(cluster: dict
     by_role = {next(k for k in n["resources"] if k.startswith("harvest_test_")): n for n in nodes}
     assert by_role["harvest_test_head"]["error"] is None
     silent = by_role["harvest_test_worker"]
-    assert silent["answer"] is None and silent["error"].startswith("no answer within 6 s") and silent["waited_s"] >= 6
+    assert silent["answer"] is None and silent["error"].startswith("no answer within 20 s") and silent["waited_s"] >= 20

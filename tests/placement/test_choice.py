@@ -148,3 +148,20 @@ def test_a_fleet_without_every_verb_cannot_be_made(tmp_path):
 
     with pytest.raises(TypeError, match="abstract"):
         Half(ServerConfig(engine="vllm", model="m", port=8200), run_dir=tmp_path, where="test")
+
+
+def test_a_ray_probe_waits_for_each_node_as_long_as_the_job_says(tmp_path, monkeypatch):
+    """A node's first answer starts a Ray worker there: gpus/preflight wait the job's connect_timeout
+    for it; --timeout replaces it; without a [cluster] table, 30 s."""
+    import harvest.placement.ray.probe as probe
+
+    waited = []
+    monkeypatch.setattr(probe, "cluster_gpus",
+                        lambda address, *, timeout, runtime_env: waited.append(timeout) or [])
+    cluster_job = job(tmp_path, cluster={"backend": "ray", "address": "127.0.0.1:1", "connect_timeout": 75},
+                      server={"engine": "vllm", "model": "m", "port": 8123, "api_key_env": "K"})
+    from_config(cluster_job).gpus()
+    from_config(cluster_job, Flags(timeout=4)).gpus()
+    from_config(cluster_job, Flags(cluster="127.0.0.1:2")).gpus()
+    from_config(None, Flags(cluster="127.0.0.1:2")).gpus()
+    assert waited == [75, 4, 75, 30]

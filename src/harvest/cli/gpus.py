@@ -37,7 +37,8 @@ from harvest.placement.base_results import GpusByPlace
               help="show every node of a Ray cluster (one table, a node column); ADDRESS: host:port, "
                    "ray://host:port or auto (the default)")
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=None, metavar="SECONDS",
-              help="with --cluster: seconds for the connection and for each node's answer (default 30)")
+              help="with --cluster: seconds for the connection and for each node's answer (default: the "
+                   "job's [cluster] connect_timeout, else 30)")
 @click.pass_context
 def gpus(ctx: click.Context, as_json: bool, watch: float | None, count: int | None, config_path: Path | None,
          far_host: HostConfig | None, cluster: str | None, timeout: float | None) -> None:

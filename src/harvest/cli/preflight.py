@@ -39,7 +39,8 @@ from harvest.placement import Flags, from_config
               help="check on every node of a Ray cluster (one table, a node column); ADDRESS: host:port, "
                    "ray://host:port or auto (the default); put it after CONFIG")
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=None, metavar="SECONDS",
-              help="with --cluster: seconds for the connection and for each node's answer (default 30)")
+              help="with --cluster: seconds for the connection and for each node's answer (default: the "
+                   "job's [cluster] connect_timeout, else 30)")
 @job_flags()
 @click.pass_context
 def preflight(ctx: click.Context, config: Path | None, wait_s: float | None, as_json: bool,

@@ -82,8 +82,9 @@ class ClusterConfig(StrictModel):
                                         "every node, the same version as here")
     namespace: str = Field("harvest", description="Ray namespace of the servers' named actors and placement "
                            "groups")
-    connect_timeout: float = Field(60.0, gt=0, description="seconds to connect to the cluster and to wait for "
-                                   "a placement")
+    connect_timeout: float = Field(60.0, gt=0, description="seconds to connect to the cluster, for each "
+                                   "node's answer to gpus and preflight (--timeout replaces it there), "
+                                   "and to wait for a placement")
 
     @field_validator("servers")
     @classmethod

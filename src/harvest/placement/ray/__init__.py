@@ -32,7 +32,8 @@ def _answers(nodes: Sequence[NodeAnswer]) -> tuple[Answer, ...]:
                  for a in nodes)
 
 
-#: Seconds for the connection and each node's answer of ``gpus`` / ``preflight`` (``--timeout``).
+#: Seconds for the connection and each node's answer of ``gpus`` / ``preflight`` without a
+#: ``[cluster]`` table or ``--timeout`` (with one: its ``connect_timeout``).
 DEFAULT_TIMEOUT = 30.0
 
 
@@ -52,7 +53,13 @@ class RayPlacement(Placement):
         return f"the Ray cluster at {self.cluster.address}"
 
     def _probe_timeout(self) -> float:
-        return self.timeout or DEFAULT_TIMEOUT
+        """``--timeout``, else the job's ``connect_timeout``: a node's first answer starts a Ray
+        worker process there, which a busy node can take tens of seconds to start."""
+        if self.timeout:
+            return self.timeout
+        if self.config is not None and self.config.cluster is not None:
+            return self.config.cluster.connect_timeout
+        return DEFAULT_TIMEOUT
 
     def gpus(self) -> GpusByPlace:
         from harvest.placement.ray.probe import cluster_gpus

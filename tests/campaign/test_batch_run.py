@@ -22,6 +22,7 @@ from tests.campaign.loopback import LoopbackServer
 from tests.campaign.test_export import documented
 from tests.dataset.test_batch import ROWS, own_id
 from tests.gpu.schema_doc import problems
+from tests.realparts import require
 
 
 class Echo(LoopbackServer):
@@ -118,6 +119,16 @@ def test_rows_run_with_their_own_bodies_and_the_export_has_a_line_per_input_line
     assert [x["custom_id"] for x in lines] == expected
     assert [n for n, x in enumerate(lines, 1) if x["custom_id"].startswith("skip:requests")] == [11, 12, 18, 19]
     assert len({x["id"] for x in lines}) == len(lines)  # a repeated custom_id: its lines told apart by id
+    # Parquet joins each row to its input line by the line's own id (input_id), as the batch output
+    # does by custom_id; a line without a readable one has none there (id stays the ledger's).
+    require("pyarrow", "the parquet export is written and read back with pyarrow")
+    import pyarrow.parquet as pq
+
+    parquet = api.export(run_dir, "parquet", statuses="done,truncated,failed,skipped")
+    table = pq.read_table(str(parquet.path)).to_pylist()
+    joined = {(r["source_line"], r["input_id"]) for r in table}
+    assert joined == {(n, own_id(text)) for n, (text, _) in enumerate(ROWS, 1)}, sorted(joined, key=str)
+    assert {r["id"] for r in table if r["input_id"] is None} == {f"skip:requests.jsonl:{n}" for n in (11, 12, 18, 19)}
     first, repeat = (x for x in lines if x["custom_id"] == "c1")
     assert first["error"] is None and repeat["response"] is None
     assert "custom_id repeats an earlier line" in repeat["error"]["message"] and "first at line 1" in \

@@ -285,14 +285,18 @@ def _last_turn_body(row: ResultRow, out: Any) -> dict[str, Any]:
 
 
 def parquet_record(row: ResultRow) -> dict[str, Any]:
-    """One Parquet row (see :func:`parquet_schema`); ``conversations`` is null without a result."""
+    """One Parquet row (see :func:`parquet_schema`); ``conversations`` is null without a result.
+    ``id`` is the ledger's (unique; ``skip:<file>:<line>`` for a row skipped at ingest), ``input_id``
+    the input row's own id as found, skipped rows' included (null where the row had none: an item
+    known by a hash of its content, a line that was not JSON), to join the row to its input by."""
     turns = None
     model = None
     if row.status in RESULT_STATUSES:
         turns = [{"role": t["role"], "content": t["content"], "reasoning_content": t.get("reasoning_content")}
                  for t in conversation(row)]
         model = row.output.get("model") if isinstance(row.output.get("model"), str) else None
-    return {"id": row.item_id, "status": row.status.value, "conversations": turns,
+    return {"id": row.item_id, "input_id": row.raw_id if row.item is None else row.item.raw_id,
+            "status": row.status.value, "conversations": turns,
             "finish_reason": row.finish_reason, "prompt_tokens": row.prompt_tokens,
             "completion_tokens": row.completion_tokens, "model": model, "settings_hash": row.settings_hash,
             "error_class": row.error_class, "error": row.last_error, "attempts": row.attempts,
@@ -305,7 +309,7 @@ def parquet_schema() -> Any:
     pa = _pyarrow()[0]
     turn = pa.struct([("role", pa.string()), ("content", pa.string()), ("reasoning_content", pa.string())])
     return pa.schema([
-        ("id", pa.string()), ("status", pa.string()), ("conversations", pa.list_(turn)),
+        ("id", pa.string()), ("input_id", pa.string()), ("status", pa.string()), ("conversations", pa.list_(turn)),
         ("finish_reason", pa.string()), ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()),
         ("model", pa.string()), ("settings_hash", pa.string()), ("error_class", pa.string()),
         ("error", pa.string()), ("attempts", pa.int64()), ("source", pa.string()),

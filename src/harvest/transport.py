@@ -60,6 +60,7 @@ DEFAULT_STREAM_BYTES = 16 << 20
 DEFAULT_MAX_LINE = 1 << 20
 #: What an answer may hold while read without a turn (4,096 tokens are ~20 KB of JSON): past it, an
 #: answer (or a streamed line) waits for one of BIG_READS turns: 1,024 huge ones cost a few caps.
+#: One waiting still holds its connection's read: aiohttp's paused buffer and one socket read (~450 KiB).
 FREE_READ = 64 << 10
 BIG_READS = 8
 #: How much of what a server sent an error message quotes.

@@ -26,7 +26,7 @@ KEY = "sk-" + secrets.token_hex(12)
 
 
 def run_job(tmp_path: Path, url: str, prompts: list[str], *, name: str, extra: str = "", run: str = "",
-            key: str = KEY) -> tuple[subprocess.CompletedProcess[str], Path]:
+            key: str = KEY, start_deadline: float = 3) -> tuple[subprocess.CompletedProcess[str], Path]:
     """``harvest run`` of one job over ``prompts`` against ``url`` (its key in the query)."""
     folder = tmp_path / name
     folder.mkdir()
@@ -36,7 +36,7 @@ def run_job(tmp_path: Path, url: str, prompts: list[str], *, name: str, extra: s
     (folder / "job.toml").write_text(
         f'[server]\nengine = "openai"\nbase_url = "{url}/v1?api_key={key}"\nmodel = "hostile-model"\n'
         f'[data]\npath = "{data}"\n[sampling]\nmax_tokens = {MAX_TOKENS}\n'
-        f'[client]\nconcurrency = 4\nmax_retries = 1\nstart_deadline = 3\n{extra}'
+        f'[client]\nconcurrency = 4\nmax_retries = 1\nstart_deadline = {start_deadline:g}\n{extra}'
         f'[run]\nprogress_interval = 0.2\n{run}[output]\ndir = "{run_dir}"\n')
     env = {**os.environ, "HARVEST_STATE_DIR": str(tmp_path / "state")}
     done = subprocess.run([sys.executable, "-m", "harvest", "run", "job.toml", "--no-live"], cwd=folder, env=env,
@@ -134,8 +134,10 @@ def test_an_answer_wrong_every_time_stops_the_run_naming_its_class(tmp_path):
 
 
 def test_a_wrong_port_stops_at_once_naming_what_answered_there(tmp_path):
+    # The run stops at the first answer read (the banner), so a long start_deadline costs nothing
+    # here; 3 s was not enough for one probe to be answered on a loaded machine (the suite on 2 cores).
     with serve_in_thread("banner") as server:
-        done, run_dir = run_job(tmp_path, server.url, ["a", "b", "c"], name="banner")
+        done, run_dir = run_job(tmp_path, server.url, ["a", "b", "c"], name="banner", start_deadline=60)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "SSH-2.0-OpenSSH" in done.stdout + done.stderr and "not an OpenAI-compatible server" in done.stdout
     assert ledger(run_dir)["counts"] == {"pending": 3}

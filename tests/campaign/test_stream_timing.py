@@ -1,7 +1,7 @@
 """``[client] stream = true``: TTFT, TPOT and ITL measured against a stand-in engine with known
 delays (bench/sim_engine.py: every request waits ``--prefill`` before it joins the batch, then one
 token per ``--token-latency`` step; the batch is larger than the concurrency, so nothing queues in
-the engine). ``status --json`` holds them within 10 % of what the engine was set to; the report
+the engine). ``status --json`` holds them near what the engine was set to (:func:`near`); the report
 shows them; the answers are the same as unstreamed ones (text, finish reason, token counts)."""
 
 from __future__ import annotations
@@ -35,6 +35,19 @@ def run(tmp_path: Path, url: str, name: str, *flags: str, concurrency: int = 6) 
     return json.loads(status.stdout)
 
 
+#: A quantile of status is read from a log-binned histogram: exact to one bin (a factor 2^(1/4)).
+BIN = 2 ** 0.25
+
+
+def near(got: dict, want: float) -> None:
+    """The mean (an exact sum) within 5 % below and 25 % above ``want`` (a loaded machine only adds
+    delay: 2.39 s seen for 2.2 s with seven test workers on two cores), and the median within one
+    bin of that band: nowhere near the total latency (4 s) or one step (0.2 s) that a wrong
+    measurement would give."""
+    assert 0.95 * want <= got["mean"] <= 1.25 * want, (want, got)
+    assert 0.95 * want / BIN <= got["p50"] <= 1.25 * want * BIN, (want, got)
+
+
 def test_ttft_and_tpot_match_the_engines_known_delays(tmp_path):
     with sim_engine("--prefill", str(PREFILL), "--token-latency", str(STEP), "--max-batch", "64") as url:
         # every row in one wave (the engine's batch holds them all): one prefill and ten steps to wait
@@ -50,9 +63,8 @@ def test_ttft_and_tpot_match_the_engines_known_delays(tmp_path):
     # The first token: the prefill, then the first step of a batch (the engine idles between waves,
     # so a step starts when the request joins).
     first = PREFILL + STEP
-    assert abs(ttft["p50"] - first) <= 0.1 * first, ttft
-    assert abs(tpot["p50"] - STEP) <= 0.1 * STEP, tpot
-    assert abs(itl["p50"] - STEP) <= 0.1 * STEP, itl
+    for got, want in ((ttft, first), (tpot, STEP), (itl, STEP)):
+        near(got, want)
     assert doc["counts"] == plain["counts"] and plain["token_timing"] is None
     assert doc["counts"]["truncated"] == ROWS  # every answer ran to max_tokens, counted from the stream's usage
     progress = json.loads((tmp_path / "streamed" / "progress.json").read_text())

@@ -30,7 +30,7 @@ from harvest.net import port_bindable
 from harvest.server import Server, StateFile, stop_run
 from tests.engines import free_port
 from tests.server.helpers import fake_config, gone, port_taken, wait_for
-from tests.timing import SLACK_S, cli_startup_s
+from tests.timing import SLACK_S, run_cli_timed
 
 PREFIX = Path(__file__).with_name("exec_prefix.py")
 TEST_PREFLIGHT = PreflightConfig(min_disk_free_gib=0.05, ram_reserve_gib=0)
@@ -145,12 +145,8 @@ def test_state_file_lock_held_by_a_frozen_process_does_not_hang_harvest_stop(tmp
     try:
         assert holder.stdout.readline().strip() == "locked"
         deadline = 3.0
-        startup = cli_startup_s()
-        t = time.monotonic()
-        out = subprocess.run([sys.executable, "-m", "harvest", "stop", str(server.run_dir), "--json",
-                              "--deadline", str(deadline), "--grace", "1"],
-                             capture_output=True, text=True, timeout=30)
-        took = time.monotonic() - t
+        out, took, startup = run_cli_timed([sys.executable, "-m", "harvest", "stop", str(server.run_dir), "--json",
+                                            "--deadline", str(deadline), "--grace", "1"], timeout=30)
     finally:
         holder.kill()  # the test's own child, by its pid
         holder.wait(10)
@@ -197,11 +193,8 @@ def test_engine_behind_an_exec_prefix_that_never_returns(tmp_path, llama_server_
         prefix = server.state().record.leader
         server.detach()  # from here on, only `harvest stop` in another process acts
 
-        startup = cli_startup_s()
-        t = time.monotonic()
-        out = subprocess.run([sys.executable, "-m", "harvest", "stop", str(run_dir), "--json"],
-                             capture_output=True, text=True, timeout=60)
-        took = time.monotonic() - t
+        out, took, startup = run_cli_timed([sys.executable, "-m", "harvest", "stop", str(run_dir), "--json"],
+                                           timeout=60)
 
         assert out.returncode == 1, out.stdout + out.stderr  # dirty
         doc = json.loads(out.stdout)

@@ -180,4 +180,9 @@ def test_many_huge_answers_in_flight_at_once_cost_a_few_caps_not_one_each(case, 
     peak, classes = got["peak"], got["classes"]
     assert classes == ["oversized"] * n, classes[:3]
     print(f"{case}: peak {peak / 2**20:.1f} MiB for {n} in flight (one cap each: {n * cap / 2**20:.0f} MiB)")
-    assert peak < n * (FREE_READ + (64 << 10)) + BIG_READS * cap, f"{peak:,} bytes allocated"
+    # Below harvest, each connection waiting for its turn holds what its transport read: aiohttp
+    # pauses reading past twice its 64 KiB buffer, after a socket read of up to 256 KiB (asyncio's
+    # selector transport). Idle, the reads are small (2.6 MiB in all); on a loaded machine the kernel
+    # fills each socket between reads and a whole read lands at once (37.7 MiB seen).
+    transport = 2 * (64 << 10) + (256 << 10)
+    assert peak < n * (FREE_READ + transport) + BIG_READS * cap, f"{peak:,} bytes allocated"

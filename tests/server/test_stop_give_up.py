@@ -30,21 +30,12 @@ from harvest.server import StateFile, stop_run
 from tests.gpu.fake_nvml import FakeNvml, h200s
 from tests.realparts import require
 from tests.server.helpers import gone, read_pid, wait_for
-from tests.timing import SLACK_S
+from tests.timing import SLACK_S, run_cli_timed
 
 STUBBORN = Path(__file__).with_name("stubborn_engine.py")
 FREEZER = Path("/sys/fs/cgroup/freezer")
 #: Seconds a bounded step may overrun on a loaded 2-core machine (the stop itself promises one poll).
 MARGIN = 5.0
-
-
-def cli_startup_s() -> float:
-    """Seconds ``python -m harvest stop --help`` takes now: the interpreter, harvest's imports and the
-    CLI's parser, all that a ``harvest stop`` costs before the stop itself starts its clock."""
-    t = time.monotonic()
-    subprocess.run([sys.executable, "-m", "harvest", "stop", "--help"], capture_output=True, timeout=120,
-                   check=True)
-    return time.monotonic() - t
 
 
 def stubborn(pid_dir: Path, *flags: str, **over: object):
@@ -128,12 +119,9 @@ def test_a_process_alive_after_sigkill_at_the_deadline_is_named_and_the_stop_end
     worker = read_pid(pids, "worker")
     deadline = 6.0
     with frozen(freezer, worker):
-        startup = cli_startup_s()  # what the interpreter and imports cost under this moment's load
-        t = time.monotonic()
-        out = subprocess.run([sys.executable, "-m", "harvest", "stop", str(server.run_dir), "--grace", "1",
-                              "--deadline", str(deadline)], capture_output=True, text=True, timeout=120,
-                             check=False, env={**os.environ})
-        took = time.monotonic() - t
+        # with the interpreter and imports' cost under the load of the command's own moments
+        out, took, startup = run_cli_timed([sys.executable, "-m", "harvest", "stop", str(server.run_dir),
+                                            "--grace", "1", "--deadline", str(deadline)], timeout=120)
         assert not gone(worker), "the frozen worker died of SIGKILL: the freeze this test needs did not hold"
     text = out.stdout + out.stderr
     assert out.returncode == 1, text
@@ -143,7 +131,7 @@ def test_a_process_alive_after_sigkill_at_the_deadline_is_named_and_the_stop_end
     # The promise (RELIABILITY.md): the stop ends inside its deadline, by the stop's own clock ...
     assert saved["total_s"] <= deadline + MARGIN, \
         f"the stop took {saved['total_s']:.1f} s with --deadline {deadline}"
-    # ... and the command around it adds only its start-up, measured just before under the same load
+    # ... and the command around it adds only its start-up, measured under the same load
     # (a fixed allowance failed at load 48: 55 s against 16, the stop itself inside its deadline).
     bound = deadline + MARGIN + 2 * startup + SLACK_S
     assert took <= bound, \

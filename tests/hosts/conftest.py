@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.engines import free_port
 from tests.realparts import FAR_HARVEST, SSHD, require
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,13 +37,6 @@ def require_sshd() -> None:
     require("ssh", why)
     require("root", "sshd's privilege separation and a per-test login as this user need root")
     require("far-harvest", "the far side runs this checkout's harvest console script")
-
-
-def free_port() -> int:
-    """A port free a moment ago; sshd binds it and a start that fails on 'in use' picks again."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def keygen(path: Path) -> Path:

@@ -6,22 +6,35 @@ Over the budget, the run says so in one line naming the budget and how far over 
 ``CI=true`` (the CI machine, ``.ci/run``) that line fails the run (exit 1); elsewhere (a shared or
 busy development machine) it is a warning. A run that failed otherwise keeps its own failure, and
 a narrowed run (``-k``, a file) is only shorter, never failed by it.
+
+``HARVEST_TIME_BUDGET_PROBE_MS=<ms>`` (``make test-fast`` sets it) says the budget was set on a
+machine where :func:`speed_probe_ms` measures that many milliseconds: the budget then follows this
+machine's speed, measured at the session's end, by the ratio of the two (within
+:data:`SCALE_RANGE`). Machines that run the same tier x2.3 apart exist (2-core VMs of two CPU
+models, 2026-12-07): one number of seconds is either no check on the fast one or a failure on the
+slow one. The probe is the best of many short rounds of this thread's CPU time, so the load of the
+moment moves it little; what load adds to a session is the budget's margin.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from typing import Any
 
 ENV = "HARVEST_TIME_BUDGET"
+#: Where the budget was set: :func:`speed_probe_ms` there, in milliseconds.
+PROBE_ENV = "HARVEST_TIME_BUDGET_PROBE_MS"
+#: How far a budget follows the machine: x0.5 on one twice as fast, at most x3 on a slower one.
+SCALE_RANGE = (0.5, 3.0)
 
 
-def budget_s() -> float | None:
-    """The budget in seconds from the environment; None when unset or empty. A value that is not a
-    positive number is a usage error naming the variable."""
-    raw = os.environ.get(ENV, "").strip()
+def _positive(name: str, what: str) -> float | None:
+    """The number in environment variable ``name``; None when unset or empty. A value that is not a
+    positive number is a usage error naming the variable and ``what`` it gives."""
+    raw = os.environ.get(name, "").strip()
     if not raw:
         return None
     try:
@@ -29,18 +42,74 @@ def budget_s() -> float | None:
     except ValueError:
         value = -1.0
     if value <= 0:
-        raise ValueError(f"{ENV}={raw!r}: give the budget in seconds, a number above 0")
+        raise ValueError(f"{name}={raw!r}: give {what}, a number above 0")
     return value
 
 
-def verdict(elapsed_s: float, budget: float, *, ci: bool) -> tuple[bool, str] | None:
-    """(fails the run, the line to print) when ``elapsed_s`` is over ``budget``; None within it."""
-    if elapsed_s <= budget:
+def budget_s() -> float | None:
+    """The budget in seconds (``HARVEST_TIME_BUDGET``); None when unset."""
+    return _positive(ENV, "the budget in seconds")
+
+
+def probe_ms() -> float | None:
+    """The speed probe's milliseconds where the budget was set (``HARVEST_TIME_BUDGET_PROBE_MS``);
+    None when unset."""
+    return _positive(PROBE_ENV, "the speed probe's milliseconds where the budget was set")
+
+
+_WORD = re.compile(r"[a-z]+_\d+")
+
+
+def _probe_round() -> int:
+    """One round of the probe: JSON both ways, a regular expression, a sort and a loop, the kinds of
+    work the tests' Python does (about 5 ms of CPU on a 2-core AMD EPYC VM)."""
+    doc = {f"k{i}": {"id": i, "name": f"item_{i}", "tags": [f"t_{j}" for j in range(8)], "score": i / 7}
+           for i in range(400)}
+    text = json.dumps(doc)
+    back = json.loads(text)
+    total = len(_WORD.findall(text))
+    rows = sorted((v["score"], k) for k, v in back.items())
+    for _ in range(20):
+        for score, key in rows:
+            total += len(key) + int(score)
+    return total
+
+
+def speed_probe_ms(rounds: int = 60) -> float:
+    """This machine's speed: the fewest milliseconds of this thread's CPU time one probe round took,
+    of ``rounds`` (CPU time, not wall time: a round that waited for a core is not slower for it;
+    the best of many: one that ran beside a busy neighbour is)."""
+    best = float("inf")
+    for _ in range(rounds):
+        t = time.thread_time()
+        _probe_round()
+        best = min(best, time.thread_time() - t)
+    return best * 1000
+
+
+def scaled(budget: float, set_at_ms: float | None, here_ms: float | None) -> float:
+    """``budget`` set where the probe took ``set_at_ms``, on a machine where it takes ``here_ms``."""
+    if set_at_ms is None or here_ms is None:
+        return budget
+    low, high = SCALE_RANGE
+    return budget * min(high, max(low, here_ms / set_at_ms))
+
+
+def verdict(elapsed_s: float, budget: float, *, ci: bool, set_at_ms: float | None = None,
+            here_ms: float | None = None) -> tuple[bool, str] | None:
+    """(fails the run, the line to print) when ``elapsed_s`` is over ``budget`` (scaled to this
+    machine's speed where ``set_at_ms`` and ``here_ms`` are given); None within it."""
+    limit = scaled(budget, set_at_ms, here_ms)
+    if elapsed_s <= limit:
         return None
-    over = elapsed_s - budget
+    over = elapsed_s - limit
     where = "failing the run (CI)" if ci else "on CI this fails the run"
+    how = ENV
+    if set_at_ms is not None and here_ms is not None:
+        how += (f" {budget:g} s where the speed probe takes {set_at_ms:g} ms; here {here_ms:.2f} ms, "
+                f"x{limit / budget:.2f}")
     return ci, (f"time budget exceeded: the session took {elapsed_s:.1f} s, {over:.1f} s over its budget of "
-                f"{budget:g} s ({ENV}); {where}. The slowest tests: --durations=30; per file: "
+                f"{limit:.4g} s ({how}); {where}. The slowest tests: --durations=30; per file: "
                 "tests/README.md \"The suite's time\"")
 
 
@@ -139,7 +208,7 @@ def _session_line(doc: dict[str, Any], chains: dict[str, float]) -> str:
 def child_env(**extra: str) -> dict[str, str]:
     """The environment of a pytest run a test starts: this session's budget and time record are
     not the child's (it would fail on them, or write over the record)."""
-    env = {k: v for k, v in os.environ.items() if k not in (ENV, TIMES_ENV)}
+    env = {k: v for k, v in os.environ.items() if k not in (ENV, PROBE_ENV, TIMES_ENV)}
     env.update(extra)
     return env
 

@@ -243,6 +243,7 @@ class _SessionTime:
 
     clock: budget.Clock | None = None
     limit: float | None = None
+    set_at_ms: float | None = None
     times: budget.Times | None = None
 
 
@@ -252,6 +253,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         return
     try:
         _SessionTime.limit = budget.budget_s()
+        _SessionTime.set_at_ms = budget.probe_ms()
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
     _SessionTime.times = budget.Times() if os.environ.get(budget.TIMES_ENV) else None
@@ -296,7 +298,10 @@ def _check_time(session: pytest.Session) -> None:
         return
     from tests.realparts import in_ci
 
-    found = budget.verdict(elapsed, _SessionTime.limit, ci=in_ci())
+    set_at = _SessionTime.set_at_ms
+    # measured once every test has ended: the workers idle, the machine's own speed
+    found = budget.verdict(elapsed, _SessionTime.limit, ci=in_ci(), set_at_ms=set_at,
+                           here_ms=budget.speed_probe_ms() if set_at is not None else None)
     if found is None:
         return
     fails, line = found

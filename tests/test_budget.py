@@ -54,10 +54,14 @@ def test_a_run_over_its_budget_fails_on_ci_and_only_warns_elsewhere(tmp_path: Pa
     beside = budget.file_table(doc, at_least_s=0.5, before=doc)
     assert "test_planted.py` | 1 | 100.0 % | 1 | 1 | 1 | its module |" in beside, beside
 
-    warned = child(tmp_path, limit="0.2", ci=False)
+    # Off CI only a warning; and a budget set where the speed probe takes far longer than here (a
+    # machine ever so much slower) is halved here, no more (the lower end of SCALE_RANGE).
+    warned = child(tmp_path, limit="0.2", ci=False, **{budget.PROBE_ENV: "1e9"})
     text = warned.stdout + warned.stderr
     assert warned.returncode == 0, text[-3000:]
     assert "time budget exceeded" in text and "on CI this fails the run" in text, text[-3000:]
+    assert (f"over its budget of 0.1 s ({budget.ENV} 0.2 s where the speed probe takes 1e+09 ms; here "
+            in text and " ms, x0.50); on CI" in text), text[-3000:]
 
 
 def test_a_bad_budget_is_a_usage_error_naming_the_variable(tmp_path: Path) -> None:
@@ -73,3 +77,24 @@ def test_the_verdict_is_over_the_budget_only(elapsed: float, limit: float, ci: b
     assert (found is None) == (fails is None), found
     if found is not None:
         assert found[0] is fails and f"{elapsed - limit:.1f} s over its budget of {limit:g} s" in found[1]
+
+
+@pytest.mark.parametrize(("set_at", "here", "limit"), [
+    (5.0, 5.0, 210.0), (5.0, 10.0, 420.0), (5.0, 2.5, 105.0), (5.0, 1.0, 105.0), (5.0, 100.0, 630.0),
+    (None, 3.0, 210.0), (5.0, None, 210.0)])
+def test_a_budget_follows_the_machines_speed_within_its_range(set_at: float | None, here: float | None,
+                                                               limit: float) -> None:
+    assert budget.scaled(210.0, set_at, here) == pytest.approx(limit)
+    assert budget.verdict(limit, 210.0, ci=True, set_at_ms=set_at, here_ms=here) is None
+    fails, line = budget.verdict(limit + 1, 210.0, ci=True, set_at_ms=set_at, here_ms=here)
+    assert fails and f"1.0 s over its budget of {limit:.4g} s" in line, line
+
+
+def test_the_speed_probe_is_cpu_time_and_a_bad_setting_names_its_variable(monkeypatch) -> None:
+    one = budget.speed_probe_ms(rounds=5)
+    assert 0.05 < one < 1000, one  # a few milliseconds of CPU a round on the machines seen
+    monkeypatch.setenv(budget.PROBE_ENV, "fast")
+    with pytest.raises(ValueError, match=f"{budget.PROBE_ENV}='fast': give the speed probe's milliseconds"):
+        budget.probe_ms()
+    monkeypatch.setenv(budget.PROBE_ENV, " 5.2 ")
+    assert budget.probe_ms() == 5.2

@@ -47,6 +47,12 @@ def test_resume_line_and_skipped_share():
     every = {s: 0 for s in Status} | {Status.SKIPPED: 10}
     assert skipped_problem(Totals(10, 10, 0, every, 0, True), 1.0) == \
         "every input row (10) was skipped: nothing was generated"
+    # No row at all (an empty file: most likely the wrong one) fails the run, naming the file; not
+    # while the ingest is still reading.
+    nothing = {s: 0 for s in Status}
+    assert skipped_problem(Totals(0, 0, 0, nothing, 0, True), 0.5, "data/empty.jsonl") == \
+        "the dataset (data/empty.jsonl) has no rows: nothing was generated"
+    assert skipped_problem(Totals(0, 0, 0, nothing, 0, False), 0.5, "data/empty.jsonl") is None
 
 
 def test_more_failed_items_than_the_share_fail_the_run():

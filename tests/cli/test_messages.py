@@ -52,6 +52,15 @@ def test_every_row_skipped_gives_the_fix_and_no_share_to_raise(tmp_path):
     assert line == ("FAILED: every input row (2) was skipped: nothing was generated; fix [data] (or the rows) and "
                     "run again: the skipped rows are read again"), line
     assert "max_skipped_share" not in out.stderr
+    # A file without rows (blank lines only) fails the same way, naming the file, nothing sent.
+    (tmp_path / "empty.jsonl").write_text("\n  \n")
+    out = harvest("run", "--engine", "openai", "--base-url", f"http://127.0.0.1:{free_port()}/v1", "--model", "m",
+                  "--data", "empty.jsonl", "--out", "run-empty", "--no-live", cwd=tmp_path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    (line,) = [x for x in out.stderr.splitlines() if x.startswith("FAILED:")]
+    assert line == (f"FAILED: the dataset ({tmp_path / 'empty.jsonl'}) has no rows: nothing was generated; point "
+                    "[data] path at the rows (or fill the file) and run again"), line
+    assert "ids: none (no rows)" in out.stdout + out.stderr and "refused" not in out.stdout + out.stderr
 
 
 def test_folders_that_do_not_exist_or_are_not_runs_are_named_with_what_to_give(tmp_path):

@@ -65,7 +65,10 @@ def print_report(report: RunReport, job: str | None = None) -> None:
 
         for line in describe_skips(report.skip_reasons):
             _say(line, err=report.skip_problem is not None)
-    if report.skip_problem is not None:
+    if report.skip_problem is not None and not report.totals.unique:  # no row at all
+        _say(f"FAILED: {report.skip_problem}; point [data] path at the rows (or fill the file) and run again",
+             err=True)
+    elif report.skip_problem is not None:
         every = report.totals.counts[Status.SKIPPED] >= report.totals.unique
         accept = "" if every else " (or raise [data] max_skipped_share to accept them)"
         _say(f"FAILED: {report.skip_problem}; fix [data] (or the rows) and run again: the skipped rows are "

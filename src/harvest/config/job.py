@@ -46,7 +46,7 @@ class DataConfig(StrictModel):
     max_prompt_tokens: int | None = Field(None, ge=1, description="skip (never send) prompts with more tokens; "
                                           "the model's context, learned from the server, always applies")
     max_skipped_share: float = Field(0.5, ge=0, le=1, description="a run ending with more than this share of "
-                                     "its rows skipped exits 1 (every row skipped always does)")
+                                     "its rows skipped exits 1 (every row skipped, or no row at all, always does)")
 
     @field_validator("path")
     @classmethod

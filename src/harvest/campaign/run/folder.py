@@ -4,7 +4,7 @@ and whether its skipped rows or its failed items fail the run.
     other_job(run_dir, settings, data_path)   # why the folder is another job's (settings named), or None
     job_change(run_dir, settings, data_path)  # the same, as an OtherJob: its refusal, or the line of a take-over
     resume_line(counts, recovered, ingest, ingesting)   # "resuming: 470 done, 1530 pending; ..."
-    skipped_problem(totals, max_share)         # every row skipped, or more than the share, or None
+    skipped_problem(totals, max_share)         # no row, every row skipped, more than the share, or None
     failed_problem(totals, max_share)          # more items failed than the share, or None
 
 It reads the ledger read-only and only formats; the runner decides what to do with the answers.
@@ -38,9 +38,13 @@ def resume_line(counts: dict[Status, int], recovered: int, ingest: dict[str, Any
     return line + "; " + (" and ".join(todo) if todo else "nothing left to do")
 
 
-def skipped_problem(totals: Totals, max_share: float) -> str | None:
-    """Why the skipped rows fail the run (all of them, or more than ``max_share``), else None."""
+def skipped_problem(totals: Totals, max_share: float, source: str | None = None) -> str | None:
+    """Why the input fails the run, else None: no row at all (an empty file, a folder without rows:
+    most likely the wrong file; ``source`` names it), every row skipped, or more than ``max_share``."""
     skipped, unique = totals.counts[Status.SKIPPED], totals.unique
+    if not unique and totals.ingest_complete and not totals.input_rows:
+        where = f" ({source})" if source else ""
+        return f"the dataset{where} has no rows: nothing was generated"
     if not unique or not skipped:
         return None
     if skipped == unique:

@@ -113,6 +113,8 @@ def describe_ids(data: Any, report: IngestReport) -> str:
     field = data.id_field if data is not None and data.id_field else "id"
     if data is not None and data.id_field == "":
         return "ids: content hashes (id_field = \"\")"
+    if report.total_rows <= 0:
+        return "ids: none (no rows)"
     if usable <= 0:  # no row became an item: whose ids they would have had is unknown
         return f"ids: none (every row was skipped; [data] id_field {data.id_field!r})" \
             if data is not None and data.id_field else "ids: none (every row was skipped)"

@@ -48,7 +48,7 @@ def test_a_job_from_flags_alone_finishes_and_the_same_command_resumes(tmp_path, 
 
     again = harvest("run", *flags, "--no-live", cwd=tmp_path)
     assert again.returncode == 0, again.stdout + again.stderr
-    assert "this session: 0 items" in again.stdout, again.stdout
+    assert "this session: 0 items in" in again.stdout, again.stdout
     assert status(tmp_path / "out", tmp_path)["totals"]["results"] == ROWS  # nothing answered twice
 
     changed = harvest("run", *[("16" if f == "8" else f) for f in flags], "--no-live", cwd=tmp_path)

@@ -52,7 +52,7 @@ def print_report(report: RunReport, job: str | None = None) -> None:
     _say(f"run folder: {report.run_dir}")
     if report.recovered:
         _say(f"recovered {report.recovered} items left running by an earlier crash")
-    _say(f"this session: {report.finished_this_session} items in {report.elapsed_s:.1f} s "
+    _say(f"this session: {counted(report.finished_this_session, 'item')} in {report.elapsed_s:.1f} s "
                f"({report.outcome}{'; ' + report.note if report.note else ''})")
     if report.relaunches:
         _say(f"server relaunched {report.relaunches} time(s)")

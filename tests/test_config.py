@@ -70,6 +70,28 @@ def test_a_misspelled_table_or_key_gets_the_closest_name(tmp_path):
     assert problems[str(tmp_path / "job.toml") + " [output] zzz"] == "unknown key"  # nothing close: no guess
 
 
+def test_a_key_in_the_wrong_table_or_by_another_tools_name_gets_harvests_place_for_it(tmp_path):
+    """A key of another table names that table; a name vLLM, llama.cpp, OpenAI or Hugging Face
+    give a setting (max_new_tokens, tensor_parallel_size, binary) names harvest's key; a [host]
+    key is never guessed from the job's own tables' names."""
+    err = error_of(write(tmp_path, '[server]\nengine = "vllm"\nmodel = "m"\nmax_tokens = 5\n'
+                                   'tensor_parallel_size = 2\nbinary = "x"\n[data]\npath = "p.jsonl"\n'
+                                   'prompt_column = "q"\n[sampling]\nmax_new_tokens = 9\nconcurrency = 4\n'
+                                   '[[hosts]]\nname = "a"\nssh = "a"\ntimeout = 3\n'))
+    at = str(tmp_path / "job.toml")
+    problems = dict(err.problems)
+    # [host] has timeouts of its own: the closest of its names, never [client]'s request_timeout
+    assert problems.pop(f"{at} [hosts] 0.timeout") == "unknown key (did you mean 'connect_timeout'?)", problems
+    assert problems == {
+        f"{at} [server] max_tokens": "unknown key here: it is a key of [sampling]",
+        f"{at} [server] tensor_parallel_size": "unknown key (harvest's name: 'tp')",
+        f"{at} [server] binary": "unknown key (harvest's name: 'command')",
+        f"{at} [data] prompt_column": "unknown key (harvest's name: 'prompt_field')",
+        f"{at} [sampling] max_new_tokens": "unknown key (harvest's name: 'max_tokens')",
+        f"{at} [sampling] concurrency": "unknown key here: it is a key of [client]",
+    }, err.problems
+
+
 def test_one_line_per_mistake_and_no_pydantic_prefixes(tmp_path):
     err = error_of(write(tmp_path, '[client]\nconcurrency = "16"\n[server]\nengine = "vllm"\n'))
     lines = str(err).splitlines()[1:]

@@ -41,8 +41,11 @@ HEADER = """\
      tests/test_configdoc.py fails when they drift apart. Edit the descriptions, then run the script. -->
 
 One TOML file, validated on load: a value of the wrong type, an unknown key or a value out of its
-bounds is an error naming the file, the table and the field. Every table is optional; each command
-says which it needs (`harvest run` needs `[data]`, and `[server]` or `[client] endpoints`).
+bounds is an error naming the file, the table and the field. An unknown key gets harvest's place for
+it: the table it belongs in (`max_tokens` under `[server]`: a key of `[sampling]`), harvest's name
+for another tool's (`max_new_tokens`, `tensor_parallel_size`, `binary`), or the closest key. Every
+table is optional; each command says which it needs (`harvest run` needs `[data]`, and `[server]`
+or `[client] endpoints`).
 """
 
 

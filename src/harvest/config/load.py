@@ -223,6 +223,30 @@ _PREFIXES = ("Value error, ", "Assertion failed, ")
 
 
 
+#: Names other tools give a setting (vLLM's and SGLang's flags, llama.cpp's, OpenAI's and Hugging
+#: Face's parameters, other job runners), and the table and key harvest reads it from.
+_ALIASES: dict[str, tuple[str, str]] = {
+    **dict.fromkeys(("binary", "executable", "server_binary", "llama_server", "bin"), ("server", "command")),
+    **dict.fromkeys(("tensor_parallel_size", "tp_size", "tensor_parallel"), ("server", "tp")),
+    **dict.fromkeys(("max_num_seqs", "max_batch_size", "parallel", "slots"), ("server", "max_running_requests")),
+    **dict.fromkeys(("gpu_ids", "devices", "cuda_visible_devices", "gpu"), ("server", "gpus")),
+    **dict.fromkeys(("url", "endpoint", "api_base", "base", "openai_base_url"), ("server", "base_url")),
+    **dict.fromkeys(("model_path", "model_name", "model_id"), ("server", "model")),
+    **dict.fromkeys(("api_key", "openai_api_key"), ("server", "api_key_env")),
+    **dict.fromkeys(("args", "extra_flags", "engine_args", "flags"), ("server", "extra_args")),
+    **dict.fromkeys(("max_new_tokens", "max_completion_tokens", "max_length"), ("sampling", "max_tokens")),
+    **dict.fromkeys(("num_samples", "samples", "num_return_sequences"), ("sampling", "n")),
+    **dict.fromkeys(("top_logprobs",), ("sampling", "logprobs")),
+    **dict.fromkeys(("file", "input", "dataset", "data_path", "input_path", "data_file"), ("data", "path")),
+    **dict.fromkeys(("prompt_column", "prompt_key", "text_field"), ("data", "prompt_field")),
+    **dict.fromkeys(("id_column", "id_key"), ("data", "id_field")),
+    **dict.fromkeys(("num_workers", "workers", "max_parallel", "batch_size"), ("client", "concurrency")),
+    **dict.fromkeys(("timeout",), ("client", "request_timeout")),
+    **dict.fromkeys(("retries", "num_retries"), ("client", "max_retries")),
+    **dict.fromkeys(("output_dir", "out_dir", "output", "out"), ("output", "dir")),
+}
+
+
 def _did_you_mean(name: str, choices: list[str]) -> str:
     import difflib
 
@@ -230,15 +254,35 @@ def _did_you_mean(name: str, choices: list[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def _elsewhere(table: str, name: str) -> str:
+    """Where ``name`` belongs when it is not a key of [table]: another table's key of that name, or
+    the setting another tool calls so; "" when neither."""
+    homes = [t for t, model in _TABLES.items() if t not in (table, "hosts") and name in model.model_fields]
+    if homes:
+        return f" here: it is a key of [{homes[0]}]" if len(homes) == 1 else \
+            " here: it is a key of " + " and ".join(f"[{t}]" for t in homes)
+    if name.lower() in _ALIASES and table not in ("host", "cluster"):  # their own timeouts and ports
+        home, key = _ALIASES[name.lower()]
+        return f" (harvest's name: {key!r})" if home == table else f" (harvest's name: [{home}] {key})"
+    return ""
+
+
 def _unknown(loc: tuple[Any, ...]) -> tuple[str | None, str]:
-    """The message of an unknown table or key, with the closest known name; the location to show
-    (None: the usual one)."""
+    """The message of an unknown table or key, with the closest known name, or the table where a key
+    of that name belongs; the location to show (None: the usual one)."""
     name = str(loc[-1])
     if len(loc) == 1:  # a top-level name: a table
         tables = [t for t in HarvestConfig.model_fields if t != "source"]
         return f"[{name}]", f"unknown table{_did_you_mean(name, tables)}; tables: {', '.join(tables)}"
     model = _TABLES.get(str(loc[0]))
-    keys = list(model.model_fields) if model is not None and not (loc[0] == "server" and loc[1:2] == ("env",)) else []
+    if model is None or (loc[0] == "server" and loc[1:2] == ("env",)):
+        return None, "unknown key"
+    keys = list(model.model_fields)
+    table = "host" if loc[0] == "hosts" else str(loc[0])
+    if len(loc) == 2 or (loc[0] == "hosts" and len(loc) == 3):  # a key of the table itself
+        hint = _elsewhere(table, name)
+        if hint:
+            return None, "unknown key" + hint
     return None, "unknown key" + _did_you_mean(name, keys)
 
 

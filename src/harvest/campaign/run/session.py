@@ -397,7 +397,8 @@ class Session:
         return RunReport(self.run_dir, totals, finished, elapsed_s, state.outcome,
                          state.relaunches, tuple(state.stop_reports), recovered, state.note,
                          state.trip, state.requeued, skip_reasons,
-                         skipped_problem(totals, data.max_skipped_share, data.path) if totals.ok else None, state.resumed,
+                         skipped_problem(totals, data.max_skipped_share, data.path) if totals.ok else None,
+                         state.resumed,
                          state.folder, failed_problem(totals, self.config.run.max_failed_share), state.hung)
 
 

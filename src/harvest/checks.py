@@ -39,7 +39,9 @@ class NamedPath:
     #: Where the job names it: ``[server] python``, ``[server] model``, ``[data] path``.
     field: str
     path: str
-    #: ``executable`` (a name without a slash is looked up on PATH), ``file``, or ``file or folder``.
+    #: ``executable`` (a name without a slash is looked up on PATH), ``file``, ``file or folder``, or
+    #: ``model``: a checkpoint's folder (with its ``config.json``, or ``params.json`` in Mistral's
+    #: format) or a model file (GGUF).
     kind: str
     #: What to do when it is not there.
     fix: str

@@ -283,6 +283,15 @@ def test_every_path_the_job_names_is_checked_with_its_fix(tmp_path, port, monkey
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
     there = ["--set", 'server.python="' + sys.executable + '"'] if engine == "vllm" else [
         "--set", f'server.command=["{sys.executable}"]', "--model", "m.gguf"]
+    if engine == "vllm":  # a local folder must be a checkpoint: vLLM would fail on it after its imports
+        (tmp_path / "ckpt").mkdir()
+        there += ["--model", str(tmp_path / "ckpt")]
+        doc = only_answer(invoke("job.toml", *flags, *there, "--json").stdout)
+        (paths,) = [r for r in doc["results"] if r["rule"] == "paths"]
+        assert not paths["passed"] and paths["detail"].startswith(
+            f"[server] model {tmp_path / 'ckpt'} is a folder without config.json or params.json, not a model's "
+            "checkpoint: [server] model names the model's folder"), paths
+        (tmp_path / "ckpt" / "config.json").write_text("{}")
     doc = only_answer(invoke("job.toml", *flags, *there, "--json").stdout)
     (paths,) = [r for r in doc["results"] if r["rule"] == "paths"]
     assert paths["passed"] and paths["detail"].startswith("there: "), paths

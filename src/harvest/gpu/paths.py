@@ -18,6 +18,8 @@ from harvest.checks import NamedPath, Number, RuleResult
 from harvest.config import RELATIVE_PATHS, DataConfig
 
 PATHS = "paths"
+#: What makes a folder a model's checkpoint: Hugging Face's config, or Mistral's own format's.
+MODEL_CONFIGS = ("config.json", "params.json")
 
 #: What to set on a machine without an NVIDIA GPU, per engine (``[server] gpus`` lists some).
 CPU_ENGINE_HINTS: Mapping[str, str] = {
@@ -61,6 +63,10 @@ def missing(named: NamedPath, env: Mapping[str, str] | None = None) -> str | Non
         return "does not exist"
     if named.kind == "file" and os.path.isdir(path):
         return "is a folder, not a file"
+    if named.kind == "model" and os.path.isdir(path) and not any(
+            os.path.isfile(os.path.join(path, name)) for name in MODEL_CONFIGS):
+        # the engine would fail on it after its imports, minutes into a GPU launch
+        return f"is a folder without {' or '.join(MODEL_CONFIGS)}, not a model's checkpoint"
     if not os.access(path, os.R_OK):
         return "is not readable by this user"
     return None
@@ -84,4 +90,4 @@ def paths_rule(paths: Sequence[NamedPath], env: Mapping[str, str] | None = None)
     return RuleResult(PATHS, True, f"there: {shown}", numbers=numbers)
 
 
-__all__ = ["CPU_ENGINE_HINTS", "PATHS", "cpu_hint", "data_paths", "missing", "paths_rule"]
+__all__ = ["CPU_ENGINE_HINTS", "MODEL_CONFIGS", "PATHS", "cpu_hint", "data_paths", "missing", "paths_rule"]

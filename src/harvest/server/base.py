@@ -141,8 +141,7 @@ def missing_executable(argv0: str, env: Mapping[str, str]) -> str | None:
 
 #: Engines whose ``[server] model`` is a local path when it is absolute (else a hub name the engine
 #: fetches), and the kind of path; llama-server's ``-m`` is always a file.
-_MODEL_PATHS = {"vllm": "file or folder", "sglang": "file or folder", "transformers": "file or folder",
-                "llamacpp": "file"}
+_MODEL_PATHS = {"vllm": "model", "sglang": "model", "transformers": "model", "llamacpp": "file"}
 
 
 def engine_paths(config: ServerConfig) -> tuple[NamedPath, ...]:

@@ -78,6 +78,6 @@ def test_values_below_the_lowest_edge_are_one_bin_wide_in_the_report():
     for _ in range(5):
         h.add(0.00002)  # 20 µs: below the histogram's lowest edge (0.1 ms)
     fig = charts.histogram_figure([("TPOT", h.edges(), h.counts)], title="t", xlabel="seconds (log)")
-    (bar,) = fig.axes[0].patches
-    edges = bar.get_data().edges
+    (bar,) = [m for m in fig.axes[0].marks if m.kind == "stairs"]
+    edges = bar.edges
     assert edges[-1] == h.lo and edges[0] >= h.lo / h.ratio * 0.999, edges  # before: from lo / 10

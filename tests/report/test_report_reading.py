@@ -23,7 +23,7 @@ def test_one_length_is_a_bar_on_a_decade():
     counts[edges.index(46.2)] = 82  # every answer 48 tokens: one bin
     fig = charts.histogram_figure([("truncated", edges, counts)], title="t", xlabel="tokens (log)",
                                   marks=[(48.0, "max_tokens 48")])
-    lo, hi = fig.axes[0].get_xlim()
+    lo, hi = fig.axes[0].xlim
     assert hi / lo >= charts.MIN_SPAN * 0.999, (lo, hi)
     assert lo < 46.2 and hi > 55.0
 

@@ -89,7 +89,6 @@ def setup_console_logging(console: Console) -> None:
     root.addHandler(handler)
     root.setLevel(logging.INFO)
     logging.getLogger("aiohttp").setLevel(logging.WARNING)
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # "generated new fontManager": not harvest's news
 
 
 def quiet_keyboard() -> Any:

@@ -34,7 +34,6 @@ def setup_logging() -> None:
     for handler in logging.getLogger().handlers:
         handler.addFilter(ShownFilter())
     logging.getLogger("aiohttp").setLevel(logging.WARNING)
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # "generated new fontManager": not harvest's news
 
 
 def _say(text: str, err: bool = False) -> None:

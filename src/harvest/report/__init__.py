@@ -6,7 +6,7 @@
 The page reads the records the other commands already write and read (``run_status`` /
 timeline.json for a run, tune.json for a sweep, compare.json for a comparison) and computes
 nothing of its own. It never writes anywhere but the output file, and never changes the folder's
-records. Module map: :mod:`.html` (page, tables), :mod:`.charts` (figures, and why matplotlib),
+records. Module map: :mod:`.html` (page, tables), :mod:`.charts` (figures, drawn by :mod:`.plot`),
 :mod:`.run`, :mod:`.tune`, :mod:`.compare` (one page each).
 """
 

@@ -1,16 +1,17 @@
-"""The figures of ``harvest report``, drawn with matplotlib and inlined in the page as SVG.
+"""The figures of ``harvest report``, drawn by :mod:`harvest.report.plot` and inlined in the page
+as SVG.
 
-Why matplotlib to SVG, and not Vega-Lite through altair with its JavaScript inlined:
+Why SVG drawn here, and not Vega-Lite through altair with its JavaScript inlined, nor matplotlib:
 
-- size: a figure here is 20-60 KB of SVG, and a report a few hundred KB whatever the run's size;
-  inlining vega, vega-lite and vega-embed adds ~800 KB of script to every page before any data,
-  and the data itself travels as JSON beside it.
+- size: a figure here is a few KB to a few tens of KB of SVG, and a report a few hundred KB
+  whatever the run's size; inlining vega, vega-lite and vega-embed adds ~800 KB of script to every
+  page before any data, and the data itself travels as JSON beside it.
 - fidelity: SVG is vector, so the page prints sharp at any size, and it renders with no script at
   all, so the page cannot make a request or fail in a browser's console (the browser tests check
-  both). Text is kept as text (``svg.fonttype = none``): smaller than glyph paths, and the numbers
-  on the axes can be searched and copied.
-- matplotlib is the well-kept standard: the same call draws the same figure in a test, in CI and on
-  a laptop, from the Object-oriented API (``Figure``, no pyplot: no global state, no GUI backend).
+  both). Text is kept as text: the numbers on the axes can be searched and copied.
+- cost: every ``harvest run`` writes its report as it ends. matplotlib drew these until 2026-12-07:
+  2.3-2.5 s of CPU a report on a 2-core VM (its import and its constrained layout), more than the
+  rest of a small run; :mod:`harvest.report.plot` draws the same figures in milliseconds.
 
 Each function takes plain numbers already read by the page modules (from ``run_status``,
 timeline.json, tune.json or compare.json) and returns one ``<svg>`` element; none reads a file.
@@ -18,48 +19,23 @@ timeline.json, tune.json or compare.json) and returns one ``<svg>`` element; non
 
 from __future__ import annotations
 
-import io
 import math
-import re
 from collections.abc import Sequence
 from typing import Any
 
-from matplotlib import rc_context
-from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+from harvest.report.plot import Axes, Figure, Scale, plain
 
 VERDICT_COLORS = {"pass": "#1a7f37", "fail": "#cf222e", "rejected": "#bc4c00", "skipped": "#8c959f",
                   "failed": "#6e40c9", "not run": "#d0d7de", "floor": "#0b5cad"}
 STATUS_COLORS = {"done": "#1a7f37", "truncated": "#bf8700", "failed": "#cf222e", "skipped": "#8c959f",
                  "pending": "#d0d7de", "running": "#0b5cad"}
 PALETTE = ("#0b5cad", "#bc4c00", "#1a7f37", "#6e40c9", "#cf222e", "#bf8700", "#1b7c83", "#57606a")
-
-# Any: matplotlib types rc keys as a Literal of its ~400 names, which a dict literal does not keep.
-_RC: Any = {"svg.fonttype": "none", "svg.hashsalt": "harvest-report", "font.size": 9,
-       "font.family": "sans-serif", "axes.spines.top": False, "axes.spines.right": False,
-       "axes.grid": True, "grid.color": "#e5e8eb", "grid.linewidth": 0.6, "axes.titlesize": 10,
-       "axes.titleweight": "bold", "legend.fontsize": 8, "legend.frameon": False,
-       "svg.image_inline": True}
+#: A figure's width in points (9.5 inches), its height by what it holds.
+WIDTH = 684.0
 
 
-def _svg(fig: Figure) -> str:
-    buf = io.StringIO()
-    with rc_context(_RC):
-        fig.savefig(buf, format="svg", metadata={"Date": None})
-    text = buf.getvalue()
-    start = text.find("<svg")
-    return re.sub(r"\s+", " ", text[start:]).replace("> <", "><")
-
-
-def _figure(width: float, height: float) -> Figure:
-    with rc_context(_RC):
-        return Figure(figsize=(width, height), layout="constrained")
-
-
-def _subplots(fig: Figure, nrows: int, ncols: int = 1, **kw: Any) -> list[Any]:
-    with rc_context(_RC):
-        axes = fig.subplots(nrows, ncols, squeeze=False, **kw)
-    return [ax for row in axes for ax in row]
+def _pt(inches: float) -> float:
+    return inches * 72.0
 
 
 def time_panels(panels: Sequence[dict[str, Any]], *, events: Sequence[tuple[float, str, str]] = (),
@@ -67,37 +43,35 @@ def time_panels(panels: Sequence[dict[str, Any]], *, events: Sequence[tuple[floa
                 ) -> str:
     """Stacked panels sharing the time axis. Each panel: ``{"title", "ylabel", "lines": [(label, xs,
     ys[, style])], "bars": [(label, xs, heights, width)]}``; None in ``ys`` breaks a line; ``style``:
-    matplotlib line keywords (``{"linestyle": "--"}``). ``events`` are
-    vertical lines (x, label, colour), ``spans`` shaded ranges (x0, x1, label)."""
-    fig = _figure(9.5, 1.9 * len(panels) + 0.6)
-    axes = _subplots(fig, len(panels), sharex=True)
-    for n, (ax, panel) in enumerate(zip(axes, panels)):
+    ``{"linestyle": "--"}`` (dashed) or ``":"`` (dotted). ``events`` are vertical lines (x, label,
+    colour), ``spans`` shaded ranges (x0, x1, label)."""
+    shared = Scale()
+    fig = Figure(WIDTH, _pt(1.9 * len(panels) + 0.6), rows=len(panels),
+                 axes=[Axes(x=shared, y=Scale(lo=0.0), legend=True, xticklabels=n == len(panels) - 1)
+                       for n in range(len(panels))])
+    for n, (ax, panel) in enumerate(zip(fig.axes, panels)):
         lines = panel.get("lines", ())
         for i, (label, xs, ys, *style) in enumerate(lines):
             # The first line listed is drawn on top (a later one equal to it must not hide it), and
-            # keeps its label as the SVG id (gid) of its path.
-            ax.plot(xs, [math.nan if y is None else y for y in ys], label=label, linewidth=1.3,
-                    color=PALETTE[i % len(PALETTE)], zorder=3 + len(lines) - i, gid=f"line: {label}",
-                    **(style[0] if style else {}))
+            # keeps its label as the SVG id of its path.
+            ax.line(xs, ys, label=label, color=PALETTE[i % len(PALETTE)], z=len(lines) - i, gid=f"line: {label}",
+                    dash=(style[0].get("linestyle") if style else None))
         for i, (label, xs, heights, width) in enumerate(panel.get("bars", ())):
-            ax.bar(xs, heights, width=width, label=label, color=PALETTE[(i + 4) % len(PALETTE)], align="edge")
+            ax.bars(xs, heights, [width] * len(xs) if isinstance(width, (int, float)) else width,
+                    label=label, color=PALETTE[(i + 4) % len(PALETTE)])
         shown: set[str] = set() if n == 0 else {label for _, label, _ in events} | {s[2] for s in spans}
         for x, label, colour in events:
-            ax.axvline(x, color=colour, linewidth=0.9, linestyle="--",
-                       label=label if label not in shown else None)
+            ax.vline(x, color=colour, width=0.9, dash="--", label=label if label not in shown else None)
             shown.add(label)
         for x0, x1, label in spans:
-            ax.axvspan(x0, x1, color="#cf222e", alpha=0.12, label=label if label not in shown else None)
+            ax.vspan(x0, x1, color="#cf222e", alpha=0.12, label=label if label not in shown else None)
             shown.add(label)
-        ax.set_title(panel["title"], loc="left")
-        ax.set_ylabel(panel.get("ylabel", ""))
-        ax.set_ylim(bottom=0)
+        ax.title = panel["title"]
+        ax.ylabel = panel.get("ylabel", "")
         if panel.get("ylim_top") is not None:
-            ax.set_ylim(top=panel["ylim_top"])
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    axes[-1].set_xlabel(xlabel)
-    return _svg(fig)
+            ax.y.hi = float(panel["ylim_top"])
+    fig.axes[-1].xlabel = xlabel
+    return fig.svg()
 
 
 def histograms(series: Sequence[tuple[str, Sequence[float], Sequence[int]]], *, title: str, xlabel: str,
@@ -107,7 +81,7 @@ def histograms(series: Sequence[tuple[str, Sequence[float], Sequence[int]]], *, 
     (where its values lie is not known: a wider bar would show values that are not there). The
     axis spans at least a decade, so the values of one bin (every answer ran to max_tokens) show as
     a bar, not as a fill of the whole width."""
-    return _svg(histogram_figure(series, title=title, xlabel=xlabel, marks=marks))
+    return histogram_figure(series, title=title, xlabel=xlabel, marks=marks).svg()
 
 
 #: The narrowest span of a histogram's x axis: a decade (the used bins, centred).
@@ -115,10 +89,10 @@ MIN_SPAN = 10.0
 
 
 def histogram_figure(series: Sequence[tuple[str, Sequence[float], Sequence[int]]], *, title: str, xlabel: str,
-                     marks: Sequence[tuple[float, str]] = ()) -> Any:
-    """The figure :func:`histograms` draws (a matplotlib Figure)."""
-    fig = _figure(9.5, 2.8)
-    (ax,) = _subplots(fig, 1)
+                     marks: Sequence[tuple[float, str]] = ()) -> Figure:
+    """The figure :func:`histograms` draws (its axes' marks and limits readable)."""
+    fig = Figure(WIDTH, _pt(2.8), axes=[Axes(x=Scale(log=True), y=Scale(lo=0.0), legend=True)])
+    (ax,) = fig.axes
     spans: list[tuple[float, float]] = []
     for i, (label, edges, counts) in enumerate(series):
         if not sum(counts):
@@ -129,61 +103,35 @@ def histogram_figure(series: Sequence[tuple[str, Sequence[float], Sequence[int]]
         used = [j for j, c in enumerate(counts) if c]
         first, last = used[0], used[-1]
         ax.stairs(counts[first:last + 1], xs[first:last + 2], label=f"{label} ({sum(counts):,})",
-                  color=PALETTE[i % len(PALETTE)], linewidth=1.4, fill=len(series) == 1, alpha=0.85)
+                  color=PALETTE[i % len(PALETTE)], fill=len(series) == 1, alpha=0.85)
         spans.append((xs[first], xs[last + 1]))
     for x, label in marks:
-        ax.axvline(x, color="#57606a", linestyle=":", linewidth=1.0)
-        # Inside the axes, left of its line, never clipped (constrained layout makes room for it).
-        ax.annotate(label, (x, 0.98), xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right",
-                    fontsize=7, color="#57606a", annotation_clip=False,
-                    bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.8})
-    ax.set_xscale("log")
+        ax.vline(x, color="#57606a", dash=":", width=1.0)
+        ax.vlabel(x, label)  # inside the frame, left of its line, on a white ground
     if spans:
         ends = spans + [(x, x) for x, _ in marks if x > 0]
         lo, hi = min(a for a, _ in ends), max(b for _, b in ends)
         if hi / lo < MIN_SPAN:
             widen = math.sqrt(MIN_SPAN / (hi / lo))
-            ax.set_xlim(lo / widen, hi * widen)
-    plain_log_axis(ax.xaxis)
-    ax.set_title(title, loc="left")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("items")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+            ax.x.lo, ax.x.hi = lo / widen, hi * widen
+    ax.title, ax.xlabel, ax.ylabel = title, xlabel, "items"
     return fig
-
-
-def plain(value: float) -> str:
-    """A tick label as a person reads it: ``0.5``, ``2``, ``30``, ``1,000``, never ``2×10⁰``."""
-    if value >= 1000:
-        return f"{value:,.0f}"
-    return f"{value:g}"
-
-
-def plain_log_axis(axis: Any) -> None:
-    """A log axis labelled in plain numbers at 1, 2 and 5 of each decade, with no minor labels."""
-    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    axis.set_major_formatter(FuncFormatter(lambda x, _pos: plain(x)))
-    axis.set_minor_formatter(NullFormatter())
 
 
 def hbars(labels: Sequence[str], values: Sequence[float], colors: Sequence[str], *, title: str, xlabel: str,
           notes: Sequence[str] | None = None) -> str:
     """Horizontal bars, first label on top, each annotated with its value (or its note)."""
-    fig = _figure(9.5, 0.42 * len(labels) + 1.0)
-    (ax,) = _subplots(fig, 1)
-    ys = list(range(len(labels)))[::-1]
-    ax.barh(ys, values, color=colors, height=0.7)
     top = max(values, default=0) or 1.0
+    fig = Figure(WIDTH, _pt(0.42 * len(labels) + 1.0),
+                 axes=[Axes(x=Scale(lo=0.0, hi=top * 1.25), ycategories=list(labels), ygrid=False)])
+    (ax,) = fig.axes
+    ax.hbars(values, colors)
     shown: Sequence[str | None] = notes if notes is not None else [None] * len(values)
-    for y, v, note in zip(ys, values, shown):
-        ax.text(v + top * 0.01, y, note if note is not None else f"{v:,.0f}", va="center", fontsize=8)
-    ax.set_yticks(ys, labels)
-    ax.set_xlim(0, top * 1.25)
-    ax.set_title(title, loc="left")
-    ax.set_xlabel(xlabel)
-    ax.grid(axis="y", visible=False)
-    return _svg(fig)
+    n = len(labels)
+    for i, (v, note) in enumerate(zip(values, shown)):
+        ax.text(v + top * 0.01, n - 1 - i, note if note is not None else f"{v:,.0f}", dy=-3, size=8)
+    ax.title, ax.xlabel = title, xlabel
+    return fig.svg()
 
 
 def metric_scatter(panels: Sequence[dict[str, Any]], *, ylabel: str) -> str:
@@ -192,45 +140,35 @@ def metric_scatter(panels: Sequence[dict[str, Any]], *, ylabel: str) -> str:
     gate's limit dashed. Panel: ``{"metric", "points": [(value, low, high, y, verdict, label, best)],
     "floor": (value, low, high) | None, "limit": float | None}``."""
     cols = 2 if len(panels) > 1 else 1
-    rows = math.ceil(len(panels) / cols)
-    fig = _figure(9.5, 2.7 * rows + 0.4)
-    axes = _subplots(fig, rows, cols)
+    rows = max(math.ceil(len(panels) / cols), 1)
+    fig = Figure(WIDTH, _pt(2.7 * rows + 0.4), rows=rows, cols=cols, legend_below=True,
+                 axes=[Axes(y=Scale(lo=0.0)) for _ in range(rows * cols)])
     seen: set[str] = set()
-    for ax, panel in zip(axes, panels):
+    for ax, panel in zip(fig.axes, panels):
         floor = panel.get("floor")
         if floor is not None and floor[0] is not None:
-            ax.axvspan(floor[1], floor[2], color=VERDICT_COLORS["floor"], alpha=0.12,
-                       label="noise floor" if "floor" not in seen else None)
-            ax.axvline(floor[0], color=VERDICT_COLORS["floor"], linewidth=1.0)
+            ax.vspan(floor[1], floor[2], color=VERDICT_COLORS["floor"], alpha=0.12,
+                     label="noise floor" if "floor" not in seen else None)
+            ax.vline(floor[0], color=VERDICT_COLORS["floor"], width=1.0)
             seen.add("floor")
         if panel.get("limit") is not None:
-            ax.axvline(panel["limit"], color="#57606a", linestyle="--", linewidth=1.0,
-                       label="gate limit" if "limit" not in seen else None)
+            ax.vline(panel["limit"], color="#57606a", dash="--", width=1.0,
+                     label="gate limit" if "limit" not in seen else None)
             seen.add("limit")
         for value, low, high, y, verdict, label, best in panel["points"]:
             colour = VERDICT_COLORS.get(verdict, "#57606a")
-            err = [[max(value - low, 0)], [max(high - value, 0)]] if low is not None and high is not None else None
-            ax.errorbar([value], [y], xerr=err, fmt="o", color=colour, markersize=6, capsize=3,
-                        label=verdict if verdict not in seen else None)
+            interval = low is not None and high is not None
+            ax.point(value, y, color=colour, low=min(low, value) if interval else None,
+                     high=max(high, value) if interval else None, label=verdict if verdict not in seen else None)
             seen.add(verdict)
-            ax.annotate(label, (value, y), textcoords="offset points", xytext=(5, 4), fontsize=7)
+            ax.text(value, y, label, dx=5, dy=4)
             if best:
-                ax.plot([value], [y], marker="o", markersize=14, markerfacecolor="none",
-                        markeredgecolor="#1b1f24", linewidth=0, label="chosen" if "chosen" not in seen else None)
+                ax.point(value, y, color=colour, ring=True, label="chosen" if "chosen" not in seen else None)
                 seen.add("chosen")
-        ax.set_title(panel["metric"], loc="left")
-        ax.set_ylabel(ylabel)
-        ax.set_ylim(bottom=0)
-    for ax in axes[len(panels):]:
-        ax.set_visible(False)
-    handles, labels = [], []
-    for ax in axes[:len(panels)]:
-        h, lab = ax.get_legend_handles_labels()
-        handles += h
-        labels += lab
-    if handles:
-        fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 7))
-    return _svg(fig)
+        ax.title, ax.ylabel = panel["metric"], ylabel
+    for ax in fig.axes[len(panels):]:
+        ax.visible = False
+    return fig.svg()
 
 
 def intervals(panels: Sequence[dict[str, Any]]) -> str:
@@ -238,33 +176,31 @@ def intervals(panels: Sequence[dict[str, Any]]) -> str:
     Panel: ``{"metric", "rows": [(label, value, low, high, verdict)], "floor": (value, low, high) | None,
     "limit": float | None}``."""
     cols = 2 if len(panels) > 1 else 1
-    rows_n = math.ceil(len(panels) / cols)
+    rows_n = max(math.ceil(len(panels) / cols), 1)
     height = max(len(panels[0]["rows"]) if panels else 1, 1) * 0.35 + 1.2
-    fig = _figure(9.5, height * rows_n + 0.4)
-    axes = _subplots(fig, rows_n, cols)
-    for ax, panel in zip(axes, panels):
+    fig = Figure(WIDTH, _pt(height * rows_n + 0.4), rows=rows_n, cols=cols,
+                 axes=[Axes(ygrid=False) for _ in range(rows_n * cols)])
+    for ax, panel in zip(fig.axes, panels):
         labels = [r[0] for r in panel["rows"]]
-        ys = list(range(len(labels)))[::-1]
+        ax.ycategories = labels
+        n = len(labels)
         floor = panel.get("floor")
         if floor is not None and floor[0] is not None:
-            ax.axvspan(floor[1], floor[2], color=VERDICT_COLORS["floor"], alpha=0.12)
-            ax.axvline(floor[0], color=VERDICT_COLORS["floor"], linewidth=1.0)
+            ax.vspan(floor[1], floor[2], color=VERDICT_COLORS["floor"], alpha=0.12)
+            ax.vline(floor[0], color=VERDICT_COLORS["floor"], width=1.0)
         if panel.get("limit") is not None:
-            ax.axvline(panel["limit"], color="#57606a", linestyle="--", linewidth=1.0)
-        for y, (_label, value, low, high, verdict) in zip(ys, panel["rows"]):
+            ax.vline(panel["limit"], color="#57606a", dash="--", width=1.0)
+        for i, (_label, value, low, high, verdict) in enumerate(panel["rows"]):
             if value is None:
                 continue
-            err = [[max(value - low, 0)], [max(high - value, 0)]] if low is not None and high is not None else None
-            ax.errorbar([value], [y], xerr=err, fmt="o", color=VERDICT_COLORS.get(verdict, "#57606a"),
-                        capsize=3, markersize=6)
-        ax.set_yticks(ys, labels)
-        ax.set_ylim(-0.6, len(labels) - 0.4)
-        ax.set_title(panel["metric"], loc="left")
-        ax.grid(axis="y", visible=False)
-    for ax in axes[len(panels):]:
-        ax.set_visible(False)
-    return _svg(fig)
+            interval = low is not None and high is not None
+            ax.point(value, n - 1 - i, color=VERDICT_COLORS.get(verdict, "#57606a"),
+                     low=min(low, value) if interval else None, high=max(high, value) if interval else None)
+        ax.title = panel["metric"]
+    for ax in fig.axes[len(panels):]:
+        ax.visible = False
+    return fig.svg()
 
 
-__all__ = ["PALETTE", "STATUS_COLORS", "VERDICT_COLORS", "hbars", "histograms", "intervals",
-           "metric_scatter", "time_panels"]
+__all__ = ["MIN_SPAN", "PALETTE", "STATUS_COLORS", "VERDICT_COLORS", "hbars", "histogram_figure", "histograms",
+           "intervals", "metric_scatter", "plain", "time_panels"]

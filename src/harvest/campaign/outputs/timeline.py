@@ -17,9 +17,8 @@ Bounds (a run of 10^7 items writes the same few hundred KB as a run of 10^3):
 - per item: fixed log-scale histograms (latency, prompt tokens, completion tokens by status), not
   values. Quantiles read from them are exact to one bin (a factor of 2^(1/4), 19 %). Per item the
   runner only appends three numbers to a typed array (P3's results/s must hold); they are binned
-  with numpy at each interval, or every :data:`FLUSH_EVERY` items (numpy comes with matplotlib, which
-  ``harvest report`` needs anyway; it is imported where binning starts, so a command that only reads
-  a timeline starts without it).
+  with numpy at each interval, or every :data:`FLUSH_EVERY` items (numpy is imported where binning
+  starts, so a command that only reads a timeline starts without it).
 - launches: one entry per server launch of the run (its record and, once stopped, its StopReport);
   at most :data:`MAX_LAUNCHES`, the oldest dropped first.
 

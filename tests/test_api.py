@@ -75,5 +75,14 @@ def test_mistakes_are_harvests_own_errors(tmp_path):
         harvest.api.load_job("job.toml", concurency=3)
     with pytest.raises(harvest.ConfigError, match="cannot read"):
         harvest.run(tmp_path / "missing.toml")
+    # A job of keywords alone says so, and names the keyword to give or to fix, not a flag.
+    with pytest.raises(harvest.ConfigError) as no_data:
+        harvest.run(engine="openai", base_url="http://127.0.0.1:9/v1", model="m")
+    assert str(no_data.value) == ("invalid configuration in harvest.run keywords:\n  harvest.run keywords [data]: "
+                                  "harvest.run needs a dataset: give data=FILE"), str(no_data.value)
+    with pytest.raises(harvest.ConfigError) as bad:
+        harvest.run(engine="openai", base_url="http://127.0.0.1:9/v1", model="m", data="x.jsonl", concurrency=0)
+    assert str(bad.value).startswith("invalid configuration in harvest.run keywords:\n  concurrency= ([client] "
+                                     "concurrency): "), str(bad.value)
     with pytest.raises(harvest.LedgerError):
         harvest.status(tmp_path)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harvest.config import HarvestConfig, Override, load_config, parse_config
+from harvest.config import KEYWORDS, HarvestConfig, Override, load_config, parse_config
 from harvest.errors import ConfigError, HarvestError
 
 #: The keywords that set one common setting, as the command line's flags do: name -> (table, key).
@@ -81,7 +81,7 @@ def load_job(job: str | Path | HarvestConfig | None = None, *, settings: Mapping
     if job is None and not overrides:
         raise ConfigError("harvest.run", [("job", "give a job file, a config, or the job as keywords "
                                                   "(engine=, model=, data=, ...)")])
-    return load_config(job, overrides)
+    return load_config(job, overrides, source=KEYWORDS)
 
 
 async def arun(job: str | Path | HarvestConfig | None = None, *, settings: Mapping[str, Any] | None = None,

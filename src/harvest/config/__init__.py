@@ -49,11 +49,12 @@ from harvest.config.job import (
     SamplingConfig,
 )
 from harvest.config.notify import NOTIFY_EVENTS, NotifyConfig, NotifyEvent
-from harvest.config.load import COMMAND_LINE, RELATIVE_PATHS, Override, load_config, parse_config, parse_set
+from harvest.config.load import COMMAND_LINE, KEYWORDS, RELATIVE_PATHS, Override, load_config, parse_config, parse_set
 from harvest.config.server import VLLM_MAX_LOGPROBS, ServerConfig, engine_logprobs_limit
 
 __all__ = [
     "COMMAND_LINE",
+    "KEYWORDS",
     "ClientConfig",
     "ClusterConfig",
     "DataConfig",

@@ -38,6 +38,8 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 #: Where a job typed on the command line (flags only, no file) says it comes from.
 COMMAND_LINE = "command line"
+#: Where a job given to ``harvest.run``/``arun``/``load_job`` as keywords (no file) says it comes from.
+KEYWORDS = "harvest.run keywords"
 #: How a relative path in a job is read, said wherever a path was not found.
 RELATIVE_PATHS = ("a relative path in a job file is read from the file's folder, one given as a flag or a "
                   "keyword from the folder harvest runs in")
@@ -333,11 +335,13 @@ def _problems(source: str, errors: list[Any], overrides: Sequence[Override] = ()
     return problems
 
 
-def load_config(path: str | Path | None, overrides: Sequence[Override] = ()) -> HarvestConfig:
+def load_config(path: str | Path | None, overrides: Sequence[Override] = (), *,
+                source: str = COMMAND_LINE) -> HarvestConfig:
     """Read and validate a TOML configuration file, with ``overrides`` (flags, ``--set``) on top;
-    without a file, the job is the overrides alone (its source: "command line")."""
+    without a file, the job is the overrides alone, said to come from ``source`` (the command
+    line's flags, or :data:`KEYWORDS` from Python)."""
     if path is None:
-        return parse_config({}, source=COMMAND_LINE, base=Path.cwd(), overrides=overrides)
+        return parse_config({}, source=source, base=Path.cwd(), overrides=overrides)
     path = Path(path)
     source = str(path)
     try:
@@ -355,4 +359,4 @@ def load_config(path: str | Path | None, overrides: Sequence[Override] = ()) -> 
     return parse_config(data, source=source, base=path.resolve().parent, overrides=overrides)
 
 
-__all__ = ["COMMAND_LINE", "RELATIVE_PATHS", "Override", "load_config", "parse_config", "parse_set", "toml_text"]
+__all__ = ["COMMAND_LINE", "KEYWORDS", "RELATIVE_PATHS", "Override", "load_config", "parse_config", "parse_set", "toml_text"]

@@ -62,7 +62,7 @@ from harvest.campaign.run.supervise import Supervision
 from harvest.campaign.outputs.timeline import TIMELINE_FILE, Timeline
 from harvest.client import Client, RetryPolicy
 from harvest.client.endpoints import normalize_url
-from harvest.config import COMMAND_LINE, HarvestConfig
+from harvest.config import COMMAND_LINE, KEYWORDS, HarvestConfig
 from harvest.dataset.skips import SkipReason
 from harvest.errors import ConfigError, LaunchError, LedgerError, PreflightFailed
 from harvest.events import Event, Listener
@@ -131,9 +131,10 @@ class Session:
                  on_preflight: OnPreflight | None = None, retry: tuple[str, ...] = (), writes: tuple[str, ...] = (),
                  launcher: Launcher | None = None):
         if config.data is None:  # the dataset, said the way this job was given
-            how = ("give --data FILE (data= from Python)" if config.source == COMMAND_LINE else
-                   f"add a [data] table with its path to {config.source}, or give --data FILE")
-            raise ConfigError(config.source, [(f"{config.source} [data]", f"`harvest run` needs a dataset: {how}")])
+            how = {COMMAND_LINE: "give --data FILE", KEYWORDS: "give data=FILE"}.get(
+                config.source, f"add a [data] table with its path to {config.source}, or give --data FILE")
+            who = "harvest.run" if config.source == KEYWORDS else "`harvest run`"
+            raise ConfigError(config.source, [(f"{config.source} [data]", f"{who} needs a dataset: {how}")])
         if config.server is None and not config.client.endpoints:
             raise ConfigError(config.source, [(f"{config.source} [server]",
                                                "`harvest run` needs a [server] table or [client] endpoints")])

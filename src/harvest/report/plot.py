@@ -129,12 +129,14 @@ class Scale:
             hi = lo * 10 if self.log else lo + 1.0
         return lo, hi
 
-    def fraction(self, v: float) -> float:
+    def mapping(self) -> Callable[[float], float]:
+        """Data to the fraction of the axis (0 at its low limit, 1 at its high one), the limits read
+        once: a line of thousands of points maps each without recomputing them."""
         lo, hi = self.limits()
         if self.log:
-            v = max(v, 1e-300)
-            return (math.log10(v) - math.log10(lo)) / (math.log10(hi) - math.log10(lo))
-        return (v - lo) / (hi - lo)
+            a, span = math.log10(lo), math.log10(hi) - math.log10(lo)
+            return lambda v: (math.log10(max(v, 1e-300)) - a) / span
+        return lambda v: (v - lo) / (hi - lo)
 
     def ticks(self, length: float, spacing: float = 55.0) -> list[tuple[float, str]]:
         """Ticks at most one per ``spacing`` points of an axis ``length`` long."""
@@ -334,16 +336,16 @@ class Axes:
 
     def draw(self, out: list[str], index: int, box: tuple[float, float, float, float], clip: str) -> None:
         x0, y0, w, h = box
-        fx = lambda v: x0 + self.x.fraction(v) * w  # noqa: E731 - two one-line mappings
+        xf, yf = self.x.mapping(), self.y.mapping()
+        fx = lambda v: x0 + xf(v) * w  # noqa: E731 - two one-line mappings
         if self.ycategories is not None:
             n = len(self.ycategories)
             fy: Callable[[float], float] = lambda v: y0 + h - (v + 0.6) / n * h  # noqa: E731
         else:
-            fy = lambda v: y0 + h - self.y.fraction(v) * h  # noqa: E731
+            fy = lambda v: y0 + h - yf(v) * h  # noqa: E731
         out.append(f'<g id="axes_{index}">')
-        xt = [(v, t) for v, t in self.x.ticks(w) if -1e-6 <= self.x.fraction(v) <= 1 + 1e-6]
-        yt = [(v, t) for v, t in self.yticks(h) if self.ycategories is not None
-              or -1e-6 <= self.y.fraction(v) <= 1 + 1e-6]
+        xt = [(v, t) for v, t in self.x.ticks(w) if -1e-6 <= xf(v) <= 1 + 1e-6]
+        yt = [(v, t) for v, t in self.yticks(h) if self.ycategories is not None or -1e-6 <= yf(v) <= 1 + 1e-6]
         if self.xgrid:
             out.extend(f'<line x1="{_n(fx(v))}" y1="{_n(y0)}" x2="{_n(fx(v))}" y2="{_n(y0 + h)}" stroke="{GRID}" '
                        'stroke-width="0.6"/>' for v, _ in xt)
@@ -557,11 +559,10 @@ class Figure:
         if below:
             lw = (legend_width(below) + 10) * columns
             draw_legend(body, 0, below, max((self.width - lw) / 2, 4.0), self.height - legend_h, columns=columns)
-        height = self.height
         text = "".join(body)
         tag = f"c{zlib.crc32(text.encode()):08x}"  # unique on a page of several figures, same for the same one
-        return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{_n(self.width)}pt" height="{_n(height)}pt" '
-                f'viewBox="0 0 {_n(self.width)} {_n(height)}" font-family="{FAMILY}" font-size="{_n(FONT)}" '
+        return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{_n(self.width)}pt" height="{_n(self.height)}pt" '
+                f'viewBox="0 0 {_n(self.width)} {_n(self.height)}" font-family="{FAMILY}" font-size="{_n(FONT)}" '
                 f'fill="{INK}" role="img"><rect width="100%" height="100%" fill="white"/>'
                 + text.replace("@CLIP@", tag) + "</svg>")
 

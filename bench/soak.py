@@ -1,7 +1,7 @@
 """Soak: a managed llama-server campaign left alone while faults are injected at random.
 
     python bench/soak.py                              # 30,000 items: about 10 minutes with the faults
-    python bench/soak.py --items 6000 --stop-seconds 10 --hang-deadline 15 --hang-floor 5   # the suite's
+    python bench/soak.py --items 3000 --stop-seconds 10 --hang-deadline 15 --hang-floor 5   # the suite's
 
 ``harvest run`` launches llama-server (the tiny test model) behind ``tests/hang_engine.py``, a
 loopback proxy that can hold every completion while ``/health`` answers, with the default

@@ -70,20 +70,20 @@ class Candidate:
 
 
 FP8_KV = Candidate("fp8", 'kv_cache_dtype = "fp8"', {"kv_cache_dtype": "fp8"})
-FLOAT16 = Candidate("f16", 'dtype = "float16"', {"dtype": "float16"})
 FLOAT32 = Candidate("f32", 'dtype = "float32"', {"dtype": "float32"})
 
 
 def compare_candidates(cpu: CpuFeatures) -> list[Candidate]:
     """The candidates a vLLM CPU comparison launches on a machine with ``cpu``.
 
-    With AVX-512 or AMX: an FP8 KV cache and float32 weights. Without: float16 weights take the FP8
-    cache's place as the measurable difference, the FP8 cache is still launched (between the two)
-    to show that the engine's refusal is recorded as "unsupported" and the comparison goes on.
+    Two candidates, four launches with the reference and its floor, on either path. With AVX-512 or
+    AMX: an FP8 KV cache and float32 weights, both measured. Without: the FP8 cache is launched first
+    to show that the engine's refusal is recorded as "unsupported" and the comparison goes on to
+    float32 weights, the measured one.
     """
     if cpu.vllm_cpu_fp8_kv:
         return [FP8_KV, FLOAT32]
-    return [FLOAT16, Candidate(FP8_KV.name, FP8_KV.server, FP8_KV.settings, expect="unsupported"), FLOAT32]
+    return [Candidate(FP8_KV.name, FP8_KV.server, FP8_KV.settings, expect="unsupported"), FLOAT32]
 
 
 def nvidia_driver() -> str | None:

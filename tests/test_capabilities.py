@@ -22,14 +22,13 @@ flags\t\t: fpu sse sse2 avx avx2 avx512f avx512dq avx512cd avx512bw avx512vl avx
 SAPPHIRE_AMX = XEON_AVX512.replace("avx512_vnni", "avx512_vnni amx_bf16 amx_tile amx_int8")
 
 
-def test_no_avx512_path_launches_float16_and_expects_fp8_refused():
+def test_no_avx512_path_expects_fp8_refused_then_measures_float32():
     cpu = CpuFeatures.parse(EPYC_AVX2)
     assert not cpu.avx512 and not cpu.amx and not cpu.vllm_cpu_fp8_kv
     assert cpu.describe() == "AVX-512 no, AMX no"
     chosen = compare_candidates(cpu)
-    assert [(c.name, c.expect) for c in chosen] == [("f16", "measured"), ("fp8", "unsupported"),
-                                                    ("f32", "measured")]
-    assert chosen[0].settings == {"dtype": "float16"} and chosen[1].settings == {"kv_cache_dtype": "fp8"}
+    assert [(c.name, c.expect) for c in chosen] == [("fp8", "unsupported"), ("f32", "measured")]
+    assert chosen[0].settings == {"kv_cache_dtype": "fp8"} and chosen[1].settings == {"dtype": "float32"}
 
 
 def test_avx512_path_launches_fp8():
@@ -44,7 +43,7 @@ def test_avx512_path_launches_fp8():
 def test_avx512f_alone_is_not_enough():
     """torch (so vLLM) wants F, BW, VL and DQ; a CPU with only some of them takes the AVX2 path."""
     cpu = CpuFeatures.parse("flags\t: avx2 avx512f avx512cd\n")
-    assert not cpu.avx512 and compare_candidates(cpu)[0].name == "f16"
+    assert not cpu.avx512 and compare_candidates(cpu)[0].expect == "unsupported"
 
 
 def test_unreadable_or_flagless_cpuinfo_means_no_features(tmp_path: Path):

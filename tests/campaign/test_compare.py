@@ -1,10 +1,9 @@
 """``harvest compare`` on the tiny model with vLLM's CPU build: the reference against a second launch
 of itself (the noise floor) and candidates chosen by what this CPU can run (tests/capabilities.py):
-with AVX-512 or AMX an FP8 KV cache and float32 weights-and-activations; without, float16 weights,
-the FP8 KV cache (which the engine refuses here: recorded "unsupported", the comparison goes on)
-and float32.
+with AVX-512 or AMX an FP8 KV cache and float32 weights-and-activations; without, the FP8 KV cache
+(which the engine refuses here: recorded "unsupported", the comparison goes on) and float32.
 
-One comparison for the vLLM tests (four or five launches); every test reads its report. The
+One comparison for the vLLM tests (four launches); every test reads its report. The
 policy test reuses the stored reference and floor, so it launches nothing.
 A last test runs a comparison over the deterministic chat stand-in (tests/quality/chat_engine.py)
 where one candidate's stop is dirty.
@@ -38,7 +37,7 @@ MEASURED = [c for c in CANDIDATES if c.expect == "measured"]
 UNSUPPORTED = [c for c in CANDIDATES if c.expect == "unsupported"]
 
 CHAT_ENGINE = Path(__file__).resolve().parents[1] / "quality" / "chat_engine.py"
-# The shared comparison (four or five vLLM launches) is set up inside the first test that asks for
+# The shared comparison (four vLLM launches) is set up inside the first test that asks for
 # it; on a busy two-core machine one launch alone can take minutes.
 pytestmark = pytest.mark.timeout(3000)
 

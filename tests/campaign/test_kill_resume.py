@@ -26,7 +26,7 @@ ROUNDS = 12
 #: The client's own window of claimed rows (2 x concurrency 32); the send order holds more once
 #: the claimed rows share prefixes (campaign/run/order.py: after 256 rows).
 WINDOW = 64
-N_ITEMS = 3000
+N_ITEMS = 1500
 
 
 def write_job(tmp_path, url, campaign):
@@ -41,7 +41,7 @@ def write_job(tmp_path, url, campaign):
     job = tmp_path / f"job{campaign}.toml"
     job.write_text(
         f'[data]\npath = "{data}"\nid_field = "id"\n'
-        f'[sampling]\nmax_tokens = 24\n'
+        f'[sampling]\nmax_tokens = 16\n'
         f'[client]\nendpoints = ["{url}"]\nconcurrency = 32\nhealth_deadline = 60\n'
         f'[output]\ndir = "{run_dir}"\n'
         f'[run]\nprogress_interval = 0.5\n')

@@ -24,10 +24,12 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from harvest.campaign.run.intake import INGEST_BATCH
 from tests.campaign.ledger_peek import orphan_results, results_count, statuses, unique_items
 
-N = 2 * INGEST_BATCH + 1234  # three ingest batches, the last one short
+#: Records per ingest transaction in the held runs (tests/campaign/held_ingest.py); the plain resume
+#: runs with the product's own (10,000) and reads the rest in one batch.
+INGEST_BATCH = 1000
+N = 2 * INGEST_BATCH + 123  # three ingest batches, the last one short
 DUPLICATES = 7  # ids of the first batch repeated in the last one
 BAD_LINE = INGEST_BATCH + 17  # a bad record deep in the file (the second batch)
 
@@ -146,6 +148,7 @@ def _held_ingest(tmp_path: Path, job: Path) -> tuple[list[str], dict[str, str], 
     machine, however fast it reads the rest."""
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "HARVEST_TEST_INGEST_GATE": str(tmp_path / "gate"),
+           "HARVEST_TEST_INGEST_BATCH": str(INGEST_BATCH),
            "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)}
     return [sys.executable, "-m", "tests.campaign.held_ingest", "run", str(job), "--no-live"], env, root
 

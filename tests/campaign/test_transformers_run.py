@@ -1,6 +1,6 @@
 """A managed ``transformers serve`` campaign on the CPU, as the GPU check runs it on a GPU: ``harvest
 run`` launches the engine through its adapter (``engine = "transformers"``), waits for readiness,
-passes the start check, sends 200 items and one prompt larger than the model's context; the client is
+passes the start check, sends 100 items and one prompt larger than the model's context; the client is
 SIGKILLed mid-run and the same command resumes it.
 
 Checked: every item exactly once in the ledger, with its own id; the oversized prompt skipped with
@@ -31,8 +31,8 @@ from tests.hf_cache import cache_other_model
 
 pytestmark = pytest.mark.slow
 
-ITEMS = 200
-KILL_AT = 40  # of 200: the kill lands mid-run (8 in flight)
+ITEMS = 100
+KILL_AT = 20  # of 100: the kill lands mid-run (8 in flight)
 HUGE_BYTES = 200_000
 
 

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.slow]
 def test_short_soak_survives_every_fault_kind_with_nothing_lost_or_duplicated(tmp_path, llama_server_bin,
                                                                             tiny_gguf, monkeypatch):
     monkeypatch.setenv("HARVEST_LLAMA_SERVER", llama_server_bin)
-    code = soak.main(["--items", "6000", "--stop-seconds", "10", "--hang-deadline", "15", "--hang-floor", "5",
+    code = soak.main(["--items", "3000", "--stop-seconds", "10", "--hang-deadline", "15", "--hang-floor", "5",
                       "--faults", ",".join(soak.KINDS), "--dir", str(tmp_path), "--end-timeout", "600",
                       "--gguf", str(tiny_gguf)])
     summary = json.loads((tmp_path / "soak.json").read_text())

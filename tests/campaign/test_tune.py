@@ -295,12 +295,12 @@ prompts = 8
 max_tokens = 16
 floor_launch = false
 
-# (48 x 192 tokens: long enough, a second or more even on a fast machine, for 0.1 s gauge scrapes to
+# (32 x 128 tokens: long enough, most of a second even on a fast machine, for 0.1 s gauge scrapes to
 # land mid-run)
 [throughput]
-prompts = 48
-concurrency = 48
-max_tokens = 192
+prompts = 32
+concurrency = 32
+max_tokens = 128
 extra_body = { ignore_eos = true }
 metrics_interval = 0.1
 """)

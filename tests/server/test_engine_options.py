@@ -3,7 +3,8 @@ engines' own, and harvest reads a token of ``extra_args`` as the engine's own pa
 
 ``scripts/engine-options`` is run against the installed engines (vLLM's ``make_arg_parser``,
 SGLang's ``ServerArgs.add_cli_args``, ``llama-server --help``; the two parsers in the session's
-parser hosts, tests/engine_parsers.py) and must give the shipped files byte for byte; a difference fails naming the options added and removed. Then a table of tokens
+parser hosts, tests/engine_parsers.py) and must give the shipped files byte for byte; a difference
+fails naming the options added and removed. Then a table of tokens
 (every prefix of every secret and address option, ``=`` forms, underscores, vLLM's dotted form,
 single-dash forms, everyday flags) goes through each engine's real parser, in the engine's own
 Python, and through :func:`harvest.engine_flags.read_token`: both must name the same option, the

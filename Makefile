@@ -1,13 +1,18 @@
 # The two entry points of the README. Each installs what it needs into .venv (harvest) and into
 # engine environments cached outside the clone (scripts/install-engines), then runs.
-PY ?= python3
+# The interpreter .venv is built from: PY when given, else scripts/pick-python's choice, the fastest
+# build on this machine of the Python version `python3` is (the suite's CPU is mostly short Python
+# processes: on a 2-core AMD EPYC VM, 2026-12-07, Debian's CPython 3.11 build ran the fast tier in
+# 152 s against 184 s on a pyenv build of 3.11 without profile-guided optimisation; tests/README.md).
+# An existing .venv is kept whatever built it.
+PY ?=
 VENV ?= .venv
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist): twice the machine's cores plus one, 3 to 16. The suite waits on
 # engines, deadlines and subprocesses more than it computes: on 2 cores the whole suite kept 1.05
 # cores busy with 3 workers (2026-12-06), and the fast tier took 138 s with 3, 127 s with 4 and
 # 117 s with 5 (tests/README.md "The suite's time").
-TEST_WORKERS ?= $(shell $(PY) -c 'import os; print(min(16, max(3, 2 * len(os.sched_getaffinity(0)) + 1)))')
+TEST_WORKERS ?= $(shell python3 -c 'import os; print(min(16, max(3, 2 * len(os.sched_getaffinity(0)) + 1)))')
 # The pytest time each tier may take (tests/budget.py: over it a CI run fails, elsewhere it warns).
 # The fast tier's budget follows the machine's speed: FAST_BUDGET_S where tests/budget.py's speed
 # probe takes FAST_BUDGET_PROBE_MS, scaled by the probe's reading here (x0.5 to x3). Set on a 2-core
@@ -27,7 +32,7 @@ TEST_ENV = PYTHONDONTWRITEBYTECODE=
 .PHONY: demo test test-fast install engines system
 
 $(VENV)/.harvest-installed: pyproject.toml
-	$(PY) -m venv $(VENV)
+	py="$(PY)"; [ -n "$$py" ] || py=$$(scripts/pick-python); "$$py" -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip
 	$(VENV)/bin/python -m pip install -q -e '.[test]'
 	touch $@

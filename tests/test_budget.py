@@ -32,7 +32,7 @@ def child(tmp_path: Path, *, limit: str, ci: bool, **extra: str) -> subprocess.C
     if ci:
         env["CI"] = "true"
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "tests.conftest", "-q",
-                           str(tmp_path / "test_planted.py")], cwd=ROOT, env=env, capture_output=True, text=True,
+                           f"--basetemp={tmp_path / 'child'}", str(tmp_path / "test_planted.py")], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=120, check=False)
 
 

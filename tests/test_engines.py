@@ -49,7 +49,7 @@ def test_a_test_run_stopped_by_sigterm_stops_the_engines_it_started(tmp_path: Pa
     (tmp_path / "test_nested.py").write_text(textwrap.dedent(NESTED))
     pidfile = tmp_path / "engine.pid"
     run = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "tests.conftest",
-                            "-q", "-s", str(tmp_path / "test_nested.py")],
+                            "-q", "-s", f"--basetemp={tmp_path / 'child'}", str(tmp_path / "test_nested.py")],
                            cwd=ROOT, env=child_env(ENGINE_PIDFILE=str(pidfile)),
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     engine: tuple[int, float] | None = None

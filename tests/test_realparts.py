@@ -23,17 +23,20 @@ BROWSER = "tests/report/test_report_browser.py"  # gated per test (an autouse fi
 SSHD = "tests/hosts/test_ssh_faults.py::test_wrong_key_is_one_line_exit_2"  # gated in the sshd fixture
 
 
-def child(target: str, *, ci: bool, hide: str) -> subprocess.CompletedProcess[str]:
+def child(target: str, tmp_path: Path, *, ci: bool, hide: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in child_env().items() if k not in ("CI", "HARVEST_TEST_HIDE", "HARVEST_NO_SKIPS", "PYTEST_ADDOPTS")}
     env["HARVEST_TEST_HIDE"] = hide
     if ci:
         env["CI"] = "true"
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", target],
+    # Its own temporary folder: a child on the shared numbered ones deletes the oldest (a whole
+    # earlier suite's, seconds of I/O) before its first test.
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                           f"--basetemp={tmp_path / 'child'}", target],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
-def test_ci_fails_naming_a_hidden_chromium():
-    out = child(BROWSER, ci=True, hide="chromium")
+def test_ci_fails_naming_a_hidden_chromium(tmp_path):
+    out = child(BROWSER, tmp_path, ci=True, hide="chromium")
     text = out.stdout + out.stderr
     assert out.returncode == 1, text[-3000:]
     assert "real part missing: chromium (hidden by HARVEST_TEST_HIDE)" in text, text[-3000:]
@@ -43,8 +46,8 @@ def test_ci_fails_naming_a_hidden_chromium():
     assert "test_report_browser.py::" in text and "(error)" in text, text[-3000:]
 
 
-def test_without_ci_a_hidden_chromium_skips_and_is_listed():
-    out = child(BROWSER, ci=False, hide="chromium")
+def test_without_ci_a_hidden_chromium_skips_and_is_listed(tmp_path):
+    out = child(BROWSER, tmp_path, ci=False, hide="chromium")
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-3000:]
     last = text.splitlines()[-1]
@@ -54,8 +57,8 @@ def test_without_ci_a_hidden_chromium_skips_and_is_listed():
     assert "(skipped)" in text, text[-3000:]
 
 
-def test_ci_fails_naming_a_hidden_sshd_in_a_fixture():
-    out = child(SSHD, ci=True, hide="sshd")
+def test_ci_fails_naming_a_hidden_sshd_in_a_fixture(tmp_path):
+    out = child(SSHD, tmp_path, ci=True, hide="sshd")
     text = out.stdout + out.stderr
     assert out.returncode == 1, text[-3000:]
     assert "1 error" in text.splitlines()[-1], text[-500:]

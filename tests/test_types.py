@@ -11,7 +11,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_mypy_finds_no_error_in_src_harvest():
-    out = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental", "src/harvest"], cwd=ROOT,
+    # Incremental, mypy's default: its cache (.mypy_cache, ignored by git) re-checks only what changed
+    # since the last run here, 0.7 s instead of 15.6 s of CPU on a 2-core VM; a fresh clone checks all.
+    out = subprocess.run([sys.executable, "-m", "mypy", "src/harvest"], cwd=ROOT,
                          capture_output=True, text=True, timeout=600, check=False)
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-2000:]
     assert "Success: no issues found" in out.stdout, out.stdout

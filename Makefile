@@ -16,7 +16,8 @@ TEST_WORKERS ?= $(shell python3 -c 'import os; print(min(16, max(3, 2 * len(os.s
 # The pytest time each tier may take (tests/budget.py: over it a CI run fails, elsewhere it warns).
 # The fast tier's budget follows the machine's speed: FAST_BUDGET_S where tests/budget.py's speed
 # probe takes FAST_BUDGET_PROBE_MS, scaled by the probe's reading here (x0.5 to x3). Set on a 2-core
-# AMD EPYC VM without AVX-512 (probe 4.4 ms at its best, 2026-12-07), where the tier took 249 s:
+# AMD EPYC VM without AVX-512 (probe 4.4 ms at its best on a pyenv build of 3.11, 2026-12-07; Debian's
+# build reads x0.63 of that: tests/README.md "The interpreter"), where the tier took 249 s:
 # 450 s there, 225 s on a machine twice as fast (the tier took 100-168 s on one, 2026-12-06). The
 # suite's target is 15 min; its budget is the 20-minute rule itself, on any machine. Figures:
 # tests/README.md "The suite's time".

@@ -37,7 +37,7 @@ TEST_ENV = PYTHONDONTWRITEBYTECODE=
 .PHONY: demo test test-fast install engines system
 
 $(VENV)/.harvest-installed: pyproject.toml
-	py="$(PY)"; [ -n "$$py" ] || py=$$(scripts/pick-python); "$$py" -m venv $(VENV)
+	py="$(PY)"; [ -n "$$py" ] || py=$$(scripts/pick-python) || py=python3; "$$py" -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip
 	$(VENV)/bin/python -m pip install -q -e '.[test]'
 	touch $@

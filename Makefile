@@ -13,10 +13,6 @@ PYTEST_ARGS ?=
 # cores busy with 3 workers (2026-12-06), and the fast tier took 138 s with 3, 127 s with 4 and
 # 117 s with 5 (tests/README.md "The suite's time").
 TEST_WORKERS ?= $(shell python3 -c 'import os; print(min(16, max(3, 2 * len(os.sched_getaffinity(0)) + 1)))')
-# The fast tier's: three times the cores plus one. Its tests wait on subprocesses and sockets more
-# than the suite's engines do: on the 2-core AMD VM (2026-12-07, alternating, same tree) 7 workers
-# ran it in 154.2 and 142.4 s, 5 workers in 159.1 and 161.1 s.
-FAST_WORKERS ?= $(shell python3 -c 'import os; print(min(16, max(3, 3 * len(os.sched_getaffinity(0)) + 1)))')
 # The pytest time each tier may take (tests/budget.py: over it a CI run fails, elsewhere it warns).
 # The fast tier's budget follows the machine's speed: FAST_BUDGET_S where tests/budget.py's speed
 # probe takes FAST_BUDGET_PROBE_MS, scaled by the probe's reading here (x0.5 to x3). Set on a 2-core
@@ -70,5 +66,5 @@ test: install engines system
 FAST_MARKERS = not vllm and not transformers and not ray and not sshd and not engine and not gpu and not slow
 test-fast: install
 	HARVEST_SGLANG_PYTHON="$$(scripts/install-engines sglang)" \
-	HARVEST_NO_SKIPS=1 HARVEST_TIME_BUDGET=$(FAST_BUDGET_S) HARVEST_TIME_BUDGET_PROBE_MS=$(FAST_BUDGET_PROBE_MS) $(TEST_ENV) $(VENV)/bin/python -m pytest -n $(FAST_WORKERS) --dist loadgroup -m "$(FAST_MARKERS)" $(PYTEST_ARGS); rc=$$?; \
+	HARVEST_NO_SKIPS=1 HARVEST_TIME_BUDGET=$(FAST_BUDGET_S) HARVEST_TIME_BUDGET_PROBE_MS=$(FAST_BUDGET_PROBE_MS) $(TEST_ENV) $(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "$(FAST_MARKERS)" $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "no tests collected: failing" >&2; exit 1; fi; exit $$rc

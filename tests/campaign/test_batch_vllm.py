@@ -18,6 +18,7 @@ import time
 
 import pytest
 
+from tests import harvest_process
 from tests.batchfile import answer_problems, write_batch
 from tests.campaign.ledger_peek import orphan_results, result_ids, results_count
 from tests.engines import served_model
@@ -51,7 +52,7 @@ def test_batch_rows_honour_their_bodies_killed_and_resumed_once(tmp_path, vllm_s
                    f'[client]\nconcurrency = 32\nhealth_deadline = 60\n'
                    f'[output]\ndir = "{run_dir}"\n[run]\nprogress_interval = 0.5\n')
     argv = [sys.executable, "-m", "harvest", "run", str(job), "--no-live"]
-    first = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = harvest_process.popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     end = time.monotonic() + 120
     while time.monotonic() < end and first.poll() is None and results_count(run_dir) < ROWS // 4:
         time.sleep(0.1)
@@ -62,13 +63,13 @@ def test_batch_rows_honour_their_bodies_killed_and_resumed_once(tmp_path, vllm_s
     before = results_count(run_dir)
     assert killed and 0 < before < ROWS, f"the kill did not land mid-run ({before} results)"
 
-    final = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    final = harvest_process.run(argv, capture_output=True, text=True, timeout=600)
     assert final.returncode == 0, final.stdout + final.stderr
     ids = result_ids(run_dir)
     assert sorted(ids) == sorted(r["custom_id"] for r in requests) and orphan_results(run_dir) == 0  # each once
 
-    export = subprocess.run([sys.executable, "-m", "harvest", "export", str(run_dir), "--format", "openai-batch"],
-                            capture_output=True, text=True, timeout=120)
+    export = harvest_process.run([sys.executable, "-m", "harvest", "export", str(run_dir), "--format", "openai-batch"],
+                                 capture_output=True, text=True, timeout=120)
     assert export.returncode == 0, export.stdout + export.stderr
     out = run_dir / "export.openai-batch.jsonl"
     lines = [json.loads(x) for x in out.read_text().splitlines()]

@@ -21,6 +21,7 @@ import pytest
 
 from harvest.ledger import Ledger, Status
 from tests import engines
+from tests import harvest_process
 
 # The chat stand-in and vLLM, launched and stopped by harvest.
 pytestmark = pytest.mark.engine
@@ -75,8 +76,8 @@ dir = {json.dumps(str(path.parent / "run"))}
 
 
 def harvest(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "harvest.cli.main", *argv], capture_output=True, text=True,
-                          timeout=300, stdin=subprocess.DEVNULL, env=dict(os.environ))
+    return harvest_process.run([sys.executable, "-m", "harvest.cli.main", *argv], capture_output=True, text=True,
+                               timeout=300, stdin=subprocess.DEVNULL, env=dict(os.environ))
 
 
 def rows(run_dir: Path) -> dict[str, object]:

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests import engines
+from tests import harvest_process
 from tests.campaign.ledger_peek import results_count
 from tests.campaign.test_give_up import PREFLIGHT, data
 from tests.hosts.conftest import write_toml
@@ -35,8 +36,8 @@ HANG_ENGINE = Path(engines.ROOT) / "tests" / "hang_engine.py"
 
 def run(job: Path, tmp_path: Path) -> subprocess.Popen[str]:
     env = {**os.environ, "HARVEST_STATE_DIR": str(tmp_path / "state")}
-    return subprocess.Popen([sys.executable, "-X", "dev", "-m", "harvest", "run", str(job), "--no-live"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return harvest_process.popen([sys.executable, "-X", "dev", "-m", "harvest", "run", str(job), "--no-live"], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def wait_results(run_dir: Path, proc: subprocess.Popen[str], at_least: int) -> None:

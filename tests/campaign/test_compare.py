@@ -23,6 +23,7 @@ import psutil
 import pytest
 
 from harvest.campaign.sweep.compare import CompareReport
+from tests import harvest_process
 from tests.placed import compare
 from harvest.config import load_config, parse_config
 from harvest.quality.evaluate import gate
@@ -205,8 +206,8 @@ def test_policy_rejects_fp8_without_launching_it(compared):
     env = {**os.environ, "HARVEST_STATE_DIR": str(root / "state-policy")}
     argv = ["compare", "--reference", str(jobs["ref"]), "--candidate", str(jobs["fp8"]),
             "--settings", str(settings), "--out", str(out), "--json"]
-    proc = subprocess.run([sys.executable, "-m", "harvest.cli.main", *argv],
-                          capture_output=True, text=True, env=env, timeout=300, stdin=subprocess.DEVNULL)
+    proc = harvest_process.run([sys.executable, "-m", "harvest.cli.main", *argv],
+                               capture_output=True, text=True, env=env, timeout=300, stdin=subprocess.DEVNULL)
     assert proc.returncode == 1, proc.stdout + proc.stderr  # a candidate did not pass
     doc = json.loads(proc.stdout)
     assert doc["schema"] == "harvest.compare/1" and doc["reused_reference"] is True

@@ -33,6 +33,7 @@ import pytest
 
 from harvest.campaign.run import runner
 from tests import engines
+from tests import harvest_process
 from tests.campaign.ledger_peek import attempts, statuses
 from tests.campaign.test_give_up import group_gone
 from tests.campaign.test_hang import HANG_ENGINE, ids_once
@@ -162,8 +163,8 @@ def test_detached_run_survives_its_shell_is_watched_stopped_and_resumed_to_the_e
         assert len(seen) >= 2 and seen[-1] <= HOLD_AFTER + 2, seen  # the panel of the run going on
         engine = json.loads((run_dir / "server" / "launch.json").read_text())["record"]
 
-        stop = subprocess.run([*HARVEST, "stop", "run"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                              timeout=120)
+        stop = harvest_process.run([*HARVEST, "stop", "run"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                                   timeout=120)
         assert stop.returncode == 0, stop.stdout + stop.stderr
         assert f"runner pid {first.pid}: exited after" in stop.stdout and "(outcome: interrupted)" in stop.stdout
         assert "verdict: CLEAN" in stop.stdout and "resume it with: harvest run job.toml --detach" in stop.stdout
@@ -179,8 +180,8 @@ def test_detached_run_survives_its_shell_is_watched_stopped_and_resumed_to_the_e
         # the same command again: resumed, watched to its end
         term.stop()
         term = Terminal(tmp_path / "watch-2")
-        again = subprocess.run([*HARVEST, "run", "job.toml", "--detach"], cwd=tmp_path, env=env,
-                               capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+        again = harvest_process.run([*HARVEST, "run", "job.toml", "--detach"], cwd=tmp_path, env=env,
+                                    capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
         second = runner.read(run_dir)
         assert again.returncode == 0, again.stdout + again.stderr
         assert second is not None and second.pid != first.pid
@@ -201,8 +202,8 @@ def test_detached_run_survives_its_shell_is_watched_stopped_and_resumed_to_the_e
     last = json.loads((run_dir / "server" / "launch.json").read_text())["record"]
     assert group_gone(last["pgid"])
 
-    report = subprocess.run([*HARVEST, "report", "run"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                            timeout=120)
+    report = harvest_process.run([*HARVEST, "report", "run"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                                 timeout=120)
     assert report.returncode == 0, report.stderr
     page = (run_dir / "report.html").read_text()
     sessions = re.findall(r'data-session-end="(\w*)"', page)

@@ -20,6 +20,7 @@ import pytest
 
 from harvest.ledger import Ledger
 from harvest.ledger.logprobs import LOGPROB_DIR, shard_name
+from tests import harvest_process
 from tests.campaign.ledger_peek import _query, orphan_results, results_count
 from tests.realparts import require
 
@@ -44,8 +45,8 @@ def _job(tmp_path, url, rows, *, name, n, logprobs, temperature, max_tokens=16, 
 
 
 def _harvest(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "harvest", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return harvest_process.run([sys.executable, "-m", "harvest", *args], capture_output=True, text=True,
+                               timeout=timeout)
 
 
 def _shards_match_ledger(run_dir):
@@ -67,8 +68,8 @@ def test_n4_samples_exactly_once_across_sigkill(tmp_path, vllm_server):
     # Each run is killed once the ledger holds a further share of the samples (not after a fixed
     # time, which a fast machine outruns and a loaded one spends in the start-up).
     for share in (0.1, 0.3, 0.5, 0.7):
-        proc = subprocess.Popen([sys.executable, "-m", "harvest", "run", str(job), "--no-live"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = harvest_process.popen([sys.executable, "-m", "harvest", "run", str(job), "--no-live"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         end = time.monotonic() + 120
         while proc.poll() is None and time.monotonic() < end and results_count(run_dir) < share * n_items * 4:
             time.sleep(0.02)

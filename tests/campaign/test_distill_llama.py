@@ -12,6 +12,7 @@ import urllib.request
 import pytest
 
 from harvest.ledger import Ledger
+from tests import harvest_process
 
 pytestmark = [pytest.mark.engine]
 
@@ -41,8 +42,8 @@ def test_samples_on_llama_server(tmp_path, llama_server, per_request):
         f'[sampling]\nmax_tokens = 8\ntemperature = 1.0\nseed = 11\nn = 3\nlogprobs = 2\n{choice}'
         f'[client]\nendpoints = ["{llama_server.url}"]\nconcurrency = 4\nhealth_deadline = 60\n'
         f'[output]\ndir = "{run_dir}"\n')
-    done = subprocess.run([sys.executable, "-m", "harvest", "run", str(job), "--no-live"], capture_output=True,
-                          text=True, timeout=600)
+    done = harvest_process.run([sys.executable, "-m", "harvest", "run", str(job), "--no-live"], capture_output=True,
+                               text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     said = "3 separate requests with seeds 11..13" if per_request is None else "one request with n = 3"
     assert said in done.stdout + done.stderr

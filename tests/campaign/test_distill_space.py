@@ -13,6 +13,7 @@ from harvest.config import parse_config
 from harvest.dataset import iter_items
 from harvest.ledger import Ledger, prepare_ingest
 from harvest.ledger.logprobs import record_bytes
+from tests import harvest_process
 
 
 def _config(tmp_path, *, max_tokens, n, logprobs=20, rows=50, turns=1):
@@ -53,8 +54,8 @@ def test_run_refused_when_logprobs_cannot_fit(tmp_path):
         '[sampling]\nmax_tokens = 1000000000\nn = 64\nlogprobs = 20\n'
         '[client]\nendpoints = ["http://127.0.0.1:9"]\nhealth_deadline = 5\n'
         f'[output]\ndir = "{tmp_path / "run"}"\n')
-    done = subprocess.run([sys.executable, "-m", "harvest", "run", str(job), "--no-live"], capture_output=True,
-                          text=True, timeout=300)
+    done = harvest_process.run([sys.executable, "-m", "harvest", "run", str(job), "--no-live"], capture_output=True,
+                               text=True, timeout=300)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "logprob_disk" in done.stderr and "GiB free" in done.stderr
     assert "12,800 samples still to generate" in done.stderr  # 200 inputs x 64

@@ -13,6 +13,7 @@ import pytest
 import harvest
 from harvest.errors import LedgerError
 from harvest.ledger import Ledger, Status, hash_settings
+from tests import harvest_process
 from tests.engines import free_port, sim_engine
 
 
@@ -93,9 +94,9 @@ def test_a_model_file_that_is_not_there_is_refused_before_any_launch(tmp_path):
     (tmp_path / "job.toml").write_text(
         f'[server]\nengine = "llamacpp"\nmodel = "models/tiny.gguf"\ncommand = ["{sys.executable}"]\nport = 9\n'
         '[data]\npath = "p.jsonl"\n[output]\ndir = "run"\n[preflight]\nmin_disk_free_gib = 0\n')
-    out = subprocess.run([sys.executable, "-m", "harvest", "run", "job.toml", "--no-live"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
-                         env={**__import__("os").environ, "HARVEST_STATE_DIR": str(tmp_path / "state")})
+    out = harvest_process.run([sys.executable, "-m", "harvest", "run", "job.toml", "--no-live"], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                              env={**__import__("os").environ, "HARVEST_STATE_DIR": str(tmp_path / "state")})
     said = out.stdout + out.stderr
     assert out.returncode == 1, said
     assert (f"FAIL  paths          [server] model {tmp_path / 'models' / 'tiny.gguf'} does not exist: [server] "

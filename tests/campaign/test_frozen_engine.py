@@ -33,6 +33,7 @@ import pytest
 
 from harvest.client.policy import RetryPolicy
 from tests import engines
+from tests import harvest_process
 from tests.campaign.ledger_peek import attempts, results_count, statuses
 from tests.campaign.test_give_up import PREFLIGHT, data, group_gone, harvest_run
 from tests.campaign.test_hang import ids_once
@@ -154,9 +155,9 @@ def test_killed_then_frozen_engines_keep_their_logs_and_are_relaunched_within_th
     assert "llama" in (kept / "1" / "server.log").read_text()  # the killed engine's own log, kept
     assert (kept / "2" / "stop.json").is_file() and (kept / "2" / "server.log").is_file()
     page_file = tmp_path / "r.html"
-    report = subprocess.run([sys.executable, "-m", "harvest", "report", str(run_dir), "-o", str(page_file)],
-                            capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "HARVEST_STATE_DIR": str(tmp_path / "state")})
+    report = harvest_process.run([sys.executable, "-m", "harvest", "report", str(run_dir), "-o", str(page_file)],
+                                 capture_output=True, text=True, timeout=120,
+                                 env={**os.environ, "HARVEST_STATE_DIR": str(tmp_path / "state")})
     assert report.returncode == 0, report.stderr
     page = page_file.read_text()
     links = re.findall(r'<a href="([^"]+)" data-launch-log="(\d+)"', page)

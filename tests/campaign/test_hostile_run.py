@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from bench.hostile_server import completion, serve_in_thread
+from tests import harvest_process
 
 pytestmark = pytest.mark.slow  # several harvest runs, a few seconds each
 
@@ -39,8 +40,8 @@ def run_job(tmp_path: Path, url: str, prompts: list[str], *, name: str, extra: s
         f'[client]\nconcurrency = 4\nmax_retries = 1\nstart_deadline = {start_deadline:g}\n{extra}'
         f'[run]\nprogress_interval = 0.2\n{run}[output]\ndir = "{run_dir}"\n')
     env = {**os.environ, "HARVEST_STATE_DIR": str(tmp_path / "state")}
-    done = subprocess.run([sys.executable, "-m", "harvest", "run", "job.toml", "--no-live"], cwd=folder, env=env,
-                          capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    done = harvest_process.run([sys.executable, "-m", "harvest", "run", "job.toml", "--no-live"], cwd=folder, env=env,
+                               capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
     assert "Traceback" not in done.stderr, done.stderr
     assert_key_nowhere(done, folder)
     return done, run_dir
@@ -86,8 +87,8 @@ def test_odd_answers_are_stored_safely_and_an_answer_at_max_tokens_without_a_rea
     }
     with serve_in_thread("answer", answers=answers) as server:
         done, run_dir = run_job(tmp_path, server.url, list(answers), name="odd")
-        status = subprocess.run([sys.executable, "-m", "harvest", "status", str(run_dir)], capture_output=True,
-                                text=True, timeout=60, env={**os.environ, "HARVEST_STATE_DIR": str(tmp_path / "state")})
+        status = harvest_process.run([sys.executable, "-m", "harvest", "status", str(run_dir)], capture_output=True,
+                                     text=True, timeout=60, env={**os.environ, "HARVEST_STATE_DIR": str(tmp_path / "state")})
     assert done.returncode == 0, done.stdout + done.stderr
     found = ledger(run_dir)
     assert found["counts"] == {"done": len(answers) - 1, "truncated": 1}, found["counts"]

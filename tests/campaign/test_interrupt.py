@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from tests import harvest_process
 from tests.campaign import ledger_peek
 
 pytestmark = pytest.mark.engine
@@ -26,7 +27,7 @@ def test_signal_stops_cleanly_and_the_run_resumes(tmp_path, llama_server, sig):
                    f'[client]\nendpoints = ["{llama_server.url}"]\nconcurrency = 8\n'
                    f'[output]\ndir = "{run_dir}"\n')
     argv = [sys.executable, "-m", "harvest", "run", str(job), "--no-live"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = harvest_process.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 60
     while ledger_peek.results_count(run_dir) < 20:
         assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
@@ -40,7 +41,7 @@ def test_signal_stops_cleanly_and_the_run_resumes(tmp_path, llama_server, sig):
     assert statuses.get("pending", 0) > 0, "the signal came too late to interrupt anything"
     assert ledger_peek.results_count(run_dir) == statuses.get("done", 0) + statuses.get("truncated", 0)
 
-    final = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    final = harvest_process.run(argv, capture_output=True, text=True, timeout=300)
     assert final.returncode == 0, final.stdout + final.stderr
     statuses = ledger_peek.statuses(run_dir)
     assert statuses.get("truncated", 0) + statuses.get("done", 0) == n

@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from tests import harvest_process
 from tests.campaign.ledger_peek import orphan_results, results_count, statuses, unique_items
 from tests.chaos.killer import shared_row
 
@@ -51,13 +52,13 @@ def write_job(tmp_path, url, campaign):
 def check_complete(job, run_dir):
     """The resumed run finishes with exactly one result per unique input item."""
     argv = [sys.executable, "-m", "harvest", "run", str(job), "--no-live"]
-    final = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    final = harvest_process.run(argv, capture_output=True, text=True, timeout=600)
     assert final.returncode == 0, final.stdout + final.stderr
     assert orphan_results(run_dir) == 0
     assert results_count(run_dir) == N_ITEMS  # none lost, none twice
     assert unique_items(run_dir) == N_ITEMS
-    status = subprocess.run([sys.executable, "-m", "harvest", "status", str(run_dir), "--json"],
-                            capture_output=True, text=True, timeout=60)
+    status = harvest_process.run([sys.executable, "-m", "harvest", "status", str(run_dir), "--json"],
+                                 capture_output=True, text=True, timeout=60)
     assert status.returncode == 0, status.stdout + status.stderr
     assert sum(json.loads(status.stdout)["counts"].values()) == N_ITEMS
 
@@ -85,7 +86,7 @@ def test_sigkill_at_random_moments_then_resume(tmp_path, vllm_server):
     while kills < ROUNDS and rounds < 4 * ROUNDS:
         rounds += 1
         argv = [sys.executable, "-m", "harvest", "run", str(job), "--no-live"]
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = harvest_process.popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         if rounds % 2:  # a moment from the start: start-up, ingest, recovery, the first claims
             time.sleep(rng.uniform(0.4, 2.5))
         else:  # a moment once the send order holds its deeper window: reached, not assumed (under

@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from harvest.config import parse_config
 from harvest.ledger import Ledger
+from tests import harvest_process
 from tests.campaign.loopback import Endpoint
 from tests.placed import run_campaign
 
@@ -40,8 +41,8 @@ def scrape(url: str) -> dict[str, dict[tuple, float]]:
 
 
 def status_counts(run_dir: Path) -> dict[str, int]:
-    out = subprocess.run([sys.executable, "-m", "harvest", "status", str(run_dir), "--json"], capture_output=True,
-                         text=True, timeout=60, check=True)
+    out = harvest_process.run([sys.executable, "-m", "harvest", "status", str(run_dir), "--json"], capture_output=True,
+                              text=True, timeout=60, check=True)
     return json.loads(out.stdout)["counts"]
 
 

@@ -7,14 +7,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from tests import harvest_process
 
 
 def test_a_missing_data_file_leaves_no_run_folder(tmp_path):
     (tmp_path / "job.toml").write_text('[server]\nengine = "openai"\nbase_url = "http://127.0.0.1:9"\n'
                                        'model = "m"\n[data]\npath = "prompts.jsonl"\n[output]\ndir = "runs/a"\n')
     env = {**os.environ, "HARVEST_STATE_DIR": str(tmp_path / "state")}
-    out = subprocess.run([sys.executable, "-m", "harvest", "run", "job.toml", "--no-live"], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=120, check=False)
+    out = harvest_process.run([sys.executable, "-m", "harvest", "run", "job.toml", "--no-live"], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 2, out.stdout + out.stderr
     assert (f"job.toml [data] path: cannot read {tmp_path / 'prompts.jsonl'}: No such file or directory; "
             f"nothing was created (a relative path in a job file is read from the file's folder, one given as a "

@@ -14,15 +14,16 @@ import sys
 from pathlib import Path
 
 from tests import engines
+from tests import harvest_process
 from tests.campaign import ledger_peek
 
 ROWS = 24
 
 
 def harvest(cwd: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "harvest", *argv, "--no-live"], cwd=cwd, capture_output=True,
-                          text=True, timeout=300, stdin=subprocess.DEVNULL,
-                          env={**os.environ, "HARVEST_STATE_DIR": str(cwd / "state")})
+    return harvest_process.run([sys.executable, "-m", "harvest", *argv, "--no-live"], cwd=cwd, capture_output=True,
+                               text=True, timeout=300, stdin=subprocess.DEVNULL,
+                               env={**os.environ, "HARVEST_STATE_DIR": str(cwd / "state")})
 
 
 def test_a_wrong_model_name_then_the_fix_in_the_same_out_then_every_item_once(tmp_path, monkeypatch,

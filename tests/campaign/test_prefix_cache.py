@@ -18,6 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from tests import harvest_process
 
 pytestmark = pytest.mark.engine
 
@@ -39,8 +40,8 @@ def engine_counters(url: str) -> tuple[float, float]:
 
 
 def harvest(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "harvest.cli.main", *argv], capture_output=True, text=True,
-                          timeout=600, stdin=subprocess.DEVNULL, cwd=cwd)
+    return harvest_process.run([sys.executable, "-m", "harvest.cli.main", *argv], capture_output=True, text=True,
+                               timeout=600, stdin=subprocess.DEVNULL, cwd=cwd)
 
 
 def test_the_hit_rate_shown_is_the_engines_own_over_the_run(tmp_path, vllm_server):

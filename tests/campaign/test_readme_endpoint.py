@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from tests import harvest_process
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "endpoints.md"
 SIM_ENGINE = Path(__file__).resolve().parents[2] / "bench" / "sim_engine.py"
@@ -46,11 +47,11 @@ def test_the_readme_endpoint_job_runs_as_written(tmp_path):
             "".join(json.dumps({"qid": i, "question": f"What is {i} squared?"}) + "\n" for i in range(30)))
         assert commands and commands[0] == "harvest run job.toml", commands
         for command in commands:
-            res = subprocess.run([sys.executable, "-m", "harvest.cli.main", *shlex.split(command)[1:]],
-                                 cwd=tmp_path, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+            res = harvest_process.run([sys.executable, "-m", "harvest.cli.main", *shlex.split(command)[1:]],
+                                      cwd=tmp_path, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
             assert res.returncode == 0, f"{command}\n{res.stdout}\n{res.stderr}"
-        status = subprocess.run([sys.executable, "-m", "harvest.cli.main", "status", "job.toml", "--json"],
-                                cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        status = harvest_process.run([sys.executable, "-m", "harvest.cli.main", "status", "job.toml", "--json"],
+                                     cwd=tmp_path, capture_output=True, text=True, timeout=60)
         doc = json.loads(status.stdout)
         assert doc["counts"]["done"] == 30 and doc["totals"]["ok"] and doc["model"] == model, doc["counts"]
         exported = tmp_path / "runs" / "questions" / "export.sharegpt.jsonl"
@@ -59,8 +60,8 @@ def test_the_readme_endpoint_job_runs_as_written(tmp_path):
         # Without the prompt_field line: every row skipped, exit 1, the reason and its fix.
         (tmp_path / "job.toml").write_text(job.replace('prompt_field = "question"\n', "")
                                            .replace("runs/questions", "runs/unfixed"))
-        res = subprocess.run([sys.executable, "-m", "harvest.cli.main", "run", "job.toml"], cwd=tmp_path,
-                             capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+        res = harvest_process.run([sys.executable, "-m", "harvest.cli.main", "run", "job.toml"], cwd=tmp_path,
+                                  capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
         assert res.returncode == 1, res.stdout + res.stderr
         assert "every input row (30) was skipped" in res.stderr and "set prompt_field" in res.stdout + res.stderr
     finally:

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from tests import harvest_process
 
 SIM_ENGINE = Path(__file__).resolve().parents[2] / "bench" / "sim_engine.py"
 
@@ -35,9 +36,9 @@ def test_a_sick_endpoint_is_shown_with_the_time_waited_and_the_deadline(tmp_path
             '[data]\npath = "in.jsonl"\n[sampling]\nmax_tokens = 4\n'
             '[client]\nconcurrency = 4\nhealth_deadline = 300\n[run]\nprogress_interval = 0.3\n'
             '[output]\ndir = "run"\n')
-        run = subprocess.Popen([sys.executable, "-m", "harvest.cli.main", "run", "job.toml", "--no-live"],
-                               cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
+        run = harvest_process.popen([sys.executable, "-m", "harvest.cli.main", "run", "job.toml", "--no-live"],
+                                    cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    start_new_session=True)
         progress = tmp_path / "run" / "progress.json"
         deadline = time.monotonic() + 120
         while True:  # some results first, then the endpoint goes away

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests import engines
+from tests import harvest_process
 from tests.campaign.ledger_peek import attempts, statuses
 
 CHAT_ENGINE = Path(__file__).resolve().parents[1] / "quality" / "chat_engine.py"
@@ -60,9 +61,9 @@ def write_job(tmp_path: Path, server: dict[str, object]) -> Path:
 
 
 def harvest_run(job: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "harvest.cli.main", "run", str(job), "--no-live"],
-                          capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL,
-                          env={**os.environ, "COLUMNS": "200"})
+    return harvest_process.run([sys.executable, "-m", "harvest.cli.main", "run", str(job), "--no-live"],
+                               capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL,
+                               env={**os.environ, "COLUMNS": "200"})
 
 
 def ledger_counts(run_dir: Path) -> tuple[dict[str, int], int]:

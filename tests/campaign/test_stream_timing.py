@@ -13,14 +13,15 @@ from pathlib import Path
 
 import pytest
 
+from tests import harvest_process
 from tests.engines import sim_engine
 
 PREFILL, STEP, TOKENS, ROWS = 2.0, 0.2, 10, 12
 
 
 def harvest(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "harvest", *argv], capture_output=True, text=True, timeout=300,
-                          stdin=subprocess.DEVNULL)
+    return harvest_process.run([sys.executable, "-m", "harvest", *argv], capture_output=True, text=True, timeout=300,
+                               stdin=subprocess.DEVNULL)
 
 
 def run(tmp_path: Path, url: str, name: str, *flags: str, concurrency: int = 6) -> dict:

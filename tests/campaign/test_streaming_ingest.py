@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from tests import harvest_process
 from tests.campaign.ledger_peek import orphan_results, results_count, statuses, unique_items
 
 #: Records per ingest transaction in the held runs (tests/campaign/held_ingest.py); the plain resume
@@ -160,7 +161,7 @@ def test_generation_starts_before_the_ingest_ends(tmp_path):
     # the whole ingest before sending would send its first request only then, with the ingest complete.
     with Endpoint(run_dir, delay=0.0, gate=tmp_path / "gate") as ep:
         argv, env, root = _held_ingest(tmp_path, _job(tmp_path, ep.url))
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env, cwd=root)
+        out = harvest_process.run(argv, capture_output=True, text=True, timeout=600, env=env, cwd=root)
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     # The first request reached the server while the ledger held only part of the input.
     assert ep.first_seen is not None and ep.first_seen.get("complete") is False, ep.first_seen
@@ -202,7 +203,7 @@ def test_sigkill_in_the_middle_of_the_ingest_then_resume(tmp_path):
         done_before = results_count(run_dir)
         assert 0 < done_before <= INGEST_BATCH
         argv = [sys.executable, "-m", "harvest", "run", str(job), "--no-live"]
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+        out = harvest_process.run(argv, capture_output=True, text=True, timeout=600)
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     _check_complete(run_dir)
     assert results_count(run_dir) > done_before

@@ -25,6 +25,7 @@ import psutil
 import pytest
 
 from harvest.ledger import Ledger, Status
+from tests import harvest_process
 from tests.campaign.ledger_peek import orphan_results, result_ids, results_count
 from tests.engines import free_port
 from tests.hf_cache import cache_other_model
@@ -81,7 +82,7 @@ def test_managed_transformers_campaign_killed_and_resumed_exactly_once(tmp_path,
            "HF_HUB_CACHE": str(cache_other_model(tmp_path / "hub"))}
     argv = [sys.executable, "-m", "harvest", "run", str(job), "--no-live"]
     with open(tmp_path / "first.log", "w") as log:
-        first = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+        first = harvest_process.popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
     killed_at = None
     deadline = time.monotonic() + 300
     try:
@@ -101,7 +102,7 @@ def test_managed_transformers_campaign_killed_and_resumed_exactly_once(tmp_path,
     leftover = launch_record(run_dir)
     assert alive(*leftover), "the killed client's server should outlive it (its own session)"
 
-    resumed = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    resumed = harvest_process.run(argv, env=env, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert not alive(*leftover), "the leftover server was not stopped by its record"
     second = launch_record(run_dir)

@@ -25,6 +25,7 @@ import pytest
 
 from harvest.campaign.sweep.tune import expand_grid
 from harvest.campaign.sweep.tune_file import parse_tune_file
+from tests import harvest_process
 from tests.placed import tune
 from harvest.config import ServerConfig, parse_config
 from harvest.errors import ConfigError
@@ -306,9 +307,9 @@ metrics_interval = 0.1
 """)
     env = {**os.environ, "HARVEST_STATE_DIR": str(tmp_path / "state")}
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "harvest.cli.main", "tune", str(job), "--grid", str(grid),
+    proc = harvest_process.run([sys.executable, "-m", "harvest.cli.main", "tune", str(job), "--grid", str(grid),
                            "--then-run"], capture_output=True, text=True, env=env, timeout=1500,
-                          stdin=subprocess.DEVNULL)
+                               stdin=subprocess.DEVNULL)
     wall = time.monotonic() - t0
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     tune_dir = tmp_path / "run" / "tune"

@@ -22,13 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests import harvest_process
 
 pytestmark = pytest.mark.engine
 
 
 def harvest(*argv: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "harvest.cli.main", *argv], capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL, cwd=cwd)
+    return harvest_process.run([sys.executable, "-m", "harvest.cli.main", *argv], capture_output=True, text=True,
+                               timeout=timeout, stdin=subprocess.DEVNULL, cwd=cwd)
 
 
 def served(url: str) -> list[str]:

@@ -29,6 +29,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from tests import harvest_process
 
 #: Byte of the -shm file that SQLite's WAL write lock covers (WALINDEX_LOCK_OFFSET + WAL_WRITE_LOCK).
 WAL_WRITE_LOCK_BYTE = 120
@@ -235,8 +236,8 @@ def chaos_rounds(argv: list[str], run_dir: Path, *, kills: int, mode: str, rng: 
     while result.total_kills < kills and result.rounds < max_rounds:
         result.rounds += 1
         kind = mode if mode != "mixed" else ("commit" if result.rounds % 2 else "random")
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                stdin=subprocess.DEVNULL, env=env)
+        proc = harvest_process.popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     stdin=subprocess.DEVNULL, env=env)
         killed = False
         try:
             if kind == "commit":

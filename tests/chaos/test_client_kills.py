@@ -28,6 +28,7 @@ import pytest
 from harvest.net import port_bindable
 from harvest.server import RunStatus, StateFile, stop_run
 from tests import engines
+from tests import harvest_process
 from tests.chaos.killer import chaos_rounds, final_check, harvest_argv, wait_committed, write_data
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -62,7 +63,7 @@ def test_sigkill_inside_ledger_commits_then_resume(tmp_path, llama_server, env):
     assert early.problems == [] and early.kills["commit"] + early.commit_timeouts == EARLY, early
     assert early.commit_phases["ingest"] >= 1, early  # killed before the ingest had committed
     # One run gets going (its ingest commits, results follow), and dies anywhere.
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    proc = harvest_process.popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
         wait_committed(run_dir, 50, proc)
     finally:
@@ -76,11 +77,11 @@ def test_sigkill_inside_ledger_commits_then_resume(tmp_path, llama_server, env):
     assert late.commit_phases["dispatch"] == late.kills["commit"], late
     assert 50 <= late.results_per_round[-1] < n, late  # work is left for the resume
 
-    final = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+    final = harvest_process.run(argv, capture_output=True, text=True, timeout=300, env=env)
     assert final.returncode == 0, final.stdout + final.stderr
     assert final_check(run_dir, n) == []
-    status = subprocess.run(harvest_argv("status", str(run_dir), "--json"), capture_output=True, text=True,
-                            timeout=60, env=env)
+    status = harvest_process.run(harvest_argv("status", str(run_dir), "--json"), capture_output=True, text=True,
+                                 timeout=60, env=env)
     assert status.returncode == 0, status.stderr
     doc = json.loads(status.stdout)
     assert sum(doc["counts"].values()) == n and doc["totals"]["ok"], doc["totals"]
@@ -122,7 +123,7 @@ def test_run_managing_its_server_killed_then_stop_from_another_shell_and_resume(
     leftovers: list[psutil.Process] = []
 
     def run_and_kill(at_least: int) -> psutil.Process:
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        proc = harvest_process.popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
         try:
             wait_committed(run_dir, at_least, proc)
             engine = _engine(run_dir)
@@ -139,8 +140,8 @@ def test_run_managing_its_server_killed_then_stop_from_another_shell_and_resume(
         first = run_and_kill(100)
         assert _alive(first) and not port_bindable("127.0.0.1", port)
         # `harvest stop` from another shell cleans it up through the run's state file.
-        stop = subprocess.run(harvest_argv("stop", str(run_dir / "server"), "--json", "--deadline", "15"),
-                              capture_output=True, text=True, timeout=60, env=env)
+        stop = harvest_process.run(harvest_argv("stop", str(run_dir / "server"), "--json", "--deadline", "15"),
+                                   capture_output=True, text=True, timeout=60, env=env)
         assert stop.returncode == 0, stop.stdout + stop.stderr
         assert json.loads(stop.stdout)["verdict"] == "clean"
         assert not _alive(first) and port_bindable("127.0.0.1", port)
@@ -150,7 +151,7 @@ def test_run_managing_its_server_killed_then_stop_from_another_shell_and_resume(
         assert second.pid != first.pid and _alive(second)
 
         # 3. ...so the resume must: a verified stop of the leftover, then its own launch.
-        final = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+        final = harvest_process.run(argv, capture_output=True, text=True, timeout=300, env=env)
         assert final.returncode == 0, final.stdout + final.stderr
         assert not _alive(second)
         assert "left running by an earlier session" in final.stderr + final.stdout

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import harvest_process
 from tests.chaos.killer import check_after_kill, final_check, harvest_argv, read_ledger, write_data
 from tests.realparts import require
 
@@ -76,7 +77,7 @@ def test_disk_fills_during_the_run_then_resume_after_space_is_freed(tmp_path, sm
     job = _job(tmp_path, run_dir, llama_server.url, n, max_tokens=32)
     argv = harvest_argv("run", str(job), "--no-live")
 
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+    out = harvest_process.run(argv, capture_output=True, text=True, timeout=300, env=env)
 
     _assert_clear_error(out)
     view = read_ledger(run_dir)
@@ -85,7 +86,7 @@ def test_disk_fills_during_the_run_then_resume_after_space_is_freed(tmp_path, sm
     assert 0 < len(view.results) < n, len(view.results)  # it got going, then the disk was full
 
     grow("64m")
-    resumed = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+    resumed = harvest_process.run(argv, capture_output=True, text=True, timeout=300, env=env)
 
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert final_check(run_dir, n) == []
@@ -113,10 +114,10 @@ def test_disk_already_full_at_start_then_run_after_the_filler_is_deleted(tmp_pat
                 pass
     argv = harvest_argv("run", str(job), "--no-live")
 
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    out = harvest_process.run(argv, capture_output=True, text=True, timeout=120, env=env)
 
     _assert_clear_error(out)
     filler.unlink()
-    again = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+    again = harvest_process.run(argv, capture_output=True, text=True, timeout=300, env=env)
     assert again.returncode == 0, again.stdout + again.stderr
     assert final_check(run_dir, n) == []

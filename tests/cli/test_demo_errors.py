@@ -7,10 +7,11 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+from tests import harvest_process
 
 
 def demo(tmp_path, python: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "harvest", "demo", "--dir", str(tmp_path / "demo"),
+    return harvest_process.run([sys.executable, "-m", "harvest", "demo", "--dir", str(tmp_path / "demo"),
                            "--engine-python", python], capture_output=True, text=True, timeout=120, check=False)
 
 

@@ -12,11 +12,12 @@ import pytest
 
 from harvest.cli.init import ENGINES
 from harvest.config import ServerConfig, load_config
+from tests import harvest_process
 
 
 def harvest(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "harvest", *argv], cwd=cwd, capture_output=True, text=True,
-                          timeout=120, stdin=subprocess.DEVNULL)
+    return harvest_process.run([sys.executable, "-m", "harvest", *argv], cwd=cwd, capture_output=True, text=True,
+                               timeout=120, stdin=subprocess.DEVNULL)
 
 
 @pytest.mark.parametrize("engine", ENGINES)

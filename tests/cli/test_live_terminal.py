@@ -21,6 +21,7 @@ import pytest
 
 from harvest.server import RunStatus, StateFile
 from tests import engines
+from tests import harvest_process
 from tests.cli.terminal import Screen, Terminal
 from tests.server.helpers import FAKE_ENGINE
 
@@ -232,8 +233,8 @@ def test_stop_shows_each_step_as_it_happens(tmp_path):
     run_dir = tmp_path / "run"
     import subprocess
 
-    served = subprocess.run([*HARVEST, "serve", str(cfg), "--run-dir", str(run_dir), "--detach"], env=env,
-                            capture_output=True, text=True, timeout=90, stdin=subprocess.DEVNULL)
+    served = harvest_process.run([*HARVEST, "serve", str(cfg), "--run-dir", str(run_dir), "--detach"], env=env,
+                                 capture_output=True, text=True, timeout=90, stdin=subprocess.DEVNULL)
     assert served.returncode == 0, served.stdout + served.stderr
     assert "[harvest] launching" in served.stderr  # off a terminal: one plain line per phase change
     term = Terminal(tmp_path / "screens")

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import harvest_process
 from tests.cli.endpoints import misbehaving
 from tests.cli.terminal import Screen, Terminal
 from tests.cli.test_live_terminal import _exited, _start_sim, _stop_sim, assert_clean_frames
@@ -130,14 +131,14 @@ def test_a_hung_endpoint_is_named_within_its_bound(tmp_path):
     with misbehaving("hung") as hung:
         write_job(tmp_path, hung, [], n=8, hang_floor=HANG_FLOOR)
         started = time.monotonic()
-        proc = subprocess.Popen([*HARVEST, "run", "job.toml", "--no-live"], cwd=tmp_path, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        proc = harvest_process.popen([*HARVEST, "run", "job.toml", "--no-live"], cwd=tmp_path, env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
             seen: dict | None = None
             bound = started + HANG_FLOOR + 20
             while time.monotonic() < bound:
-                out = subprocess.run([*HARVEST, "status", "run", "--json"], cwd=tmp_path, env=env,
-                                     capture_output=True, text=True, timeout=60, check=False)
+                out = harvest_process.run([*HARVEST, "status", "run", "--json"], cwd=tmp_path, env=env,
+                                          capture_output=True, text=True, timeout=60, check=False)
                 doc = json.loads(out.stdout) if out.returncode == 0 and out.stdout.strip() else {}
                 quiet = ((doc.get("progress") or {}).get("no_answer")) or []
                 if quiet:
@@ -147,8 +148,8 @@ def test_a_hung_endpoint_is_named_within_its_bound(tmp_path):
             assert seen is not None, f"no endpoint was named as not answering within {HANG_FLOOR + 20:.0f} s"
             assert seen["url"] == hung and seen["outstanding"] == 4 and seen["bound_s"] == HANG_FLOOR
             assert HANG_FLOOR < seen["quiet_s"] <= time.monotonic() - started
-            table = subprocess.run([*HARVEST, "status", "run"], cwd=tmp_path, env=env, capture_output=True,
-                                   text=True, timeout=60, check=False)
+            table = harvest_process.run([*HARVEST, "status", "run"], cwd=tmp_path, env=env, capture_output=True,
+                                        text=True, timeout=60, check=False)
             assert re.search(rf"endpoint {re.escape(hung)} no answer for \d+ s \(4 requests in flight", table.stdout), \
                 table.stdout
         finally:

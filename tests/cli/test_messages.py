@@ -15,12 +15,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests import harvest_process
 from tests.engines import free_port
 
 
 def harvest(*argv: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "harvest", *argv], cwd=cwd, capture_output=True, text=True,
-                          timeout=120, stdin=subprocess.DEVNULL, env=env)
+    return harvest_process.run([sys.executable, "-m", "harvest", *argv], cwd=cwd, capture_output=True, text=True,
+                               timeout=120, stdin=subprocess.DEVNULL, env=env)
 
 
 def test_a_closed_endpoint_says_what_to_do_and_one_row_is_a_row(tmp_path):

@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from harvest.cli.main import cli
+from tests import harvest_process
 from tests.gpu.schema_doc import documented_schema, only_answer, problems
 from tests.capabilities import nvidia_driver
 
@@ -187,8 +188,8 @@ def test_bundled_hicache_tp8_example_is_judged_against_this_machines_ram():
     from harvest.gpu import host_state
 
     example = Path(__file__).resolve().parents[2] / "examples" / "sglang-hicache-tp8.toml"
-    out = subprocess.run([sys.executable, "-m", "harvest", "preflight", str(example)], capture_output=True,
-                         text=True, timeout=120)
+    out = harvest_process.run([sys.executable, "-m", "harvest", "preflight", str(example)], capture_output=True,
+                              text=True, timeout=120)
     line = next(ln for ln in out.stdout.splitlines() if "host-ram" in ln)
     assert "hicache_size 48 GB per rank" in line and "- 10 GiB SGLang reserve) // 8 rank(s)" in line
     enough = (host_state().ram_available_mib * 2**20 - 10 * 2**30) // 8 >= 48e9

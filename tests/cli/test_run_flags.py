@@ -13,14 +13,15 @@ from pathlib import Path
 
 import pytest
 
+from tests import harvest_process
 from tests.engines import served_model
 
 ROWS = 12
 
 
 def harvest(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "harvest", *argv], cwd=cwd, capture_output=True, text=True,
-                          timeout=300, stdin=subprocess.DEVNULL)
+    return harvest_process.run([sys.executable, "-m", "harvest", *argv], cwd=cwd, capture_output=True, text=True,
+                               timeout=300, stdin=subprocess.DEVNULL)
 
 
 def rows(folder: Path) -> Path:

@@ -20,6 +20,7 @@ import pytest
 
 from harvest.net import port_listening
 from harvest.server import RunStatus, StateFile
+from tests import harvest_process
 from tests.engines import free_port
 from tests.server.helpers import FAKE_ENGINE, gone, read_pid, wait_for
 
@@ -51,8 +52,8 @@ def write_config(path: Path, pid_dir: Path, port: int, *flags: str, grace: float
 
 
 def harvest(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*HARVEST, *args], env=env, capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+    return harvest_process.run([*HARVEST, *args], env=env, capture_output=True, text=True, timeout=timeout,
+                               stdin=subprocess.DEVNULL)
 
 
 class Serve:
@@ -66,9 +67,9 @@ class Serve:
             self.run_dir = tmp_path / f"run-{self.port}"
             self.pid_dir = tmp_path / f"pids-{self.port}"
             cfg = write_config(tmp_path / f"server-{self.port}.toml", self.pid_dir, self.port, *flags, grace=grace)
-            self.proc = subprocess.Popen([*HARVEST, "serve", str(cfg), "--run-dir", str(self.run_dir), *extra],
-                                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = harvest_process.popen([*HARVEST, "serve", str(cfg), "--run-dir", str(self.run_dir), *extra],
+                                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                              stdin=subprocess.DEVNULL, start_new_session=True)
             self.state = StateFile(self.run_dir)
 
             def ready_or_exited() -> bool:

@@ -16,6 +16,7 @@ import pytest
 from harvest import http
 from harvest.net import port_listening
 from harvest.server import RunStatus, StateFile
+from tests import harvest_process
 from tests.engines import free_port
 from tests.server.helpers import gone
 
@@ -25,8 +26,8 @@ HARVEST = [sys.executable, "-m", "harvest"]
 
 
 def harvest(env: dict[str, str], *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*HARVEST, *args], env=env, capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+    return harvest_process.run([*HARVEST, *args], env=env, capture_output=True, text=True, timeout=timeout,
+                               stdin=subprocess.DEVNULL)
 
 
 def test_preflight_serve_ps_stop_on_llama_server(tmp_path: Path, llama_server_bin: str, tiny_gguf: Path):

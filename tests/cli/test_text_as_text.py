@@ -26,6 +26,7 @@ from harvest.cli.panel import run_panel
 from harvest.cli.phases import PhaseBoard
 from harvest.safefiles import hold
 from tests import engines
+from tests import harvest_process
 
 pytestmark = [pytest.mark.engine]
 
@@ -39,8 +40,8 @@ def squash(text: str) -> str:
 
 
 def harvest(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "harvest", *args], capture_output=True, text=True, timeout=300,
-                          env=env, stdin=subprocess.DEVNULL)
+    return harvest_process.run([sys.executable, "-m", "harvest", *args], capture_output=True, text=True, timeout=300,
+                               env=env, stdin=subprocess.DEVNULL)
 
 
 def job(tmp_path: Path, llama_server_bin: str, tiny_gguf: Path, run_dir: Path, breaker_window: int) -> Path:

@@ -24,6 +24,7 @@ import pytest
 from harvest.campaign.run import runner
 from harvest.cli.watch import board_of
 from harvest.config import parse_config
+from tests import harvest_process
 from tests.campaign.loopback import Endpoint
 from tests.placed import run_campaign
 
@@ -43,8 +44,8 @@ def write_job(tmp_path: Path, url: str, **run: object) -> Path:
 
 
 def harvest(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*HARVEST, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "COLUMNS": "130"})
+    return harvest_process.run([*HARVEST, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                               env={**os.environ, "COLUMNS": "130"})
 
 
 def test_a_config_mistake_of_a_detached_run_comes_back_with_exit_2(tmp_path):
@@ -70,8 +71,8 @@ def test_detached_run_watched_to_its_end_then_watched_again_when_not_running(tmp
             assert record is not None and record.detached and runner.alive(record) and record.ended_at is None
             again = harvest("run", str(job), "--detach", cwd=tmp_path)
             assert again.returncode == 2 and f"running already (pid {record.pid})" in again.stderr, again.stderr
-            watch = subprocess.Popen([*HARVEST, "status", "run", "--watch"], cwd=tmp_path, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "130"})
+            watch = harvest_process.popen([*HARVEST, "status", "run", "--watch"], cwd=tmp_path, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "130"})
             assert watch.stdout is not None
             assert select.select([watch.stdout], [], [], 60)[0], "the watch said nothing in 60 s"
             first = watch.stdout.readline()  # attached while the run is held (its first line said so)

@@ -18,6 +18,7 @@ import pytest
 
 from harvest.placement import record
 from tests import engines
+from tests import harvest_process
 from tests.campaign.ledger_peek import attempts
 from tests.chaos.killer import final_check, harvest_argv, read_ledger, wait_committed
 from tests.cluster.conftest import ENGINE_SLOTS
@@ -36,7 +37,7 @@ def test_every_command_on_the_cluster(tmp_path, ray_cluster, llama_server_bin, t
     tables = {"server": server, "preflight": {"min_disk_free_gib": 0.1, "ram_reserve_gib": 0}, "cluster": cluster}
 
     def harvest(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(harvest_argv(*args), capture_output=True, text=True, timeout=400, env=ray_cluster.env)
+        return harvest_process.run(harvest_argv(*args), capture_output=True, text=True, timeout=400, env=ray_cluster.env)
 
     workers = {ray_cluster.node_id("node_a")[:8], ray_cluster.node_id("node_b")[:8]}
 
@@ -88,8 +89,8 @@ def test_max_relaunches_spent(tmp_path, ray_cluster, llama_server_bin, tiny_gguf
         view.counts.get("truncated", 0), (view.counts, sorted(set(attempts(run_dir))))
     for m in members:
         assert m["info"] is None or engine_process(m["info"]) is None
-    res = subprocess.run(harvest_argv("stop", str(run_dir), "--json"), capture_output=True, text=True,
-                         timeout=120, env=ray_cluster.env)
+    res = harvest_process.run(harvest_argv("stop", str(run_dir), "--json"), capture_output=True, text=True,
+                              timeout=120, env=ray_cluster.env)
     assert res.returncode == 0, res.stdout + res.stderr  # nothing of the run is left running: clean
     doc = json.loads(res.stdout)
     assert doc == {"schema": "harvest.stop/1", "verdict": "clean", "servers": []}

@@ -27,6 +27,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests import harvest_process
 from tests.gpu.schema_doc import only_answer, place_answers
 from tests.realparts import require
 
@@ -117,8 +118,8 @@ def cluster() -> Iterator[dict[str, object]]:
 
 
 def harvest_cli(*args: str, timeout: float = 180.0) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "harvest", *args], check=False, capture_output=True, text=True,
-                          env=ENV, timeout=timeout)
+    return harvest_process.run([sys.executable, "-m", "harvest", *args], check=False, capture_output=True, text=True,
+                               env=ENV, timeout=timeout)
 
 
 def _two_nodes(address: str) -> dict:

@@ -22,6 +22,7 @@ import pytest
 
 from harvest.server import StateFile
 from tests import engines
+from tests import harvest_process
 from tests.campaign.ledger_peek import attempts
 from tests.chaos.killer import final_check, harvest_argv, read_ledger, wait_committed, write_data
 from tests.realparts import require
@@ -86,7 +87,7 @@ def wait_record(run_dir: Path, ready: int, timeout: float = 240) -> dict:
 
 
 def run(argv: list[str], env: dict[str, str], timeout: float = 400) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+    return harvest_process.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 class Driver:
@@ -102,9 +103,9 @@ class Driver:
         self.run_dir, self.env = run_dir, env
         self.log = job.parent / "driver.log"
         with self.log.open("w") as out:  # the child holds its own copy of the descriptor
-            self.proc = subprocess.Popen(harvest_argv("run", str(job), "--no-live"), env=env, stdout=out,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
+            self.proc = harvest_process.popen(harvest_argv("run", str(job), "--no-live"), env=env, stdout=out,
+                                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                              start_new_session=True)
 
     def __enter__(self) -> Driver:
         return self
@@ -186,8 +187,8 @@ def test_no_room_is_a_clear_error_before_any_launch(tmp_path, ray_cluster, llama
 def test_harvest_stop_of_a_ray_run(tmp_path, ray_cluster, llama_server_bin, tiny_gguf):
     n = 400  # more than the time the test lets it run
     job, run_dir = write_job(tmp_path, ray_cluster, llama_server_bin, tiny_gguf, n)
-    proc = subprocess.Popen(harvest_argv("run", str(job), "--no-live"), env=ray_cluster.env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = harvest_process.popen(harvest_argv("run", str(job), "--no-live"), env=ray_cluster.env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         rec = wait_record(run_dir, 2)
         wait_committed(run_dir, 4, proc, timeout=120)
@@ -209,8 +210,8 @@ def test_harvest_stop_of_a_ray_run(tmp_path, ray_cluster, llama_server_bin, tiny
 def test_driver_sigkill_then_resume(tmp_path, ray_cluster, llama_server_bin, tiny_gguf):
     n = 120
     job, run_dir = write_job(tmp_path, ray_cluster, llama_server_bin, tiny_gguf, n)
-    proc = subprocess.Popen(harvest_argv("run", str(job), "--no-live"), env=ray_cluster.env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = harvest_process.popen(harvest_argv("run", str(job), "--no-live"), env=ray_cluster.env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         first = wait_record(run_dir, 2)
         wait_committed(run_dir, 10, proc, timeout=120)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests import engines
+from tests import harvest_process
 from tests.chaos.killer import final_check, harvest_argv, write_data
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -69,8 +70,8 @@ def test_many_nodes_section_runs_as_written(tmp_path, ray_cluster, llama_server_
     outs = {}
     for command in commands:
         argv = shlex.split(command)
-        res = subprocess.run(harvest_argv(*argv[1:]), cwd=tmp_path, env=env, capture_output=True, text=True,
-                             timeout=400)
+        res = harvest_process.run(harvest_argv(*argv[1:]), cwd=tmp_path, env=env, capture_output=True, text=True,
+                                  timeout=400)
         assert res.returncode == 0, f"{command}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
         outs[argv[1]] = res.stdout + res.stderr
     # gpus and preflight answered for every node of the cluster (head and both workers)

@@ -30,6 +30,7 @@ from harvest.net import port_listening
 from harvest.placement.record import read as read_remote_record
 from harvest.placement.ssh.tunnel import REOPEN_DELAY, Tunnel
 from tests import engines
+from tests import harvest_process
 from tests.campaign.ledger_peek import attempts, results_count, statuses, unique_items
 from tests.hosts.conftest import write_toml
 from tests.hosts.test_container import PREFLIGHT, server_table
@@ -108,7 +109,7 @@ def test_far_leftovers_of_a_killed_run_are_stopped_when_it_resumes(tmp_path, ssh
     run_dir = tmp_path / "run"
     argv = [sys.executable, "-m", "harvest", "run", str(job), "--no-live"]
     env = {**os.environ, "HARVEST_STATE_DIR": str(tmp_path / "near-state")}
-    first = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = harvest_process.popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     held: list[psutil.Process] = []
     try:
         deadline = time.monotonic() + 300
@@ -141,7 +142,7 @@ def test_far_leftovers_of_a_killed_run_are_stopped_when_it_resumes(tmp_path, ssh
                 p.resume()
     assert alive(far_leader.pid, leftovers[0][1]), "the far server died with the near run: nothing left over"
 
-    resumed = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
+    resumed = harvest_process.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
     out = resumed.stdout + resumed.stderr
     assert resumed.returncode == 0, out[-4000:]
     assert "stopped the far server left running by an earlier session on" in out, out[-4000:]

@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from tests import engines
+from tests import harvest_process
 from tests.hosts.test_container import PREFLIGHT, container, server_table  # noqa: F401 - the fixture
 from tests.placement.matrix import Place, engine_folders, every_command
 
@@ -26,7 +27,7 @@ def runner(tmp_path: Path):
     env = {**os.environ, "HARVEST_STATE_DIR": str(tmp_path / "near-state")}
 
     def harvest(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([HARVEST, *args], capture_output=True, text=True, timeout=400, env=env)
+        return harvest_process.run([HARVEST, *args], capture_output=True, text=True, timeout=400, env=env)
 
     return harvest
 

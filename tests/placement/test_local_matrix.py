@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests import engines
+from tests import harvest_process
 from tests.placement.matrix import Place, every_command
 
 pytestmark = [pytest.mark.engine]
@@ -30,7 +31,7 @@ def test_every_command_here(tmp_path, llama_server_bin, tiny_gguf):
     env = {**os.environ, "HARVEST_STATE_DIR": str(tmp_path / "state")}
 
     def harvest(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([HARVEST, *args], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+        return harvest_process.run([HARVEST, *args], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
 
     tables = {"server": llama_server(llama_server_bin, tiny_gguf, engines.free_port()), "preflight": PREFLIGHT}
     every_command(Place("local", harvest, tables, where=lambda w: w == "this machine"), tmp_path)

@@ -12,6 +12,7 @@ import pytest
 
 from harvest.net import port_listening
 from tests import engines
+from tests import harvest_process
 from tests.realparts import require
 
 HARVEST = str(Path(sys.executable).with_name("harvest"))
@@ -19,7 +20,7 @@ HARVEST = str(Path(sys.executable).with_name("harvest"))
 
 def harvest(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "HARVEST_STATE_DIR": str(tmp_path / "state")}
-    return subprocess.run([HARVEST, *args], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    return harvest_process.run([HARVEST, *args], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
 
 
 def cluster_job(tmp_path: Path, port: int) -> Path:

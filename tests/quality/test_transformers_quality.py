@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from harvest.campaign.sweep.tune_file import parse_tune_file
+from tests import harvest_process
 from tests.placed import tune
 from harvest.config import parse_config
 from tests.engines import free_port
@@ -76,9 +77,9 @@ def test_one_compare_through_the_quality_wire(tmp_path, transformers_python, tin
     candidate = write_toml(tmp_path / "candidate.toml",
                            tables(tmp_path, tiny_model, transformers_python, "cand", dtype="bfloat16"))
     env = {**os.environ, "HARVEST_STATE_DIR": str(tmp_path / "state"), "COLUMNS": "200"}
-    got = subprocess.run([sys.executable, "-m", "harvest", "compare", "--reference", str(reference),
+    got = harvest_process.run([sys.executable, "-m", "harvest", "compare", "--reference", str(reference),
                           "--candidate", str(candidate), "--probe", "8", "--no-floor", "--json"],
-                         capture_output=True, text=True, timeout=600, env=env)
+                              capture_output=True, text=True, timeout=600, env=env)
     # Exit 0 when the candidate passes the gate, 1 when it does not: both are a comparison made.
     assert got.returncode in (0, 1), got.stdout[-3000:] + got.stderr[-3000:]
     doc = json.loads(got.stdout)

@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from tests import harvest_process
 from tests.placed import compare
 from tests.placed import run_campaign
 from harvest.config import parse_config
@@ -47,8 +48,8 @@ pytestmark = [pytest.mark.realpart("chromium", "the reports are opened in a real
 
 
 def harvest(*argv: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([sys.executable, "-m", "harvest.cli.main", *argv], capture_output=True, text=True,
-                          timeout=600, stdin=subprocess.DEVNULL, env=env)
+    proc = harvest_process.run([sys.executable, "-m", "harvest.cli.main", *argv], capture_output=True, text=True,
+                               timeout=600, stdin=subprocess.DEVNULL, env=env)
     if check:
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc

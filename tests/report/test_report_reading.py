@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from harvest.report import charts
+from tests import harvest_process
 from tests.engines import served_model
 
 
@@ -31,11 +32,11 @@ def test_one_length_is_a_bar_on_a_decade():
 def test_the_run_page_says_units_and_keeps_sent_visible(tmp_path: Path, llama_server):
     data = tmp_path / "p.jsonl"
     data.write_text("".join(json.dumps({"id": f"r{i}", "prompt": f"Tell me about {i}."}) + "\n" for i in range(60)))
-    out = subprocess.run([sys.executable, "-m", "harvest", "run", "--engine", "openai", "--base-url",
+    out = harvest_process.run([sys.executable, "-m", "harvest", "run", "--engine", "openai", "--base-url",
                           llama_server.url + "/v1", "--model", served_model(llama_server.url), "--data", str(data),
                           "--out", str(tmp_path / "run"), "--max-tokens", "24", "--concurrency", "4",
                           "--set", "run.progress_interval=0.2", "--no-live"],
-                         capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+                              capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert out.returncode == 0, out.stdout + out.stderr
     html = (tmp_path / "run" / "report.html").read_text()
     header = re.search(r'<table[^>]*data-name="distributions".*?</tr>', html, re.S) or \

@@ -12,6 +12,7 @@ import sys
 
 import harvest
 from harvest.report import render_report
+from tests import harvest_process
 from tests.engines import sim_engine
 
 
@@ -25,8 +26,8 @@ def test_the_runner_line_of_the_report_a_run_writes_as_it_ends(tmp_path):
     page, _ = render_report(tmp_path / "run")  # this process ran it: as `harvest run` writes its report
     assert f"pid {os.getpid()}: the harvest run that wrote this page as it ended (finished)" in page, \
         re.findall(r"runner.{0,200}", page)
-    later = subprocess.run([sys.executable, "-m", "harvest", "report", str(tmp_path / "run")], capture_output=True,
-                           text=True, timeout=120, stdin=subprocess.DEVNULL)
+    later = harvest_process.run([sys.executable, "-m", "harvest", "report", str(tmp_path / "run")], capture_output=True,
+                                text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert later.returncode == 0, later.stderr
     text = (tmp_path / "run" / "report.html").read_text()
     assert "that wrote this page" not in text and f"pid {os.getpid()}" in text  # measured by another process

@@ -19,6 +19,7 @@ from harvest.config import ServerConfig, load_config, parse_config
 from harvest.errors import ConfigError
 from harvest.server import Server
 from harvest.server.base import adapter_for
+from tests import harvest_process
 
 PUBLIC = ["0.0.0.0", "::", "", "192.168.1.5", "10.0.0.1", "2001:db8::1", "gpu-box.example.com"]
 LOOPBACK = ["127.0.0.1", "127.0.0.2", "::1", "localhost"]
@@ -94,13 +95,13 @@ def test_harvest_serve_refuses_it_with_one_error_line(tmp_path):
     path = tmp_path / "server.toml"
     path.write_text('[server]\nengine = "llamacpp"\nmodel = "m.gguf"\nhost = "0.0.0.0"\n'
                     'api_key_env = "HARVEST_TEST_UNSET_KEY"\n')
-    out = subprocess.run([sys.executable, "-m", "harvest", "serve", str(path), "--run-dir",
+    out = harvest_process.run([sys.executable, "-m", "harvest", "serve", str(path), "--run-dir",
                           str(tmp_path / "run")], capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 2, out.stdout + out.stderr
     assert "Traceback" not in out.stderr
     assert "api_key_env" in out.stderr and "HARVEST_TEST_UNSET_KEY" in out.stderr
     no_key = tmp_path / "nokey.toml"
     no_key.write_text('[server]\nengine = "llamacpp"\nmodel = "m.gguf"\nhost = "0.0.0.0"\n')
-    out = subprocess.run([sys.executable, "-m", "harvest", "serve", str(no_key)], capture_output=True,
-                         text=True, timeout=60, env=env)
+    out = harvest_process.run([sys.executable, "-m", "harvest", "serve", str(no_key)], capture_output=True,
+                              text=True, timeout=60, env=env)
     assert out.returncode == 2 and "api_key_env" in out.stderr, out.stderr

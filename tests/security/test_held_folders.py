@@ -32,6 +32,7 @@ from harvest.dataset import Item, Message
 from harvest.ledger import Completion, Ledger
 from harvest.server.state import LaunchRecord, RunState, RunStatus, state_to_dict
 from tests import engines
+from tests import harvest_process
 from tests.realparts import require
 from tests.security.attack import AS_NOBODY, data_file
 
@@ -64,13 +65,13 @@ def nobody_loop(script: str, seconds: float) -> Iterator[subprocess.Popen[str]]:
 
 def harvest(env: dict[str, str], *args: str, timeout: float = 120,
             umask: int = 0o022) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "harvest", *args], check=False, capture_output=True, text=True,
-                          timeout=timeout, env=env, stdin=subprocess.DEVNULL, umask=umask)
+    return harvest_process.run([sys.executable, "-m", "harvest", *args], check=False, capture_output=True, text=True,
+                               timeout=timeout, env=env, stdin=subprocess.DEVNULL, umask=umask)
 
 
 def start_harvest(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "harvest", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, stdin=subprocess.DEVNULL)
+    return harvest_process.popen([sys.executable, "-m", "harvest", *args], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, env=env, stdin=subprocess.DEVNULL)
 
 
 @pytest.fixture

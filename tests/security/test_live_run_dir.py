@@ -11,13 +11,14 @@ import sys
 from pathlib import Path
 
 from tests import engines
+from tests import harvest_process
 
 CHAT_ENGINE = Path(__file__).resolve().parents[1] / "quality" / "chat_engine.py"
 
 
 def harvest(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "harvest", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+    return harvest_process.run([sys.executable, "-m", "harvest", *args], capture_output=True, text=True,
+                               timeout=timeout, env=env, stdin=subprocess.DEVNULL)
 
 
 def serve_config(path: Path) -> Path:

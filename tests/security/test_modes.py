@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests import engines
+from tests import harvest_process
 
 CHAT_ENGINE = Path(__file__).resolve().parents[1] / "quality" / "chat_engine.py"
 
@@ -27,8 +28,8 @@ pytestmark = [pytest.mark.engine]
 
 
 def harvest(env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "harvest", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, stdin=subprocess.DEVNULL, umask=0)
+    return harvest_process.run([sys.executable, "-m", "harvest", *args], capture_output=True, text=True,
+                               timeout=timeout, env=env, stdin=subprocess.DEVNULL, umask=0)
 
 
 def walk_modes(top: Path) -> tuple[list[str], int]:

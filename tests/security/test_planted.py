@@ -27,6 +27,7 @@ from harvest.errors import UnsafePathError
 from harvest.ledger.store import Ledger
 from harvest.server.state import LaunchRecord, RunState, RunStatus, state_to_dict
 from tests import engines
+from tests import harvest_process
 from tests.realparts import require
 from tests.security.attack import AS_NOBODY, data_file
 
@@ -45,8 +46,8 @@ def as_nobody(script: str, stdin: str | None = None) -> subprocess.CompletedProc
 
 
 def harvest(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "harvest", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+    return harvest_process.run([sys.executable, "-m", "harvest", *args], capture_output=True, text=True,
+                               timeout=timeout, env=env, stdin=subprocess.DEVNULL)
 
 
 @pytest.fixture

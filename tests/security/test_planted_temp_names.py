@@ -21,6 +21,7 @@ from pathlib import Path
 
 from harvest.dataset import Item, Message
 from harvest.ledger import Completion, Ledger
+from tests import harvest_process
 
 #: Pids planted for, after the last one given out.
 PIDS_AHEAD = 1000
@@ -62,9 +63,9 @@ def test_an_export_goes_through_beside_every_name_planted_for_the_next_pids(tmp_
         os.symlink(victim, shared / name)
 
     env = {**os.environ, "HARVEST_STATE_DIR": str(tmp_path / "state")}
-    proc = subprocess.Popen([sys.executable, "-m", "harvest", "export", str(run_dir), "--format", "sharegpt",
+    proc = harvest_process.popen([sys.executable, "-m", "harvest", "export", str(run_dir), "--format", "sharegpt",
                              "--output", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, stdin=subprocess.DEVNULL)
+                                 env=env, stdin=subprocess.DEVNULL)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.pid in pids, "the export ran under a pid nothing was planted for: the test proves nothing"
     assert proc.returncode == 0, stdout + stderr

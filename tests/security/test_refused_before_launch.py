@@ -35,6 +35,7 @@ from harvest.report import REPORT_FILE
 from harvest.server import Server, supervisor
 from harvest.server.state import RUN_FILES
 from tests import engines
+from tests import harvest_process
 from tests.realparts import require
 from tests.server.helpers import TEST_PREFLIGHT
 
@@ -117,8 +118,8 @@ def refused_run(tmp_path: Path, job_file: Path, port: int) -> tuple[subprocess.C
     env = {**os.environ, "HARVEST_STATE_DIR": str(tmp_path / "state")}
     before = children()
     with subreaper():
-        done = subprocess.run([sys.executable, "-m", "harvest", "run", str(job_file), "--no-live"], env=env,
-                              capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+        done = harvest_process.run([sys.executable, "-m", "harvest", "run", str(job_file), "--no-live"], env=env,
+                                   capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
         left = stop_left(children() - before)
     assert port_free(port), f"port {port} is taken after the refusal"
     return done, left

@@ -34,6 +34,7 @@ from harvest.errors import LedgerError
 from harvest.placement import from_config
 from harvest.report import REPORT_FILE
 from tests import engines
+from tests import harvest_process
 from tests.security.test_refused_before_launch import port_free
 
 pytestmark = [pytest.mark.engine]
@@ -67,9 +68,9 @@ def write_job(where: Path, run: Path, llama: str, gguf: Path, port: int, items: 
 
 def harvest(job: Path, tmp_path: Path, **kw: object) -> subprocess.Popen[str]:
     env = {**os.environ, "HARVEST_STATE_DIR": str(tmp_path / "state")}
-    return subprocess.Popen([sys.executable, "-m", "harvest", "run", str(job), "--no-live"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            stdin=subprocess.DEVNULL, **kw)  # type: ignore[call-overload]
+    return harvest_process.popen([sys.executable, "-m", "harvest", "run", str(job), "--no-live"], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                 stdin=subprocess.DEVNULL, **kw)  # type: ignore[call-overload]
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ import pytest
 
 from harvest.net import port_listening
 from tests import engines
+from tests import harvest_process
 from tests.realparts import require
 from tests.security.attack import data_file
 
@@ -31,8 +32,8 @@ CHAT_ENGINE = Path(__file__).resolve().parents[1] / "quality" / "chat_engine.py"
 
 
 def harvest(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "harvest", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+    return harvest_process.run([sys.executable, "-m", "harvest", *args], capture_output=True, text=True,
+                               timeout=timeout, env=env, stdin=subprocess.DEVNULL)
 
 
 def other_users_cmdlines() -> str:

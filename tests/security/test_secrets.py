@@ -25,6 +25,7 @@ import pytest
 from harvest import http
 from harvest.server import StateFile
 from tests import engines
+from tests import harvest_process
 from tests.security.test_secret_paths import other_users_cmdlines
 
 pytestmark = [pytest.mark.engine]
@@ -39,8 +40,8 @@ def ledger_meta(run_dir) -> dict:
 
 
 def _harvest(env: dict[str, str], *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "harvest", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+    return harvest_process.run([sys.executable, "-m", "harvest", *args], capture_output=True, text=True,
+                               timeout=timeout, env=env, stdin=subprocess.DEVNULL)
 
 
 #: A secret users put in a config besides the documented key: a token in ``[server.env]``. It may

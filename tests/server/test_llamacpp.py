@@ -17,6 +17,7 @@ import pytest
 from harvest import http
 from harvest.config import ServerConfig
 from harvest.net import port_listening
+from tests import harvest_process
 from tests.server.helpers import gone, wait_for
 from tests.timing import SLACK_S
 
@@ -62,8 +63,8 @@ def test_llama_server_ignoring_sigterm_with_requests_in_flight_is_escalated(llam
 
     wait_for(in_flight, 60, "requests processing and deferred", interval=0.2)
 
-    out = subprocess.run([sys.executable, "-m", "harvest.cli.main", "stop", str(server.run_dir), "--json"],
-                         capture_output=True, text=True, timeout=60, env=dict(os.environ))
+    out = harvest_process.run([sys.executable, "-m", "harvest.cli.main", "stop", str(server.run_dir), "--json"],
+                              capture_output=True, text=True, timeout=60, env=dict(os.environ))
     doc = json.loads(out.stdout)
     (report,) = doc["servers"]  # harvest.stop/1: one report per server
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from tests import harvest_process
 
 
 def serve(tmp_path, server: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     cfg = tmp_path / "server.toml"
     cfg.write_text(server + "[preflight]\nmin_disk_free_gib = 0.05\n")
-    return subprocess.run([sys.executable, "-m", "harvest", "serve", str(cfg), "--run-dir", str(tmp_path / "run")],
-                          capture_output=True, text=True, timeout=120, env=env, check=False)
+    return harvest_process.run([sys.executable, "-m", "harvest", "serve", str(cfg), "--run-dir", str(tmp_path / "run")],
+                               capture_output=True, text=True, timeout=120, env=env, check=False)
 
 
 def test_llama_server_not_on_path_names_it_and_how_to_get_it(tmp_path):

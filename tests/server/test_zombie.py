@@ -16,6 +16,7 @@ from dataclasses import replace
 import psutil
 
 from harvest.server import group_findings
+from tests import harvest_process
 from tests.server.helpers import fake_config, wait_for
 
 
@@ -27,8 +28,8 @@ def test_a_zombie_of_the_recorded_leader_is_exited_not_yet_reaped(launcher, tmp_
              "the engine to exit and stay unreaped")
     assert psutil.Process(leader.pid).ppid() == psutil.Process().pid  # ours, and not reaped
 
-    out = subprocess.run([sys.executable, "-m", "harvest", "stop", str(server.run_dir)], capture_output=True,
-                         text=True, timeout=120)
+    out = harvest_process.run([sys.executable, "-m", "harvest", "stop", str(server.run_dir)], capture_output=True,
+                              text=True, timeout=120)
 
     shown = out.stdout + out.stderr
     assert out.returncode == 0, shown

@@ -50,7 +50,7 @@ def _say(text: str, err: bool = False) -> None:
 def print_report(report: RunReport, job: str | None = None) -> None:
     _say(f"run folder: {report.run_dir}")
     if report.recovered:
-        _say(f"recovered {report.recovered} items left running by an earlier crash")
+        _say(f"recovered {counted(report.recovered, 'item')} left running by an earlier crash")
     _say(f"this session: {counted(report.finished_this_session, 'item')} in {report.elapsed_s:.1f} s "
                f"({report.outcome}{'; ' + report.note if report.note else ''})")
     if report.relaunches:
@@ -77,8 +77,8 @@ def print_report(report: RunReport, job: str | None = None) -> None:
         _say(f"FAILED: {report.failed_problem}; `harvest status` shows why by class; `{redact_text(again)} "
              f"--retry failed` asks them again", err=True)
     if report.outcome == "interrupted":
-        _say(f"interrupted: {report.totals.counts[Status.PENDING]:,} items pending; run `{again}` again "
-                   f"to resume where it stopped", err=True)
+        _say(f"interrupted: {counted(report.totals.counts[Status.PENDING], 'item')} pending; run `{again}` again "
+             f"to resume where it stopped", err=True)
     if report.outcome == "server_down":
         pending = report.totals.counts[Status.PENDING] + report.totals.counts[Status.RUNNING]
         fix = ("read why the server harvest launched kept failing (server/server.log in the run folder)"
@@ -90,7 +90,8 @@ def print_report(report: RunReport, job: str | None = None) -> None:
                    f"{counted(pending, 'item')} not finished will resume, no attempt charged", err=True)
     if report.trip is not None:
         _say(f"STOPPED: {report.trip.describe()}", err=True)
-        _say(f"  the {report.totals.counts[Status.PENDING]} items not finished are pending, no attempt "
+        left = report.totals.counts[Status.PENDING]
+        _say(f"  the {counted(left, 'item')} not finished {'is' if left == 1 else 'are'} pending, no attempt "
                    f"charged; {report.trip.advice} (`harvest run` resumes them)", err=True)
 
 

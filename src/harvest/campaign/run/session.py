@@ -49,6 +49,7 @@ from typing import Any
 import numpy  # noqa: F401
 
 from harvest import safefiles
+from harvest.words import counted
 from harvest.campaign.run.breaker import Trip
 from harvest.campaign.run.connect import check_endpoints
 from harvest.campaign.run.dispatch import Dispatch
@@ -324,8 +325,9 @@ class Session:
         """A whole first batch of rows that do not fit [data] is the job's mistake: no launch for
         it; the rest of the dataset is read next time, under fixed settings."""
         self.intake.close_records()
-        self.state.end("stopped", f"the {self.intake.first_batch[0]:,} rows read first were all skipped: fix "
-                                  f"[data] and run again (the skipped rows are read again)")
+        read = self.intake.first_batch[0]
+        self.state.end("stopped", f"the {counted(read, 'row')} read first {'was' if read == 1 else 'were all'} "
+                                  f"skipped: fix [data] and run again (the skipped rows are read again)")
 
     async def _launch_and_dispatch(self, ledger: Ledger, progress: Progress) -> None:
         """The rest of the ingest beside the launch and the dispatch; the server's verified stop

@@ -17,11 +17,13 @@ the same call: another interpreter or interpreter options (``-X dev``), an envir
 ``HARVEST_TEST_FRESH_PROCESSES=1`` (every command fresh, for a check of the start-up itself), or a
 host that could not start (said once on stderr).
 
-The host is the worker's child; each command is the host's child, reaped by it. A command is
-signalled through the host, which knows whether its pid is still its own, unreaped child: a pid is
-never signalled after its reuse. A test's end (its socket closed with the command running) kills
-that command, as ``subprocess.run`` kills its child on an exception; the worker's end closes the
-host's control socket and the host ends, killing what it still runs.
+The host is the worker's child; each command is the host's child, reaped by it only once its
+caller has its exit status: until then its pid (and its group, with ``start_new_session``) cannot
+be another process's, as for a child of the caller's own, so a test signals ``proc.pid`` as it
+would a ``subprocess.Popen``'s. A caller that goes with its command still running (an exception,
+a forgotten ``Popen`` at the worker's end) has it killed, as ``subprocess.run`` kills its child on
+an exception; the worker's end closes the host's control socket and the host ends, killing what it
+still runs.
 """
 
 from __future__ import annotations
@@ -164,8 +166,29 @@ def _send(conn: socket.socket, obj: dict[str, Any]) -> None:
         conn.send(json.dumps(obj).encode())
 
 
+def _returncode(info: Any) -> int:
+    """``Popen.returncode`` from ``os.waitid``'s answer: the exit status, or minus the signal."""
+    if info.si_code == os.CLD_EXITED:
+        return int(info.si_status)
+    return -int(info.si_status)
+
+
+class _Command:
+    """One forked command in the host: its caller's socket (None once the caller has gone) and
+    whether it has exited (then it is a zombie until its caller has its exit status)."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        self.conn: socket.socket | None = conn
+        self.exited = False
+
+
 def host(ctl_fd: int) -> None:
-    """The fork host's loop, on the control socket ``ctl_fd`` its worker passed."""
+    """The fork host's loop, on the control socket ``ctl_fd`` its worker passed.
+
+    A command that exits is left unreaped (``waitid`` with ``WNOWAIT``) until its caller has read
+    its exit status and closed its socket, as an unreaped child of the caller's own would be: while
+    the caller may still signal its pid (or its group), that pid is not free for another process.
+    """
     import importlib
 
     from harvest.cli.main import COMMANDS
@@ -182,35 +205,51 @@ def host(ctl_fd: int) -> None:
     sel = selectors.DefaultSelector()
     sel.register(ctl, selectors.EVENT_READ, "ctl")
     sel.register(wake_r, selectors.EVENT_READ, "wake")
-    running: dict[int, socket.socket] = {}  # pid -> its caller's socket
-    by_conn: dict[int, int] = {}  # socket fd -> pid
+    commands: dict[int, _Command] = {}  # pid -> the command
+    by_conn: dict[int, int] = {}  # a caller's socket fd -> pid
+
+    def forget(pid: int) -> None:
+        """Reap an exited command whose caller has gone."""
+        os.waitpid(pid, 0)
+        del commands[pid]
+
+    def caller_gone(pid: int) -> None:
+        command = commands[pid]
+        if command.conn is not None:
+            sel.unregister(command.conn)
+            by_conn.pop(command.conn.fileno(), None)
+            command.conn.close()
+            command.conn = None
+        if command.exited:
+            forget(pid)
+        else:
+            os.kill(pid, signal.SIGKILL)  # unreaped: still our child; reaped when it has exited
+
     ctl.send(b"ready")
     while True:
         for key, _ in sel.select():
             if key.data == "wake":
                 with contextlib.suppress(BlockingIOError):
                     os.read(wake_r, 4096)
-                while True:
-                    try:
-                        pid, status = os.waitpid(-1, os.WNOHANG)
-                    except ChildProcessError:
-                        break
-                    if pid == 0:
-                        break
-                    conn = running.pop(pid, None)
-                    if conn is not None:
-                        by_conn.pop(conn.fileno(), None)
-                        _send(conn, {"returncode": os.waitstatus_to_exitcode(status)})
-                        sel.unregister(conn)
-                        conn.close()
+                for pid, command in list(commands.items()):
+                    if command.exited:
+                        continue
+                    info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+                    if info is None:
+                        continue
+                    command.exited = True
+                    if command.conn is None:
+                        forget(pid)
+                    else:
+                        _send(command.conn, {"returncode": _returncode(info)})
             elif key.data == "ctl":
                 try:
                     _, fds, _, _ = socket.recv_fds(ctl, 16, 5)
                 except OSError:
                     fds = []
                 if not fds:  # the worker has gone: end what runs, then this host
-                    for pid in running:
-                        with contextlib.suppress(OSError):
+                    for pid, command in commands.items():
+                        if not command.exited:
                             os.kill(pid, signal.SIGKILL)
                     os._exit(0)
                 conn = socket.socket(fileno=fds[0])
@@ -227,7 +266,7 @@ def host(ctl_fd: int) -> None:
                     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                     sel.close()
                     for fd in (wake_r, wake_w, ctl.fileno(), conn.fileno(),
-                               *(c.fileno() for c in running.values())):
+                               *(c.conn.fileno() for c in commands.values() if c.conn is not None)):
                         with contextlib.suppress(OSError):
                             os.close(fd)
                     for target, fd in enumerate(stdio):
@@ -238,28 +277,23 @@ def host(ctl_fd: int) -> None:
                     _child(request["kind"], request["args"], request["env"], request["cwd"], request["session"])
                 for fd in stdio:
                     os.close(fd)
-                running[pid] = conn
+                commands[pid] = _Command(conn)
                 by_conn[conn.fileno()] = pid
                 sel.register(conn, selectors.EVENT_READ, "conn")
                 _send(conn, {"pid": pid})
-            else:  # a caller: a signal for its command, or its end (the command killed with it)
+            else:  # a caller: a signal for its command, or its end (after the exit status, or instead)
                 conn = key.fileobj  # type: ignore[assignment]
-                pid = by_conn.get(conn.fileno())  # None: reaped and closed earlier in this round
+                pid = by_conn.get(conn.fileno())  # None: closed earlier in this round
                 if pid is None:
                     continue
                 try:
                     data = conn.recv(_MSG)
                 except OSError:
                     data = b""
-                signum = json.loads(data)["signal"] if data else signal.SIGKILL
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signum)  # still our unreaped child: its pid is its own
-                if not data:
-                    sel.unregister(conn)
-                    by_conn.pop(conn.fileno(), None)
-                    running.pop(pid, None)
-                    conn.close()
-                    # reaped (and forgotten) when its SIGCHLD comes
+                if data:
+                    os.kill(pid, json.loads(data)["signal"])  # unreaped (exited or not): still ours
+                else:
+                    caller_gone(pid)
 
 
 # --- the worker's side -----------------------------------------------------------------------------

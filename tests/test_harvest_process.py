@@ -10,6 +10,8 @@
   the kernel keeps the one a process was started with; harvest reads no other harvest process's.)
 - ``run(timeout=...)`` kills a command that overruns and raises ``TimeoutExpired``; nothing of it
   is left.
+- An exited command keeps its pid (a zombie) until its exit status is read, as a child of the
+  test's own would.
 - What the fork cannot reproduce runs fresh: interpreter options (``-X dev``) and an environment
   that differs in what acts at interpreter start.
 """
@@ -84,13 +86,11 @@ def black_hole_job(tmp_path: Path, hole: socket.socket) -> Path:
     return job
 
 
-def started(pid: int, run_dir: Path, timeout: float = 60) -> None:
-    """Wait until the run has written its folder (it is past its imports and waiting on the endpoint)."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end and not (run_dir / "ledger.sqlite").exists():
-        assert psutil.pid_exists(pid)
-        time.sleep(0.05)
-    assert (run_dir / "ledger.sqlite").exists()
+def asking(hole: socket.socket, timeout: float = 60) -> socket.socket:
+    """The run's first connection to the endpoint: it is past its imports, its ingest and its
+    checks, and waiting for an answer that does not come."""
+    hole.settimeout(timeout)
+    return hole.accept()[0]
 
 
 def test_a_forked_run_is_its_own_process_and_stops_on_sigint_as_a_fresh_one(tmp_path):
@@ -105,7 +105,7 @@ def test_a_forked_run_is_its_own_process_and_stops_on_sigint_as_a_fresh_one(tmp_
             proc = start([sys.executable, "-m", "harvest", "run", str(job), "--no-live"], cwd=folder, env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
             try:
-                started(proc.pid, folder / "run")
+                held = asking(hole)
                 me = psutil.Process(proc.pid)
                 assert me.cwd() == str(folder)
                 assert os.getsid(proc.pid) == proc.pid  # start_new_session
@@ -117,6 +117,7 @@ def test_a_forked_run_is_its_own_process_and_stops_on_sigint_as_a_fresh_one(tmp_
                 if proc.poll() is None:
                     proc.kill()
                     proc.wait(30)
+            held.close()
             said[how] = (proc.returncode, re.sub(r"\(\d+\.\d s\)", "(T)", err.replace(str(folder), "D")))
     finally:
         hole.close()
@@ -151,3 +152,21 @@ def test_what_the_fork_cannot_reproduce_runs_fresh(tmp_path):
     proc = harvest_process.popen(argv, env=env, stdout=subprocess.PIPE, text=True)
     assert isinstance(proc, subprocess.Popen)
     assert proc.communicate(timeout=60)[0].strip()
+
+
+def test_an_exited_command_keeps_its_pid_until_its_exit_status_is_read():
+    """As a child of the test's own would: ``os.kill(proc.pid, ...)`` before ``poll()`` says it
+    ended never reaches another process."""
+    proc = harvest_process.popen([sys.executable, "-m", "harvest", "version"], stdout=subprocess.DEVNULL)
+    me = psutil.Process(proc.pid)
+    end = time.monotonic() + 60
+    while time.monotonic() < end and me.status() != psutil.STATUS_ZOMBIE:
+        time.sleep(0.02)
+    assert me.status() == psutil.STATUS_ZOMBIE  # exited, not reaped: its pid is still taken
+    time.sleep(0.2)
+    assert me.is_running() and me.status() == psutil.STATUS_ZOMBIE
+    assert proc.wait(30) == 0
+    end = time.monotonic() + 30
+    while time.monotonic() < end and me.is_running():
+        time.sleep(0.02)
+    assert not me.is_running()  # reaped once its exit status was read

@@ -354,7 +354,8 @@ _HOST = _Host()
 _LIVE: set[Popen] = set()
 
 
-def _forkable(argv: Sequence[Any], env: Mapping[str, str] | None, extra: Mapping[str, Any]) -> tuple[str, list[str]] | None:
+def _forkable(argv: Sequence[Any], env: Mapping[str, str] | None,
+              extra: Mapping[str, Any]) -> tuple[str, list[str]] | None:
     """How to fork ``argv`` (see :func:`_how`), or None where a fresh interpreter must run it: options
     the fork does not reproduce (``extra``), ``HARVEST_TEST_FRESH_PROCESSES=1``, no host, or an
     environment that differs from the host's in what acts at interpreter start."""
@@ -407,8 +408,10 @@ class Popen:
             fds[2] = fds[1]
         for name, fd, mode in ours:  # as subprocess wraps its pipes
             f = os.fdopen(fd, mode + "b")
-            setattr(self, name, io.TextIOWrapper(f, encoding=locale.getpreferredencoding(False),  # type: ignore[arg-type]
-                                                 write_through=mode == "w") if text else f)
+            if text:
+                f = io.TextIOWrapper(f, encoding=locale.getpreferredencoding(False),  # type: ignore[arg-type]
+                                     write_through=mode == "w")
+            setattr(self, name, f)
         self._conn, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         ctl = _HOST.socket()
         assert ctl is not None

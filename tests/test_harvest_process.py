@@ -65,8 +65,8 @@ def test_a_forked_command_prints_and_exits_as_a_fresh_one(tmp_path):
     # init writes into the working directory each was given
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    forked = harvest_process.run([sys.executable, "-m", "harvest", "init", "--engine", "vllm"], cwd=tmp_path / "a", env=env,
-                                 capture_output=True, text=True, timeout=120)
+    forked = harvest_process.run([sys.executable, "-m", "harvest", "init", "--engine", "vllm"], cwd=tmp_path / "a",
+                                 env=env, capture_output=True, text=True, timeout=120)
     fresh = subprocess.run([sys.executable, "-m", "harvest", "init", "--engine", "vllm"], cwd=tmp_path / "b", env=env,
                            capture_output=True, text=True, timeout=120)
     assert forked.returncode == 0, forked.stderr

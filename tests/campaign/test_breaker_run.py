@@ -20,8 +20,7 @@ from pathlib import Path
 import pytest
 
 from harvest.ledger import Ledger, Status
-from tests import engines
-from tests import harvest_process
+from tests import engines, harvest_process
 
 # The chat stand-in and vLLM, launched and stopped by harvest.
 pytestmark = pytest.mark.engine

@@ -21,8 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import engines
-from tests import harvest_process
+from tests import engines, harvest_process
 from tests.campaign.ledger_peek import results_count
 from tests.campaign.test_give_up import PREFLIGHT, data
 from tests.hosts.conftest import write_toml

@@ -32,8 +32,7 @@ from pathlib import Path
 import pytest
 
 from harvest.campaign.run import runner
-from tests import engines
-from tests import harvest_process
+from tests import engines, harvest_process
 from tests.campaign.ledger_peek import attempts, statuses
 from tests.campaign.test_give_up import group_gone
 from tests.campaign.test_hang import HANG_ENGINE, ids_once

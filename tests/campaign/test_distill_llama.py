@@ -5,7 +5,6 @@ llama-server sends."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import urllib.request
 

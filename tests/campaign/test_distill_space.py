@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 
 from harvest.campaign.run.distill import describe_samples, logprob_space

@@ -32,8 +32,7 @@ from pathlib import Path
 import pytest
 
 from harvest.client.policy import RetryPolicy
-from tests import engines
-from tests import harvest_process
+from tests import engines, harvest_process
 from tests.campaign.ledger_peek import attempts, results_count, statuses
 from tests.campaign.test_give_up import PREFLIGHT, data, group_gone, harvest_run
 from tests.campaign.test_hang import ids_once

@@ -25,11 +25,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests import harvest_process
 from tests.placed import run_campaign
 from harvest.config import parse_config
 from harvest.ledger import Status
-from tests import engines
+from tests import engines, harvest_process
 from tests.campaign.ledger_peek import attempts, results_count, statuses
 from tests.hosts.conftest import write_toml
 
@@ -61,7 +60,7 @@ def managed(llama_server_bin: str, tiny_gguf: Path, **over: object) -> dict[str,
 def harvest_run(job: Path, tmp_path: Path, **kw: object) -> subprocess.Popen[str]:
     env = {**os.environ, "HARVEST_STATE_DIR": str(tmp_path / "state")}
     return harvest_process.popen([sys.executable, "-m", "harvest", "run", str(job), "--no-live"], env=env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)  # type: ignore[call-overload]
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
 def wait_results(run_dir: Path, at_least: int, alive: object, timeout: float = 120) -> None:

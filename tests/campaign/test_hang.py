@@ -20,15 +20,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests import engines
-from tests import harvest_process
+from tests import engines, harvest_process
 from tests.campaign.ledger_peek import _query, attempts, statuses
 from tests.campaign.test_give_up import PREFLIGHT, data, group_gone, harvest_run
 from tests.hosts.conftest import write_toml
@@ -90,8 +88,8 @@ def test_managed_engine_that_hangs_is_stopped_relaunched_and_the_run_finishes(tm
     whys = [x["stop"].get("why") for x in timeline["launches"] if x.get("stop")]
     assert whys[0] and whys[0].startswith("hung: no answer for ") and whys[0].endswith(
         "while /health answered; relaunched"), whys
-    page = harvest_process.run([sys.executable, "-m", "harvest", "report", str(run_dir), "-o", str(tmp_path / "r.html")],
-                               capture_output=True, text=True, timeout=120)
+    page = harvest_process.run([sys.executable, "-m", "harvest", "report", str(run_dir), "-o",
+                                str(tmp_path / "r.html")], capture_output=True, text=True, timeout=120)
     assert page.returncode == 0, page.stderr
     assert "while /health answered; relaunched" in (tmp_path / "r.html").read_text()
 

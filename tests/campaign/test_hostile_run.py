@@ -88,7 +88,8 @@ def test_odd_answers_are_stored_safely_and_an_answer_at_max_tokens_without_a_rea
     with serve_in_thread("answer", answers=answers) as server:
         done, run_dir = run_job(tmp_path, server.url, list(answers), name="odd")
         status = harvest_process.run([sys.executable, "-m", "harvest", "status", str(run_dir)], capture_output=True,
-                                     text=True, timeout=60, env={**os.environ, "HARVEST_STATE_DIR": str(tmp_path / "state")})
+                                     text=True, timeout=60,
+                                     env={**os.environ, "HARVEST_STATE_DIR": str(tmp_path / "state")})
     assert done.returncode == 0, done.stdout + done.stderr
     found = ledger(run_dir)
     assert found["counts"] == {"done": len(answers) - 1, "truncated": 1}, found["counts"]

@@ -5,7 +5,6 @@ The message names the file, the field and where a relative path is read from."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from tests import harvest_process
 

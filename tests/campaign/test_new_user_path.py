@@ -13,8 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests import engines
-from tests import harvest_process
+from tests import engines, harvest_process
 from tests.campaign import ledger_peek
 
 ROWS = 24

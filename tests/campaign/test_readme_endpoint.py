@@ -48,7 +48,8 @@ def test_the_readme_endpoint_job_runs_as_written(tmp_path):
         assert commands and commands[0] == "harvest run job.toml", commands
         for command in commands:
             res = harvest_process.run([sys.executable, "-m", "harvest.cli.main", *shlex.split(command)[1:]],
-                                      cwd=tmp_path, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+                                      cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                                      stdin=subprocess.DEVNULL)
             assert res.returncode == 0, f"{command}\n{res.stdout}\n{res.stderr}"
         status = harvest_process.run([sys.executable, "-m", "harvest.cli.main", "status", "job.toml", "--json"],
                                      cwd=tmp_path, capture_output=True, text=True, timeout=60)

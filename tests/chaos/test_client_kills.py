@@ -27,8 +27,7 @@ import pytest
 
 from harvest.net import port_bindable
 from harvest.server import RunStatus, StateFile, stop_run
-from tests import engines
-from tests import harvest_process
+from tests import engines, harvest_process
 from tests.chaos.killer import chaos_rounds, final_check, harvest_argv, wait_committed, write_data
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]

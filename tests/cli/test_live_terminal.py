@@ -20,8 +20,7 @@ from pathlib import Path
 import pytest
 
 from harvest.server import RunStatus, StateFile
-from tests import engines
-from tests import harvest_process
+from tests import engines, harvest_process
 from tests.cli.terminal import Screen, Terminal
 from tests.server.helpers import FAKE_ENGINE
 

@@ -25,8 +25,7 @@ from harvest.campaign.outputs.progress import Progress
 from harvest.cli.panel import run_panel
 from harvest.cli.phases import PhaseBoard
 from harvest.safefiles import hold
-from tests import engines
-from tests import harvest_process
+from tests import engines, harvest_process
 
 pytestmark = [pytest.mark.engine]
 

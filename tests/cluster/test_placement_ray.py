@@ -17,8 +17,7 @@ import psutil
 import pytest
 
 from harvest.placement import record
-from tests import engines
-from tests import harvest_process
+from tests import engines, harvest_process
 from tests.campaign.ledger_peek import attempts
 from tests.chaos.killer import final_check, harvest_argv, read_ledger, wait_committed
 from tests.cluster.conftest import ENGINE_SLOTS
@@ -37,7 +36,8 @@ def test_every_command_on_the_cluster(tmp_path, ray_cluster, llama_server_bin, t
     tables = {"server": server, "preflight": {"min_disk_free_gib": 0.1, "ram_reserve_gib": 0}, "cluster": cluster}
 
     def harvest(*args: str) -> subprocess.CompletedProcess:
-        return harvest_process.run(harvest_argv(*args), capture_output=True, text=True, timeout=400, env=ray_cluster.env)
+        return harvest_process.run(harvest_argv(*args), capture_output=True, text=True, timeout=400,
+                                   env=ray_cluster.env)
 
     workers = {ray_cluster.node_id("node_a")[:8], ray_cluster.node_id("node_b")[:8]}
 

@@ -21,8 +21,7 @@ import psutil
 import pytest
 
 from harvest.server import StateFile
-from tests import engines
-from tests import harvest_process
+from tests import engines, harvest_process
 from tests.campaign.ledger_peek import attempts
 from tests.chaos.killer import final_check, harvest_argv, read_ledger, wait_committed, write_data
 from tests.realparts import require

@@ -9,13 +9,11 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests import engines
-from tests import harvest_process
+from tests import engines, harvest_process
 from tests.chaos.killer import final_check, harvest_argv, write_data
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]

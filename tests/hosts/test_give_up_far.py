@@ -29,8 +29,7 @@ from harvest.errors import RemoteError
 from harvest.net import port_listening
 from harvest.placement.record import read as read_remote_record
 from harvest.placement.ssh.tunnel import REOPEN_DELAY, Tunnel
-from tests import engines
-from tests import harvest_process
+from tests import engines, harvest_process
 from tests.campaign.ledger_peek import attempts, results_count, statuses, unique_items
 from tests.hosts.conftest import write_toml
 from tests.hosts.test_container import PREFLIGHT, server_table

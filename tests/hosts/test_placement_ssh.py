@@ -14,8 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests import engines
-from tests import harvest_process
+from tests import engines, harvest_process
 from tests.hosts.test_container import PREFLIGHT, container, server_table  # noqa: F401 - the fixture
 from tests.placement.matrix import Place, engine_folders, every_command
 

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import engines
-from tests import harvest_process
+from tests import engines, harvest_process
 from tests.placement.matrix import Place, every_command
 
 pytestmark = [pytest.mark.engine]

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from harvest.net import port_listening
-from tests import engines
-from tests import harvest_process
+from tests import engines, harvest_process
 from tests.realparts import require
 
 HARVEST = str(Path(sys.executable).with_name("harvest"))

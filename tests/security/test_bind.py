@@ -9,7 +9,6 @@ measured in test_secrets.py, on a real llama-server.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import engines
-from tests import harvest_process
+from tests import engines, harvest_process
 
 CHAT_ENGINE = Path(__file__).resolve().parents[1] / "quality" / "chat_engine.py"
 

@@ -31,8 +31,7 @@ import pytest
 from harvest.dataset import Item, Message
 from harvest.ledger import Completion, Ledger
 from harvest.server.state import LaunchRecord, RunState, RunStatus, state_to_dict
-from tests import engines
-from tests import harvest_process
+from tests import engines, harvest_process
 from tests.realparts import require
 from tests.security.attack import AS_NOBODY, data_file
 

@@ -10,8 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests import engines
-from tests import harvest_process
+from tests import engines, harvest_process
 
 CHAT_ENGINE = Path(__file__).resolve().parents[1] / "quality" / "chat_engine.py"
 

@@ -26,8 +26,7 @@ import pytest
 from harvest.errors import UnsafePathError
 from harvest.ledger.store import Ledger
 from harvest.server.state import LaunchRecord, RunState, RunStatus, state_to_dict
-from tests import engines
-from tests import harvest_process
+from tests import engines, harvest_process
 from tests.realparts import require
 from tests.security.attack import AS_NOBODY, data_file
 

@@ -34,8 +34,7 @@ from harvest.net import port_listening
 from harvest.report import REPORT_FILE
 from harvest.server import Server, supervisor
 from harvest.server.state import RUN_FILES
-from tests import engines
-from tests import harvest_process
+from tests import engines, harvest_process
 from tests.realparts import require
 from tests.server.helpers import TEST_PREFLIGHT
 

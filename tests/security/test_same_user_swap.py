@@ -33,8 +33,7 @@ from harvest.cli.report import report_line
 from harvest.errors import LedgerError
 from harvest.placement import from_config
 from harvest.report import REPORT_FILE
-from tests import engines
-from tests import harvest_process
+from tests import engines, harvest_process
 from tests.security.test_refused_before_launch import port_free
 
 pytestmark = [pytest.mark.engine]

@@ -23,8 +23,7 @@ from pathlib import Path
 import pytest
 
 from harvest.net import port_listening
-from tests import engines
-from tests import harvest_process
+from tests import engines, harvest_process
 from tests.realparts import require
 from tests.security.attack import data_file
 

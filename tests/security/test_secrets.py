@@ -24,8 +24,7 @@ import pytest
 
 from harvest import http
 from harvest.server import StateFile
-from tests import engines
-from tests import harvest_process
+from tests import engines, harvest_process
 from tests.security.test_secret_paths import other_users_cmdlines
 
 pytestmark = [pytest.mark.engine]

@@ -9,7 +9,6 @@ it, it stays a zombie of this process (``Zs <defunct>``) with its recorded pid a
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from dataclasses import replace
 

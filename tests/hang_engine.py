@@ -1,6 +1,7 @@
 """A real llama-server behind a loopback proxy that can hang: completions held, /health answered.
 
-    python tests/hang_engine.py [--hang-after N] [--once MARKER] [--ignore-term] -- LLAMA_SERVER ARGS...
+    python tests/hang_engine.py [--hang-after N] [--once MARKER | --first-launch MARKER] [--ignore-term]
+        -- LLAMA_SERVER ARGS...
 
 It starts ``LLAMA_SERVER ARGS`` on a port of its own (``--port`` of ARGS is taken for the proxy),
 in its own process group (the group harvest's verified stop signals), and forwards every request
@@ -9,6 +10,9 @@ completions answered (``--hang-after``), or from a SIGUSR1 on, every completion 
 and never forwarded, while ``/health``, ``/v1/models`` and ``/metrics`` are still forwarded and
 answered (the engine behind is idle: its token counter stands still). ``--once MARKER``: hang only
 when MARKER does not exist yet, and create it when the hang begins (the relaunched engine answers).
+``--first-launch MARKER``: hang only in the engine that found no MARKER at its start and created it
+(the first launch; a relaunch, or the launch of a later session, answers everything, whenever the
+first one was stopped).
 ``--ignore-term``: the proxy ignores SIGTERM (llama-server behind it exits; the proxy keeps the
 port), so only a SIGKILL of the group ends it; ``--ignore-term-if FILE``: the same when FILE exists as
 SIGTERM arrives (a fault armed at a chosen moment). ``--no-metrics``: ``/metrics`` answers 404 (an engine without it). ``--version`` is
@@ -117,6 +121,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--hang-after", type=int, default=None)
     ap.add_argument("--once", type=Path, default=None)
+    ap.add_argument("--first-launch", type=Path, default=None)
     ap.add_argument("--ignore-term", action="store_true")
     ap.add_argument("--ignore-term-if", type=Path, default=None,
                     help="ignore SIGTERM when this file exists as it arrives")
@@ -151,6 +156,12 @@ def main() -> int:
             raise SystemExit(143)
 
         signal.signal(signal.SIGTERM, on_term)
+    if args.first_launch is not None:
+        try:
+            with args.first_launch.open("x") as marker:
+                marker.write(str(os.getpid()))
+        except FileExistsError:
+            args.hang_after = None  # a later launch: it answers everything
     engine = subprocess.Popen(inner, stdin=subprocess.DEVNULL)  # same group: the stop signals both
     try:
         return asyncio.run(serve(host, port, Proxy(f"http://{inner_host}:{inner_port}", args.hang_after, args.once,

@@ -14,7 +14,8 @@
 The tiny model answers a hundred items a second, faster than a terminal attaches: the llama-server
 runs behind tests/hang_engine.py, which holds every completion after ``HOLD_AFTER`` answers of the
 first launch (``/health`` answering), so the run is still going, its requests in flight, however
-fast the machine, while the test watches and stops it; the second launch answers everything. The
+fast the machine, while the test watches and stops it; the second launch answers everything
+(``--first-launch``: also when the test stopped the run before the hold began). The
 hang check's default bound (30 s of quiet) is never reached: the hold lasts a few seconds.
 """
 
@@ -50,8 +51,8 @@ def write_job(tmp_path: Path, llama_server_bin: str, tiny_gguf: Path) -> Path:
     (tmp_path / "in.jsonl").write_text("".join(json.dumps({"id": f"d{i}", "prompt": f"Write about day {i}."})
                                                + "\n" for i in range(N)))
     job = tmp_path / "job.toml"
-    command = [sys.executable, str(HANG_ENGINE), "--hang-after", str(HOLD_AFTER), "--once",
-               str(tmp_path / "held-once"), "--", llama_server_bin]
+    command = [sys.executable, str(HANG_ENGINE), "--hang-after", str(HOLD_AFTER), "--first-launch",
+               str(tmp_path / "first-launch"), "--", llama_server_bin]
     job.write_text(f"""
 [server]
 engine = "llamacpp"

@@ -107,12 +107,14 @@ def _streams() -> None:
         setattr(sys, f"__{name}__", stream)
 
 
-def _child(kind: str, args: list[str], env: dict[str, str], cwd: str, session: bool) -> None:
+def _child(kind: str, args: list[str], env: dict[str, str], cwd: str, session: bool, umask: int) -> None:
     """In the forked process: become the command, run it, exit as the interpreter would."""
     code = 1
     try:
         if session:
             os.setsid()
+        if umask >= 0:
+            os.umask(umask)
         os.chdir(cwd)
         os.environ.clear()
         os.environ.update(env)
@@ -274,7 +276,8 @@ def host(ctl_fd: int) -> None:
                     for fd in stdio:
                         if fd > 2:
                             os.close(fd)
-                    _child(request["kind"], request["args"], request["env"], request["cwd"], request["session"])
+                    _child(request["kind"], request["args"], request["env"], request["cwd"], request["session"],
+                           request["umask"])
                 for fd in stdio:
                     os.close(fd)
                 commands[pid] = _Command(conn)
@@ -376,7 +379,8 @@ class Popen:
     """A forked ``harvest`` command with ``subprocess.Popen``'s interface (the parts tests use)."""
 
     def __init__(self, args: Sequence[Any], kind: str, cmd_args: list[str], *, stdin: Any, stdout: Any,
-                 stderr: Any, env: Mapping[str, str] | None, cwd: Any, text: bool, start_new_session: bool) -> None:
+                 stderr: Any, env: Mapping[str, str] | None, cwd: Any, text: bool, start_new_session: bool,
+                 umask: int = -1) -> None:
         self.args = list(args)
         self.returncode: int | None = None
         self.stdin: Any = None
@@ -412,6 +416,9 @@ class Popen:
                 f = io.TextIOWrapper(f, encoding=locale.getpreferredencoding(False),  # type: ignore[arg-type]
                                      write_through=mode == "w")
             setattr(self, name, f)
+        if umask < 0:  # the caller's own, as a child of its own would inherit it
+            umask = os.umask(0o077)
+            os.umask(umask)
         self._conn, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         ctl = _HOST.socket()
         assert ctl is not None
@@ -422,7 +429,7 @@ class Popen:
             self._conn.send(json.dumps({"kind": kind, "args": cmd_args,
                                         "env": dict(env if env is not None else os.environ),
                                         "cwd": os.fspath(cwd) if cwd is not None else os.getcwd(),
-                                        "session": start_new_session}).encode())
+                                        "session": start_new_session, "umask": umask}).encode())
             self.pid: int = json.loads(self._conn.recv(_MSG))["pid"]
             _LIVE.add(self)  # until its exit is collected: a forgotten command is not killed by the GC
         finally:
@@ -504,16 +511,16 @@ class Popen:
 
 def popen(args: Sequence[Any], *, stdin: Any = None, stdout: Any = None, stderr: Any = None,
           env: Mapping[str, str] | None = None, cwd: Any = None, text: bool = False,
-          universal_newlines: bool = False, start_new_session: bool = False, **extra: Any) -> Any:
+          universal_newlines: bool = False, start_new_session: bool = False, umask: int = -1, **extra: Any) -> Any:
     """``subprocess.Popen(args, ...)``, forked from the host when ``args`` is a harvest command (any
     other keyword argument: a fresh interpreter)."""
     text = text or universal_newlines
     how = _forkable(args, env, extra)
     if how is None:
         return subprocess.Popen(args, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd, text=text,
-                                start_new_session=start_new_session, **extra)
+                                start_new_session=start_new_session, umask=umask, **extra)
     return Popen(args, how[0], how[1], stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd, text=text,
-                 start_new_session=start_new_session)
+                 start_new_session=start_new_session, umask=umask)
 
 
 def run(args: Sequence[Any], *, input: Any = None, capture_output: bool = False,  # noqa: A002
@@ -523,7 +530,7 @@ def run(args: Sequence[Any], *, input: Any = None, capture_output: bool = False,
     """``subprocess.run(args, ...)``, forked from the host when ``args`` is a harvest command (any
     other keyword argument: a fresh interpreter)."""
     text = text or universal_newlines
-    how = _forkable(args, env, {k: v for k, v in extra.items() if k != "start_new_session"})
+    how = _forkable(args, env, {k: v for k, v in extra.items() if k not in ("start_new_session", "umask")})
     if how is None:
         return subprocess.run(args, input=input, capture_output=capture_output, timeout=timeout, check=check,
                               stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd, text=text, **extra)
@@ -536,7 +543,7 @@ def run(args: Sequence[Any], *, input: Any = None, capture_output: bool = False,
         proc = Popen(args, how[0], how[1], stdin=stdin,
                      stdout=out_f if stdout == subprocess.PIPE else stdout,
                      stderr=err_f if stderr == subprocess.PIPE else stderr, env=env, cwd=cwd, text=text,
-                     start_new_session=bool(extra.get("start_new_session", False)))
+                     start_new_session=bool(extra.get("start_new_session", False)), umask=int(extra.get("umask", -1)))
         if proc.stdin is not None:
             with contextlib.suppress(BrokenPipeError):
                 proc.stdin.write(input)

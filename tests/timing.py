@@ -14,18 +14,23 @@ import threading
 import time
 from collections.abc import Sequence
 
+from tests import harvest_process
+
 #: Seconds a bounded wait may overrun its budget on a loaded 2-core machine.
 SLACK_S = 2.0
+#: Seconds between two measures of the start-up while a timed command runs.
+SAMPLE_EVERY_S = 0.5
 
 
 def cli_startup_s(cwd: str | None = None) -> float:
-    """Seconds a ``harvest`` command takes here, now, when it has nothing to do: the interpreter,
-    the imports and the answer (``harvest stop`` of a folder with no record, refused at once). A
-    bound on a whole CLI command is its own budget plus this, measured right before: the start-up
-    under the machine's load of the moment, not a fixed guess (5 s failed at load 48)."""
+    """Seconds a ``harvest`` command takes here, now, when it has nothing to do: its start and the
+    answer (``harvest stop`` of a folder with no record, refused at once), started as the command
+    under test is (tests/harvest_process.py: forked, or a fresh interpreter where the fork does not
+    apply). A bound on a whole CLI command is its own budget plus this, measured right before: the
+    start-up under the machine's load of the moment, not a fixed guess (5 s failed at load 48)."""
     t = time.monotonic()
-    subprocess.run([sys.executable, "-m", "harvest", "stop", "/nonexistent-harvest-run", "--json"],
-                   capture_output=True, text=True, timeout=300, cwd=cwd)
+    harvest_process.run([sys.executable, "-m", "harvest", "stop", "/nonexistent-harvest-run", "--json"],
+                        capture_output=True, text=True, timeout=300, cwd=cwd)
     return time.monotonic() - t
 
 
@@ -36,20 +41,21 @@ def run_cli_timed(argv: Sequence[str], timeout: float) -> tuple[subprocess.Compl
     after another, all the while it runs: the load of the command's own moments, not of the one
     before it. Five test workers on two cores swing from idle to a vLLM start within seconds: a
     start-up of 1.9 s measured just before was followed by a command that took 9 s more than its
-    own stop."""
+    own stop. One measure every :data:`SAMPLE_EVERY_S` while the command runs (back to back they
+    kept a core busy of their own)."""
     before = cli_startup_s()
     during: list[float] = []
     done = threading.Event()
 
     def measure() -> None:
-        while not done.is_set():
+        while not done.wait(SAMPLE_EVERY_S):
             during.append(cli_startup_s())
 
     sampler = threading.Thread(target=measure, daemon=True)
     t = time.monotonic()
     sampler.start()
     try:
-        out = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+        out = harvest_process.run(list(argv), capture_output=True, text=True, timeout=timeout)
     finally:
         took = time.monotonic() - t
         done.set()

@@ -12,12 +12,13 @@ import subprocess
 
 import pytest
 
+from tests import harvest_process
 from tests.gpu.schema_doc import place_answers
 from tests.hosts.conftest import FAR_HARVEST, write_toml
 
 
 def harvest(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([FAR_HARVEST, *args], capture_output=True, text=True, timeout=120)
+    return harvest_process.run([FAR_HARVEST, *args], capture_output=True, text=True, timeout=120)
 
 
 def host_flags(sshd) -> list[str]:

@@ -22,6 +22,7 @@ import pytest
 
 from harvest.placement.ssh.servers import read_remote_record
 from tests import engines
+from tests import harvest_process
 from tests.hosts.conftest import FAR_HARVEST, write_toml
 
 pytestmark = [pytest.mark.engine]
@@ -30,7 +31,7 @@ CHAT_ENGINE = Path(__file__).resolve().parents[1] / "quality" / "chat_engine.py"
 
 
 def harvest(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([FAR_HARVEST, *args], capture_output=True, text=True, timeout=timeout)
+    return harvest_process.run([FAR_HARVEST, *args], capture_output=True, text=True, timeout=timeout)
 
 
 def prompts(path: Path, n: int) -> Path:

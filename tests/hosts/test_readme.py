@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import re
 import shlex
-import subprocess
 from pathlib import Path
 
+from tests import harvest_process
 from tests.hosts.conftest import FAR_ENV, FAR_HARVEST
 from tests.hosts.test_container import container  # noqa: F401 - fixture
 
@@ -71,7 +71,7 @@ def run_section(title: str, tmp_path: Path, sshd, harvest: str, replace: dict[st
         (tmp_path / name).write_text(adapted)
     for command in commands:
         argv = shlex.split(command)
-        res = subprocess.run([FAR_HARVEST, *argv[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        res = harvest_process.run([FAR_HARVEST, *argv[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=120)
         assert res.returncode == 0, f"{command}\n{res.stdout}\n{res.stderr}"
         assert f"127.0.0.1:{sshd.port}" in res.stdout, (command, res.stdout)
 

@@ -25,6 +25,7 @@ import psutil
 
 from harvest.placement.ssh.servers import read_remote_record
 from tests import engines
+from tests import harvest_process
 from tests.hosts.conftest import FAR_HARVEST, write_toml
 
 CHAT_ENGINE = Path(__file__).resolve().parents[1] / "quality" / "chat_engine.py"
@@ -71,8 +72,8 @@ def test_a_far_serve_cut_off_by_the_near_budget_is_found_and_stopped(tmp_path, s
     near = tmp_path / "near"
     try:
         t0 = time.monotonic()
-        res = subprocess.run([FAR_HARVEST, "serve", str(box), "--detach", "--run-dir", str(near)],
-                             capture_output=True, text=True, timeout=240)
+        res = harvest_process.run([FAR_HARVEST, "serve", str(box), "--detach", "--run-dir", str(near)],
+                                  capture_output=True, text=True, timeout=240)
         took = time.monotonic() - t0
         assert pidfile.exists(), "the far serve never got as far as its answer: " + res.stderr
     finally:
@@ -96,8 +97,8 @@ def test_a_far_serve_cut_off_by_the_near_budget_is_found_and_stopped(tmp_path, s
     launch = json.loads((far_dir / "launch.json").read_text())
     assert launch["record"]["pid"] and not alive(launch["record"]["pid"], launch["record"]["create_time"])
     assert json.loads((far_dir / "stop.json").read_text())["verdict"] == "clean"
-    listed = subprocess.run([FAR_HARVEST, "ps", "--json", "--config", str(box)], capture_output=True, text=True,
-                            timeout=120)
+    listed = harvest_process.run([FAR_HARVEST, "ps", "--json", "--config", str(box)], capture_output=True, text=True,
+                                 timeout=120)
     assert listed.returncode == 0 and json.loads(listed.stdout)["servers"] == [], listed.stdout + listed.stderr
 
 
@@ -109,7 +110,7 @@ def test_far_serve_gives_up_when_readiness_never_comes(tmp_path, monkeypatch):
                         ready_timeout=300)
     box = write_toml(tmp_path / "box.toml", {"server": never, "preflight": {"min_disk_free_gib": 0.05}})
     t0 = time.monotonic()
-    res = subprocess.run([FAR_HARVEST, "serve", str(box), "--detach", "--json", "--run-name", "cut-1",
+    res = harvest_process.run([FAR_HARVEST, "serve", str(box), "--detach", "--json", "--run-name", "cut-1",
                           "--give-up-after", "3"], capture_output=True, text=True, timeout=120)
     took = time.monotonic() - t0
     assert res.returncode == 1, res.stdout + res.stderr
@@ -122,11 +123,11 @@ def test_far_serve_gives_up_when_readiness_never_comes(tmp_path, monkeypatch):
     assert json.loads((run_dir / "stop.json").read_text())["verdict"] == "clean"
 
     # The same name again is refused (the folder holds a launch), and so is a path for a name.
-    again = subprocess.run([FAR_HARVEST, "serve", str(box), "--detach", "--run-name", "cut-1"],
-                           capture_output=True, text=True, timeout=120)
+    again = harvest_process.run([FAR_HARVEST, "serve", str(box), "--detach", "--run-name", "cut-1"],
+                                capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and "already holds a launch" in again.stderr, again.stderr
-    bad = subprocess.run([FAR_HARVEST, "serve", str(box), "--detach", "--run-name", "../x"],
-                         capture_output=True, text=True, timeout=120)
+    bad = harvest_process.run([FAR_HARVEST, "serve", str(box), "--detach", "--run-name", "../x"],
+                              capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--run-name" in bad.stderr, bad.stderr
 
 
@@ -155,8 +156,8 @@ def test_stop_by_a_record_written_before_the_answer(tmp_path, sshd):
                                               "preflight": {"min_disk_free_gib": 0.05},
                                               "host": sshd.host_table()})
     near = tmp_path / "near"
-    res = subprocess.run([FAR_HARVEST, "serve", str(box), "--detach", "--run-dir", str(near)],
-                         capture_output=True, text=True, timeout=240)
+    res = harvest_process.run([FAR_HARVEST, "serve", str(box), "--detach", "--run-dir", str(near)],
+                              capture_output=True, text=True, timeout=240)
     assert res.returncode == 0, res.stdout + res.stderr
     record = read_remote_record(near)
     far_dir = Path(record["far_run_dir"])
@@ -166,7 +167,7 @@ def test_stop_by_a_record_written_before_the_answer(tmp_path, sshd):
         record.pop(key, None)
     record["status"] = "unknown"
     (near / "placement.json").write_text(json.dumps(record))
-    res = subprocess.run([FAR_HARVEST, "stop", str(near), "--json"], capture_output=True, text=True, timeout=240)
+    res = harvest_process.run([FAR_HARVEST, "stop", str(near), "--json"], capture_output=True, text=True, timeout=240)
     assert res.returncode == 0, res.stdout + res.stderr
     report = json.loads(res.stdout)
     assert report["verdict"] == "clean" and [s["run_dir"] for s in report["servers"]] == [str(far_dir)]
@@ -175,7 +176,7 @@ def test_stop_by_a_record_written_before_the_answer(tmp_path, sshd):
 
     record["far_run_name"] = "never-launched"
     (near / "placement.json").write_text(json.dumps(record))
-    res = subprocess.run([FAR_HARVEST, "stop", str(near)], capture_output=True, text=True, timeout=240)
+    res = harvest_process.run([FAR_HARVEST, "stop", str(near)], capture_output=True, text=True, timeout=240)
     assert res.returncode == 2
     (line,) = res.stderr.strip().splitlines()
     assert f"host root@127.0.0.1:{sshd.port}: stop failed" in line and "'never-launched'" in line, line

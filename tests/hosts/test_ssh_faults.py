@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests import harvest_process
 from tests.gpu.schema_doc import place_answers
 from tests.hosts.conftest import FAR_HARVEST, keygen, write_toml
 
@@ -34,8 +35,8 @@ echo '{"schema": "harvest.version/1", "version": "0.0.1-other", "schemas": {"sto
 
 
 def gpus(box: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([FAR_HARVEST, "gpus", "--config", str(box)], capture_output=True, text=True,
-                          timeout=timeout)
+    return harvest_process.run([FAR_HARVEST, "gpus", "--config", str(box)], capture_output=True, text=True,
+                               timeout=timeout)
 
 
 def one_error_line(res: subprocess.CompletedProcess[str]) -> str:
@@ -168,8 +169,8 @@ def test_preflight_runs_on_the_far_host(tmp_path, sshd):
                                                                              "ram_reserve_gib": 0},
                                               "host": sshd.host_table()})
     try:
-        res = subprocess.run([FAR_HARVEST, "preflight", str(box), "--json"], capture_output=True, text=True,
-                             timeout=120)
+        res = harvest_process.run([FAR_HARVEST, "preflight", str(box), "--json"], capture_output=True, text=True,
+                                  timeout=120)
     finally:
         held.close()
     assert res.returncode == 1, res.stdout + res.stderr
@@ -178,5 +179,5 @@ def test_preflight_runs_on_the_far_host(tmp_path, sshd):
     assert doc["places"][0]["where"] == f"root@127.0.0.1:{sshd.port}" and entry["passed"] is False
     failed = [r for r in entry["results"] if not r["passed"]]
     assert [r["rule"] for r in failed] == ["port"], failed
-    res = subprocess.run([FAR_HARVEST, "preflight", str(box)], capture_output=True, text=True, timeout=120)
+    res = harvest_process.run([FAR_HARVEST, "preflight", str(box)], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and f"PASS on root@127.0.0.1:{sshd.port}" in res.stdout, res.stdout + res.stderr

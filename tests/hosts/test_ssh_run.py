@@ -14,6 +14,7 @@ import pytest
 
 from harvest.placement.ssh.servers import read_remote_record
 from tests import engines
+from tests import harvest_process
 from tests.campaign.ledger_peek import attempts
 from tests.hosts.conftest import FAR_HARVEST, write_toml
 
@@ -23,7 +24,7 @@ HARVEST = FAR_HARVEST  # the near harvest is the same checkout
 
 
 def harvest(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([HARVEST, *args], capture_output=True, text=True, timeout=timeout)
+    return harvest_process.run([HARVEST, *args], capture_output=True, text=True, timeout=timeout)
 
 
 def data_file(path: Path, n: int) -> Path:

@@ -15,6 +15,7 @@ import pytest
 from harvest.placement.ssh.servers import read_remote_record
 from harvest.ledger import Ledger, Status
 from tests import engines
+from tests import harvest_process
 from tests.gpu.schema_doc import place_answers
 from tests.hosts.conftest import FAR_HARVEST, write_toml
 from tests.hosts.test_container import PREFLIGHT, server_table
@@ -23,7 +24,7 @@ pytestmark = [pytest.mark.engine]
 
 
 def harvest(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([FAR_HARVEST, *args], capture_output=True, text=True, timeout=timeout)
+    return harvest_process.run([FAR_HARVEST, *args], capture_output=True, text=True, timeout=timeout)
 
 
 def two_host_job(tmp_path: Path, sshd, sshd2, bin_: str, gguf: Path, *, second_over: dict | None = None,

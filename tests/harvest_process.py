@@ -314,6 +314,9 @@ class _Host:
 
     def socket(self) -> socket.socket | None:
         with self.lock:
+            if self.ctl is not None and self.proc is not None and self.proc.poll() is not None:
+                self.ctl.close()  # the host has gone (killed by a test): a new one
+                self.ctl = None
             if self.ctl is not None or self.failed is not None:
                 return self.ctl
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -354,6 +357,13 @@ class _Host:
 
 
 _HOST = _Host()
+
+
+def host_pid() -> int | None:
+    """The pid of this worker's fork host (None before its first command): a test that lists its
+    own children tells it from what a command left behind."""
+    proc = _HOST.proc
+    return proc.pid if proc is not None and proc.poll() is None else None
 _LIVE: set[Popen] = set()
 
 
@@ -576,5 +586,5 @@ def run(args: Sequence[Any], *, input: Any = None, capture_output: bool = False,
     return done
 
 
-__all__ = ["Popen", "popen", "run"]
+__all__ = ["Popen", "host_pid", "popen", "run"]
 

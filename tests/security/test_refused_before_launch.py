@@ -67,10 +67,13 @@ def subreaper() -> Iterator[None]:
 
 
 def children() -> set[tuple[int, float]]:
+    """This process's descendants but the fork host of its harvest commands (tests/harvest_process.py:
+    a command's own children are listed; once it exits its orphans are this process's)."""
     out = set()
     for p in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
-            out.add((p.pid, p.create_time()))
+            if p.pid != harvest_process.host_pid():
+                out.add((p.pid, p.create_time()))
     return out
 
 

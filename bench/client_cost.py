@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.instructions:
         try:
             for k in range(args.rounds):
-                for kind in [name for name in kinds if name.startswith("harvest")]:
+                for kind in kinds:
                     per = run_instructions(kind, base, args, proc.pid)
                     print(f"round {k} {kind:<15} {per:10.0f} instructions per request "
                           f"(callgrind, {args.requests} requests at {args.concurrency} in flight)", flush=True)

@@ -1,4 +1,5 @@
-"""AiohttpTransport against a real HTTP/1.1 server on loopback that hangs up on kept-alive connections.
+"""AiohttpTransport against a real HTTP/1.1 server on loopback that hangs up on kept-alive connections,
+and the request head its wire writes.
 
 The server is a raw asyncio TCP server (a test fixture), so the test decides exactly which request
 on which connection is closed unanswered: the race of a kept-alive connection the server closes as
@@ -15,7 +16,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from harvest.transport import AiohttpTransport, Interrupted, TimedOut, Unreachable
+from harvest.aiohttp_transport import AiohttpTransport
+from harvest.transport import Interrupted, TimedOut, Unreachable
 
 _OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 12\r\n\r\n{\"ok\": true}"
 
@@ -260,3 +262,64 @@ async def test_a_request_cut_by_the_transports_close_opens_no_new_session():
         await asyncio.sleep(0)
     leaked = [str(w.message) for w in seen if "Unclosed client session" in str(w.message)]
     assert not leaked, leaked
+
+
+async def test_the_request_head_carries_the_callers_headers_once_and_a_100_continue_is_skipped():
+    """The head the wire writes: the caller's headers replace the defaults whatever their case,
+    the body's length and the host with its port; credentials in the URL go as Basic auth; an
+    informational 100 before the answer is read past; one connection serves requests in turn."""
+    heads: list[bytes] = []
+    connections: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(len(connections))
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                await reader.readexactly(length)
+                heads.append(head)
+                writer.write(b"HTTP/1.1 100 Continue\r\n\r\n" + _OK)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    transport = AiohttpTransport(max_connections=2)
+    try:
+        posted = await transport.request("POST", f"http://127.0.0.1:{port}/v1/chat/completions?x=1", body=b"{}",
+                                         headers={"user-agent": "harvest-test", "Content-Type": "application/json"},
+                                         timeout=10)
+        got = await transport.request("GET", f"http://user:secret@127.0.0.1:{port}/health", timeout=10)
+    finally:
+        await transport.aclose()
+        server.close()
+        await server.wait_closed()
+    assert posted.status == got.status == 200 and posted.body == got.body == b'{"ok": true}'
+    lines = heads[0].decode().split("\r\n")
+    assert lines[0] == "POST /v1/chat/completions?x=1 HTTP/1.1"
+    fields = [line.split(": ", 1) for line in lines[1:] if line]
+    names = [name.lower() for name, _ in fields]
+    assert len(names) == len(set(names)), names
+    sent = {name.lower(): value for name, value in fields}
+    assert {"host": f"127.0.0.1:{port}", "user-agent": "harvest-test", "content-type": "application/json",
+            "content-length": "2"}.items() <= sent.items(), sent
+    second = heads[1].decode().split("\r\n")
+    assert second[0] == "GET /health HTTP/1.1" and "Authorization: Basic dXNlcjpzZWNyZXQ=" in second
+    assert connections == [0]  # the second request reused the first one's connection
+
+
+async def test_requests_over_the_pools_limit_wait_for_a_connection(serve):
+    server = await serve(lambda conn, k: False)
+    transport = AiohttpTransport(max_connections=2)
+    url = f"http://127.0.0.1:{server.port}/x"
+    try:
+        answers = await asyncio.gather(*(transport.request("POST", url, body=b"{}", timeout=10) for _ in range(12)))
+    finally:
+        await transport.aclose()
+    assert [a.status for a in answers] == [200] * 12 and len(server.requests) == 12
+    assert server.connections == 2, server.connections

@@ -3,7 +3,7 @@
 harvest uses one HTTP library, aiohttp, for all of its requests: the client's hot path, the quality
 wire, readiness and the adapters' queries. It was chosen by P2 (BENCHMARKS.md, ``bench/client_cost.py``):
 a bare aiohttp loop spends about x14-x17 fewer CPU seconds per request than a bare httpx loop on the
-same null server. The async callers use :class:`harvest.transport.AiohttpTransport` directly;
+same null server. The async callers use :class:`harvest.aiohttp_transport.AiohttpTransport` directly;
 this module gives the sync ones the same transport, run on a private event loop in a thread of its
 own, so it works from any thread, an event loop's included (the caller blocks, as a sync call does).
 
@@ -74,7 +74,7 @@ class SyncHttp:
 
     def __init__(self, *, max_connections: int = 4, connect_timeout: float = 10.0,
                  transport: Transport | None = None):
-        from harvest.transport import AiohttpTransport
+        from harvest.aiohttp_transport import AiohttpTransport
 
         self._transport = transport or AiohttpTransport(max_connections=max_connections,
                                                         connect_timeout=connect_timeout)

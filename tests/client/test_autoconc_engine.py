@@ -88,7 +88,7 @@ async def test_vllm_pointed_at_publishes_no_batch_but_its_gauges_and_kv(vllm_ser
     ``num_gpu_blocks`` x ``block_size`` labels are its KV capacity in tokens."""
     from harvest.client.capacity import GAUGED_START, ask_capacity
     from harvest.client.metrics import parse_prometheus_text
-    from harvest.transport import AiohttpTransport
+    from harvest.aiohttp_transport import AiohttpTransport
 
     transport = AiohttpTransport(max_connections=4)
     try:

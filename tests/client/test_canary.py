@@ -18,7 +18,8 @@ from harvest.client import Client
 from harvest.client.autoconc import AutoSettings
 from harvest.client.canary import CanaryRunner, canary_body
 from harvest.config import ClientConfig, SamplingConfig
-from harvest.transport import AiohttpTransport, MockTransport, RawResponse, TimedEvents
+from harvest.aiohttp_transport import AiohttpTransport
+from harvest.transport import MockTransport, RawResponse, TimedEvents
 from tests.engines import sim_engine
 
 BATCH, STEP, OUT = 64, 0.05, 24

@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from harvest import http
-from harvest.transport import AiohttpTransport
+from harvest.aiohttp_transport import AiohttpTransport
 from harvest.config import ServerConfig
 from harvest.errors import LaunchError, PreflightFailed
 from harvest.net import port_listening

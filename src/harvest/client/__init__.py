@@ -36,8 +36,8 @@ if TYPE_CHECKING:
     )
     from harvest.client.policy import RetryPolicy
     from harvest.client.records import ClientStats, Completion, EndpointState, EndpointStats, FailureKind
+    from harvest.aiohttp_transport import AiohttpTransport
     from harvest.transport import (
-        AiohttpTransport,
         Interrupted,
         MockTransport,
         RawResponse,
@@ -56,7 +56,8 @@ _LAZY = {
     "scrape_metrics": "harvest.client.metrics", "sum_by_name": "harvest.client.metrics",
     **{name: "harvest.client.records" for name in ("ClientStats", "Completion", "EndpointState", "EndpointStats",
                                                     "FailureKind")},
-    **{name: "harvest.transport" for name in ("AiohttpTransport", "Interrupted", "MockTransport", "RawResponse",
+    "AiohttpTransport": "harvest.aiohttp_transport",
+    **{name: "harvest.transport" for name in ("Interrupted", "MockTransport", "RawResponse",
                                                "TimedOut", "Transport", "TransportError", "Unreachable")},
 }
 

@@ -71,7 +71,8 @@ from harvest.client.policy import (
 from harvest.client.records import ClientStats, Completion, EndpointState, FailureKind
 from harvest.client.startcheck import Listing, StartCheck
 from harvest.client.steer import Steering, Target
-from harvest.transport import AiohttpTransport, RawResponse, TimedEvents, Transport, TransportError, Unreachable
+from harvest.aiohttp_transport import AiohttpTransport
+from harvest.transport import RawResponse, TimedEvents, Transport, TransportError, Unreachable
 from harvest.config import ClientConfig, HarvestConfig, SamplingConfig
 from harvest.errors import HarvestError, RequestError, ServerSick
 from harvest.redact import redact_text

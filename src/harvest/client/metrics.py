@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from prometheus_client.parser import text_string_to_metric_families
 
 from harvest.client.endpoints import endpoint_url
-from harvest.transport import AiohttpTransport, Transport, TransportError
+from harvest.aiohttp_transport import AiohttpTransport
+from harvest.transport import Transport, TransportError
 from harvest.errors import ProbeError, ServerSick
 
 #: Gauges that say how busy an engine is, by engine (what a progress display shows).

@@ -18,7 +18,7 @@ Three protocols, picked by engine (``[probe] protocol``):
 
 Every request has a timeout. A 4xx raises :class:`RequestError` (this prompt), anything else that
 fails raises :class:`ServerSick` (the server). Requests go through the client's transport
-(:class:`harvest.transport.AiohttpTransport`, aiohttp: harvest's one HTTP library, see
+(:class:`harvest.aiohttp_transport.AiohttpTransport`, aiohttp: harvest's one HTTP library, see
 :mod:`harvest.http`), never through an environment proxy. This module never launches or stops a server.
 """
 
@@ -35,7 +35,8 @@ import aiohttp
 
 from harvest.client.endpoints import endpoint_url, normalize_url
 from harvest.client.replies import BYTES_PER_TOKEN, limits_for
-from harvest.transport import AiohttpTransport, Transport, TransportError
+from harvest.aiohttp_transport import AiohttpTransport
+from harvest.transport import Transport, TransportError
 from harvest.config import ServerConfig
 from harvest.errors import ConfigError, RequestError, ServerSick
 from harvest.quality.probe import ProbePrompt

@@ -39,7 +39,8 @@ from typing import Any
 from harvest import schemas
 from harvest.config import NotifyConfig
 from harvest.redact import hide_url_path, redact_doc, redact_text
-from harvest.transport import AiohttpTransport, TransportError
+from harvest.aiohttp_transport import AiohttpTransport
+from harvest.transport import TransportError
 
 log = logging.getLogger("harvest.campaign")
 

@@ -25,7 +25,7 @@ harvest's requests per CPU second against the baselines measured in the same run
                      connections, ``--wrk-seconds``; its CPU is measured as a reaped child's)
 
 Run: ``python bench/client_cost.py [--requests 20000] [--concurrency 64] [--rounds 3] [--base DIR]``.
-``--instructions`` counts instead the instructions each harvest client (and ``harvest-base``) executes
+``--instructions`` counts instead the instructions each client (``harvest-base`` included) executes
 per request under valgrind's callgrind (``apt-get install valgrind``): a figure the other work on a
 shared machine does not move, where CPU seconds do (two runs of the worker, ``--requests`` apart,
 the difference over ``--requests``; 1000 requests take about a minute). Needs the
@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base", default=None, help="another tree (DIR/src first on PYTHONPATH: "
                         "`git archive COMMIT src | tar -x -C DIR`), run as harvest-base beside harvest")
     parser.add_argument("--instructions", action="store_true",
-                        help="count each harvest client's instructions per request under callgrind instead")
+                        help="count each client's instructions per request under callgrind instead")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--server-pid", type=int, help=argparse.SUPPRESS)

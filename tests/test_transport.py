@@ -323,3 +323,85 @@ async def test_requests_over_the_pools_limit_wait_for_a_connection(serve):
         await transport.aclose()
     assert [a.status for a in answers] == [200] * 12 and len(server.requests) == 12
     assert server.connections == 2, server.connections
+
+
+#: The client side of the TLS test, in a fresh interpreter: aiohttp makes its verifying context when
+#: it is imported, from OpenSSL's defaults, which SSL_CERT_FILE names (the test's own certificate).
+TLS_CLIENT = """
+import asyncio, json, sys
+from harvest.aiohttp_transport import AiohttpTransport
+from harvest.transport import TransportError
+
+async def main():
+    transport = AiohttpTransport(max_connections=2)
+    try:
+        answers = [await transport.request("POST", sys.argv[1], body=b"{}", timeout=10) for _ in range(2)]
+        print(json.dumps({"status": [a.status for a in answers], "body": answers[0].body.decode()}))
+    except TransportError as exc:
+        print(json.dumps({"error": type(exc).__name__, "text": str(exc)}))
+    finally:
+        await transport.aclose()
+
+asyncio.run(main())
+"""
+
+
+def test_an_https_endpoint_is_spoken_to_over_tls_its_certificate_verified():
+    """A TLS server on loopback with the test's self-signed certificate (tests/data/tls, for
+    127.0.0.1, valid to 2126): trusted, two requests are answered over one verified connection;
+    not trusted, the request fails as unreachable and names the certificate."""
+    import json
+    import os
+    import ssl
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tls = Path(__file__).resolve().parent / "data" / "tls"
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(tls / "cert.pem", tls / "key.pem")
+    ready, where, stop = threading.Event(), {}, threading.Event()
+    handshakes: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handshakes.append(1)
+        try:
+            while True:
+                await reader.readuntil(b"\r\n\r\n")
+                await reader.readexactly(2)
+                writer.write(_OK)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
+            pass
+        finally:
+            writer.close()
+
+    def serve() -> None:
+        async def run() -> None:
+            listener = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=context)
+            where["port"] = listener.sockets[0].getsockname()[1]
+            ready.set()
+            while not stop.is_set():
+                await asyncio.sleep(0.02)
+            listener.close()
+
+        asyncio.run(run())
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    url = f"https://127.0.0.1:{where['port']}/v1/chat/completions"
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root / "src")}
+    try:
+        runs = [subprocess.run([sys.executable, "-c", TLS_CLIENT, url], capture_output=True, text=True, timeout=60,
+                               env={**env, **extra}, cwd=root)
+                for extra in ({"SSL_CERT_FILE": str(tls / "cert.pem")}, {"SSL_CERT_FILE": os.devnull})]
+    finally:
+        stop.set()
+        thread.join(10)
+    trusted, untrusted = (json.loads(run.stdout.strip().splitlines()[-1]) for run in runs)
+    assert trusted == {"status": [200, 200], "body": '{"ok": true}'}, runs[0].stderr[-2000:]
+    assert untrusted["error"] == "Unreachable" and "certificate" in untrusted["text"].lower(), untrusted
+    # One connection served both trusted requests; the untrusted client's handshake never completed.
+    assert len(handshakes) == 1

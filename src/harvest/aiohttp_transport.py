@@ -8,10 +8,10 @@ writer serializes the request head (refusing a line break in a header), its C pa
 line), its payload reader inflates a compressed body a bounded piece at a time, and its exceptions
 say how an exchange failed. What is left out is the per-request layer of ``ClientSession.request``
 (a request object, a response object, cookies, redirects, traces, proxies from the environment),
-which harvest never used and which cost more CPU than the rest of the exchange: on loopback, a
-request through ``ClientSession`` took 0.26 ms of CPU and the same exchange here 0.14 ms (P2,
-``bench/client_cost.py``, BENCHMARKS.md). The difference is per request, so it bounds how many
-requests one client process can drive.
+which harvest never used and which cost more CPU than the rest of the exchange: on loopback,
+harvest's client spent 0.32 ms of CPU a request through ``ClientSession`` and spends 0.19 ms here
+(P2, ``bench/client_cost.py``, BENCHMARKS.md; a bare ``ClientSession`` loop spends 0.26 ms). The
+cost is per request, so it bounds how many requests one client process can drive.
 
 What it relies on beyond aiohttp's documented client API is pinned with aiohttp's version in
 ``pyproject.toml`` (``BaseConnector.connect`` and ``Connection`` are documented; the response
@@ -182,7 +182,7 @@ class _LostBodies:
 
 class AiohttpTransport:
     """One aiohttp connection pool (``TCPConnector``) with explicit limits, created on first use; each
-    exchange on aiohttp's own wire without a ``ClientSession`` (:mod:`harvest.exchange` says why)."""
+    exchange on aiohttp's own wire without a ``ClientSession`` (the module's docstring says why)."""
 
     def __init__(self, *, max_connections: int, connect_timeout: float = 10.0,
                  keepalive_timeout: float = 2.0):

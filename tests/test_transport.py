@@ -28,6 +28,8 @@ class _Server:
 
     hang_up: Callable[[int, int], bool]
     requests: list[tuple[int, int]] = field(default_factory=list)
+    heads: list[bytes] = field(default_factory=list)  # each request's head, as written
+    before: bytes = b""  # written ahead of each answer (an informational 1xx)
     connections: int = 0
     port: int = 0
     listener: asyncio.AbstractServer | None = None
@@ -42,9 +44,10 @@ class _Server:
                                if line.lower().startswith(b"content-length:")), 0)
                 await reader.readexactly(length)
                 self.requests.append((conn, k))
+                self.heads.append(head)
                 if self.hang_up(conn, k):
                     return  # close without a byte of answer
-                writer.write(_OK)
+                writer.write(self.before + _OK)
                 await writer.drain()
                 k += 1
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -264,31 +267,13 @@ async def test_a_request_cut_by_the_transports_close_opens_no_new_session():
     assert not leaked, leaked
 
 
-async def test_the_request_head_carries_the_callers_headers_once_and_a_100_continue_is_skipped():
+async def test_the_request_head_carries_the_callers_headers_once_and_a_100_continue_is_skipped(serve):
     """The head the wire writes: the caller's headers replace the defaults whatever their case,
     the body's length and the host with its port; credentials in the URL go as Basic auth; an
     informational 100 before the answer is read past; one connection serves requests in turn."""
-    heads: list[bytes] = []
-    connections: list[int] = []
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connections.append(len(connections))
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), 0)
-                await reader.readexactly(length)
-                heads.append(head)
-                writer.write(b"HTTP/1.1 100 Continue\r\n\r\n" + _OK)
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
+    server = await serve(lambda conn, k: False)
+    server.before = b"HTTP/1.1 100 Continue\r\n\r\n"
+    port = server.port
     transport = AiohttpTransport(max_connections=2)
     try:
         posted = await transport.request("POST", f"http://127.0.0.1:{port}/v1/chat/completions?x=1", body=b"{}",
@@ -297,10 +282,8 @@ async def test_the_request_head_carries_the_callers_headers_once_and_a_100_conti
         got = await transport.request("GET", f"http://user:secret@127.0.0.1:{port}/health", timeout=10)
     finally:
         await transport.aclose()
-        server.close()
-        await server.wait_closed()
     assert posted.status == got.status == 200 and posted.body == got.body == b'{"ok": true}'
-    lines = heads[0].decode().split("\r\n")
+    lines = server.heads[0].decode().split("\r\n")
     assert lines[0] == "POST /v1/chat/completions?x=1 HTTP/1.1"
     fields = [line.split(": ", 1) for line in lines[1:] if line]
     names = [name.lower() for name, _ in fields]
@@ -308,9 +291,9 @@ async def test_the_request_head_carries_the_callers_headers_once_and_a_100_conti
     sent = {name.lower(): value for name, value in fields}
     assert {"host": f"127.0.0.1:{port}", "user-agent": "harvest-test", "content-type": "application/json",
             "content-length": "2"}.items() <= sent.items(), sent
-    second = heads[1].decode().split("\r\n")
+    second = server.heads[1].decode().split("\r\n")
     assert second[0] == "GET /health HTTP/1.1" and "Authorization: Basic dXNlcjpzZWNyZXQ=" in second
-    assert connections == [0]  # the second request reused the first one's connection
+    assert server.requests == [(0, 0), (0, 1)]  # the second request reused the first one's connection
 
 
 async def test_requests_over_the_pools_limit_wait_for_a_connection(serve):
@@ -405,3 +388,15 @@ def test_an_https_endpoint_is_spoken_to_over_tls_its_certificate_verified():
     assert untrusted["error"] == "Unreachable" and "certificate" in untrusted["text"].lower(), untrusted
     # One connection served both trusted requests; the untrusted client's handshake never completed.
     assert len(handshakes) == 1
+
+
+@pytest.mark.parametrize("url", ["ftp://127.0.0.1:1/x?api_key=SECRET", "http:///x?api_key=SECRET",
+                                 "http://127.0.0.1:notaport/x?api_key=SECRET"])
+async def test_a_url_http_cannot_reach_is_unreachable_and_not_quoted(url):
+    transport = AiohttpTransport(max_connections=1)
+    try:
+        with pytest.raises(Unreachable) as caught:
+            await transport.request("GET", url, timeout=5)
+    finally:
+        await transport.aclose()
+    assert "SECRET" not in str(caught.value), caught.value

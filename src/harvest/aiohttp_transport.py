@@ -72,7 +72,7 @@ class Target:
 
     def __init__(self, url: URL, loop: asyncio.AbstractEventLoop):
         if url.scheme not in ("http", "https") or not url.host:
-            raise ValueError(f"not an http(s) URL: {url.scheme}://{url.host or ''}")
+            raise ValueError("not an http(s) URL")
         self.url = url
         self.key = aiohttp.ClientRequest("GET", url, loop=loop)
         self.path = url.raw_path_qs or "/"
@@ -224,7 +224,10 @@ class AiohttpTransport:
     def _target(self, url: str) -> Target:
         target = self._targets.get(url)
         if target is None:
-            target = Target(URL(url), asyncio.get_running_loop())
+            try:
+                target = Target(URL(url), asyncio.get_running_loop())
+            except ValueError as exc:  # its text may quote the URL (a key in its query): not kept
+                raise Unreachable(f"{type(exc).__name__}: not an http(s) URL with a host and a port") from None
             if len(self._targets) < 256:
                 self._targets[url] = target
         return target

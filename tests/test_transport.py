@@ -331,8 +331,9 @@ asyncio.run(main())
 
 def test_an_https_endpoint_is_spoken_to_over_tls_its_certificate_verified():
     """A TLS server on loopback with the test's self-signed certificate (tests/data/tls, for
-    127.0.0.1, valid to 2126): trusted, two requests are answered over one verified connection;
-    not trusted, the request fails as unreachable and names the certificate."""
+    127.0.0.1, valid from 2000 to 2126: whatever a machine's clock reads): trusted, two requests
+    are answered over one verified connection; not trusted, the request fails as unreachable and
+    names the certificate."""
     import json
     import os
     import ssl

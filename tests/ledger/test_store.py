@@ -280,3 +280,16 @@ def test_a_wal_sqlite_opened_outside_the_held_folder_is_refused_before_any_write
             _check_sqlite_files(conn, held, held_dir / LEDGER_FILE)  # its own: passes
         finally:
             conn.close()
+
+
+def test_a_reader_never_creates_a_ledger_where_its_name_leads(tmp_path):
+    """A read-only open of a name that leads to no ledger (a run folder swapped for a link to
+    another folder between a reader's check and its open) fails and leaves that folder as it was:
+    no empty database, no -wal or -shm."""
+    from harvest.ledger.schema import connect
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    with pytest.raises(LedgerError, match="cannot open the ledger"):
+        connect(elsewhere / "ledger.sqlite", readonly=True)
+    assert list(elsewhere.iterdir()) == []

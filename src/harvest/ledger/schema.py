@@ -30,6 +30,7 @@ This module only defines SQL and opens connections; it never decides what a run 
 from __future__ import annotations
 
 import sqlite3
+import urllib.parse
 from pathlib import Path
 
 from harvest.errors import LedgerError
@@ -197,13 +198,17 @@ def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
             f"{'.'.join(map(str, MIN_SQLITE))} or newer)"
         )
     try:
-        conn = sqlite3.connect(str(path), timeout=30.0, isolation_level=None, check_same_thread=False)
+        # A reader never creates a database (``mode=ro``): a name that led elsewhere between the
+        # caller's check and this open (a run folder swapped for a link) fails here instead of
+        # leaving an empty ledger, and its -wal and -shm, in whatever folder the name led to.
+        target = f"file:{urllib.parse.quote(str(path))}?mode=ro" if readonly else str(path)
+        conn = sqlite3.connect(target, timeout=30.0, isolation_level=None, check_same_thread=False, uri=readonly)
         # WAL: readers (``harvest status``) never block the writer. synchronous=NORMAL in WAL mode
         # still makes every committed transaction survive a crash of the *process* (the commit is in
         # the WAL file once COMMIT returns); only an OS crash or power loss can roll back the last
         # few commits, and the database stays consistent: those items are simply regenerated.
-        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-        if str(mode).lower() != "wal":
+        mode = conn.execute("PRAGMA journal_mode" if readonly else "PRAGMA journal_mode=WAL").fetchone()[0]
+        if str(mode).lower() != "wal" and not readonly:
             raise LedgerError(f"{path}: cannot switch the ledger to WAL mode (got {mode!r})")
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("PRAGMA busy_timeout=30000")

@@ -207,9 +207,10 @@ def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
         # still makes every committed transaction survive a crash of the *process* (the commit is in
         # the WAL file once COMMIT returns); only an OS crash or power loss can roll back the last
         # few commits, and the database stays consistent: those items are simply regenerated.
-        mode = conn.execute("PRAGMA journal_mode" if readonly else "PRAGMA journal_mode=WAL").fetchone()[0]
-        if str(mode).lower() != "wal" and not readonly:
-            raise LedgerError(f"{path}: cannot switch the ledger to WAL mode (got {mode!r})")
+        if not readonly:  # a reader takes the journal as the writer set it
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise LedgerError(f"{path}: cannot switch the ledger to WAL mode (got {mode!r})")
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("PRAGMA busy_timeout=30000")
         conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
